@@ -1,0 +1,5 @@
+import sys
+
+from eventsrc.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,162 @@
+"""The ``eventsrc`` command line. Each command is a thin caller of the package.
+
+Expected errors (``EventsrcError``) print one line on stderr and exit non-zero; only a
+bug prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from eventsrc import __version__
+from eventsrc.errors import EventsrcError
+from eventsrc.layout import DEFAULT_ROOT, Layout
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _root_parent() -> argparse.ArgumentParser:
+    # --root-dir is accepted before or after the command name.
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument(
+        "--root-dir",
+        type=Path,
+        default=argparse.SUPPRESS,
+        metavar="DIR",
+        help=f"the kubelet root directory to work under (default {DEFAULT_ROOT}; "
+        "the log lives in DIR/eventsrc/)",
+    )
+    return p
+
+
+def _output(p: argparse.ArgumentParser, choices: Sequence[str] = ("table", "json")) -> None:
+    p.add_argument("-o", "--output", choices=choices, default=choices[0], help="output format (default %(default)s)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    root = _root_parent()
+    parser = argparse.ArgumentParser(
+        prog="eventsrc",
+        description="An event-sourced node resource daemon: the kubelet's device, CPU and DRA "
+        "managers, with every registration, health change, allocation and release kept "
+        "in an append-only log.",
+        parents=[root],
+    )
+    parser.add_argument("--version", action="version", version=f"eventsrc {__version__}")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="daemon log level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "serve",
+        parents=[root],
+        help="run the daemon",
+        description="Run the daemon under --root-dir until SIGTERM or SIGINT. It rebuilds its "
+        "views from the log (newest snapshot plus the tail), records that it started, and "
+        "on a signal records that it stopped and writes a snapshot.",
+    )
+    p.add_argument("--snapshot-every", type=int, default=10_000, metavar="N", help="write a snapshot every N records (default %(default)s)")
+    p.set_defaults(func=_cmd("serve"))
+
+    p = sub.add_parser(
+        "status",
+        parents=[root],
+        help="exit 0 if a daemon is running and ready on this root",
+        description="Exit 0 when an eventsrc daemon is running and ready on --root-dir; "
+        "otherwise print why not on stderr and exit 1.",
+    )
+    _output(p)
+    p.set_defaults(func=_cmd("status"))
+
+    p = sub.add_parser(
+        "log",
+        parents=[root],
+        help="print records of the event log",
+        description="Print the records of the event log, oldest first. A corrupt record is "
+        "named by its sequence and the rest are printed; the exit status is then 1.",
+    )
+    p.add_argument("--from", dest="from_seq", type=int, default=1, metavar="SEQ", help="first sequence to print (default 1)")
+    p.add_argument("--until", dest="until_seq", type=int, default=None, metavar="SEQ", help="last sequence to print")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new records as they are appended")
+    _output(p)
+    p.set_defaults(func=_cmd("log"))
+
+    p = sub.add_parser(
+        "state",
+        parents=[root],
+        help="print the views rebuilt from the log",
+        description="Rebuild the devices, CPUs, claims and pods views from the whole log "
+        "(the truth; snapshots are not trusted here unless --use-snapshot) and print them. "
+        "Corrupt records are named; the exit status is then 1.",
+    )
+    p.add_argument("--until", dest="until_seq", type=int, default=None, metavar="SEQ", help="the views as they were after record SEQ")
+    p.add_argument("--use-snapshot", action="store_true", help="start from the newest valid snapshot (faster; skips checking older records)")
+    _output(p)
+    p.set_defaults(func=_cmd("state"))
+
+    p = sub.add_parser(
+        "bench",
+        parents=[root],
+        help="measure this machine (a command, not a test)",
+        description="Benchmarks. Each prints its figures next to a raw ceiling measured in the same run.",
+    )
+    bsub = p.add_subparsers(dest="bench", metavar="WHAT", required=True)
+    b = bsub.add_parser(
+        "log",
+        parents=[root],
+        help="append, group commit, replay and restart figures",
+        description="Durable appends/s (1 and N writers), full replay rate and restart time on a "
+        "large log, peak RSS; with the raw LMDB iteration rate and a bare file's syncs/s. "
+        "Works in a temporary directory unless --root-dir is given.",
+    )
+    b.add_argument("--events", type=int, default=1_000_000, help="size of the replay log (default %(default)s)")
+    b.add_argument("--writers", type=int, default=64, help="concurrent writers (default %(default)s)")
+    b.add_argument("--seconds", type=float, default=2.0, help="duration of each append measurement (default %(default)s)")
+    b.add_argument("--rounds", type=int, default=3, help="rounds per figure; medians are printed (default %(default)s)")
+    b.add_argument("--snapshot-every", type=int, default=10_000, metavar="N", help="snapshot interval the restart figure assumes")
+    b.set_defaults(func=_cmd("bench_log"))
+    return parser
+
+
+def _cmd(name: str) -> Command:
+    def run(args: argparse.Namespace) -> int:
+        from eventsrc.cli import commands
+
+        fn: Command = getattr(commands, name)
+        return fn(args)
+
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "root_dir"):
+        args.root_dir = Path(os.environ.get("EVENTSRC_ROOT_DIR", str(DEFAULT_ROOT)))
+    args.root_dir = args.root_dir.absolute()
+    args.layout = Layout(args.root_dir)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args.func(args))
+    except EventsrcError as err:
+        print(f"eventsrc: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # Output closed early (``eventsrc log | head``): not an error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The daemon: one trio task tree that wires the edges to the log and the views.
+
+    serve()
+      ├─ GroupCommitter.run      appends; applies each committed batch to the views
+      ├─ Daemon.scrub            checks every record written before this start
+      ├─ Daemon.snapshot_loop    writes a snapshot every ``snapshot_every`` records
+      └─ (waits for SIGTERM / SIGINT, records DaemonStopped, writes a snapshot)
+
+State changes only through ``Daemon.record``: append, and once the commit is durable,
+apply to the views. Later issues add the gRPC servers and managers to this tree.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from eventsrc import __version__
+from eventsrc import events as ev
+from eventsrc.events import CorruptRecordError, Record
+from eventsrc.layout import Layout
+from eventsrc.log.commit import GroupCommitter
+from eventsrc.log.snapshots import encode_snapshot, load_views, write_snapshot
+from eventsrc.log.store import DirLock, EventLog
+from eventsrc.state.apply import apply_all
+from eventsrc.state.views import Views
+
+log = logging.getLogger("eventsrc.daemon")
+
+DEFAULT_SNAPSHOT_EVERY = 10_000
+
+
+def machine_boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+class Daemon:
+    def __init__(self, layout: Layout, log_: EventLog, views: Views, snapshot_every: int) -> None:
+        self.layout = layout
+        self.log = log_
+        self.views = views
+        self.snapshot_every = snapshot_every
+        self.committer = GroupCommitter(log_, on_commit=self._applied)
+        self.boot_id = machine_boot_id()
+        self.instance_id = uuid.uuid4().hex
+        self._snapshot_seq = views.meta.last_seq
+        self._snapshot_due = trio.Event()
+
+    def _applied(self, records: list[Record]) -> None:
+        apply_all(self.views, records)
+        if self.views.meta.last_seq - self._snapshot_seq >= self.snapshot_every:
+            self._snapshot_due.set()
+
+    async def record(self, events: Sequence[ev._Event], correlation_id: str | None = None) -> list[Record]:
+        """Append ``events`` as one unit; they are in the views when this returns."""
+        return await self.committer.append(events, correlation_id)
+
+    async def write_snapshot(self) -> None:
+        data = encode_snapshot(self.views, self.log.log_id())
+        seq = self.views.meta.last_seq
+        path = await trio.to_thread.run_sync(write_snapshot, self.layout.snapshots, data, seq)
+        self._snapshot_seq = seq
+        log.info("snapshot written seq=%d path=%s bytes=%d", seq, path, len(data))
+
+    async def snapshot_loop(self) -> None:
+        while True:
+            await self._snapshot_due.wait()
+            self._snapshot_due = trio.Event()
+            await self.write_snapshot()
+
+    async def scrub(self, until_seq: int) -> None:
+        """Check every record up to ``until_seq`` (those the snapshot vouched for) in a thread;
+        record each corrupt one not yet on record, so that it is never skipped silently."""
+
+        def find() -> list[CorruptRecordError]:
+            return [r for r in self.log.records(1, until_seq) if isinstance(r, CorruptRecordError)]
+
+        corrupt = await trio.to_thread.run_sync(find)
+        corrupt += [
+            CorruptRecordError(seq, reason)
+            for seq, reason in self.views.meta.corrupt.items()
+            if seq > until_seq
+        ]
+        new = [c for c in corrupt if c.seq not in self.views.meta.corrupt_reported]
+        for c in corrupt:
+            log.error("corrupt record seq=%d reason=%r (left in place; see docs/adr/0005)", c.seq, c.reason)
+        if new:
+            await self.record([ev.CorruptRecordFound(seq=c.seq, reason=c.reason) for c in new])
+        log.info("scrub done records=%d corrupt=%d", until_seq, len(corrupt))
+
+    def write_status(self, ready: bool) -> None:
+        status: dict[str, Any] = {
+            "pid": os.getpid(),
+            "instance_id": self.instance_id,
+            "version": __version__,
+            "ready": ready,
+            "last_seq": self.views.meta.last_seq,
+        }
+        tmp = self.layout.status.with_suffix(".tmp")
+        tmp.write_text(json.dumps(status))
+        os.replace(tmp, self.layout.status)
+
+
+async def serve(
+    layout: Layout,
+    *,
+    snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+    config: dict[str, Any] | None = None,
+    task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the daemon until SIGTERM or SIGINT (or until cancelled).
+
+    Raises AlreadyRunningError when another process holds the state directory.
+    """
+    layout.create()
+    lock = DirLock(layout.lock)
+    lock.acquire()
+    event_log: EventLog | None = None
+    try:
+        event_log = EventLog(layout.log)
+        views, info = load_views(event_log, layout.snapshots)
+        if info.snapshot_seq is None:
+            log.info("full replay reason=%r records=%d seconds=%.3f", info.reason or "no snapshot", info.tail_records, info.seconds)
+        else:
+            log.info(
+                "views rebuilt snapshot_seq=%d tail=%d seconds=%.3f", info.snapshot_seq, info.tail_records, info.seconds
+            )
+        daemon = Daemon(layout, event_log, views, snapshot_every)
+        start_seq = views.meta.last_seq
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(daemon.committer.run)
+                cfg = {"root_dir": str(layout.root), "snapshot_every": snapshot_every, **(config or {})}
+                if views.meta.running:
+                    log.warning("previous run did not stop cleanly instance_id=%s", views.meta.instance_id)
+                await daemon.record(
+                    [
+                        ev.DaemonStarted(
+                            boot_id=daemon.boot_id,
+                            instance_id=daemon.instance_id,
+                            version=__version__,
+                            config=cfg,
+                            pid=os.getpid(),
+                        )
+                    ]
+                )
+                nursery.start_soon(daemon.scrub, start_seq)
+                nursery.start_soon(daemon.snapshot_loop)
+                daemon.write_status(ready=True)
+                log.info("ready root=%s last_seq=%d instance_id=%s", layout.root, views.meta.last_seq, daemon.instance_id)
+                task_status.started(daemon)
+                async for signum in signals:
+                    reason = signal.Signals(signum).name
+                    log.info("stopping signal=%s", reason)
+                    break
+                await daemon.record(
+                    [ev.DaemonStopped(boot_id=daemon.boot_id, instance_id=daemon.instance_id, reason=reason)]
+                )
+                await daemon.write_snapshot()
+                nursery.cancel_scope.cancel()
+        log.info("stopped last_seq=%d", daemon.views.meta.last_seq)
+    finally:
+        layout.status.unlink(missing_ok=True)
+        if event_log is not None:
+            event_log.close()
+        lock.release()

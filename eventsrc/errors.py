@@ -1,0 +1,30 @@
+"""Errors a user can see. Each renders as one clear line; the CLI prints it without a traceback."""
+
+from __future__ import annotations
+
+
+class EventsrcError(Exception):
+    """Base of every expected error. ``str(err)`` is the whole message."""
+
+    exit_code = 1
+
+
+class NoLogError(EventsrcError):
+    pass
+
+
+class AlreadyRunningError(EventsrcError):
+    pass
+
+
+class ConcurrencyConflictError(EventsrcError):
+    """An append expected a last sequence the log no longer has."""
+
+    def __init__(self, expected: int, actual: int) -> None:
+        super().__init__(f"append expected last sequence {expected}, but the log is at {actual}")
+        self.expected = expected
+        self.actual = actual
+
+
+class LogClosedError(EventsrcError):
+    pass

@@ -1,0 +1,501 @@
+"""Every fact eventsrc records, its version, and how older versions are read.
+
+Theory of operation
+-------------------
+A record in the log is an *envelope* around one *event*:
+
+    key   = big-endian u64 sequence number (given by the log, starts at 1)
+    value = CRC32 (big-endian u32) of the payload, then the payload
+    payload = msgpack array [type, version, ts_ns, correlation_id, body]
+
+``body`` is the event Struct encoded as a msgpack map (field names, no positions), so
+adding a field with a default is a compatible change that needs no new version: old
+readers ignore the field, new readers fill the default. A change that is *not* additive
+(a renamed field, a changed meaning) bumps the type's ``VERSION`` and adds one small
+upcaster ``(dict) -> dict`` from the previous version. Reading an old record runs the
+chain ``v1 -> v2 -> ... -> current`` on the decoded map, then converts it to the Struct.
+
+Events are named in the past tense: they are facts, not commands. The core decides and
+returns events; the shell stamps the time and the correlation id and appends them.
+Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from typing import Any, ClassVar, Final
+
+import msgspec
+from msgspec import Struct
+
+__all__ = [
+    "EVENT_TYPES",
+    "Event",
+    "Record",
+    "CorruptRecordError",
+    "decode_record",
+    "encode_payload",
+]
+
+
+class _Event(Struct, tag=True, kw_only=True, frozen=True):
+    """Base of every event. ``VERSION`` is the version written by this code."""
+
+    VERSION: ClassVar[int] = 1
+
+
+# --------------------------------------------------------------------------- values
+
+
+class PodRef(Struct, frozen=True, kw_only=True):
+    uid: str
+    namespace: str = ""
+    name: str = ""
+
+
+class NUMATopology(Struct, frozen=True, kw_only=True):
+    nodes: list[int] = []
+
+
+class DeviceInfo(Struct, frozen=True, kw_only=True):
+    """One device as a plugin reported it in ListAndWatch."""
+
+    id: str
+    health: str  # "Healthy" or "Unhealthy", as on the wire
+    numa_nodes: list[int] = []
+
+
+class PluginOptions(Struct, frozen=True, kw_only=True):
+    pre_start_required: bool = False
+    get_preferred_allocation_available: bool = False
+
+
+class Mount(Struct, frozen=True, kw_only=True):
+    container_path: str
+    host_path: str
+    read_only: bool = False
+
+
+class DeviceSpec(Struct, frozen=True, kw_only=True):
+    container_path: str
+    host_path: str
+    permissions: str = ""
+
+
+class ContainerAllocation(Struct, frozen=True, kw_only=True):
+    """The device plugin's whole ContainerAllocateResponse."""
+
+    envs: dict[str, str] = {}
+    mounts: list[Mount] = []
+    devices: list[DeviceSpec] = []
+    annotations: dict[str, str] = {}
+    cdi_devices: list[str] = []
+
+
+class ContainerSpec(Struct, frozen=True, kw_only=True):
+    """A container as admitted: its kind and its resource requests and limits."""
+
+    name: str
+    kind: str = "app"  # "init", "sidecar" (restartable init) or "app"
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    claims: list[str] = []  # names of the pod's resource claims this container uses
+
+
+class ClaimRef(Struct, frozen=True, kw_only=True):
+    uid: str
+    namespace: str = ""
+    name: str = ""
+
+
+class PreparedDevice(Struct, frozen=True, kw_only=True):
+    request_names: list[str] = []
+    pool_name: str = ""
+    device_name: str = ""
+    cdi_device_ids: list[str] = []
+
+
+# --------------------------------------------------------------------------- daemon
+
+
+class DaemonStarted(_Event, frozen=True):
+    """``boot_id`` is the machine's (it changes on reboot); ``instance_id`` this run's."""
+
+    boot_id: str
+    instance_id: str
+    version: str
+    config: dict[str, Any] = {}
+    pid: int = 0
+
+
+class DaemonStopped(_Event, frozen=True):
+    boot_id: str
+    instance_id: str
+    reason: str = ""
+
+
+class CorruptRecordFound(_Event, frozen=True):
+    """A record whose checksum or encoding is wrong; it is left in place, never rewritten."""
+
+    seq: int
+    reason: str
+
+
+class PolicyConfigurationChanged(_Event, frozen=True):
+    manager: str  # "cpu", "topology", "device", "dra", "daemon"
+    old: dict[str, Any] = {}
+    new: dict[str, Any] = {}
+
+
+# --------------------------------------------------------------------------- plugins
+
+
+class PluginRegistered(_Event, frozen=True):
+    resource: str
+    endpoint: str
+    api_version: str = "v1beta1"
+    kind: str = "DevicePlugin"  # "DevicePlugin" or "DRAPlugin"
+    options: PluginOptions = PluginOptions()
+
+
+class PluginRegistrationRejected(_Event, frozen=True):
+    resource: str
+    endpoint: str
+    api_version: str = ""
+    kind: str = "DevicePlugin"
+    reason: str = ""
+
+
+class PluginDisconnected(_Event, frozen=True):
+    resource: str
+    endpoint: str = ""
+    kind: str = "DevicePlugin"
+    reason: str = ""
+
+
+# --------------------------------------------------------------------------- devices
+
+
+class DevicesAdded(_Event, frozen=True):
+    resource: str
+    devices: list[DeviceInfo]
+
+
+class DevicesRemoved(_Event, frozen=True):
+    resource: str
+    device_ids: list[str]
+
+
+class DeviceHealthChanged(_Event, frozen=True):
+    """v1: ``healthy: bool``; v2: ``health`` string and a single ``numa_node`` (-1: none);
+    v3: ``numa_nodes`` list, as the device plugin API reports topology."""
+
+    VERSION: ClassVar[int] = 3
+    resource: str
+    device_id: str
+    health: str
+    numa_nodes: list[int] = []
+
+
+# --------------------------------------------------------------------------- pods
+
+
+class PodAdmitted(_Event, frozen=True):
+    """v1: flat ``uid``/``namespace``/``name``; v2: ``pod`` reference and containers."""
+
+    VERSION: ClassVar[int] = 2
+    pod: PodRef
+    containers: list[ContainerSpec] = []
+    qos_class: str = ""
+
+
+class AdmissionRejected(_Event, frozen=True):
+    pod: PodRef
+    reason: str
+    container: str = ""
+
+
+class PodRemoved(_Event, frozen=True):
+    pod_uid: str
+    reason: str = ""
+
+
+# --------------------------------------------------------------------------- device allocation
+
+
+class DevicesReserved(_Event, frozen=True):
+    """Intent, recorded before the plugin's Allocate call."""
+
+    pod_uid: str
+    container: str
+    resource: str
+    device_ids: list[str]
+
+
+class DevicesAllocated(_Event, frozen=True):
+    """Outcome of Allocate: the devices are the container's, with the plugin's response."""
+
+    pod_uid: str
+    container: str
+    resource: str
+    device_ids: list[str]
+    response: ContainerAllocation = ContainerAllocation()
+
+
+class AllocationFailed(_Event, frozen=True):
+    pod_uid: str
+    container: str
+    resource: str
+    device_ids: list[str] = []
+    reason: str = ""
+
+
+class DevicesReleased(_Event, frozen=True):
+    pod_uid: str
+    container: str
+    resource: str
+    device_ids: list[str]
+    reason: str = ""
+
+
+# --------------------------------------------------------------------------- cpus
+
+
+class CPUsAssigned(_Event, frozen=True):
+    pod_uid: str
+    container: str
+    cpus: list[int]
+
+
+class CPUsReleased(_Event, frozen=True):
+    pod_uid: str
+    container: str
+    cpus: list[int]
+    reason: str = ""
+
+
+# --------------------------------------------------------------------------- claims
+
+
+class ClaimPrepareStarted(_Event, frozen=True):
+    """Intent, recorded before NodePrepareResources."""
+
+    claim: ClaimRef
+    driver: str
+    pod_uid: str = ""
+
+
+class ClaimPrepared(_Event, frozen=True):
+    claim: ClaimRef
+    driver: str
+    devices: list[PreparedDevice] = []
+
+
+class ClaimPrepareFailed(_Event, frozen=True):
+    claim: ClaimRef
+    driver: str
+    reason: str = ""
+
+
+class ClaimUnprepareStarted(_Event, frozen=True):
+    claim: ClaimRef
+    driver: str
+
+
+class ClaimUnprepared(_Event, frozen=True):
+    claim: ClaimRef
+    driver: str
+
+
+class ClaimUnprepareFailed(_Event, frozen=True):
+    claim: ClaimRef
+    driver: str
+    reason: str = ""
+
+
+class PodReferenceAdded(_Event, frozen=True):
+    claim_uid: str
+    pod_uid: str
+
+
+class PodReferenceRemoved(_Event, frozen=True):
+    claim_uid: str
+    pod_uid: str
+
+
+# --------------------------------------------------------------------------- the union
+
+Event = (
+    DaemonStarted
+    | DaemonStopped
+    | CorruptRecordFound
+    | PolicyConfigurationChanged
+    | PluginRegistered
+    | PluginRegistrationRejected
+    | PluginDisconnected
+    | DevicesAdded
+    | DevicesRemoved
+    | DeviceHealthChanged
+    | PodAdmitted
+    | AdmissionRejected
+    | PodRemoved
+    | DevicesReserved
+    | DevicesAllocated
+    | AllocationFailed
+    | DevicesReleased
+    | CPUsAssigned
+    | CPUsReleased
+    | ClaimPrepareStarted
+    | ClaimPrepared
+    | ClaimPrepareFailed
+    | ClaimUnprepareStarted
+    | ClaimUnprepared
+    | ClaimUnprepareFailed
+    | PodReferenceAdded
+    | PodReferenceRemoved
+)
+
+EVENT_TYPES: Final[dict[str, type[_Event]]] = {
+    t.__name__: t for t in _Event.__subclasses__()
+}
+
+
+class Record(Struct, frozen=True, kw_only=True):
+    """One event as read from (or acknowledged by) the log."""
+
+    seq: int
+    ts_ns: int
+    correlation_id: str
+    version: int
+    event: Event
+
+    @property
+    def type(self) -> str:
+        return type(self.event).__name__
+
+
+class CorruptRecordError(Exception):
+    """A record that fails its checksum or cannot be decoded. Names its sequence."""
+
+    def __init__(self, seq: int, reason: str) -> None:
+        super().__init__(f"record {seq} is corrupt: {reason}")
+        self.seq = seq
+        self.reason = reason
+
+
+# --------------------------------------------------------------------------- upcasters
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+#: (type name, version) -> function that turns that version's body into version + 1.
+UPCASTERS: Final[dict[tuple[str, int], Upcaster]] = {}
+
+
+def upcaster(type_name: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+    def register(fn: Upcaster) -> Upcaster:
+        UPCASTERS[(type_name, from_version)] = fn
+        return fn
+
+    return register
+
+
+@upcaster("DeviceHealthChanged", 1)
+def _device_health_v1_to_v2(body: dict[str, Any]) -> dict[str, Any]:
+    healthy = body.pop("healthy", False)
+    body["health"] = "Healthy" if healthy else "Unhealthy"
+    body["numa_node"] = -1
+    return body
+
+
+@upcaster("DeviceHealthChanged", 2)
+def _device_health_v2_to_v3(body: dict[str, Any]) -> dict[str, Any]:
+    node = body.pop("numa_node", -1)
+    body["numa_nodes"] = [] if node is None or node < 0 else [node]
+    return body
+
+
+@upcaster("PodAdmitted", 1)
+def _pod_admitted_v1_to_v2(body: dict[str, Any]) -> dict[str, Any]:
+    body["pod"] = {
+        "uid": body.pop("uid"),
+        "namespace": body.pop("namespace", ""),
+        "name": body.pop("name", ""),
+    }
+    body.setdefault("containers", [])
+    return body
+
+
+def upcast(type_name: str, version: int, body: dict[str, Any]) -> dict[str, Any]:
+    """Run the upcaster chain from ``version`` to the type's current version."""
+    current = EVENT_TYPES[type_name].VERSION
+    while version < current:
+        step = UPCASTERS.get((type_name, version))
+        if step is None:
+            raise ValueError(f"no upcaster for {type_name} v{version}")
+        body = step(body)
+        version += 1
+    return body
+
+
+# --------------------------------------------------------------------------- codec
+
+
+class _Envelope(Struct, array_like=True):
+    t: str
+    v: int
+    ts: int
+    cid: str
+    e: msgspec.Raw
+
+
+_encoder = msgspec.msgpack.Encoder()
+_envelope_decoder = msgspec.msgpack.Decoder(_Envelope)
+_body_decoders = {name: msgspec.msgpack.Decoder(t) for name, t in EVENT_TYPES.items()}
+_any_decoder = msgspec.msgpack.Decoder()
+_crc = zlib.crc32
+_crc_to_bytes = int.to_bytes
+
+
+def encode_payload(event: _Event, ts_ns: int, correlation_id: str) -> bytes:
+    """The stored value of one record: CRC32 then the msgpack envelope."""
+    t = type(event)
+    body = _encoder.encode(event)
+    payload = _encoder.encode(_Envelope(t.__name__, t.VERSION, ts_ns, correlation_id, msgspec.Raw(body)))
+    return _crc(payload).to_bytes(4, "big") + payload
+
+
+def decode_record(seq: int, value: bytes) -> Record:
+    """Check and decode one stored value. Raises CorruptRecordError naming ``seq``."""
+    mv = memoryview(value)
+    if len(mv) < 5:
+        raise CorruptRecordError(seq, f"record too short ({len(mv)} bytes)")
+    payload = mv[4:]
+    if _crc(payload) != int.from_bytes(mv[:4], "big"):
+        raise CorruptRecordError(seq, "checksum mismatch")
+    try:
+        env = _envelope_decoder.decode(payload)
+        cls = EVENT_TYPES.get(env.t)
+        if cls is None:
+            raise CorruptRecordError(seq, f"unknown event type {env.t!r} (written by a newer eventsrc?)")
+        if env.v == cls.VERSION:
+            event = _body_decoders[env.t].decode(env.e)
+        elif env.v < cls.VERSION:
+            body = _any_decoder.decode(env.e)
+            body.pop("type", None)
+            event = msgspec.convert(upcast(env.t, env.v, body), cls)
+        else:
+            # A newer eventsrc wrote this. Additive changes never bump a version, so a
+            # newer version is a breaking one: reading it as ours could lie.
+            raise CorruptRecordError(
+                seq, f"{env.t} v{env.v} is newer than this eventsrc reads (v{cls.VERSION})"
+            )
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, KeyError) as exc:
+        raise CorruptRecordError(seq, f"undecodable: {exc}") from None
+    return Record(seq=seq, ts_ns=env.ts, correlation_id=env.cid, version=env.v, event=event)  # type: ignore[arg-type]
+
+
+def event_to_builtins(event: _Event) -> dict[str, Any]:
+    """The event as plain JSON-able data, with its ``type`` tag."""
+    out: dict[str, Any] = msgspec.to_builtins(event)
+    return out

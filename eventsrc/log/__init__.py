@@ -1,0 +1,1 @@
+"""The LMDB event log: append with group commit, read, follow, snapshots."""

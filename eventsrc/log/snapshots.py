@@ -1,0 +1,151 @@
+"""Snapshots: a cache of the views at some sequence, never a source of truth.
+
+A snapshot file holds the views after record ``last_seq`` of one particular log. It is
+used only if every check passes: the file decodes, its checksum holds, its format and
+the views' schema fingerprint are this code's, it belongs to this log (``log_id``) and
+the log still reaches ``last_seq``. Otherwise it is ignored (with the reason logged) and
+the views are rebuilt from the log. Deleting every snapshot changes nothing but the
+start-up time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from eventsrc.log.store import EventLog
+from eventsrc.state.apply import apply_all
+from eventsrc.state.views import Views
+
+SNAPSHOT_FORMAT = 1
+KEEP = 2
+_log = logging.getLogger("eventsrc.snapshots")
+
+#: Changes whenever the shape of the views changes, so an old snapshot is never misread.
+SCHEMA_FINGERPRINT = hashlib.sha256(
+    msgspec.json.encode(msgspec.json.schema(Views)) + str(SNAPSHOT_FORMAT).encode()
+).hexdigest()[:16]
+
+
+class SnapshotFile(msgspec.Struct, kw_only=True):
+    format: int
+    schema: str
+    log_id: str
+    last_seq: int
+    crc: int
+    views: msgspec.Raw
+
+
+_encoder = msgspec.msgpack.Encoder()
+_file_decoder = msgspec.msgpack.Decoder(SnapshotFile)
+_views_decoder = msgspec.msgpack.Decoder(Views)
+
+
+@dataclass
+class RebuildInfo:
+    snapshot_seq: int | None  # None: full replay
+    reason: str  # why no (newer) snapshot was used, or "" when one was
+    tail_records: int
+    seconds: float
+
+
+def _name(seq: int) -> str:
+    return f"snapshot-{seq:020d}.msgpack"
+
+
+def snapshot_files(snapdir: Path) -> list[Path]:
+    """Snapshot files, newest first."""
+    if not snapdir.is_dir():
+        return []
+    return sorted(snapdir.glob("snapshot-*.msgpack"), reverse=True)
+
+
+def encode_snapshot(views: Views, log_id: str) -> bytes:
+    body = _encoder.encode(views)
+    return _encoder.encode(
+        SnapshotFile(
+            format=SNAPSHOT_FORMAT,
+            schema=SCHEMA_FINGERPRINT,
+            log_id=log_id,
+            last_seq=views.meta.last_seq,
+            crc=zlib.crc32(body),
+            views=msgspec.Raw(body),
+        )
+    )
+
+
+def write_snapshot(snapdir: Path, data: bytes, last_seq: int) -> Path:
+    """Write atomically (temp file, fsync, rename, fsync dir); keep the newest ``KEEP``."""
+    snapdir.mkdir(mode=0o750, parents=True, exist_ok=True)
+    final = snapdir / _name(last_seq)
+    tmp = snapdir / f".{final.name}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    dirfd = os.open(snapdir, os.O_RDONLY)
+    try:
+        os.fsync(dirfd)
+    finally:
+        os.close(dirfd)
+    for old in snapshot_files(snapdir)[KEEP:]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def read_snapshot(path: Path, log_id: str, log_last_seq: int) -> Views:
+    """Decode and check one snapshot; raises ValueError saying why it cannot be used."""
+    try:
+        snap = _file_decoder.decode(path.read_bytes())
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(f"unreadable ({exc})") from None
+    if snap.format != SNAPSHOT_FORMAT or snap.schema != SCHEMA_FINGERPRINT:
+        raise ValueError(f"old version (format {snap.format}, schema {snap.schema})")
+    if snap.log_id != log_id:
+        raise ValueError("belongs to another log")
+    if snap.last_seq > log_last_seq:
+        raise ValueError(f"ahead of the log (snapshot at {snap.last_seq}, log at {log_last_seq})")
+    if zlib.crc32(snap.views) != snap.crc:
+        raise ValueError("checksum mismatch")
+    try:
+        return _views_decoder.decode(snap.views)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(f"unreadable views ({exc})") from None
+
+
+def load_views(log: EventLog, snapdir: Path | None, until_seq: int | None = None) -> tuple[Views, RebuildInfo]:
+    """Newest usable snapshot plus the tail of the log; a full replay if none is usable."""
+    t0 = time.perf_counter()
+    last = log.last_seq() if until_seq is None else min(until_seq, log.last_seq())
+    views: Views | None = None
+    reason = "no snapshot" if snapdir is None else ""
+    if snapdir is not None:
+        files = snapshot_files(snapdir)
+        if not files:
+            reason = "no snapshot"
+        log_id = log.log_id()
+        for path in files:
+            try:
+                views = read_snapshot(path, log_id, last)
+            except ValueError as exc:
+                reason = f"snapshot {path.name} ignored: {exc}"
+                _log.warning("%s; trying an older one or a full replay", reason)
+                continue
+            reason = ""
+            break
+    from_seq = 1 if views is None else views.meta.last_seq + 1
+    snapshot_seq = None if views is None else views.meta.last_seq
+    if views is None:
+        views = Views()
+    before = views.meta.last_seq
+    apply_all(views, log.records(from_seq, last))
+    tail = max(0, views.meta.last_seq - before)
+    return views, RebuildInfo(snapshot_seq, reason, tail, time.perf_counter() - t0)

@@ -1,0 +1,291 @@
+"""The event log on LMDB: append-only, durable, checksummed, growing by itself.
+
+Layout (see docs/adr/0001-lmdb-log.md): one LMDB environment with the named databases
+
+* ``events``: key = big-endian u64 sequence number (first record is 1), value = CRC32 +
+  msgpack envelope (see ``eventsrc.events``);
+* ``meta``: small facts about the log itself (format version, log id).
+
+This module is synchronous and knows nothing of trio: the trio side
+(``eventsrc.log.commit``) runs ``commit`` in a worker thread so that many appenders
+share one write transaction and one sync.
+
+Only one process may write (``DirLock``); any number may read at the same time, each
+seeing a consistent snapshot per chunk it reads.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lmdb
+
+from eventsrc.errors import AlreadyRunningError, ConcurrencyConflictError, EventsrcError, NoLogError
+from eventsrc.events import CorruptRecordError, Record, _Event, decode_record, encode_payload
+
+LOG_FORMAT = b"1"
+DEFAULT_MAP_SIZE = 1 << 30  # virtual address space only: the file grows as pages are written
+READ_CHUNK = 4096
+
+
+def seq_key(seq: int) -> bytes:
+    return seq.to_bytes(8, "big")
+
+
+def key_seq(key: bytes) -> int:
+    return int.from_bytes(key, "big")
+
+
+class DirLock:
+    """One writer per state directory: an exclusive ``flock`` on ``path``.
+
+    The lock dies with the process (even on SIGKILL), so a stale file never blocks a start.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise AlreadyRunningError(
+                f"eventsrc is already running on {self.path.parent.parent} (pid {holder}); "
+                "one daemon per state directory"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    @staticmethod
+    def holder(path: Path) -> int | None:
+        """The pid holding the lock at ``path``, or None when nobody holds it."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                return int(text) if text.isdigit() else -1
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
+
+@dataclass
+class PendingAppend:
+    """One caller's append inside a group commit. ``commit`` fills ``records`` or ``error``."""
+
+    events: Sequence[_Event]
+    correlation_id: str
+    ts_ns: int
+    expect_last: int | None = None
+    records: list[Record] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+class EventLog:
+    """An open log. Writers must hold the state directory's ``DirLock`` (see ``open_writer``)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        readonly: bool = False,
+        map_size: int = DEFAULT_MAP_SIZE,
+        lock: bool = True,
+    ) -> None:
+        self.path = Path(path)
+        self.readonly = readonly
+        if readonly and not (self.path / "data.mdb").exists():
+            raise NoLogError(f"no event log at {self.path}")
+        if not readonly:
+            self.path.mkdir(mode=0o750, parents=True, exist_ok=True)
+        try:
+            self.env = lmdb.open(
+                str(self.path),
+                map_size=map_size,
+                max_dbs=16,
+                readonly=readonly,
+                lock=lock,
+                sync=True,
+                metasync=True,
+                readahead=False,
+                create=not readonly,
+            )
+        except lmdb.Error as exc:
+            raise EventsrcError(f"cannot open the event log at {self.path}: {exc}") from None
+        # Resizing the map must not overlap a transaction of this process: readers take
+        # this lock per chunk, the writer takes it to grow the map.
+        self._txn_lock = threading.Lock()
+        self.events_db = self.env.open_db(b"events", create=not readonly)
+        self.meta_db = self.env.open_db(b"meta", create=not readonly)
+        if not readonly:
+            with self.env.begin(write=True, db=self.meta_db) as txn:
+                if txn.get(b"format") is None:
+                    txn.put(b"format", LOG_FORMAT)
+                    txn.put(b"log_id", uuid.uuid4().hex.encode())
+        self._last_seq = self._read_last_seq()
+
+    # ------------------------------------------------------------------ reading
+
+    def _read_txn(self) -> lmdb.Transaction:
+        try:
+            return self.env.begin(db=self.events_db)
+        except lmdb.MapResizedError:
+            # Another process grew the map: adopt its size and try again.
+            self.env.set_mapsize(0)
+            return self.env.begin(db=self.events_db)
+
+    def _read_last_seq(self) -> int:
+        with self._txn_lock, self._read_txn() as txn:
+            cur = txn.cursor()
+            return key_seq(cur.key()) if cur.last() else 0
+
+    def last_seq(self) -> int:
+        """The newest sequence: this writer's own count, or re-read for a reader."""
+        if self.readonly:
+            self._last_seq = self._read_last_seq()
+        return self._last_seq
+
+    def log_id(self) -> str:
+        with self._txn_lock, self.env.begin(db=self.meta_db) as txn:
+            v = txn.get(b"log_id")
+        return v.decode() if v else ""
+
+    def raw_chunks(self, from_seq: int = 1, until_seq: int | None = None) -> Iterator[list[tuple[bytes, bytes]]]:
+        """(key, value) pairs in chunks; each chunk is read in its own short transaction."""
+        start = seq_key(max(from_seq, 1))
+        while True:
+            with self._txn_lock, self._read_txn() as txn:
+                cur = txn.cursor()
+                if not cur.set_range(start):
+                    return
+                chunk: list[tuple[bytes, bytes]] = []
+                for kv in cur:
+                    chunk.append(kv)
+                    if len(chunk) >= READ_CHUNK:
+                        break
+            if until_seq is not None:
+                limit = seq_key(until_seq)
+                if chunk[-1][0] > limit:
+                    chunk = [kv for kv in chunk if kv[0] <= limit]
+                    if chunk:
+                        yield chunk
+                    return
+            yield chunk
+            if len(chunk) < READ_CHUNK:
+                return
+            start = seq_key(key_seq(chunk[-1][0]) + 1)
+
+    def records(
+        self, from_seq: int = 1, until_seq: int | None = None
+    ) -> Iterator[Record | CorruptRecordError]:
+        """Every record from ``from_seq`` to ``until_seq`` (inclusive), in order.
+
+        A corrupt record is *yielded* as a ``CorruptRecordError`` (never skipped, never
+        raised), so that callers can name it and go on with the rest.
+        """
+        for chunk in self.raw_chunks(from_seq, until_seq):
+            for k, v in chunk:
+                seq = key_seq(k)
+                try:
+                    yield decode_record(seq, v)
+                except CorruptRecordError as err:
+                    yield err
+
+    def read(self, seq: int) -> Record:
+        with self._txn_lock, self._read_txn() as txn:
+            v = txn.get(seq_key(seq))
+        if v is None:
+            raise KeyError(seq)
+        return decode_record(seq, v)
+
+    # ------------------------------------------------------------------ writing
+
+    def commit(self, batch: Sequence[PendingAppend]) -> None:
+        """Append every request of ``batch`` in one write transaction and one sync.
+
+        Runs in a worker thread. Returns once the transaction is durable. Each request
+        gets ``records`` or ``error`` (an optimistic-concurrency conflict only fails that
+        request, not the batch). The map grows when full; MapFullError never escapes.
+        """
+        if self.readonly:
+            raise EventsrcError("the event log is open read-only")
+        while True:
+            last = self._last_seq
+            for req in batch:
+                req.records = []
+                req.error = None
+            try:
+                with self.env.begin(write=True, db=self.events_db) as txn:
+                    put = txn.put
+                    for req in batch:
+                        if req.expect_last is not None and req.expect_last != last:
+                            req.error = ConcurrencyConflictError(req.expect_last, last)
+                            continue
+                        for ev in req.events:
+                            last += 1
+                            put(seq_key(last), encode_payload(ev, req.ts_ns, req.correlation_id), append=True)
+                            t = type(ev)
+                            req.records.append(
+                                Record(seq=last, ts_ns=req.ts_ns, correlation_id=req.correlation_id, version=t.VERSION, event=ev)  # type: ignore[arg-type]
+                            )
+            except lmdb.MapFullError:
+                self._grow()
+                continue
+            except lmdb.Error as exc:
+                err = EventsrcError(f"cannot append to the event log at {self.path}: {exc}")
+                for req in batch:
+                    req.records = []
+                    req.error = err
+                return
+            self._last_seq = last
+            return
+
+    def append(self, events: Sequence[_Event], correlation_id: str, ts_ns: int, expect_last: int | None = None) -> list[Record]:
+        """Synchronous single append (one transaction, one sync)."""
+        req = PendingAppend(events, correlation_id, ts_ns, expect_last)
+        self.commit([req])
+        if req.error is not None:
+            raise req.error
+        return req.records
+
+    def _grow(self) -> None:
+        with self._txn_lock:
+            size = self.env.info()["map_size"]
+            self.env.set_mapsize(size * 2)
+
+    def map_size(self) -> int:
+        return int(self.env.info()["map_size"])
+
+    def disk_bytes(self) -> int:
+        return (self.path / "data.mdb").stat().st_size
+
+    def close(self) -> None:
+        self.env.close()
+
+    def __enter__(self) -> EventLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,97 @@
+"""Pods and their containers: what each was admitted with and what it holds."""
+
+from __future__ import annotations
+
+from eventsrc import events as ev
+from eventsrc.state.views import ContainerView, PodView, Views
+
+#: Rejections are kept for the newest pods only, so the view stays bounded.
+MAX_REJECTED = 1024
+
+
+def pod_admitted(v: Views, seq: int, e: ev.PodAdmitted) -> None:
+    v.pods.pods[e.pod.uid] = _new_pod(e, seq)
+    v.pods.rejected.pop(e.pod.uid, None)
+
+
+def _new_pod(e: ev.PodAdmitted, seq: int) -> PodView:
+    return PodView(
+        uid=e.pod.uid,
+        namespace=e.pod.namespace,
+        name=e.pod.name,
+        qos_class=e.qos_class,
+        admitted_seq=seq,
+        containers={
+            c.name: ContainerView(
+                kind=c.kind, requests=dict(c.requests), limits=dict(c.limits), claims=list(c.claims)
+            )
+            for c in e.containers
+        },
+    )
+
+
+def admission_rejected(v: Views, seq: int, e: ev.AdmissionRejected) -> None:
+    rejected = v.pods.rejected
+    rejected.pop(e.pod.uid, None)
+    rejected[e.pod.uid] = e.reason
+    if len(rejected) > MAX_REJECTED:
+        del rejected[next(iter(rejected))]
+
+
+def pod_removed(v: Views, seq: int, e: ev.PodRemoved) -> None:
+    v.pods.pods.pop(e.pod_uid, None)
+
+
+def _container(v: Views, pod_uid: str, name: str) -> ContainerView | None:
+    pod = v.pods.pods.get(pod_uid)
+    if pod is None:
+        return None
+    c = pod.containers.get(name)
+    if c is None:
+        c = pod.containers[name] = ContainerView()
+    return c
+
+
+def devices_reserved(v: Views, seq: int, e: ev.DevicesReserved) -> None:
+    c = _container(v, e.pod_uid, e.container)
+    if c is not None:
+        c.devices[e.resource] = list(e.device_ids)
+
+
+def devices_allocated(v: Views, seq: int, e: ev.DevicesAllocated) -> None:
+    c = _container(v, e.pod_uid, e.container)
+    if c is not None:
+        c.devices[e.resource] = list(e.device_ids)
+        c.allocations[e.resource] = e.response
+
+
+def devices_gone(v: Views, seq: int, e: ev.AllocationFailed | ev.DevicesReleased) -> None:
+    c = _container(v, e.pod_uid, e.container)
+    if c is not None:
+        c.devices.pop(e.resource, None)
+        c.allocations.pop(e.resource, None)
+
+
+def cpus_assigned(v: Views, seq: int, e: ev.CPUsAssigned) -> None:
+    c = _container(v, e.pod_uid, e.container)
+    if c is not None:
+        c.cpus = list(e.cpus)
+
+
+def cpus_released(v: Views, seq: int, e: ev.CPUsReleased) -> None:
+    c = _container(v, e.pod_uid, e.container)
+    if c is not None:
+        c.cpus = []
+
+
+HANDLERS = {
+    ev.PodAdmitted: pod_admitted,
+    ev.AdmissionRejected: admission_rejected,
+    ev.PodRemoved: pod_removed,
+    ev.DevicesReserved: devices_reserved,
+    ev.DevicesAllocated: devices_allocated,
+    ev.AllocationFailed: devices_gone,
+    ev.DevicesReleased: devices_gone,
+    ev.CPUsAssigned: cpus_assigned,
+    ev.CPUsReleased: cpus_released,
+}

@@ -1,0 +1,117 @@
+"""The views: what the node's resources look like after a prefix of the log.
+
+Every view is a plain msgspec Struct so that a snapshot is just its encoding. The
+reducers in the sibling modules change only the views they are given; they never read
+a clock, a socket or the log (see ``eventsrc.state.apply``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgspec import Struct, field
+
+from eventsrc.events import ContainerAllocation, PluginOptions, PreparedDevice
+
+
+class PluginView(Struct, kw_only=True):
+    resource: str
+    endpoint: str
+    kind: str = "DevicePlugin"
+    api_version: str = ""
+    options: PluginOptions = PluginOptions()
+    connected: bool = True
+    registered_seq: int = 0
+    disconnected_seq: int = 0
+
+
+class DeviceView(Struct, kw_only=True):
+    health: str
+    numa_nodes: list[int] = []
+    # Who holds it: "" when free, else "pod_uid/container".
+    holder: str = ""
+    # "reserved" (Allocate in flight) or "allocated" while held.
+    hold: str = ""
+    since_seq: int = 0
+
+
+class DevicesView(Struct, kw_only=True):
+    plugins: dict[str, PluginView] = field(default_factory=dict)
+    # resource -> device id -> device
+    devices: dict[str, dict[str, DeviceView]] = field(default_factory=dict)
+
+
+class ContainerView(Struct, kw_only=True):
+    kind: str = "app"
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    # resource -> device ids (reserved or allocated)
+    devices: dict[str, list[str]] = field(default_factory=dict)
+    # resource -> the plugin's Allocate response
+    allocations: dict[str, ContainerAllocation] = field(default_factory=dict)
+    cpus: list[int] = []
+    claims: list[str] = []
+
+
+class PodView(Struct, kw_only=True):
+    uid: str
+    namespace: str = ""
+    name: str = ""
+    qos_class: str = ""
+    admitted_seq: int = 0
+    containers: dict[str, ContainerView] = field(default_factory=dict)
+
+
+class PodsView(Struct, kw_only=True):
+    pods: dict[str, PodView] = field(default_factory=dict)
+    # pod uid -> last admission rejection reason (bounded by pods that were refused)
+    rejected: dict[str, str] = field(default_factory=dict)
+
+
+class CPUsView(Struct, kw_only=True):
+    policy: dict[str, Any] = field(default_factory=dict)
+    # pod uid -> container -> exclusive cpus
+    assignments: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+
+
+class ClaimView(Struct, kw_only=True):
+    uid: str
+    namespace: str = ""
+    name: str = ""
+    driver: str = ""
+    # "preparing", "prepared", "prepare-failed", "unpreparing", "unprepared", "unprepare-failed"
+    state: str = ""
+    pods: list[str] = []
+    devices: list[PreparedDevice] = []
+    error: str = ""
+    since_seq: int = 0
+
+
+class ClaimsView(Struct, kw_only=True):
+    claims: dict[str, ClaimView] = field(default_factory=dict)
+    # DRA drivers by name
+    drivers: dict[str, PluginView] = field(default_factory=dict)
+
+
+class MetaView(Struct, kw_only=True):
+    last_seq: int = 0
+    boot_id: str = ""
+    instance_id: str = ""
+    version: str = ""
+    running: bool = False
+    boots: int = 0
+    started_seq: int = 0
+    stopped_seq: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+    # sequences of records that could not be read, with the reason
+    corrupt: dict[int, str] = field(default_factory=dict)
+    # of those, the ones a CorruptRecordFound event has put on the record
+    corrupt_reported: list[int] = []
+
+
+class Views(Struct, kw_only=True):
+    meta: MetaView = field(default_factory=MetaView)
+    devices: DevicesView = field(default_factory=DevicesView)
+    pods: PodsView = field(default_factory=PodsView)
+    cpus: CPUsView = field(default_factory=CPUsView)
+    claims: ClaimsView = field(default_factory=ClaimsView)
