@@ -22,6 +22,7 @@ Nothing here does I/O.
 
 from __future__ import annotations
 
+import struct
 import zlib
 from collections.abc import Callable
 from typing import Any, ClassVar, Final
@@ -361,7 +362,7 @@ EVENT_TYPES: Final[dict[str, type[_Event]]] = {
 }
 
 
-class Record(Struct, frozen=True, kw_only=True):
+class Record(Struct, frozen=True):
     """One event as read from (or acknowledged by) the log."""
 
     seq: int
@@ -450,19 +451,19 @@ class _Envelope(Struct, array_like=True):
 
 
 _encoder = msgspec.msgpack.Encoder()
+_pack_crc = struct.Struct(">I").pack
 _envelope_decoder = msgspec.msgpack.Decoder(_Envelope)
 _body_decoders = {name: msgspec.msgpack.Decoder(t) for name, t in EVENT_TYPES.items()}
 _any_decoder = msgspec.msgpack.Decoder()
 _crc = zlib.crc32
-_crc_to_bytes = int.to_bytes
 
 
 def encode_payload(event: _Event, ts_ns: int, correlation_id: str) -> bytes:
     """The stored value of one record: CRC32 then the msgpack envelope."""
+    # Encoded in one pass as the array the _Envelope decoder reads back.
     t = type(event)
-    body = _encoder.encode(event)
-    payload = _encoder.encode(_Envelope(t.__name__, t.VERSION, ts_ns, correlation_id, msgspec.Raw(body)))
-    return _crc(payload).to_bytes(4, "big") + payload
+    payload = _encoder.encode((t.__name__, t.VERSION, ts_ns, correlation_id, event))
+    return _pack_crc(_crc(payload)) + payload
 
 
 def decode_record(seq: int, value: bytes) -> Record:

@@ -9,19 +9,30 @@ while each append still returns only after its own durable commit.
 
 from __future__ import annotations
 
+import itertools
+import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import trio
+from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
 
 from eventsrc.errors import LogClosedError
 from eventsrc.events import CorruptRecordError, Record, _Event
 from eventsrc.log.store import EventLog, PendingAppend
 
+_CID_PREFIX = secrets.token_hex(8)
+_cid_counter = itertools.count(1)
+
 
 def new_correlation_id() -> str:
-    return uuid.uuid4().hex
+    """Unique per request: a random per-process prefix and a counter (cheap on the hot path)."""
+    return f"{_CID_PREFIX}{next(_cid_counter):08x}"
+
+
+def _no_abort(_: object) -> Abort:
+    # Once queued, an append is committed; the appender must wait to learn the outcome.
+    return Abort.FAILED
 
 
 class GroupCommitter:
@@ -31,7 +42,7 @@ class GroupCommitter:
         on_commit: Callable[[list[Record]], None] | None = None,
     ) -> None:
         self.log = log
-        self._queue: list[tuple[PendingAppend, trio.Event]] = []
+        self._queue: list[tuple[PendingAppend, Task]] = []
         self._work = trio.Event()
         self._appended = trio.Event()
         self._closed = False
@@ -50,15 +61,16 @@ class GroupCommitter:
 
         Waits until the batch holding them is durable. Raises ConcurrencyConflictError if
         ``expect_last`` is given and the log's last sequence differs at commit time.
-        Cancelling the caller does not withdraw the events once queued.
+        Not cancellable once queued: the caller always learns whether its events are in.
         """
         if self._closed:
             raise LogClosedError("the event log is closed")
         req = PendingAppend(events, correlation_id or new_correlation_id(), time.time_ns(), expect_last)
-        done = trio.Event()
-        self._queue.append((req, done))
+        self._queue.append((req, current_task()))
         self._work.set()
-        await done.wait()
+        # Parked until the committer reschedules this task (the cheapest wake-up trio has:
+        # with 64 writers, the per-append overhead decides the group-commit gain).
+        await wait_task_rescheduled(_no_abort)
         if req.error is not None:
             raise req.error
         return req.records
@@ -89,8 +101,8 @@ class GroupCommitter:
             self.appended += len(committed)
             if committed and self._on_commit is not None:
                 self._on_commit(committed)
-            for _, done in batch:
-                done.set()
+            for _, task in batch:
+                reschedule(task)
             appended, self._appended = self._appended, trio.Event()
             appended.set()
         self._work = trio.Event()

@@ -91,7 +91,7 @@ class DirLock:
             os.close(fd)
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingAppend:
     """One caller's append inside a group commit. ``commit`` fills ``records`` or ``error``."""
 
@@ -243,13 +243,11 @@ class EventLog:
                         if req.expect_last is not None and req.expect_last != last:
                             req.error = ConcurrencyConflictError(req.expect_last, last)
                             continue
+                        ts, cid, out = req.ts_ns, req.correlation_id, req.records
                         for ev in req.events:
                             last += 1
-                            put(seq_key(last), encode_payload(ev, req.ts_ns, req.correlation_id), append=True)
-                            t = type(ev)
-                            req.records.append(
-                                Record(seq=last, ts_ns=req.ts_ns, correlation_id=req.correlation_id, version=t.VERSION, event=ev)  # type: ignore[arg-type]
-                            )
+                            put(last.to_bytes(8, "big"), encode_payload(ev, ts, cid), append=True)
+                            out.append(Record(last, ts, cid, ev.VERSION, ev))  # type: ignore[arg-type]
             except lmdb.MapFullError:
                 self._grow()
                 continue
