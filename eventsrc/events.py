@@ -124,15 +124,15 @@ class DaemonStarted(_Event, frozen=True):
     """``boot_id`` is the machine's (it changes on reboot); ``instance_id`` this run's."""
 
     boot_id: str
-    instance_id: str
     version: str
+    instance_id: str = ""
     config: dict[str, Any] = {}
     pid: int = 0
 
 
 class DaemonStopped(_Event, frozen=True):
     boot_id: str
-    instance_id: str
+    instance_id: str = ""
     reason: str = ""
 
 

@@ -51,7 +51,7 @@ _views_decoder = msgspec.msgpack.Decoder(Views)
 @dataclass
 class RebuildInfo:
     snapshot_seq: int | None  # None: full replay
-    reason: str  # why no (newer) snapshot was used, or "" when one was
+    reason: str  # why no (newer) snapshot was used, or "" when the newest one was
     tail_records: int
     seconds: float
 
@@ -126,21 +126,18 @@ def load_views(log: EventLog, snapdir: Path | None, until_seq: int | None = None
     t0 = time.perf_counter()
     last = log.last_seq() if until_seq is None else min(until_seq, log.last_seq())
     views: Views | None = None
-    reason = "no snapshot" if snapdir is None else ""
-    if snapdir is not None:
-        files = snapshot_files(snapdir)
-        if not files:
-            reason = "no snapshot"
-        log_id = log.log_id()
-        for path in files:
-            try:
-                views = read_snapshot(path, log_id, last)
-            except ValueError as exc:
-                reason = f"snapshot {path.name} ignored: {exc}"
-                _log.warning("%s; trying an older one or a full replay", reason)
-                continue
-            reason = ""
-            break
+    skipped: list[str] = []
+    files = snapshot_files(snapdir) if snapdir is not None else []
+    log_id = log.log_id() if files else ""
+    for path in files:
+        try:
+            views = read_snapshot(path, log_id, last)
+        except ValueError as exc:
+            skipped.append(f"snapshot {path.name} ignored: {exc}")
+            _log.warning("%s; trying an older one or a full replay", skipped[-1])
+            continue
+        break
+    reason = "; ".join(skipped) if skipped else ("" if views is not None else "no snapshot")
     from_seq = 1 if views is None else views.meta.last_seq + 1
     snapshot_seq = None if views is None else views.meta.last_seq
     if views is None:

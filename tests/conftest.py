@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str, root: Path | None = None, check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "eventsrc"]
+    if root is not None:
+        cmd += ["--root-dir", str(root)]
+    proc = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd + list(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+class Daemon:
+    """``eventsrc serve`` in a subprocess, ready when ``eventsrc status`` says so."""
+
+    def __init__(self, root: Path, *extra: str) -> None:
+        self.root = root
+        self.log_path = root.parent / f"daemon-{time.monotonic_ns()}.log"
+        self._out = open(self.log_path, "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "eventsrc", "--root-dir", str(root), "serve", *extra],
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while run_cli("status", root=root).returncode != 0:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.output()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"daemon not ready after 30 s:\n{self.output()}")
+            time.sleep(0.05)
+
+    def output(self) -> str:
+        self._out.flush()
+        return self.log_path.read_text()
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        self.proc.send_signal(sig)
+        rc = self.proc.wait(timeout=30)
+        self._out.close()
+        return rc
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "root"
+
+
+@pytest.fixture
+def daemon_factory(root: Path) -> Iterator[type[Daemon]]:
+    started: list[Daemon] = []
+
+    class Factory(Daemon):
+        def __init__(self, *extra: str) -> None:
+            super().__init__(root, *extra)
+            started.append(self)
+
+    yield Factory
+    for d in started:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+
+def env_rounds(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
