@@ -44,7 +44,8 @@ class Daemon:
             time.sleep(0.05)
 
     def output(self) -> str:
-        self._out.flush()
+        if not self._out.closed:
+            self._out.flush()
         return self.log_path.read_text()
 
     def stop(self, sig: int = signal.SIGTERM) -> int:

@@ -15,7 +15,6 @@ from eventsrc.events import CorruptRecordError
 from eventsrc.log.commit import GroupCommitter, follow
 from eventsrc.log.store import DirLock, EventLog
 
-
 WRITER = Path(__file__).parent / "writer_proc.py"
 
 

@@ -94,13 +94,12 @@ def views_tables(views: Views) -> list[Any]:
     pods = Table(title="pods", title_justify="left")
     for col in ("pod", "uid", "container", "devices", "cpus", "claims"):
         pods.add_column(col)
-    for uid, p in views.pods.pods.items():
-        for cname, c in p.containers.items() or {"-": None}.items():  # type: ignore[union-attr]
-            if c is None:
-                pods.add_row(f"{p.namespace}/{p.name}", uid, "-", "-", "-", "-")
-                continue
+    for uid, pod in views.pods.pods.items():
+        if not pod.containers:
+            pods.add_row(f"{pod.namespace}/{pod.name}", uid, "-", "-", "-", "-")
+        for cname, c in pod.containers.items():
             devs = " ".join(f"{r}={','.join(ids)}" for r, ids in c.devices.items()) or "-"
-            pods.add_row(f"{p.namespace}/{p.name}", uid, cname, devs, _cpus(c.cpus), ",".join(c.claims) or "-")
+            pods.add_row(f"{pod.namespace}/{pod.name}", uid, cname, devs, _cpus(c.cpus), ",".join(c.claims) or "-")
     out.append(pods)
 
     cpus = Table(title="exclusive cpus", title_justify="left")
@@ -114,8 +113,10 @@ def views_tables(views: Views) -> list[Any]:
     claims = Table(title="claims", title_justify="left")
     for col in ("claim", "uid", "driver", "state", "pods", "error"):
         claims.add_column(col)
-    for uid, c in views.claims.claims.items():
-        claims.add_row(f"{c.namespace}/{c.name}", uid, c.driver, c.state, ",".join(c.pods) or "-", c.error or "-")
+    for uid, claim in views.claims.claims.items():
+        claims.add_row(
+            f"{claim.namespace}/{claim.name}", uid, claim.driver, claim.state, ",".join(claim.pods) or "-", claim.error or "-"
+        )
     out.append(claims)
     return out
 

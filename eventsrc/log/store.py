@@ -159,7 +159,7 @@ class EventLog:
     def _read_last_seq(self) -> int:
         with self._txn_lock, self._read_txn() as txn:
             cur = txn.cursor()
-            return key_seq(cur.key()) if cur.last() else 0
+            return key_seq(bytes(cur.key())) if cur.last() else 0
 
     def last_seq(self) -> int:
         """The newest sequence: this writer's own count, or re-read for a reader."""
@@ -182,9 +182,11 @@ class EventLog:
                     return
                 chunk: list[tuple[bytes, bytes]] = []
                 for kv in cur:
-                    chunk.append(kv)
+                    chunk.append(kv)  # type: ignore[arg-type]  # bytes: buffers=False
                     if len(chunk) >= READ_CHUNK:
                         break
+            if not chunk:
+                return
             if until_seq is not None:
                 limit = seq_key(until_seq)
                 if chunk[-1][0] > limit:
@@ -218,7 +220,7 @@ class EventLog:
             v = txn.get(seq_key(seq))
         if v is None:
             raise KeyError(seq)
-        return decode_record(seq, v)
+        return decode_record(seq, bytes(v))
 
     # ------------------------------------------------------------------ writing
 

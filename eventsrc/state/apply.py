@@ -9,15 +9,13 @@ replay, and lets a replay go on past a corrupt record.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
 
 from eventsrc import events as ev
 from eventsrc.events import CorruptRecordError, Record
 from eventsrc.state import claims, cpus, devices, pods
+from eventsrc.state.types import Handlers, Reducer
 from eventsrc.state.views import Views
-
-Reducer = Callable[[Views, int, Any], None]
 
 
 def _meta_started(v: Views, seq: int, e: ev.DaemonStarted) -> None:
@@ -42,7 +40,7 @@ def _meta_corrupt(v: Views, seq: int, e: ev.CorruptRecordFound) -> None:
         v.meta.corrupt_reported.append(e.seq)
 
 
-def _combine(*tables: dict[type, Reducer]) -> dict[type, tuple[Reducer, ...]]:
+def _combine(*tables: Handlers) -> dict[type, tuple[Reducer, ...]]:
     out: dict[type, list[Reducer]] = {}
     for table in tables:
         for t, fn in table.items():
@@ -50,7 +48,7 @@ def _combine(*tables: dict[type, Reducer]) -> dict[type, tuple[Reducer, ...]]:
     return {t: tuple(fns) for t, fns in out.items()}
 
 
-_META: dict[type, Reducer] = {
+_META: Handlers = {
     ev.DaemonStarted: _meta_started,
     ev.DaemonStopped: _meta_stopped,
     ev.CorruptRecordFound: _meta_corrupt,

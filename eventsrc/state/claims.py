@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from eventsrc import events as ev
+from eventsrc.state.types import Handlers
 from eventsrc.state.views import ClaimView, Views
 
 
@@ -75,7 +76,7 @@ def reference_removed(v: Views, seq: int, e: ev.PodReferenceRemoved) -> None:
         del v.claims.claims[e.claim_uid]
 
 
-HANDLERS = {
+HANDLERS: Handlers = {
     ev.ClaimPrepareStarted: prepare_started,
     ev.ClaimPrepared: prepared,
     ev.ClaimPrepareFailed: prepare_failed,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from eventsrc import events as ev
+from eventsrc.state.types import Handlers
 from eventsrc.state.views import Views
 
 
@@ -24,7 +25,7 @@ def cpus_released(v: Views, seq: int, e: ev.CPUsReleased) -> None:
         del v.cpus.assignments[e.pod_uid]
 
 
-HANDLERS = {
+HANDLERS: Handlers = {
     ev.PolicyConfigurationChanged: policy_changed,
     ev.CPUsAssigned: cpus_assigned,
     ev.CPUsReleased: cpus_released,

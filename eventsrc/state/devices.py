@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from eventsrc import events as ev
+from eventsrc.state.types import Handlers
 from eventsrc.state.views import DeviceView, PluginView, Views
 
 
@@ -101,7 +102,7 @@ def devices_released(v: Views, seq: int, e: ev.DevicesReleased) -> None:
     _free(v, seq, e.resource, e.device_ids, f"{e.pod_uid}/{e.container}")
 
 
-HANDLERS = {
+HANDLERS: Handlers = {
     ev.PluginRegistered: plugin_registered,
     ev.PluginDisconnected: plugin_disconnected,
     ev.DevicesAdded: devices_added,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from eventsrc import events as ev
+from eventsrc.state.types import Handlers
 from eventsrc.state.views import ContainerView, PodView, Views
 
 #: Rejections are kept for the newest pods only, so the view stays bounded.
@@ -84,7 +85,7 @@ def cpus_released(v: Views, seq: int, e: ev.CPUsReleased) -> None:
         c.cpus = []
 
 
-HANDLERS = {
+HANDLERS: Handlers = {
     ev.PodAdmitted: pod_admitted,
     ev.AdmissionRejected: admission_rejected,
     ev.PodRemoved: pod_removed,

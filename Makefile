@@ -1,0 +1,37 @@
+# Two commands for a fresh clone (see README.md):
+#   make run    install everything into .venv, then run the daemon under ./run/root
+#   make test   install everything into .venv, then lint, type-check and run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint typecheck pytest schemas bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	./scripts/run.sh
+
+test: $(STAMP) lint typecheck pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP)
+	$(PY) -m pytest
+
+schemas: $(STAMP)
+	$(PY) -m eventsrc.schema --write
+
+bench: $(STAMP)
+	$(VENV)/bin/eventsrc bench log
+
+clean:
+	rm -rf $(VENV) run build *.egg-info
