@@ -40,8 +40,11 @@ __all__ = [
 ]
 
 
-class _Event(Struct, tag=True, kw_only=True, frozen=True):
-    """Base of every event. ``VERSION`` is the version written by this code."""
+class _Event(Struct, kw_only=True, frozen=True):
+    """Base of every event. ``VERSION`` is the version written by this code.
+
+    Not a msgspec tagged union: the type name is stored once, in the envelope, and the
+    body is decoded with that type's own decoder."""
 
     VERSION: ClassVar[int] = 1
 
@@ -483,7 +486,7 @@ def decode_record(seq: int, value: bytes) -> Record:
             event = _body_decoders[env.t].decode(env.e)
         elif env.v < cls.VERSION:
             body = _any_decoder.decode(env.e)
-            body.pop("type", None)
+            body.pop("type", None)  # early logs stored the type in the body too
             event = msgspec.convert(upcast(env.t, env.v, body), cls)
         else:
             # A newer eventsrc wrote this. Additive changes never bump a version, so a
@@ -496,7 +499,3 @@ def decode_record(seq: int, value: bytes) -> Record:
     return Record(seq=seq, ts_ns=env.ts, correlation_id=env.cid, version=env.v, event=event)  # type: ignore[arg-type]
 
 
-def event_to_builtins(event: _Event) -> dict[str, Any]:
-    """The event as plain JSON-able data, with its ``type`` tag."""
-    out: dict[str, Any] = msgspec.to_builtins(event)
-    return out

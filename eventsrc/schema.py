@@ -17,15 +17,21 @@ from typing import Any
 
 import msgspec
 
-from eventsrc.events import EVENT_TYPES, Event
+from eventsrc.events import EVENT_TYPES
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "events.schema.json"
 
 
 def generate() -> str:
-    (event_ref,), defs = msgspec.json.schema_components([Event], ref_template="#/$defs/{name}")
+    types = list(EVENT_TYPES.values())
+    refs, defs = msgspec.json.schema_components(types, ref_template="#/$defs/{name}")
     for name, cls in EVENT_TYPES.items():
         defs[name]["x-eventsrc-version"] = cls.VERSION
+    # The record's "type" names the schema its "event" follows.
+    by_type = [
+        {"if": {"properties": {"type": {"const": cls.__name__}}}, "then": {"properties": {"event": ref}}}
+        for cls, ref in zip(types, refs, strict=True)
+    ]
     schema: dict[str, Any] = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://eventsrc.dev/schemas/events.schema.json",
@@ -42,8 +48,9 @@ def generate() -> str:
             "correlation_id": {"type": "string", "description": "shared by every event one request caused"},
             "type": {"type": "string", "enum": sorted(EVENT_TYPES)},
             "version": {"type": "integer", "minimum": 1, "description": "the event type's schema version"},
-            "event": event_ref,
+            "event": {"type": "object"},
         },
+        "allOf": by_type,
         "$defs": dict(sorted(defs.items())),
     }
     return json.dumps(schema, indent=2, sort_keys=False) + "\n"

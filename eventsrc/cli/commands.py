@@ -6,9 +6,11 @@ import argparse
 import contextlib
 import json
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
+from rich.console import Console
 
 from eventsrc.errors import EventsrcError
 from eventsrc.events import CorruptRecordError
@@ -105,12 +107,11 @@ def state(args: argparse.Namespace) -> int:
 
     event_log = _open_reader(args.layout)
     snapdir = args.layout.snapshots if args.use_snapshot else None
-    views, _info = load_views(event_log, snapdir, until_seq=args.until_seq)
+    with _progress("replaying", event_log.last_seq()) as advance:
+        views, _info = load_views(event_log, snapdir, until_seq=args.until_seq, progress=advance)
     if args.output == "json":
         sys.stdout.write(msgspec.json.encode(views).decode() + "\n")
     else:
-        from rich.console import Console
-
         console = Console()
         for table in render.views_tables(views):
             console.print(table)
@@ -119,6 +120,19 @@ def state(args: argparse.Namespace) -> int:
         print(f"eventsrc: error: corrupt record(s) at sequence {seqs}; the views hold every other record", file=sys.stderr)
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def _progress(what: str, total: int) -> Iterator[Callable[[int], None] | None]:
+    """A progress bar on stderr for long work, when a person is watching."""
+    if total < 200_000 or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import Progress
+
+    with Progress(transient=True, console=Console(stderr=True)) as bar:
+        task = bar.add_task(what, total=total)
+        yield lambda seq: bar.update(task, completed=seq)
 
 
 def bench_log(args: argparse.Namespace) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import secrets
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import trio
@@ -64,7 +63,7 @@ class GroupCommitter:
         """
         if self._closed:
             raise LogClosedError("the event log is closed")
-        req = PendingAppend(events, correlation_id or new_correlation_id(), time.time_ns(), expect_last)
+        req = PendingAppend(events, correlation_id or new_correlation_id(), 0, expect_last)
         self._queue.append((req, current_task()))
         self._work.set()
         # Parked until the committer reschedules this task (the cheapest wake-up trio has:

@@ -15,11 +15,13 @@ import logging
 import os
 import time
 import zlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
+from eventsrc.events import CorruptRecordError, Record
 from eventsrc.log.store import EventLog
 from eventsrc.state.apply import apply_all
 from eventsrc.state.views import Views
@@ -54,6 +56,15 @@ class RebuildInfo:
     reason: str  # why no (newer) snapshot was used, or "" when the newest one was
     tail_records: int
     seconds: float
+
+
+def _reporting(
+    items: Iterable[Record | CorruptRecordError], progress: Callable[[int], None]
+) -> Iterator[Record | CorruptRecordError]:
+    for item in items:
+        if item.seq % 50_000 == 0:
+            progress(item.seq)
+        yield item
 
 
 def _name(seq: int) -> str:
@@ -121,8 +132,15 @@ def read_snapshot(path: Path, log_id: str, log_last_seq: int) -> Views:
         raise ValueError(f"unreadable views ({exc})") from None
 
 
-def load_views(log: EventLog, snapdir: Path | None, until_seq: int | None = None) -> tuple[Views, RebuildInfo]:
-    """Newest usable snapshot plus the tail of the log; a full replay if none is usable."""
+def load_views(
+    log: EventLog,
+    snapdir: Path | None,
+    until_seq: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[Views, RebuildInfo]:
+    """Newest usable snapshot plus the tail of the log; a full replay if none is usable.
+
+    ``progress(seq)`` is called every 50,000 records when given."""
     t0 = time.perf_counter()
     last = log.last_seq() if until_seq is None else min(until_seq, log.last_seq())
     views: Views | None = None
@@ -143,6 +161,9 @@ def load_views(log: EventLog, snapdir: Path | None, until_seq: int | None = None
     if views is None:
         views = Views()
     before = views.meta.last_seq
-    apply_all(views, log.records(from_seq, last))
+    records: Iterable[Record | CorruptRecordError] = log.records(from_seq, last)
+    if progress is not None:
+        records = _reporting(records, progress)
+    apply_all(views, records)
     tail = max(0, views.meta.last_seq - before)
     return views, RebuildInfo(snapshot_seq, reason, tail, time.perf_counter() - t0)

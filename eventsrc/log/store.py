@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -97,7 +98,7 @@ class PendingAppend:
 
     events: Sequence[_Event]
     correlation_id: str
-    ts_ns: int
+    ts_ns: int  # 0: stamped by the log at commit
     expect_last: int | None = None
     records: list[Record] = field(default_factory=list)
     error: BaseException | None = None
@@ -235,6 +236,7 @@ class EventLog:
             raise EventsrcError("the event log is open read-only")
         while True:
             last = self._last_seq
+            now = time.time_ns()  # the batch's wall-clock time, for requests that left it to the log
             for req in batch:
                 req.records = []
                 req.error = None
@@ -245,7 +247,7 @@ class EventLog:
                         if req.expect_last is not None and req.expect_last != last:
                             req.error = ConcurrencyConflictError(req.expect_last, last)
                             continue
-                        ts, cid, out = req.ts_ns, req.correlation_id, req.records
+                        ts, cid, out = req.ts_ns or now, req.correlation_id, req.records
                         for ev in req.events:
                             last += 1
                             put(last.to_bytes(8, "big"), encode_payload(ev, ts, cid), append=True)
