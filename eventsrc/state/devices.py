@@ -31,15 +31,20 @@ def plugin_disconnected(v: Views, seq: int, e: ev.PluginDisconnected) -> None:
         plugin.disconnected_seq = seq
 
 
+def _upsert(table: dict[str, DeviceView], seq: int, device_id: str, health: str, numa_nodes: list[int]) -> None:
+    """Add a device or update a known one; a known device keeps its holder."""
+    known = table.get(device_id)
+    if known is None:
+        table[device_id] = DeviceView(health=health, numa_nodes=list(numa_nodes), since_seq=seq)
+    else:
+        known.health = health
+        known.numa_nodes = list(numa_nodes)
+
+
 def devices_added(v: Views, seq: int, e: ev.DevicesAdded) -> None:
     table = v.devices.devices.setdefault(e.resource, {})
     for d in e.devices:
-        known = table.get(d.id)
-        if known is None:
-            table[d.id] = DeviceView(health=d.health, numa_nodes=list(d.numa_nodes), since_seq=seq)
-        else:
-            known.health = d.health
-            known.numa_nodes = list(d.numa_nodes)
+        _upsert(table, seq, d.id, d.health, d.numa_nodes)
 
 
 def devices_removed(v: Views, seq: int, e: ev.DevicesRemoved) -> None:
@@ -53,13 +58,7 @@ def devices_removed(v: Views, seq: int, e: ev.DevicesRemoved) -> None:
 
 
 def device_health_changed(v: Views, seq: int, e: ev.DeviceHealthChanged) -> None:
-    table = v.devices.devices.setdefault(e.resource, {})
-    known = table.get(e.device_id)
-    if known is None:
-        table[e.device_id] = DeviceView(health=e.health, numa_nodes=list(e.numa_nodes), since_seq=seq)
-    else:
-        known.health = e.health
-        known.numa_nodes = list(e.numa_nodes)
+    _upsert(v.devices.devices.setdefault(e.resource, {}), seq, e.device_id, e.health, e.numa_nodes)
 
 
 def _hold(v: Views, seq: int, resource: str, ids: list[str], holder: str, hold: str) -> None:
