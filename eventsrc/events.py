@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 
-class _Event(Struct, kw_only=True, frozen=True):
+class _Event(Struct, kw_only=True, frozen=True, gc=False):
     """Base of every event. ``VERSION`` is the version written by this code.
 
     Not a msgspec tagged union: the type name is stored once, in the envelope, and the
@@ -52,17 +52,17 @@ class _Event(Struct, kw_only=True, frozen=True):
 # --------------------------------------------------------------------------- values
 
 
-class PodRef(Struct, frozen=True, kw_only=True):
+class PodRef(Struct, frozen=True, kw_only=True, gc=False):
     uid: str
     namespace: str = ""
     name: str = ""
 
 
-class NUMATopology(Struct, frozen=True, kw_only=True):
+class NUMATopology(Struct, frozen=True, kw_only=True, gc=False):
     nodes: list[int] = []
 
 
-class DeviceInfo(Struct, frozen=True, kw_only=True):
+class DeviceInfo(Struct, frozen=True, kw_only=True, gc=False):
     """One device as a plugin reported it in ListAndWatch."""
 
     id: str
@@ -70,24 +70,24 @@ class DeviceInfo(Struct, frozen=True, kw_only=True):
     numa_nodes: list[int] = []
 
 
-class PluginOptions(Struct, frozen=True, kw_only=True):
+class PluginOptions(Struct, frozen=True, kw_only=True, gc=False):
     pre_start_required: bool = False
     get_preferred_allocation_available: bool = False
 
 
-class Mount(Struct, frozen=True, kw_only=True):
+class Mount(Struct, frozen=True, kw_only=True, gc=False):
     container_path: str
     host_path: str
     read_only: bool = False
 
 
-class DeviceSpec(Struct, frozen=True, kw_only=True):
+class DeviceSpec(Struct, frozen=True, kw_only=True, gc=False):
     container_path: str
     host_path: str
     permissions: str = ""
 
 
-class ContainerAllocation(Struct, frozen=True, kw_only=True):
+class ContainerAllocation(Struct, frozen=True, kw_only=True, gc=False):
     """The device plugin's whole ContainerAllocateResponse."""
 
     envs: dict[str, str] = {}
@@ -97,7 +97,7 @@ class ContainerAllocation(Struct, frozen=True, kw_only=True):
     cdi_devices: list[str] = []
 
 
-class ContainerSpec(Struct, frozen=True, kw_only=True):
+class ContainerSpec(Struct, frozen=True, kw_only=True, gc=False):
     """A container as admitted: its kind and its resource requests and limits."""
 
     name: str
@@ -107,13 +107,13 @@ class ContainerSpec(Struct, frozen=True, kw_only=True):
     claims: list[str] = []  # names of the pod's resource claims this container uses
 
 
-class ClaimRef(Struct, frozen=True, kw_only=True):
+class ClaimRef(Struct, frozen=True, kw_only=True, gc=False):
     uid: str
     namespace: str = ""
     name: str = ""
 
 
-class PreparedDevice(Struct, frozen=True, kw_only=True):
+class PreparedDevice(Struct, frozen=True, kw_only=True, gc=False):
     request_names: list[str] = []
     pool_name: str = ""
     device_name: str = ""
@@ -365,7 +365,7 @@ EVENT_TYPES: Final[dict[str, type[_Event]]] = {
 }
 
 
-class Record(Struct, frozen=True):
+class Record(Struct, frozen=True, gc=False):
     """One event as read from (or acknowledged by) the log."""
 
     seq: int

@@ -34,7 +34,7 @@ def record_summary(rec: Record) -> str:
 def record_line(item: Record | CorruptRecordError) -> str:
     if isinstance(item, CorruptRecordError):
         return f"{item.seq:>8}  {'?':<27}  {'CORRUPT':<26}  {'':8}  {item.reason}"
-    return f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type:<26}  {item.correlation_id[:8]}  {record_summary(item)}"
+    return f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type:<26}  {item.correlation_id[-8:]}  {record_summary(item)}"
 
 
 RECORD_HEADER = f"{'SEQ':>8}  {'TIME':<27}  {'TYPE':<26}  {'CORR':<8}  EVENT"

@@ -22,7 +22,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import lmdb
@@ -92,16 +91,25 @@ class DirLock:
             os.close(fd)
 
 
-@dataclass(slots=True)
 class PendingAppend:
     """One caller's append inside a group commit. ``commit`` fills ``records`` or ``error``."""
 
-    events: Sequence[_Event]
-    correlation_id: str
-    ts_ns: int  # 0: stamped by the log at commit
-    expect_last: int | None = None
-    records: list[Record] = field(default_factory=list)
-    error: BaseException | None = None
+    __slots__ = ("events", "correlation_id", "ts_ns", "expect_last", "records", "error", "waiter")
+
+    def __init__(
+        self,
+        events: Sequence[_Event],
+        correlation_id: str,
+        ts_ns: int = 0,  # 0: stamped by the log at commit
+        expect_last: int | None = None,
+    ) -> None:
+        self.events = events
+        self.correlation_id = correlation_id
+        self.ts_ns = ts_ns
+        self.expect_last = expect_last
+        self.records: list[Record] = []
+        self.error: BaseException | None = None
+        self.waiter: object = None  # the trio task parked on this append, if any
 
 
 class EventLog:
@@ -237,21 +245,25 @@ class EventLog:
         while True:
             last = self._last_seq
             now = time.time_ns()  # the batch's wall-clock time, for requests that left it to the log
+            items: list[tuple[bytes, bytes]] = []
             for req in batch:
-                req.records = []
+                if req.expect_last is not None and req.expect_last != last:
+                    req.records = []
+                    req.error = ConcurrencyConflictError(req.expect_last, last)
+                    continue
+                ts, cid = req.ts_ns or now, req.correlation_id
+                records = []
+                for ev in req.events:
+                    last += 1
+                    items.append((last.to_bytes(8, "big"), encode_payload(ev, ts, cid)))
+                    records.append(Record(last, ts, cid, ev.VERSION, ev))  # type: ignore[arg-type]
+                req.records = records
                 req.error = None
             try:
                 with self.env.begin(write=True, db=self.events_db) as txn:
-                    put = txn.put
-                    for req in batch:
-                        if req.expect_last is not None and req.expect_last != last:
-                            req.error = ConcurrencyConflictError(req.expect_last, last)
-                            continue
-                        ts, cid, out = req.ts_ns or now, req.correlation_id, req.records
-                        for ev in req.events:
-                            last += 1
-                            put(last.to_bytes(8, "big"), encode_payload(ev, ts, cid), append=True)
-                            out.append(Record(last, ts, cid, ev.VERSION, ev))  # type: ignore[arg-type]
+                    _, added = txn.cursor().putmulti(items, append=True)
+                    if added != len(items):
+                        raise lmdb.Error(f"only {added} of {len(items)} records appended")
             except lmdb.MapFullError:
                 self._grow()
                 continue
