@@ -14,7 +14,7 @@ import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import trio
-from trio.lowlevel import Abort, current_task, reschedule, wait_task_rescheduled
+from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
 
 from eventsrc.errors import LogClosedError
 from eventsrc.events import CorruptRecordError, Record, _Event
@@ -22,12 +22,13 @@ from eventsrc.log.store import EventLog, PendingAppend
 
 # A random 64-bit start, then a counter: unique per node in practice, and cheap on the
 # hot path. The low digits change from one id to the next (people see the last eight).
-_cid_counter = itertools.count(secrets.randbits(64))
+_cid_counter = itertools.count(secrets.randbits(60))
+_cid_next = _cid_counter.__next__
 
 
 def new_correlation_id() -> str:
     """16 hex digits, unique per request."""
-    return f"{next(_cid_counter) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+    return f"{_cid_next():016x}"
 
 
 def _no_abort(_: object) -> Abort:
@@ -43,7 +44,7 @@ class GroupCommitter:
     ) -> None:
         self.log = log
         self._queue: list[PendingAppend] = []
-        self._work = trio.Event()
+        self._idle: Task | None = None  # the committer, parked while the queue is empty
         self._appended = trio.Event()
         self._closed = False
         self._on_commit = on_commit
@@ -68,7 +69,9 @@ class GroupCommitter:
         req = PendingAppend(events, correlation_id or new_correlation_id(), 0, expect_last)
         req.waiter = current_task()
         self._queue.append(req)
-        self._work.set()
+        if self._idle is not None:
+            committer, self._idle = self._idle, None
+            reschedule(committer)
         # Parked until the committer reschedules this task (the cheapest wake-up trio has:
         # with 64 writers, the per-append overhead decides the group-commit gain).
         await wait_task_rescheduled(_no_abort)
@@ -81,7 +84,9 @@ class GroupCommitter:
         task_status.started()
         try:
             while True:
-                await self._work.wait()
+                if not self._queue:
+                    self._idle = current_task()
+                    await wait_task_rescheduled(self._abort_idle)
                 await self._commit_queued()
         finally:
             self._closed = True
@@ -91,7 +96,6 @@ class GroupCommitter:
     async def _commit_queued(self) -> None:
         while self._queue:
             batch, self._queue = self._queue, []
-            self._work = trio.Event()
             # The thread cannot be abandoned: the appenders must learn the outcome.
             await trio.to_thread.run_sync(self.log.commit, batch)
             self.batches += 1
@@ -105,7 +109,10 @@ class GroupCommitter:
                 self._on_commit(committed)
             appended, self._appended = self._appended, trio.Event()
             appended.set()
-        self._work = trio.Event()
+
+    def _abort_idle(self, _: object) -> Abort:
+        self._idle = None
+        return Abort.SUCCEEDED
 
     async def wait_appended(self) -> None:
         await self._appended.wait()
