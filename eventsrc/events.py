@@ -189,6 +189,15 @@ class DevicesAdded(_Event, frozen=True):
 class DevicesRemoved(_Event, frozen=True):
     resource: str
     device_ids: list[str]
+    reason: str = ""
+
+
+class ResourceDropped(_Event, frozen=True):
+    """The plugin of ``resource`` stayed away past the grace period: its free devices are
+    gone and new admissions treat the resource as unregistered."""
+
+    resource: str
+    reason: str = ""
 
 
 class DeviceHealthChanged(_Event, frozen=True):
@@ -203,6 +212,13 @@ class DeviceHealthChanged(_Event, frozen=True):
 
 
 # --------------------------------------------------------------------------- pods
+
+
+class PodAdmissionStarted(_Event, frozen=True):
+    """Intent: the pod is being admitted (recorded before any plugin is called)."""
+
+    pod: PodRef
+    containers: list[ContainerSpec] = []
 
 
 class PodAdmitted(_Event, frozen=True):
@@ -229,12 +245,16 @@ class PodRemoved(_Event, frozen=True):
 
 
 class DevicesReserved(_Event, frozen=True):
-    """Intent, recorded before the plugin's Allocate call."""
+    """Intent, recorded before the plugin's Allocate call. ``choice`` says who chose the
+    devices: "kept" (the container had them), "plugin" (GetPreferredAllocation) or
+    "daemon"; ``note`` why (e.g. why the plugin's preference was not used)."""
 
     pod_uid: str
     container: str
     resource: str
     device_ids: list[str]
+    choice: str = ""
+    note: str = ""
 
 
 class DevicesAllocated(_Event, frozen=True):
@@ -340,7 +360,9 @@ Event = (
     | PluginDisconnected
     | DevicesAdded
     | DevicesRemoved
+    | ResourceDropped
     | DeviceHealthChanged
+    | PodAdmissionStarted
     | PodAdmitted
     | AdmissionRejected
     | PodRemoved

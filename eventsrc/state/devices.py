@@ -39,6 +39,7 @@ def _upsert(table: dict[str, DeviceView], seq: int, device_id: str, health: str,
     else:
         known.health = health
         known.numa_nodes = list(numa_nodes)
+        known.removed = False
 
 
 def devices_added(v: Views, seq: int, e: ev.DevicesAdded) -> None:
@@ -52,7 +53,30 @@ def devices_removed(v: Views, seq: int, e: ev.DevicesRemoved) -> None:
     if table is None:
         return
     for device_id in e.device_ids:
-        table.pop(device_id, None)
+        _remove(table, device_id)
+    if not table:
+        del v.devices.devices[e.resource]
+
+
+def _remove(table: dict[str, DeviceView], device_id: str) -> None:
+    """A free device goes; a held one stays with its holder until released."""
+    d = table.get(device_id)
+    if d is None:
+        return
+    if d.holder:
+        d.removed = True
+        d.health = "Unhealthy"
+    else:
+        del table[device_id]
+
+
+def resource_dropped(v: Views, seq: int, e: ev.ResourceDropped) -> None:
+    v.devices.plugins.pop(e.resource, None)
+    table = v.devices.devices.get(e.resource)
+    if table is None:
+        return
+    for device_id in list(table):
+        _remove(table, device_id)
     if not table:
         del v.devices.devices[e.resource]
 
@@ -80,9 +104,14 @@ def _free(v: Views, seq: int, resource: str, ids: list[str], holder: str) -> Non
     for device_id in ids:
         d = table.get(device_id)
         if d is not None and d.holder == holder:
+            if d.removed:
+                del table[device_id]
+                continue
             d.holder = ""
             d.hold = ""
             d.since_seq = seq
+    if not table:
+        del v.devices.devices[resource]
 
 
 def devices_reserved(v: Views, seq: int, e: ev.DevicesReserved) -> None:
@@ -106,6 +135,7 @@ HANDLERS: Handlers = {
     ev.PluginDisconnected: plugin_disconnected,
     ev.DevicesAdded: devices_added,
     ev.DevicesRemoved: devices_removed,
+    ev.ResourceDropped: resource_dropped,
     ev.DeviceHealthChanged: device_health_changed,
     ev.DevicesReserved: devices_reserved,
     ev.DevicesAllocated: devices_allocated,

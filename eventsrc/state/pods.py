@@ -10,28 +10,43 @@ from eventsrc.state.views import ContainerView, PodView, Views
 MAX_REJECTED = 1024
 
 
-def pod_admitted(v: Views, seq: int, e: ev.PodAdmitted) -> None:
-    v.pods.pods[e.pod.uid] = _new_pod(e, seq)
+def admission_started(v: Views, seq: int, e: ev.PodAdmissionStarted) -> None:
+    v.pods.pods[e.pod.uid] = _new_pod(e.pod, e.containers, "admitting", seq)
     v.pods.rejected.pop(e.pod.uid, None)
 
 
-def _new_pod(e: ev.PodAdmitted, seq: int) -> PodView:
+def pod_admitted(v: Views, seq: int, e: ev.PodAdmitted) -> None:
+    pod = v.pods.pods.get(e.pod.uid)
+    if pod is None:
+        pod = v.pods.pods[e.pod.uid] = _new_pod(e.pod, e.containers, "admitted", seq)
+    pod.state = "admitted"
+    pod.admitted_seq = seq
+    pod.qos_class = e.qos_class or pod.qos_class
+    for c in e.containers:  # what the admission started with, kept with what it got
+        if c.name not in pod.containers:
+            pod.containers[c.name] = _container_view(c)
+    v.pods.rejected.pop(e.pod.uid, None)
+
+
+def _container_view(c: ev.ContainerSpec) -> ContainerView:
+    return ContainerView(kind=c.kind, requests=dict(c.requests), limits=dict(c.limits), claims=list(c.claims))
+
+
+def _new_pod(ref: ev.PodRef, containers: list[ev.ContainerSpec], state: str, seq: int) -> PodView:
     return PodView(
-        uid=e.pod.uid,
-        namespace=e.pod.namespace,
-        name=e.pod.name,
-        qos_class=e.qos_class,
+        uid=ref.uid,
+        namespace=ref.namespace,
+        name=ref.name,
+        state=state,
         admitted_seq=seq,
-        containers={
-            c.name: ContainerView(
-                kind=c.kind, requests=dict(c.requests), limits=dict(c.limits), claims=list(c.claims)
-            )
-            for c in e.containers
-        },
+        containers={c.name: _container_view(c) for c in containers},
     )
 
 
 def admission_rejected(v: Views, seq: int, e: ev.AdmissionRejected) -> None:
+    pod = v.pods.pods.get(e.pod.uid)
+    if pod is not None and pod.state == "admitting":
+        del v.pods.pods[e.pod.uid]
     rejected = v.pods.rejected
     rejected.pop(e.pod.uid, None)
     rejected[e.pod.uid] = e.reason
@@ -86,6 +101,7 @@ def cpus_released(v: Views, seq: int, e: ev.CPUsReleased) -> None:
 
 
 HANDLERS: Handlers = {
+    ev.PodAdmissionStarted: admission_started,
     ev.PodAdmitted: pod_admitted,
     ev.AdmissionRejected: admission_rejected,
     ev.PodRemoved: pod_removed,

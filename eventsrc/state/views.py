@@ -33,6 +33,8 @@ class DeviceView(Struct, kw_only=True):
     # "reserved" (Allocate in flight) or "allocated" while held.
     hold: str = ""
     since_seq: int = 0
+    # No longer in the plugin's list, but still held: dropped when released.
+    removed: bool = False
 
 
 class DevicesView(Struct, kw_only=True):
@@ -58,6 +60,8 @@ class PodView(Struct, kw_only=True):
     namespace: str = ""
     name: str = ""
     qos_class: str = ""
+    # "admitting" between PodAdmissionStarted and its outcome, then "admitted".
+    state: str = "admitted"
     admitted_seq: int = 0
     containers: dict[str, ContainerView] = field(default_factory=dict)
 

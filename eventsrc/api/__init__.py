@@ -1,0 +1,1 @@
+"""Edges to clients: the node API and the PodResources server."""

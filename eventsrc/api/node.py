@@ -1,0 +1,169 @@
+"""The node API (``eventsrc.node.v1.Node``): how pods reach the daemon.
+
+Handlers run on the asyncio side (grpclib); anything that changes state crosses into
+trio once (``to_trio``) and goes through the admission shell, which records events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from grpclib import GRPCError, Status
+from grpclib.server import Stream
+
+from eventsrc import __version__
+from eventsrc import events as ev
+from eventsrc.errors import EventsrcError
+from eventsrc.gen.node.v1 import node_pb2 as pb
+from eventsrc.gen.node.v1.node_grpc import NodeBase
+from eventsrc.manifest import PodSpec
+from eventsrc.rpc import to_trio
+from eventsrc.state.views import PodView, Views
+
+
+class AdmissionRefused(EventsrcError):
+    """The pod cannot be admitted; the message is the reason."""
+
+
+class BadRequest(EventsrcError):
+    exit_code = 2
+
+
+class NotFound(EventsrcError):
+    pass
+
+
+class Admitter(Protocol):
+    def admit(self, spec: PodSpec) -> Awaitable[tuple[PodView, str]]: ...
+    def remove(self, uid: str) -> Awaitable[tuple[PodView, str]]: ...
+
+
+def pod_from_proto(p: pb.Pod) -> PodSpec:
+    if not p.uid:
+        raise BadRequest("pod.uid: required")
+    if not p.name:
+        raise BadRequest("pod.name: required")
+    if not p.containers:
+        raise BadRequest("pod.containers: a pod needs at least one container")
+    containers = []
+    for c in p.containers:
+        if c.kind not in ("init", "sidecar", "app"):
+            raise BadRequest(f"container {c.name!r}: kind must be init, sidecar or app, got {c.kind!r}")
+        containers.append(
+            ev.ContainerSpec(name=c.name, kind=c.kind, requests=dict(c.requests), limits=dict(c.limits), claims=list(c.claims))
+        )
+    return PodSpec(pod=ev.PodRef(uid=p.uid, namespace=p.namespace or "default", name=p.name), containers=containers)
+
+
+def pod_to_proto(spec: PodSpec) -> pb.Pod:
+    return pb.Pod(
+        uid=spec.pod.uid,
+        namespace=spec.pod.namespace,
+        name=spec.pod.name,
+        containers=[
+            pb.Container(name=c.name, kind=c.kind, requests=c.requests, limits=c.limits, claims=c.claims)
+            for c in spec.containers
+        ],
+    )
+
+
+def pod_info(pod: PodView, state: str | None = None, correlation_id: str = "") -> pb.PodInfo:
+    info = pb.PodInfo(
+        uid=pod.uid,
+        namespace=pod.namespace,
+        name=pod.name,
+        state=state or pod.state,
+        admitted_seq=pod.admitted_seq,
+        correlation_id=correlation_id,
+    )
+    for name, c in pod.containers.items():
+        ci = pb.ContainerInfo(name=name, kind=c.kind, cpu_ids=sorted(c.cpus))
+        for resource, ids in sorted(c.devices.items()):
+            a = c.allocations.get(resource)
+            ra = pb.ResourceAllocation(resource=resource, device_ids=ids)
+            if a is not None:
+                ra.envs.update(a.envs)
+                ra.annotations.update(a.annotations)
+                ra.mounts.extend(pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only) for m in a.mounts)
+                ra.devices.extend(
+                    pb.DeviceSpec(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions) for d in a.devices
+                )
+                ra.cdi_devices.extend(a.cdi_devices)
+            ci.resources.append(ra)
+        info.containers.append(ci)
+    return info
+
+
+def find_pod(views: Views, sel: pb.PodSelector) -> PodView:
+    if sel.uid:
+        pod = views.pods.pods.get(sel.uid)
+        if pod is not None:
+            return pod
+        raise NotFound(f"no pod with uid {sel.uid}")
+    if not sel.name:
+        raise BadRequest("give a pod uid, or a namespace and a name")
+    namespace = sel.namespace or "default"
+    for pod in views.pods.pods.values():
+        if pod.name == sel.name and pod.namespace == namespace:
+            return pod
+    raise NotFound(f"no pod {namespace}/{sel.name}")
+
+
+def _grpc_error(err: EventsrcError) -> GRPCError:
+    if isinstance(err, AdmissionRefused):
+        return GRPCError(Status.FAILED_PRECONDITION, str(err))
+    if isinstance(err, BadRequest):
+        return GRPCError(Status.INVALID_ARGUMENT, str(err))
+    if isinstance(err, NotFound):
+        return GRPCError(Status.NOT_FOUND, str(err))
+    return GRPCError(Status.UNAVAILABLE, str(err))
+
+
+class NodeService(NodeBase):
+    def __init__(self, views: Callable[[], Views], admitter: Admitter, status: Callable[[], pb.StatusResponse]) -> None:
+        self._views = views
+        self._admitter = admitter
+        self._status = status
+
+    async def Status(self, stream: Stream[pb.StatusRequest, pb.StatusResponse]) -> None:
+        await stream.recv_message()
+        await stream.send_message(self._status())
+
+    async def Admit(self, stream: Stream[pb.AdmitRequest, pb.PodInfo]) -> None:
+        req = await stream.recv_message()
+        assert req is not None
+        try:
+            spec = pod_from_proto(req.pod)
+            pod, cid = await to_trio(self._admitter.admit)(spec)
+        except EventsrcError as err:
+            raise _grpc_error(err) from None
+        await stream.send_message(pod_info(pod, correlation_id=cid))
+
+    async def Remove(self, stream: Stream[pb.RemoveRequest, pb.PodInfo]) -> None:
+        req = await stream.recv_message()
+        assert req is not None
+        try:
+            uid = find_pod(self._views(), req.pod).uid
+            pod, cid = await to_trio(self._admitter.remove)(uid)
+        except EventsrcError as err:
+            raise _grpc_error(err) from None
+        await stream.send_message(pod_info(pod, state="removed", correlation_id=cid))
+
+    async def ListPods(self, stream: Stream[pb.ListPodsRequest, pb.ListPodsResponse]) -> None:
+        await stream.recv_message()
+        views = self._views()
+        await stream.send_message(pb.ListPodsResponse(pods=[pod_info(p) for p in views.pods.pods.values()]))
+
+    async def GetPod(self, stream: Stream[pb.PodSelector, pb.PodInfo]) -> None:
+        sel = await stream.recv_message()
+        assert sel is not None
+        try:
+            pod = find_pod(self._views(), sel)
+        except EventsrcError as err:
+            raise _grpc_error(err) from None
+        await stream.send_message(pod_info(pod))
+
+
+def status_response(ready: bool, instance_id: str, last_seq: int, sockets: list[str], pid: int) -> pb.StatusResponse:
+    return pb.StatusResponse(ready=ready, version=__version__, instance_id=instance_id, last_seq=last_seq, sockets=sockets, pid=pid)

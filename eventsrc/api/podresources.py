@@ -1,0 +1,114 @@
+"""PodResources v1 (``v1.PodResourcesLister``), wire-compatible with the kubelet's.
+
+Answers are read from the views; nothing here changes state. The kubelet's rate limit
+applies: 100 requests per second with a burst of 10; excess calls get RESOURCE_EXHAUSTED.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+from grpclib import GRPCError, Status
+from grpclib.server import Stream
+
+from eventsrc.gen.podresources.v1 import api_pb2 as pb
+from eventsrc.gen.podresources.v1.api_grpc import PodResourcesListerBase
+from eventsrc.state.views import DeviceView, PodView, Views
+
+NO_TOPOLOGY = -1
+
+
+class TokenBucket:
+    """The kubelet's limiter: ``rate`` tokens per second, at most ``burst`` saved up."""
+
+    def __init__(self, rate: float = 100.0, burst: int = 10, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.clock = clock
+        self.tokens = float(burst)
+        self.last = clock()
+
+    def allow(self) -> bool:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+def container_devices(resource: str, ids: Iterable[str], table: dict[str, DeviceView]) -> list[pb.ContainerDevices]:
+    """One entry per NUMA node, as the kubelet groups them (devices without topology apart)."""
+    by_node: dict[int, list[str]] = defaultdict(list)
+    for device_id in sorted(ids):
+        d = table.get(device_id)
+        nodes = d.numa_nodes if d is not None and d.numa_nodes else [NO_TOPOLOGY]
+        for node in nodes:
+            by_node[node].append(device_id)
+    out = []
+    for node, node_ids in sorted(by_node.items()):
+        cd = pb.ContainerDevices(resource_name=resource, device_ids=node_ids)
+        if node != NO_TOPOLOGY:
+            cd.topology.CopyFrom(pb.TopologyInfo(nodes=[pb.NUMANode(ID=node)]))
+        out.append(cd)
+    return out
+
+
+def pod_resources(views: Views, pod: PodView) -> pb.PodResources:
+    containers = []
+    for name, c in pod.containers.items():
+        if c.kind == "init":  # the kubelet lists app containers and restartable init containers
+            continue
+        cr = pb.ContainerResources(name=name, cpu_ids=sorted(c.cpus))
+        for resource, ids in sorted(c.devices.items()):
+            cr.devices.extend(container_devices(resource, ids, views.devices.devices.get(resource, {})))
+        containers.append(cr)
+    return pb.PodResources(name=pod.name, namespace=pod.namespace, containers=containers)
+
+
+def allocatable(views: Views) -> pb.AllocatableResourcesResponse:
+    devices = []
+    for resource, plugin in sorted(views.devices.plugins.items()):
+        table = views.devices.devices.get(resource, {})
+        healthy = [i for i, d in table.items() if d.health == "Healthy" and not d.removed]
+        if plugin.connected and healthy:
+            devices.extend(container_devices(resource, healthy, table))
+    return pb.AllocatableResourcesResponse(devices=devices, cpu_ids=[])
+
+
+class PodResourcesService(PodResourcesListerBase):
+    def __init__(self, views: Callable[[], Views], limiter: TokenBucket | None = None) -> None:
+        self._views = views
+        self._limiter = limiter or TokenBucket()
+
+    def _admit(self) -> None:
+        if not self._limiter.allow():
+            raise GRPCError(Status.RESOURCE_EXHAUSTED, "rejected by rate limit")
+
+    async def List(self, stream: Stream[pb.ListPodResourcesRequest, pb.ListPodResourcesResponse]) -> None:
+        await stream.recv_message()
+        self._admit()
+        views = self._views()
+        pods = [pod_resources(views, p) for p in views.pods.pods.values() if p.state == "admitted"]
+        await stream.send_message(pb.ListPodResourcesResponse(pod_resources=pods))
+
+    async def GetAllocatableResources(
+        self, stream: Stream[pb.AllocatableResourcesRequest, pb.AllocatableResourcesResponse]
+    ) -> None:
+        await stream.recv_message()
+        self._admit()
+        await stream.send_message(allocatable(self._views()))
+
+    async def Get(self, stream: Stream[pb.GetPodResourcesRequest, pb.GetPodResourcesResponse]) -> None:
+        req = await stream.recv_message()
+        assert req is not None
+        self._admit()
+        views = self._views()
+        for p in views.pods.pods.values():
+            if p.state == "admitted" and p.name == req.pod_name and p.namespace == req.pod_namespace:
+                await stream.send_message(pb.GetPodResourcesResponse(pod_resources=pod_resources(views, p)))
+                return
+        raise GRPCError(Status.NOT_FOUND, f"pod {req.pod_name} in namespace {req.pod_namespace} not found")
