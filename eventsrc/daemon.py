@@ -1,13 +1,17 @@
 """The daemon: one trio task tree that wires the edges to the log and the views.
 
-    serve()
+    serve()                        (inside one trio-asyncio loop, for grpclib)
       ├─ GroupCommitter.run      appends; applies each committed batch to the views
+      ├─ DeviceManager.run       device-plugins/kubelet.sock, one task per plugin endpoint
+      ├─ serve_unix(Node)        eventsrc/api.sock: admit, remove, list pods
+      ├─ serve_unix(PodResources) pod-resources/kubelet.sock
       ├─ Daemon.scrub            checks every record written before this start
       ├─ Daemon.snapshot_loop    writes a snapshot every ``snapshot_every`` records
       └─ (waits for SIGTERM / SIGINT, records DaemonStopped, writes a snapshot)
 
 State changes only through ``Daemon.record``: append, and once the commit is durable,
-apply to the views. Later issues add the gRPC servers and managers to this tree.
+apply to the views. At start, before any socket is served, the daemon records what the
+previous run left unfinished (``core.devices.restart_events``).
 """
 
 from __future__ import annotations
@@ -22,14 +26,22 @@ from pathlib import Path
 from typing import Any
 
 import trio
+import trio_asyncio
 
 from eventsrc import __version__
 from eventsrc import events as ev
+from eventsrc.admission import DEFAULT_ADMISSION_WAIT, Admission
+from eventsrc.api.node import NodeService, status_response
+from eventsrc.api.podresources import PodResourcesService
+from eventsrc.core.devices import restart_events
 from eventsrc.events import CorruptRecordError, Record
+from eventsrc.gen.node.v1 import node_pb2
 from eventsrc.layout import Layout
 from eventsrc.log.commit import GroupCommitter
 from eventsrc.log.snapshots import encode_snapshot, load_views, write_snapshot
 from eventsrc.log.store import DirLock, EventLog
+from eventsrc.plugins.device_plugins import DEFAULT_GRACE, DeviceManager
+from eventsrc.rpc import serve_unix
 from eventsrc.state.apply import apply_all
 from eventsrc.state.views import Views
 
@@ -46,7 +58,15 @@ def machine_boot_id() -> str:
 
 
 class Daemon:
-    def __init__(self, layout: Layout, log_: EventLog, views: Views, snapshot_every: int) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        log_: EventLog,
+        views: Views,
+        snapshot_every: int,
+        admission_wait: float = DEFAULT_ADMISSION_WAIT,
+        grace: float = DEFAULT_GRACE,
+    ) -> None:
         self.layout = layout
         self.log = log_
         self.views = views
@@ -56,6 +76,16 @@ class Daemon:
         self.instance_id = uuid.uuid4().hex
         self._snapshot_seq = views.meta.last_seq
         self._snapshot_due = trio.Event()
+        self.ready = False
+        self.devices = DeviceManager(self, grace=grace)
+        self.admission = Admission(self, self.devices, wait=admission_wait)
+
+    def node_service(self) -> NodeService:
+        def status() -> node_pb2.StatusResponse:
+            sockets = [str(p) for p in (self.layout.api_socket, self.devices.socket, self.layout.pod_resources_socket)]
+            return status_response(self.ready, self.instance_id, self.views.meta.last_seq, sockets, os.getpid())
+
+        return NodeService(lambda: self.views, self.admission, status)
 
     def _applied(self, records: list[Record]) -> None:
         apply_all(self.views, records)
@@ -116,6 +146,8 @@ async def serve(
     layout: Layout,
     *,
     snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+    admission_wait: float = DEFAULT_ADMISSION_WAIT,
+    grace: float = DEFAULT_GRACE,
     config: dict[str, Any] | None = None,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -136,34 +168,39 @@ async def serve(
             log.info(
                 "views rebuilt snapshot_seq=%d tail=%d seconds=%.3f", info.snapshot_seq, info.tail_records, info.seconds
             )
-        daemon = Daemon(layout, event_log, views, snapshot_every)
+        daemon = Daemon(layout, event_log, views, snapshot_every, admission_wait=admission_wait, grace=grace)
         start_seq = views.meta.last_seq
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with trio.open_nursery() as nursery:
+            async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
                 await nursery.start(daemon.committer.run)
-                cfg = {"root_dir": str(layout.root), "snapshot_every": snapshot_every, **(config or {})}
+                cfg = {
+                    "root_dir": str(layout.root),
+                    "snapshot_every": snapshot_every,
+                    "admission_wait_seconds": admission_wait,
+                    "plugin_grace_seconds": grace,
+                    **(config or {}),
+                }
                 if views.meta.running:
                     log.warning("previous run did not stop cleanly instance_id=%s", views.meta.instance_id)
-                await daemon.record(
-                    [
-                        ev.DaemonStarted(
-                            boot_id=daemon.boot_id,
-                            instance_id=daemon.instance_id,
-                            version=__version__,
-                            config=cfg,
-                            pid=os.getpid(),
-                        )
-                    ]
+                started = ev.DaemonStarted(
+                    boot_id=daemon.boot_id, instance_id=daemon.instance_id, version=__version__, config=cfg, pid=os.getpid()
                 )
+                # What the previous run left unfinished is finished now, from the log alone.
+                await daemon.record([started, *restart_events(daemon.views)])
+                await nursery.start(daemon.devices.run)
+                await nursery.start(serve_unix, [daemon.node_service()], layout.api_socket, 0o600)
+                await nursery.start(serve_unix, [PodResourcesService(lambda: daemon.views)], layout.pod_resources_socket, None)
                 nursery.start_soon(daemon.scrub, start_seq)
                 nursery.start_soon(daemon.snapshot_loop)
+                daemon.ready = True
                 daemon.write_status(ready=True)
-                log.info("ready root=%s last_seq=%d instance_id=%s", layout.root, views.meta.last_seq, daemon.instance_id)
+                log.info("ready root=%s last_seq=%d instance_id=%s", layout.root, daemon.views.meta.last_seq, daemon.instance_id)
                 task_status.started(daemon)
                 async for signum in signals:
                     reason = signal.Signals(signum).name
                     log.info("stopping signal=%s", reason)
                     break
+                daemon.ready = False
                 await daemon.record(
                     [ev.DaemonStopped(boot_id=daemon.boot_id, instance_id=daemon.instance_id, reason=reason)]
                 )

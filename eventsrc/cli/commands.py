@@ -23,36 +23,105 @@ def serve(args: argparse.Namespace) -> int:
 
     from eventsrc.daemon import serve as run
 
-    trio.run(lambda: run(args.layout, snapshot_every=args.snapshot_every))
+    if args.admission_wait < 0 or args.plugin_grace < 0:
+        raise EventsrcError("--admission-wait and --plugin-grace must not be negative")
+    trio.run(
+        lambda: run(
+            args.layout, snapshot_every=args.snapshot_every, admission_wait=args.admission_wait, grace=args.plugin_grace
+        )
+    )
     return 0
 
 
 def status(args: argparse.Namespace) -> int:
+    from eventsrc.cli.client import call, unary
+    from eventsrc.gen.node.v1 import node_pb2
+
     layout: Layout = args.layout
-    pid = DirLock.holder(layout.lock)
-    info: dict[str, Any] = {"root_dir": str(layout.root), "running": pid is not None, "ready": False, "pid": pid}
+    info: dict[str, Any] = {"root_dir": str(layout.root), "ready": False}
     reason = ""
-    if not layout.root.is_dir():
-        reason = f"root directory {layout.root} does not exist"
-    elif pid is None:
-        reason = f"no eventsrc daemon is running on {layout.root}"
-    else:
-        try:
-            st = json.loads(layout.status.read_text())
-        except (OSError, ValueError):
-            st = {}
-        if st.get("pid") == pid and st.get("ready"):
-            info.update(ready=True, instance_id=st.get("instance_id"), version=st.get("version"))
-        else:
-            reason = f"eventsrc (pid {pid}) holds {layout.root} but is not ready yet"
+    try:
+        st = call(layout, unary("Status", node_pb2.StatusRequest()), timeout=10)
+        info.update(ready=st.ready, pid=st.pid, version=st.version, instance_id=st.instance_id, last_seq=st.last_seq, sockets=list(st.sockets))
+        if not st.ready:
+            reason = f"eventsrc (pid {st.pid}) on {layout.root} is not ready yet"
+    except EventsrcError as err:
+        pid = DirLock.holder(layout.lock) if layout.root.is_dir() else None
+        reason = f"eventsrc (pid {pid}) holds {layout.root} but is not ready yet" if pid else str(err)
+        info["pid"] = pid
     if args.output == "json":
         print(json.dumps({**info, "reason": reason}))
     elif not reason:
-        print(f"eventsrc is running and ready on {layout.root} (pid {pid}, version {info.get('version')})")
+        print(f"eventsrc is running and ready on {layout.root} (pid {info['pid']}, version {info['version']}, last sequence {info['last_seq']})")
     if reason:
         print(f"eventsrc: {reason}", file=sys.stderr)
         return 1
     return 0
+
+
+def admit(args: argparse.Namespace) -> int:
+    import uuid
+
+    from eventsrc.api.node import pod_to_proto
+    from eventsrc.cli import render
+    from eventsrc.cli.client import call, unary
+    from eventsrc.gen.node.v1 import node_pb2
+    from eventsrc.manifest import ManifestError, parse_pod
+
+    pods = []
+    for path in args.files:
+        name = str(path)
+        try:
+            data = sys.stdin.buffer.read() if name == "-" else path.read_bytes()
+        except OSError as exc:
+            raise ManifestError(f"{name}: {exc.strerror}") from None
+        pods.append(parse_pod(data, name))
+    if len(pods) != 1:
+        raise ManifestError("give exactly one pod manifest with -f (resource claims come with a later issue)")
+    spec = pods[0]
+    generated = not spec.pod.uid
+    if generated:
+        spec = msgspec.structs.replace(spec, pod=msgspec.structs.replace(spec.pod, uid=str(uuid.uuid4())))
+        print(f"eventsrc: generated uid {spec.pod.uid} for {spec.pod.namespace}/{spec.pod.name}", file=sys.stderr)
+    info = call(args.layout, unary("Admit", node_pb2.AdmitRequest(pod=pod_to_proto(spec))))
+    render.print_pod(info, args.output, generated_uid=generated)
+    return 0
+
+
+def remove(args: argparse.Namespace) -> int:
+    from eventsrc.cli import render
+    from eventsrc.cli.client import call, unary
+    from eventsrc.gen.node.v1 import node_pb2
+
+    sel = node_pb2.PodSelector()
+    if "/" in args.pod:
+        sel.namespace, sel.name = args.pod.split("/", 1)
+    else:
+        sel.uid = args.pod
+    info = call(args.layout, unary("Remove", node_pb2.RemoveRequest(pod=sel)))
+    render.print_pod(info, args.output)
+    return 0
+
+
+def pods(args: argparse.Namespace) -> int:
+    from eventsrc.cli import render
+    from eventsrc.cli.client import call, unary
+    from eventsrc.gen.node.v1 import node_pb2
+
+    resp = call(args.layout, unary("ListPods", node_pb2.ListPodsRequest()))
+    render.print_pods(list(resp.pods), args.output)
+    return 0
+
+
+def sample_plugin(args: argparse.Namespace) -> int:
+    from eventsrc.core.names import is_extended_resource_name
+    from eventsrc.samples.device_plugin import main as run
+
+    if not is_extended_resource_name(args.resource):
+        raise EventsrcError(f"--resource {args.resource!r} is not an extended resource name (like example.com/dev)")
+    if args.devices < 0 or args.numa_nodes < 0:
+        raise EventsrcError("--devices and --numa-nodes must not be negative")
+    return run(args)
 
 
 def _open_reader(layout: Layout) -> EventLog:

@@ -60,7 +60,61 @@ def build_parser() -> argparse.ArgumentParser:
         "on a signal records that it stopped and writes a snapshot.",
     )
     p.add_argument("--snapshot-every", type=int, default=10_000, metavar="N", help="write a snapshot every N records (default %(default)s)")
+    p.add_argument(
+        "--admission-wait", type=float, default=30.0, metavar="SECONDS",
+        help="how long an admission waits for a known plugin that has not registered (again) yet (default %(default)s)",
+    )
+    p.add_argument(
+        "--plugin-grace", type=float, default=300.0, metavar="SECONDS",
+        help="how long a resource is kept after its plugin went away, before it is dropped (default %(default)s)",
+    )
     p.set_defaults(func=_cmd("serve"))
+
+    p = sub.add_parser(
+        "admit",
+        parents=[root],
+        help="admit a pod from its manifest",
+        description="Admit a pod: send its manifest (a Kubernetes Pod, YAML or JSON, as 'kubectl get pod -o yaml' "
+        "prints it) to the daemon, which gives its containers their devices. Prints what each container got "
+        "(devices, envs, mounts, device nodes, annotations, CDI names). A missing metadata.uid is generated and "
+        "printed. Exits 1 with the reason on stderr when the pod is refused, 2 when the manifest is malformed.",
+    )
+    p.add_argument("-f", "--filename", dest="files", action="append", required=True, type=Path, metavar="FILE", help="the pod manifest ('-' for stdin)")
+    _output(p)
+    p.set_defaults(func=_cmd("admit"))
+
+    p = sub.add_parser(
+        "remove",
+        parents=[root],
+        help="remove a pod and release what it holds",
+        description="Remove a pod (by uid, or NAMESPACE/NAME) and release every device it holds.",
+    )
+    p.add_argument("pod", metavar="POD_UID|NAMESPACE/NAME")
+    _output(p)
+    p.set_defaults(func=_cmd("remove"))
+
+    p = sub.add_parser("pods", parents=[root], help="list the pods and what they hold", description="List the daemon's pods and what each container holds.")
+    _output(p)
+    p.set_defaults(func=_cmd("pods"))
+
+    p = sub.add_parser(
+        "sample-plugin",
+        parents=[root],
+        help="run the sample device plugin",
+        description="A real v1beta1 device plugin for demos and tests: serves its own socket in DIR/device-plugins, "
+        "registers with kubelet.sock, lists N devices (dev-0..dev-N-1) spread over K NUMA nodes, answers Allocate "
+        "with envs, device nodes, annotations and CDI names, and registers again when the kubelet (or eventsrc) "
+        "restarts. Mark devices unhealthy at runtime by writing {\"dev-3\": \"Unhealthy\"} to the health file.",
+    )
+    p.add_argument("--resource", default="example.com/dev", help="extended resource name (default %(default)s)")
+    p.add_argument("--devices", type=int, default=8, metavar="N", help="number of devices (default %(default)s)")
+    p.add_argument("--numa-nodes", type=int, default=2, metavar="K", help="NUMA nodes to spread them over; 0 for no topology (default %(default)s)")
+    p.add_argument("--preferred", action="store_true", help="offer GetPreferredAllocation (packs devices on one NUMA node)")
+    p.add_argument("--pre-start", action="store_true", help="ask for PreStartContainer before every container start")
+    p.add_argument("--socket-name", default=None, metavar="NAME", help="socket file name in DIR/device-plugins (default sample-<resource>.sock)")
+    p.add_argument("--health-file", type=Path, default=None, metavar="FILE", help="JSON map of device id to health, read every 0.2 s (default DIR/plugins/sample-<resource>/health.json)")
+    p.add_argument("--calls-log", type=Path, default=None, metavar="FILE", help="append every Allocate / GetPreferredAllocation / PreStartContainer call to FILE as JSON lines")
+    p.set_defaults(func=_cmd("sample_plugin"))
 
     p = sub.add_parser(
         "status",

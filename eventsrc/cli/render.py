@@ -136,3 +136,61 @@ def _cpus(ids: list[int]) -> str:
         start = prev = x
     parts.append(str(start) if start == prev else f"{start}-{prev}")
     return ",".join(parts)
+
+
+def pod_json(info: Any) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+
+    out: dict[str, Any] = MessageToDict(info, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return out
+
+
+def pod_lines(info: Any) -> list[str]:
+    lines = [f"pod {info.namespace}/{info.name}  uid {info.uid}  {info.state}" + (f"  (seq {info.admitted_seq})" if info.admitted_seq else "")]
+    for c in info.containers:
+        got = []
+        for r in c.resources:
+            got.append(f"    {r.resource}: {', '.join(r.device_ids)}")
+            if r.envs:
+                got.append("      envs: " + " ".join(f"{k}={v}" for k, v in sorted(r.envs.items())))
+            for m in r.mounts:
+                got.append(f"      mount: {m.host_path} -> {m.container_path}{' (ro)' if m.read_only else ''}")
+            for d in r.devices:
+                got.append(f"      device: {d.host_path} -> {d.container_path} ({d.permissions or '-'})")
+            if r.annotations:
+                got.append("      annotations: " + " ".join(f"{k}={v}" for k, v in sorted(r.annotations.items())))
+            if r.cdi_devices:
+                got.append("      cdi: " + " ".join(r.cdi_devices))
+        if c.cpu_ids:
+            got.append(f"    cpus: {_cpus(list(c.cpu_ids))}")
+        lines.append(f"  container {c.name} ({c.kind})" + ("" if got else ": nothing from the device, CPU or DRA managers"))
+        lines.extend(got)
+    return lines
+
+
+def print_pod(info: Any, output: str, generated_uid: bool = False) -> None:
+    import json
+
+    if output == "json":
+        print(json.dumps(pod_json(info)))
+    else:
+        print("\n".join(pod_lines(info)))
+
+
+def print_pods(pods: list[Any], output: str) -> None:
+    import json
+
+    if output == "json":
+        print(json.dumps({"pods": [pod_json(p) for p in pods]}))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"pods ({len(pods)})", title_justify="left")
+    for col in ("pod", "uid", "state", "container", "devices"):
+        table.add_column(col)
+    for p in pods:
+        for c in p.containers or [None]:
+            devs = " ".join(f"{r.resource}={','.join(r.device_ids)}" for r in c.resources) if c else ""
+            table.add_row(f"{p.namespace}/{p.name}", p.uid, p.state, c.name if c else "-", devs or "-")
+    Console().print(table)

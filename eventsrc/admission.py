@@ -1,0 +1,222 @@
+"""Admission and removal of pods: the shell around the device planner.
+
+    admit(pod)
+      under the admission lock (decisions are serial, as in the kubelet):
+        wait for the plugins of the resources it needs (known but away: up to ``wait``)
+        plan (eventsrc.core.device_choice; asks plugins for preferences on the way)
+        record PodAdmissionStarted + DevicesReserved            <- the intent
+      shielded from cancellation from here on:
+        Allocate (+ PreStartContainer) per container and resource
+        record DevicesAllocated... + PodAdmitted                <- the outcome
+        or     AllocationFailed + DevicesReleased... + AdmissionRejected
+
+A crash between intent and outcome is finished on the next start from the log alone
+(``core.devices.restart_events``): the pod was never acknowledged, its devices go back.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import msgspec
+import trio
+from grpclib import GRPCError
+
+from eventsrc import events as ev
+from eventsrc.api.node import AdmissionRefused, NotFound
+from eventsrc.core.device_choice import (
+    PodPlan,
+    PreferredAsk,
+    PreferredFailed,
+    Refusal,
+    ResourceState,
+    plan_pod,
+)
+from eventsrc.core.devices import holdings, release_events, remove_pod_events
+from eventsrc.log.commit import new_correlation_id
+from eventsrc.manifest import PodSpec, device_requests
+from eventsrc.plugins.device_plugins import (
+    DeviceManager,
+    Endpoint,
+    PluginCallFailed,
+    allocation_from_proto,
+)
+from eventsrc.state.views import PodView
+
+if TYPE_CHECKING:
+    from eventsrc.daemon import Daemon
+
+log = logging.getLogger("eventsrc.admission")
+
+DEFAULT_ADMISSION_WAIT = 30.0
+ALLOCATE_TIMEOUT = 60.0
+_CALL_ERRORS = (GRPCError, OSError, PluginCallFailed, trio.TooSlowError, TimeoutError)
+
+
+def _copy(pod: PodView) -> PodView:
+    return msgspec.convert(msgspec.to_builtins(pod), PodView)
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, GRPCError):
+        return f"{exc.status.name}: {exc.message}"
+    if isinstance(exc, (trio.TooSlowError, TimeoutError)):
+        return "timed out"
+    return str(exc) or type(exc).__name__
+
+
+class Admission:
+    def __init__(self, daemon: Daemon, devices: DeviceManager, wait: float = DEFAULT_ADMISSION_WAIT) -> None:
+        self.daemon = daemon
+        self.devices = devices
+        self.wait = wait
+        self._lock = trio.Lock()
+        #: Admissions waiting for a plugin right now (for metrics and status).
+        self.waiting = 0
+
+    async def admit(self, spec: PodSpec) -> tuple[PodView, str]:
+        """Admit ``spec``; return the pod as admitted and the correlation id.
+
+        Raises AdmissionRefused with the reason (recorded as AdmissionRejected).
+        """
+        views = self.daemon.views
+        cid = new_correlation_id()
+        uid = spec.pod.uid
+        requests = {c.name: device_requests(c) for c in spec.containers}
+        existing = views.pods.pods.get(uid)
+        if existing is not None:
+            return self._readmit(existing, requests), cid
+        async with self._lock:
+            endpoints = await self._endpoints(spec, requests, cid)
+            plan = await self._plan(spec, requests, endpoints, cid)
+            intent: list[ev._Event] = [ev.PodAdmissionStarted(pod=spec.pod, containers=spec.containers)]
+            intent += [
+                ev.DevicesReserved(
+                    pod_uid=uid, container=s.container, resource=s.resource, device_ids=s.device_ids, choice=s.choice, note=s.note
+                )
+                for s in plan.steps
+            ]
+            await self.daemon.record(intent, cid)
+        with trio.CancelScope(shield=True):  # an acknowledged intent always gets its outcome
+            pod = await self._allocate(spec, plan, endpoints, cid)
+        return pod, cid
+
+    def _readmit(self, pod: PodView, requests: dict[str, dict[str, int]]) -> PodView:
+        """Admitting a pod again (a restarted kubelet does): it keeps what it has."""
+        if pod.state != "admitted":
+            raise AdmissionRefused(f"pod {pod.namespace}/{pod.name} ({pod.uid}) is being admitted")
+        for container, reqs in requests.items():
+            have = pod.containers.get(container)
+            for resource, n in reqs.items():
+                got = len(have.devices.get(resource, [])) if have else 0
+                if got != n:
+                    raise AdmissionRefused(
+                        f'pod "{pod.uid}" container "{container}" changed request for resource "{resource}" from {got} to {n}'
+                    )
+        return pod
+
+    async def _refuse(self, spec: PodSpec, reason: str, cid: str, container: str = "") -> AdmissionRefused:
+        await self.daemon.record([ev.AdmissionRejected(pod=spec.pod, reason=reason, container=container)], cid)
+        log.info("admission rejected pod=%s/%s uid=%s reason=%r cid=%s", spec.pod.namespace, spec.pod.name, spec.pod.uid, reason, cid)
+        return AdmissionRefused(reason)
+
+    async def _endpoints(self, spec: PodSpec, requests: dict[str, dict[str, int]], cid: str) -> dict[str, Endpoint]:
+        views = self.daemon.views
+        needed: dict[str, int] = {}
+        for reqs in requests.values():
+            for resource, n in reqs.items():
+                needed[resource] = needed.get(resource, 0) + n
+        endpoints = {}
+        for resource in sorted(needed):
+            if resource not in views.devices.plugins:
+                raise await self._refuse(
+                    spec, f"Node didn't have enough resource: {resource}, requested: {needed[resource]}, used: 0, capacity: 0", cid
+                )
+            ep = self.devices.endpoints.get(resource)
+            if ep is None or not ep.listed.is_set():
+                # Known but away (the daemon or the plugin restarted): unknown is not unhealthy.
+                self.waiting += 1
+                try:
+                    ep = await self.devices.wait_listed(resource, self.wait)
+                finally:
+                    self.waiting -= 1
+            if ep is None:
+                raise await self._refuse(
+                    spec, f"no healthy devices present; cannot allocate unhealthy devices {resource} "
+                    f"(its plugin did not register within {self.wait:g} s)", cid,
+                )
+            endpoints[resource] = ep
+        return endpoints
+
+    async def _plan(self, spec: PodSpec, requests: dict[str, dict[str, int]], endpoints: dict[str, Endpoint], cid: str) -> PodPlan:
+        views = self.daemon.views
+        resources = {}
+        for resource, ep in endpoints.items():
+            table = views.devices.devices.get(resource, {})
+            in_use = {i for i, d in table.items() if d.holder}
+            resources[resource] = ResourceState(table=table, in_use=in_use, offers_preferred=ep.options.get_preferred_allocation_available)
+        held = holdings(views, spec.pod.uid)
+        planner = plan_pod(spec.containers, requests, resources, held=held)
+        try:
+            ask = next(planner)
+            while True:
+                answer = await self._preferred(endpoints[ask.resource], ask)
+                ask = planner.send(answer)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        except Refusal as refusal:
+            raise await self._refuse(spec, str(refusal), cid) from None
+
+    async def _preferred(self, ep: Endpoint, ask: PreferredAsk) -> list[str] | PreferredFailed:
+        try:
+            return await ep.preferred(ask.available, ask.must_include, ask.size)
+        except _CALL_ERRORS as exc:
+            return PreferredFailed(f"device plugin GetPreferredAllocation rpc failed with err: {_why(exc)}")
+
+    async def _allocate(self, spec: PodSpec, plan: PodPlan, endpoints: dict[str, Endpoint], cid: str) -> PodView:
+        uid = spec.pod.uid
+        outcome: list[ev._Event] = []
+        for step in plan.steps:
+            if not step.new:
+                continue
+            ep = endpoints[step.resource]
+            try:
+                with trio.fail_after(ALLOCATE_TIMEOUT):
+                    resp = await ep.allocate(step.device_ids, ALLOCATE_TIMEOUT)
+                    if ep.options.pre_start_required:
+                        await ep.pre_start(step.device_ids)
+            except _CALL_ERRORS as exc:
+                reason = f"Allocate failed for {step.resource} in container {step.container}: {_why(exc)}"
+                failed = ev.AllocationFailed(pod_uid=uid, container=step.container, resource=step.resource, device_ids=step.device_ids, reason=reason)
+                others = [
+                    e for e in release_events(self.daemon.views, uid, "admission failed")
+                    if not (isinstance(e, ev.DevicesReleased) and (e.container, e.resource) == (step.container, step.resource))
+                ]
+                await self.daemon.record([*outcome, failed, *others, ev.AdmissionRejected(pod=spec.pod, reason=reason, container=step.container)], cid)
+                log.warning("allocation failed pod=%s uid=%s reason=%r cid=%s", spec.pod.name, uid, reason, cid)
+                raise AdmissionRefused(reason) from None
+            outcome.append(
+                ev.DevicesAllocated(
+                    pod_uid=uid, container=step.container, resource=step.resource, device_ids=step.device_ids,
+                    response=allocation_from_proto(resp),
+                )
+            )
+        outcome.append(ev.PodAdmitted(pod=spec.pod, containers=spec.containers))
+        await self.daemon.record(outcome, cid)
+        log.info("pod admitted pod=%s/%s uid=%s cid=%s", spec.pod.namespace, spec.pod.name, uid, cid)
+        return self.daemon.views.pods.pods[uid]
+
+    async def remove(self, uid: str, reason: str = "pod removed") -> tuple[PodView, str]:
+        """Release everything ``uid`` holds and forget it."""
+        pod = self.daemon.views.pods.pods.get(uid)
+        if pod is None:
+            raise NotFound(f"no pod with uid {uid}")
+        if pod.state != "admitted":
+            raise AdmissionRefused(f"pod {pod.namespace}/{pod.name} ({uid}) is being admitted; remove it once that ends")
+        before = _copy(pod)
+        cid = new_correlation_id()
+        with trio.CancelScope(shield=True):
+            await self.daemon.record(remove_pod_events(self.daemon.views, uid, reason), cid)
+        log.info("pod removed pod=%s/%s uid=%s cid=%s", pod.namespace, pod.name, uid, cid)
+        return before, cid
