@@ -62,7 +62,7 @@ def test_serve_status_stop_restart(root: Path, daemon_factory) -> None:  # type:
     second = run_cli("serve", root=root)
     one_clean_error(second, "already running")
     assert d.stop(signal.SIGTERM) == 0
-    one_clean_error(run_cli("status", root=root), "no eventsrc daemon is running")
+    one_clean_error(run_cli("status", root=root), "eventsrc is not running")
     proc = run_cli("log", "-o", "json", root=root, check=True)
     records = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [r["type"] for r in records] == ["DaemonStarted", "DaemonStopped"]
