@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 
 import msgspec
 import trio
-from grpclib import GRPCError
 
 from eventsrc import events as ev
 from eventsrc.api.node import AdmissionRefused, NotFound
@@ -42,6 +41,7 @@ from eventsrc.plugins.device_plugins import (
     PluginCallFailed,
     allocation_from_proto,
 )
+from eventsrc.rpc import CALL_ERRORS, why
 from eventsrc.state.views import PodView
 
 if TYPE_CHECKING:
@@ -51,19 +51,11 @@ log = logging.getLogger("eventsrc.admission")
 
 DEFAULT_ADMISSION_WAIT = 30.0
 ALLOCATE_TIMEOUT = 60.0
-_CALL_ERRORS = (GRPCError, OSError, PluginCallFailed, trio.TooSlowError, TimeoutError)
+_CALL_ERRORS: tuple[type[BaseException], ...] = (*CALL_ERRORS, PluginCallFailed)
 
 
 def _copy(pod: PodView) -> PodView:
     return msgspec.convert(msgspec.to_builtins(pod), PodView)
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, GRPCError):
-        return f"{exc.status.name}: {exc.message}"
-    if isinstance(exc, (trio.TooSlowError, TimeoutError)):
-        return "timed out"
-    return str(exc) or type(exc).__name__
 
 
 class Admission:
@@ -172,7 +164,7 @@ class Admission:
         try:
             return await ep.preferred(ask.available, ask.must_include, ask.size)
         except _CALL_ERRORS as exc:
-            return PreferredFailed(f"device plugin GetPreferredAllocation rpc failed with err: {_why(exc)}")
+            return PreferredFailed(f"device plugin GetPreferredAllocation rpc failed with err: {why(exc)}")
 
     async def _allocate(self, spec: PodSpec, plan: PodPlan, endpoints: dict[str, Endpoint], cid: str) -> PodView:
         uid = spec.pod.uid
@@ -187,7 +179,7 @@ class Admission:
                     if ep.options.pre_start_required:
                         await ep.pre_start(step.device_ids)
             except _CALL_ERRORS as exc:
-                reason = f"Allocate failed for {step.resource} in container {step.container}: {_why(exc)}"
+                reason = f"Allocate failed for {step.resource} in container {step.container}: {why(exc)}"
                 failed = ev.AllocationFailed(pod_uid=uid, container=step.container, resource=step.resource, device_ids=step.device_ids, reason=reason)
                 others = [
                     e for e in release_events(self.daemon.views, uid, "admission failed")

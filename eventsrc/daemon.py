@@ -41,7 +41,7 @@ from eventsrc.log.commit import GroupCommitter
 from eventsrc.log.snapshots import encode_snapshot, load_views, write_snapshot
 from eventsrc.log.store import DirLock, EventLog
 from eventsrc.plugins.device_plugins import DEFAULT_GRACE, DeviceManager
-from eventsrc.rpc import serve_unix
+from eventsrc.rpc import check_socket_path, serve_unix
 from eventsrc.state.apply import apply_all
 from eventsrc.state.views import Views
 
@@ -156,6 +156,8 @@ async def serve(
     Raises AlreadyRunningError when another process holds the state directory.
     """
     layout.create()
+    for sock in (layout.api_socket, layout.device_plugins / "kubelet.sock", layout.pod_resources_socket):
+        check_socket_path(sock)
     lock = DirLock(layout.lock)
     lock.acquire()
     event_log: EventLog | None = None

@@ -15,7 +15,10 @@ from typing import Any, TypeVar
 
 import trio
 import trio_asyncio
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.server import Server
+
+from eventsrc.errors import EventsrcError
 
 T = TypeVar("T")
 
@@ -24,12 +27,44 @@ to_trio = trio_asyncio.trio_as_aio
 #: Call an asyncio function (a grpclib call) from trio: ``await to_aio(fn)(*args)``.
 to_aio = trio_asyncio.aio_as_trio
 
+#: Everything a call to a peer can fail with: its status, a broken connection, a timeout.
+CALL_ERRORS: tuple[type[BaseException], ...] = (
+    GRPCError,
+    StreamTerminatedError,
+    ProtocolError,
+    OSError,
+    trio.TooSlowError,
+    TimeoutError,
+)
+
+
+def why(exc: BaseException) -> str:
+    """One line saying why a call to a peer failed."""
+    if isinstance(exc, GRPCError):
+        return f"{exc.status.name}: {exc.message}"
+    if isinstance(exc, (trio.TooSlowError, TimeoutError)):
+        return "timed out"
+    return str(exc) or type(exc).__name__
+
+
 # Messages from plugins and clients are small; a hostile peer must not make us buffer more.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 def call_trio(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     return to_trio(fn)  # type: ignore[no-any-return]
+
+
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
+
+
+def check_socket_path(path: Path) -> None:
+    """A clear error instead of the kernel's "AF_UNIX path too long"."""
+    n = len(os.fsencode(path))
+    if n > MAX_SOCKET_PATH:
+        raise EventsrcError(
+            f"socket path {path} is {n} bytes long; unix sockets allow {MAX_SOCKET_PATH} (use a shorter --root-dir)"
+        )
 
 
 async def serve_unix(
@@ -43,6 +78,7 @@ async def serve_unix(
 
     A stale socket file at ``path`` is replaced. The socket is removed on the way out.
     """
+    check_socket_path(path)
     path.unlink(missing_ok=True)
     server = Server(list(handlers))
     await to_aio(server.start)(path=str(path))

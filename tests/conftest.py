@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,8 +58,12 @@ class Daemon:
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "root"
+def root(tmp_path: Path) -> Iterator[Path]:
+    # Unix socket paths are limited to 107 bytes: keep the root short (pytest's are not).
+    short = Path(tempfile.mkdtemp(prefix="es-", dir="/tmp"))
+    (tmp_path / "root").symlink_to(short)
+    yield short / "root"
+    shutil.rmtree(short, ignore_errors=True)
 
 
 @pytest.fixture

@@ -83,7 +83,8 @@ def generate_hints(
             ok = True
             for device_id in reusable:
                 nodes = devices.get(device_id)
-                if nodes is None:
+                if not nodes:
+                    # No topology (the kubelet's Topology == nil, or an unknown device): skipped.
                     continue
                 if not mask.intersection(nodes):
                     ok = False

@@ -11,7 +11,7 @@ SUPPORTED_VERSIONS = ("v1beta1",)
 
 
 def is_dns1123_subdomain(value: str) -> bool:
-    return 0 < len(value) <= 253 and _DNS1123_SUBDOMAIN.match(value) is not None
+    return 0 < len(value) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(value) is not None
 
 
 def is_qualified_name(value: str) -> bool:
@@ -25,7 +25,7 @@ def is_qualified_name(value: str) -> bool:
             return False
     else:
         return False
-    return 0 < len(name) <= 63 and _QUALIFIED_NAME.match(name) is not None
+    return 0 < len(name) <= 63 and _QUALIFIED_NAME.fullmatch(name) is not None
 
 
 def is_extended_resource_name(name: str) -> bool:
@@ -36,15 +36,36 @@ def is_extended_resource_name(name: str) -> bool:
     return is_qualified_name("requests." + name)
 
 
+_GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
+
+
+def go_quote(value: str) -> str:
+    """Go's ``%q`` of a string (strconv.Quote)."""
+    out = []
+    for ch in value:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ch.isprintable():
+            out.append(ch)
+        elif ch in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02x}")
+        elif ord(ch) < 0x10000:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return '"' + "".join(out) + '"'
+
+
 def registration_error(version: str, resource_name: str) -> str:
     """The kubelet's Register checks, in its order, with its messages ("" when valid)."""
     if version not in SUPPORTED_VERSIONS:
-        return (
-            f'requested API version "{version}" is not supported by kubelet. '
-            f'Supported version is "[{" ".join(SUPPORTED_VERSIONS)}]"'
-        )
+        # Go's %q of a []string quotes each element: ["v1beta1"].
+        supported = "[" + " ".join(go_quote(v) for v in SUPPORTED_VERSIONS) + "]"
+        return f"requested API version {go_quote(version)} is not supported by kubelet. Supported version is {supported}"
     if not is_extended_resource_name(resource_name):
-        return f'the ResourceName "{resource_name}" is invalid'
+        return f"the ResourceName {go_quote(resource_name)} is invalid"
     return ""
 
 

@@ -29,7 +29,7 @@ from eventsrc.core.names import endpoint_error, registration_error
 from eventsrc.errors import EventsrcError
 from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as pb
 from eventsrc.gen.deviceplugin.v1beta1.api_grpc import DevicePluginStub, RegistrationBase
-from eventsrc.rpc import serve_unix, to_aio, to_trio
+from eventsrc.rpc import CALL_ERRORS, serve_unix, to_aio, to_trio, why
 
 if TYPE_CHECKING:
     from eventsrc.daemon import Daemon
@@ -163,9 +163,9 @@ class DeviceManager:
             try:
                 with trio.fail_after(DIAL_TIMEOUT):
                     opts = await to_aio(stub.GetDevicePluginOptions)(pb.Empty(), timeout=DIAL_TIMEOUT)
-            except (OSError, GRPCError, trio.TooSlowError, TimeoutError) as exc:
+            except CALL_ERRORS as exc:
                 channel.close()
-                reason = f"cannot dial the endpoint {target}: {_why(exc)}"
+                reason = f"cannot dial the endpoint {target}: {why(exc)}"
         if reason:
             await self.daemon.record(
                 [ev.PluginRegistrationRejected(resource=resource, endpoint=endpoint, api_version=version, reason=reason)]
@@ -195,8 +195,11 @@ class DeviceManager:
         with ep.cancel:
             try:
                 await to_aio(self._list_and_watch)(ep)
-            except (OSError, GRPCError) as exc:
-                reason = f"ListAndWatch failed: {_why(exc)}"
+            except CALL_ERRORS as exc:
+                reason = f"ListAndWatch failed: {why(exc)}"
+            except Exception as exc:  # a plugin must never take the daemon down
+                log.exception("ListAndWatch of resource=%s failed unexpectedly", ep.resource)
+                reason = f"ListAndWatch failed: {type(exc).__name__}: {exc}"
         ep.channel.close()
         if self.endpoints.get(ep.resource) is not ep:
             return  # replaced by a newer registration: nothing was lost
@@ -256,10 +259,3 @@ class DeviceManager:
                 await self._changed.wait()
         return None
 
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, GRPCError):
-        return f"{exc.status.name}: {exc.message}"
-    if isinstance(exc, (trio.TooSlowError, TimeoutError)):
-        return "timed out"
-    return str(exc) or type(exc).__name__

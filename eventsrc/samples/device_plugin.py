@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -249,6 +250,9 @@ def main(args: Any) -> int:
         socket_name=args.socket_name,
     )
     plugin.health_file.parent.mkdir(parents=True, exist_ok=True)
+    if len(os.fsencode(plugin.socket)) > 107:
+        print(f"eventsrc: error: socket path {plugin.socket} is too long for a unix socket (use a shorter --root-dir)", file=sys.stderr)
+        return 1
 
     async def run() -> None:
         stop = asyncio.Event()
