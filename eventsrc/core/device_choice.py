@@ -24,6 +24,8 @@ returns the ``PodPlan``. No I/O happens here; the shell does the asking.
 
 from __future__ import annotations
 
+import functools
+import heapq
 import itertools
 import re
 from collections.abc import Generator, Iterable, Mapping
@@ -39,6 +41,7 @@ class Refusal(Exception):
     """The pod cannot get its devices; the message is the kubelet's reason."""
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def natural_key(device_id: str) -> tuple[object, ...]:
     """``dev-2`` before ``dev-10``."""
     return tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(device_id))
@@ -192,22 +195,37 @@ class ResourceState:
 
 
 def _packing_order(ids: Iterable[str], table: Mapping[str, DeviceView], needed: int, numa_nodes: list[int]) -> list[str]:
-    """Devices on the narrowest NUMA set that can hold ``needed`` first, then by id."""
+    """The first ``needed`` devices in packing order: those on the narrowest NUMA set that
+    can hold ``needed`` among ``ids`` first (the lowest such set on a tie), then by NUMA
+    nodes, then by natural id."""
     ids = list(ids)
+    if needed <= 0 or not ids:
+        return []
+    nodes_of = {i: tuple(sorted(table[i].numa_nodes)) if i in table else () for i in ids}
     best: frozenset[int] = frozenset()
-    if numa_nodes and needed > 0:
-        topology = {i: table[i].numa_nodes for i in ids if i in table}
-        hints = _sorted([h for h in generate_hints(topology, ids, [], needed, numa_nodes)])
-        if hints:
-            # narrowest mask that holds the request among the given devices
-            best = min(hints, key=lambda h: (len(h.nodes), sum(1 << n for n in h.nodes))).nodes
+    if numa_nodes:
+        # Count per distinct node set once; then each mask is a sum over the few sets.
+        per_set: dict[tuple[int, ...], int] = {}
+        for nodes in nodes_of.values():
+            if nodes:
+                per_set[nodes] = per_set.get(nodes, 0) + 1
+        for size in range(1, len(numa_nodes) + 1):
+            for combo in itertools.combinations(numa_nodes, size):
+                mask = frozenset(combo)
+                if sum(n for nodes, n in per_set.items() if mask.intersection(nodes)) >= needed:
+                    best = mask
+                    break
+            if best:
+                break
 
     def key(i: str) -> tuple[object, ...]:
-        nodes = table[i].numa_nodes if i in table else []
-        inside = bool(best) and bool(nodes) and set(nodes) <= best
-        return (not inside, tuple(sorted(nodes)) or (1 << 30,), natural_key(i))
+        nodes = nodes_of[i]
+        inside = bool(best) and bool(nodes) and best.issuperset(nodes)
+        return (not inside, nodes or (1 << 30,), natural_key(i))
 
-    return sorted(ids, key=key)
+    if needed < 16:
+        return heapq.nsmallest(needed, ids, key=key)
+    return sorted(ids, key=key)[:needed]
 
 
 def plan_pod(
@@ -279,9 +297,8 @@ def _devices_to_allocate(
 
     def take(candidates: Iterable[str]) -> bool:
         nonlocal needed
-        for i in _packing_order([i for i in candidates if i not in allocated], table, needed, numa_nodes):
-            if needed == 0:
-                break
+        taken = set(allocated)
+        for i in _packing_order([i for i in candidates if i not in taken], table, needed, numa_nodes):
             allocated.append(i)
             needed -= 1
         return needed == 0
