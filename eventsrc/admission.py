@@ -149,7 +149,7 @@ class Admission:
             in_use = {i for i, d in table.items() if d.holder}
             resources[resource] = ResourceState(table=table, in_use=in_use, offers_preferred=ep.options.get_preferred_allocation_available)
         held = holdings(views, spec.pod.uid)
-        planner = plan_pod(spec.containers, requests, resources, held=held)
+        planner = plan_pod(spec.containers, requests, resources, held=held, pod_uid=spec.pod.uid)
         try:
             ask = next(planner)
             while True:

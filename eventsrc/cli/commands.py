@@ -219,3 +219,14 @@ def bench_log(args: argparse.Namespace) -> int:
         workdir=root,
     )
     return 0
+
+
+def bench_devices(args: argparse.Namespace) -> int:
+    from eventsrc.bench_devices import run_devices_bench
+
+    if min(args.devices, args.clients, args.admissions, args.rounds, args.rtt_calls) < 1:
+        raise EventsrcError("--devices, --clients, --admissions, --rounds and --rtt-calls must be at least 1")
+    run_devices_bench(
+        devices=args.devices, clients=args.clients, admissions=args.admissions, rounds=args.rounds, rtt_calls=args.rtt_calls
+    )
+    return 0

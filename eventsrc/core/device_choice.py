@@ -235,6 +235,7 @@ def plan_pod(
     held: Mapping[tuple[str, str], list[str]] | None = None,
     hints: Mapping[tuple[str, str], frozenset[int] | None] | None = None,
     numa_nodes: list[int] | None = None,
+    pod_uid: str = "",
 ) -> Generator[PreferredAsk, list[str] | PreferredFailed, PodPlan]:
     """Plan every container's devices, in admission order (init containers first).
 
@@ -257,7 +258,7 @@ def plan_pod(
             state = resources[resource]
             step = yield from _devices_to_allocate(
                 c.name, resource, required, state, list(held.get((c.name, resource), [])),
-                pool.setdefault(resource, set()), hints.get((c.name, resource)), nodes_all,
+                pool.setdefault(resource, set()), hints.get((c.name, resource)), nodes_all, pod_uid,
             )
             plan.steps.append(step)
             state.in_use.update(step.device_ids)
@@ -278,12 +279,13 @@ def _devices_to_allocate(
     reusable: set[str],
     hint: frozenset[int] | None,
     numa_nodes: list[int],
+    pod_uid: str = "",
 ) -> Generator[PreferredAsk, list[str] | PreferredFailed, Step]:
     table = state.table
     healthy = {i for i, d in table.items() if d.health == "Healthy" and not d.removed}
     if current and len(current) != required:
         raise Refusal(
-            f'container "{container}" changed request for resource "{resource}" from {len(current)} to {required}'
+            f'pod "{pod_uid}" container "{container}" changed request for resource "{resource}" from {len(current)} to {required}'
         )
     if not healthy:
         raise Refusal(f"no healthy devices present; cannot allocate unhealthy devices {resource}")

@@ -1,0 +1,195 @@
+"""``eventsrc bench devices``: one-device admissions through the node API, Allocate included.
+
+A daemon and the sample plugin run as their own processes under a temporary root; the
+clients (grpclib on asyncio) run here. Printed beside the figures, from the same run:
+a bare gRPC round trip to the same plugin (GetDevicePluginOptions) and one durable
+LMDB commit, the floor an admission cannot beat (it needs two round trips, CLI to
+daemon and daemon to plugin, and its intent must be durable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from grpclib.client import Channel
+
+from eventsrc.bench import lmdb_commits_per_second
+from eventsrc.errors import EventsrcError
+from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as dp
+from eventsrc.gen.deviceplugin.v1beta1.api_grpc import DevicePluginStub
+from eventsrc.gen.node.v1 import node_pb2 as pb
+from eventsrc.gen.node.v1.node_grpc import NodeStub
+from eventsrc.gen.podresources.v1 import api_pb2 as pr
+from eventsrc.gen.podresources.v1.api_grpc import PodResourcesListerStub
+
+RESOURCE = "example.com/bench"
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def _pod(i: int) -> pb.Pod:
+    return pb.Pod(
+        uid=str(uuid.uuid4()), namespace="bench", name=f"p{i}",
+        containers=[pb.Container(name="main", kind="app", limits={RESOURCE: "1"}, requests={RESOURCE: "1"})],
+    )
+
+
+async def _wait_devices(root: Path, n: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        channel = Channel(path=str(root / "pod-resources" / "kubelet.sock"))
+        try:
+            resp = await PodResourcesListerStub(channel).GetAllocatableResources(pr.AllocatableResourcesRequest(), timeout=2)
+            if sum(len(d.device_ids) for d in resp.devices) >= n:
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        finally:
+            channel.close()
+        await asyncio.sleep(0.1)
+    raise EventsrcError(f"the sample plugin's {n} devices did not show up within {timeout:g} s")
+
+
+async def _round_trips(sock: Path, calls: int) -> list[float]:
+    channel = Channel(path=str(sock))
+    stub = DevicePluginStub(channel)
+    out = []
+    try:
+        for _ in range(50):
+            await stub.GetDevicePluginOptions(dp.Empty())
+        for _ in range(calls):
+            t = time.perf_counter()
+            await stub.GetDevicePluginOptions(dp.Empty())
+            out.append(time.perf_counter() - t)
+    finally:
+        channel.close()
+    return out
+
+
+async def _admissions(api: Path, clients: int, per_client: int, start: int) -> tuple[list[float], float, list[str]]:
+    channels = [Channel(path=str(api)) for _ in range(clients)]
+    latencies: list[float] = []
+    uids: list[str] = []
+
+    async def client(k: int) -> None:
+        stub = NodeStub(channels[k])
+        for j in range(per_client):
+            p = _pod(start + k * per_client + j)
+            t = time.perf_counter()
+            await stub.Admit(pb.AdmitRequest(pod=p), timeout=30)
+            latencies.append(time.perf_counter() - t)
+            uids.append(p.uid)
+
+    try:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(k) for k in range(clients)))
+        wall = time.perf_counter() - t0
+    finally:
+        for c in channels:
+            c.close()
+    return latencies, wall, uids
+
+
+async def _remove(api: Path, uids: list[str]) -> None:
+    channel = Channel(path=str(api))
+    stub = NodeStub(channel)
+    try:
+        sem = asyncio.Semaphore(16)
+
+        async def one(uid: str) -> None:
+            async with sem:
+                await stub.Remove(pb.RemoveRequest(pod=pb.PodSelector(uid=uid)), timeout=30)
+
+        await asyncio.gather(*(one(u) for u in uids))
+    finally:
+        channel.close()
+
+
+def run_devices_bench(*, devices: int, clients: int, admissions: int, rounds: int, rtt_calls: int) -> None:
+    out = sys.stdout
+    tmp = Path(tempfile.mkdtemp(prefix="esb-", dir="/tmp"))
+    root = tmp / "r"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        log = open(tmp / "daemon.log", "wb")  # noqa: SIM115
+        procs.append(subprocess.Popen([sys.executable, "-m", "eventsrc", "--log-level", "warning", "--root-dir", str(root), "serve"], stdout=log, stderr=log))
+        deadline = time.monotonic() + 30
+        while not (root / "device-plugins" / "kubelet.sock").exists():
+            if time.monotonic() > deadline or procs[0].poll() is not None:
+                raise EventsrcError(f"the daemon did not start; see {tmp / 'daemon.log'}")
+            time.sleep(0.05)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "eventsrc", "--root-dir", str(root), "sample-plugin", "--resource", RESOURCE,
+                 "--devices", str(devices), "--numa-nodes", "2", "--socket-name", "bench.sock"],
+                stdout=subprocess.DEVNULL, stderr=log,
+            )
+        )
+        asyncio.run(_wait_devices(root, devices))
+        api = root / "eventsrc" / "api.sock"
+        out.write(
+            f"eventsrc bench devices: {os.cpu_count()} cpus, Python {sys.version.split()[0]}; daemon and sample plugin "
+            f"in their own processes; {devices} devices on 2 NUMA nodes; one-device pods; medians of {rounds} rounds\n\n"
+        )
+        rtts: list[float] = []
+        syncs: list[float] = []
+        one: dict[str, list[float]] = {"p50": [], "p99": [], "rate": []}
+        many: dict[str, list[float]] = {"p50": [], "p99": [], "rate": []}
+        per_client = max(1, min(admissions, devices) // clients)
+        for r in range(rounds):
+            rtt = asyncio.run(_round_trips(root / "device-plugins" / "bench.sock", rtt_calls))
+            rtts.append(statistics.median(rtt))
+            syncs.append(1.0 / lmdb_commits_per_second(tmp, 0.5))
+            lat, wall, uids = asyncio.run(_admissions(api, 1, min(admissions, devices, 300), r * 100_000))
+            one["p50"].append(_pct(lat, 0.5))
+            one["p99"].append(_pct(lat, 0.99))
+            one["rate"].append(len(lat) / wall)
+            asyncio.run(_remove(api, uids))
+            lat, wall, uids = asyncio.run(_admissions(api, clients, per_client, r * 100_000 + 50_000))
+            many["p50"].append(_pct(lat, 0.5))
+            many["p99"].append(_pct(lat, 0.99))
+            many["rate"].append(len(lat) / wall)
+            asyncio.run(_remove(api, uids))
+
+        def med(xs: list[float]) -> float:
+            return statistics.median(xs)
+
+        rtt, sync = med(rtts), med(syncs)
+        floor = 2 * rtt + sync
+        out.write("floors (same run)\n")
+        out.write(f"  bare gRPC round trip to the plugin (p50)   {rtt * 1e6:8.0f} us\n")
+        out.write(f"  one durable LMDB commit                    {sync * 1e6:8.0f} us\n")
+        out.write(f"  2 round trips + 1 sync                     {floor * 1e6:8.0f} us\n")
+        out.write("admissions through the node API (Allocate included)\n")
+        verdict = "ok" if med(one["p50"]) <= floor else f"{med(one['p50']) / floor:.1f} x the floor"
+        out.write(
+            f"  1 client    p50 {med(one['p50']) * 1e6:7.0f} us  p99 {med(one['p99']) * 1e6:7.0f} us  "
+            f"{med(one['rate']):7.0f} admissions/s   (p50 within 2 RTT + 1 sync: {verdict})\n"
+        )
+        ok_p99 = "ok" if med(many["p99"]) < 0.010 else "ABOVE 10 ms"
+        ok_rate = "ok" if med(many["rate"]) >= 500 else "BELOW 500/s"
+        out.write(
+            f"  {clients} clients  p50 {med(many['p50']) * 1e6:7.0f} us  p99 {med(many['p99']) * 1e6:7.0f} us  "
+            f"{med(many['rate']):7.0f} admissions/s   (p99 < 10 ms: {ok_p99}; >= 500/s: {ok_rate})\n"
+        )
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
