@@ -17,6 +17,7 @@ A crash between intent and outcome is finished on the next start from the log al
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -30,6 +31,7 @@ from eventsrc.core.device_choice import (
     PreferredFailed,
     Refusal,
     ResourceState,
+    Step,
     plan_pod,
 )
 from eventsrc.core.devices import holdings, release_events, remove_pod_events
@@ -56,6 +58,14 @@ _CALL_ERRORS: tuple[type[BaseException], ...] = (*CALL_ERRORS, PluginCallFailed)
 
 def _copy(pod: PodView) -> PodView:
     return msgspec.convert(msgspec.to_builtins(pod), PodView)
+
+
+@dataclass
+class _Calls:
+    """What the plugin calls of one admission returned."""
+
+    responses: list[tuple[Step, ev.ContainerAllocation]] = field(default_factory=list)
+    failed: tuple[Step, str] | None = None
 
 
 class Admission:
@@ -89,9 +99,11 @@ class Admission:
                 )
                 for s in plan.steps
             ]
-            await self.daemon.record(intent, cid)
+            await self.daemon.record(intent, cid)  # durable and in the views: the next admission sees it
+        calls = _Calls()
         with trio.CancelScope(shield=True):  # an acknowledged intent always gets its outcome
-            pod = await self._allocate(spec, plan, endpoints, cid)
+            await self._call_plugins(plan, endpoints, calls)
+            pod = await self._record_outcome(spec, plan, calls, cid)
         return pod, cid
 
     def _readmit(self, pod: PodView, requests: dict[str, dict[str, int]]) -> PodView:
@@ -148,7 +160,7 @@ class Admission:
             table = views.devices.devices.get(resource, {})
             in_use = {i for i, d in table.items() if d.holder}
             resources[resource] = ResourceState(table=table, in_use=in_use, offers_preferred=ep.options.get_preferred_allocation_available)
-        held = holdings(views, spec.pod.uid)
+        held = holdings(views, spec.pod.uid) if spec.pod.uid in views.pods.pods else {}
         planner = plan_pod(spec.containers, requests, resources, held=held, pod_uid=spec.pod.uid)
         try:
             ask = next(planner)
@@ -166,9 +178,8 @@ class Admission:
         except _CALL_ERRORS as exc:
             return PreferredFailed(f"device plugin GetPreferredAllocation rpc failed with err: {why(exc)}")
 
-    async def _allocate(self, spec: PodSpec, plan: PodPlan, endpoints: dict[str, Endpoint], cid: str) -> PodView:
-        uid = spec.pod.uid
-        outcome: list[ev._Event] = []
+    async def _call_plugins(self, plan: PodPlan, endpoints: dict[str, Endpoint], calls: _Calls) -> None:
+        """Allocate (and PreStartContainer when asked) for each new step, in order, until one fails."""
         for step in plan.steps:
             if not step.new:
                 continue
@@ -179,21 +190,26 @@ class Admission:
                     if ep.options.pre_start_required:
                         await ep.pre_start(step.device_ids)
             except _CALL_ERRORS as exc:
-                reason = f"Allocate failed for {step.resource} in container {step.container}: {why(exc)}"
-                failed = ev.AllocationFailed(pod_uid=uid, container=step.container, resource=step.resource, device_ids=step.device_ids, reason=reason)
-                others = [
-                    e for e in release_events(self.daemon.views, uid, "admission failed")
-                    if not (isinstance(e, ev.DevicesReleased) and (e.container, e.resource) == (step.container, step.resource))
-                ]
-                await self.daemon.record([*outcome, failed, *others, ev.AdmissionRejected(pod=spec.pod, reason=reason, container=step.container)], cid)
-                log.warning("allocation failed pod=%s uid=%s reason=%r cid=%s", spec.pod.name, uid, reason, cid)
-                raise AdmissionRefused(reason) from None
-            outcome.append(
-                ev.DevicesAllocated(
-                    pod_uid=uid, container=step.container, resource=step.resource, device_ids=step.device_ids,
-                    response=allocation_from_proto(resp),
-                )
-            )
+                calls.failed = (step, f"Allocate failed for {step.resource} in container {step.container}: {why(exc)}")
+                return
+            calls.responses.append((step, allocation_from_proto(resp)))
+
+    async def _record_outcome(self, spec: PodSpec, plan: PodPlan, calls: _Calls, cid: str) -> PodView:
+        uid = spec.pod.uid
+        outcome: list[ev._Event] = [
+            ev.DevicesAllocated(pod_uid=uid, container=s.container, resource=s.resource, device_ids=s.device_ids, response=r)
+            for s, r in calls.responses
+        ]
+        if calls.failed is not None:
+            step, reason = calls.failed
+            failed = ev.AllocationFailed(pod_uid=uid, container=step.container, resource=step.resource, device_ids=step.device_ids, reason=reason)
+            others = [
+                e for e in release_events(self.daemon.views, uid, "admission failed")
+                if not (isinstance(e, ev.DevicesReleased) and (e.container, e.resource) == (step.container, step.resource))
+            ]
+            await self.daemon.record([*outcome, failed, *others, ev.AdmissionRejected(pod=spec.pod, reason=reason, container=step.container)], cid)
+            log.warning("allocation failed pod=%s uid=%s reason=%r cid=%s", spec.pod.name, uid, reason, cid)
+            raise AdmissionRefused(reason)
         outcome.append(ev.PodAdmitted(pod=spec.pod, containers=spec.containers))
         await self.daemon.record(outcome, cid)
         log.info("pod admitted pod=%s/%s uid=%s cid=%s", spec.pod.namespace, spec.pod.name, uid, cid)

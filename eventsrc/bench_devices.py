@@ -102,6 +102,37 @@ async def _admissions(api: Path, clients: int, per_client: int, start: int) -> t
     return latencies, wall, uids
 
 
+async def _open_loop(api: Path, clients: int, rate: float, total: int, start: int) -> tuple[list[float], float, list[str]]:
+    """``clients`` clients sending ``rate`` admissions/s between them, evenly spaced
+    (latency counts from the moment each admission was due, so a lagging client shows)."""
+    channels = [Channel(path=str(api)) for _ in range(clients)]
+    latencies: list[float] = []
+    uids: list[str] = []
+    per_client = max(1, total // clients)
+    gap = clients / rate
+
+    async def client(k: int, t0: float) -> None:
+        stub = NodeStub(channels[k])
+        for j in range(per_client):
+            due = t0 + (k / clients + j) * gap
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            p = _pod(start + k * per_client + j)
+            await stub.Admit(pb.AdmitRequest(pod=p), timeout=30)
+            latencies.append(time.perf_counter() - due)
+            uids.append(p.uid)
+
+    try:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(k, t0) for k in range(clients)))
+        wall = time.perf_counter() - t0
+    finally:
+        for c in channels:
+            c.close()
+    return latencies, wall, uids
+
+
 async def _remove(api: Path, uids: list[str]) -> None:
     channel = Channel(path=str(api))
     stub = NodeStub(channel)
@@ -117,7 +148,7 @@ async def _remove(api: Path, uids: list[str]) -> None:
         channel.close()
 
 
-def run_devices_bench(*, devices: int, clients: int, admissions: int, rounds: int, rtt_calls: int) -> None:
+def run_devices_bench(*, devices: int, clients: int, admissions: int, rounds: int, rtt_calls: int, offered: float = 500.0) -> None:
     out = sys.stdout
     tmp = Path(tempfile.mkdtemp(prefix="esb-", dir="/tmp"))
     root = tmp / "r"
@@ -147,10 +178,11 @@ def run_devices_bench(*, devices: int, clients: int, admissions: int, rounds: in
         syncs: list[float] = []
         one: dict[str, list[float]] = {"p50": [], "p99": [], "rate": []}
         many: dict[str, list[float]] = {"p50": [], "p99": [], "rate": []}
+        paced: dict[str, list[float]] = {"p50": [], "p99": [], "rate": []}
         per_client = max(1, min(admissions, devices) // clients)
         for r in range(rounds):
-            rtt = asyncio.run(_round_trips(root / "device-plugins" / "bench.sock", rtt_calls))
-            rtts.append(statistics.median(rtt))
+            trips = asyncio.run(_round_trips(root / "device-plugins" / "bench.sock", rtt_calls))
+            rtts.append(statistics.median(trips))
             syncs.append(1.0 / lmdb_commits_per_second(tmp, 0.5))
             lat, wall, uids = asyncio.run(_admissions(api, 1, min(admissions, devices, 300), r * 100_000))
             one["p50"].append(_pct(lat, 0.5))
@@ -161,6 +193,11 @@ def run_devices_bench(*, devices: int, clients: int, admissions: int, rounds: in
             many["p50"].append(_pct(lat, 0.5))
             many["p99"].append(_pct(lat, 0.99))
             many["rate"].append(len(lat) / wall)
+            asyncio.run(_remove(api, uids))
+            lat, wall, uids = asyncio.run(_open_loop(api, clients, offered, min(admissions, devices), r * 100_000 + 80_000))
+            paced["p50"].append(_pct(lat, 0.5))
+            paced["p99"].append(_pct(lat, 0.99))
+            paced["rate"].append(len(lat) / wall)
             asyncio.run(_remove(api, uids))
 
         def med(xs: list[float]) -> float:
@@ -178,11 +215,19 @@ def run_devices_bench(*, devices: int, clients: int, admissions: int, rounds: in
             f"  1 client    p50 {med(one['p50']) * 1e6:7.0f} us  p99 {med(one['p99']) * 1e6:7.0f} us  "
             f"{med(one['rate']):7.0f} admissions/s   (p50 within 2 RTT + 1 sync: {verdict})\n"
         )
-        ok_p99 = "ok" if med(many["p99"]) < 0.010 else "ABOVE 10 ms"
         ok_rate = "ok" if med(many["rate"]) >= 500 else "BELOW 500/s"
         out.write(
             f"  {clients} clients  p50 {med(many['p50']) * 1e6:7.0f} us  p99 {med(many['p99']) * 1e6:7.0f} us  "
-            f"{med(many['rate']):7.0f} admissions/s   (p99 < 10 ms: {ok_p99}; >= 500/s: {ok_rate})\n"
+            f"{med(many['rate']):7.0f} admissions/s   (as fast as they can; >= 500/s: {ok_rate})\n"
+        )
+        ok_p99 = "ok" if med(paced["p99"]) < 0.010 else "ABOVE 10 ms"
+        out.write(
+            f"  {clients} clients  p50 {med(paced['p50']) * 1e6:7.0f} us  p99 {med(paced['p99']) * 1e6:7.0f} us  "
+            f"{med(paced['rate']):7.0f} admissions/s   (paced at {offered:g}/s between them; p99 < 10 ms: {ok_p99})\n"
+        )
+        out.write(
+            f"  (with {clients} clients always waiting, latency = {clients} / throughput (Little's law): "
+            f"p99 under 10 ms as fast as they can would take over {clients / 0.010:,.0f} admissions/s)\n"
         )
     finally:
         for p in reversed(procs):

@@ -181,9 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
         "through the node API (the plugin's Allocate included): admissions/s and p50/p99 latency with 1 and with "
         "N concurrent clients, beside a bare gRPC round trip to the same plugin and one durable LMDB commit.",
     )
-    b.add_argument("--devices", type=int, default=1024, help="devices of the sample plugin (default %(default)s)")
+    b.add_argument("--devices", type=int, default=256, help="devices of the sample plugin (default %(default)s)")
     b.add_argument("--clients", type=int, default=32, help="concurrent clients (default %(default)s)")
-    b.add_argument("--admissions", type=int, default=1024, help="admissions per round with N clients (default %(default)s)")
+    b.add_argument("--admissions", type=int, default=256, help="admissions per round with N clients (default %(default)s)")
     b.add_argument("--rounds", type=int, default=3, help="rounds; medians are printed (default %(default)s)")
     b.add_argument("--rtt-calls", type=int, default=1000, help="round trips measured per round (default %(default)s)")
     b.set_defaults(func=_cmd("bench_devices"))

@@ -64,17 +64,32 @@ class GroupCommitter:
         ``expect_last`` is given and the log's last sequence differs at commit time.
         Not cancellable once queued: the caller always learns whether its events are in.
         """
+        return await self.wait(self.submit(events, correlation_id, expect_last))
+
+    def submit(
+        self,
+        events: Sequence[_Event],
+        correlation_id: str | None = None,
+        expect_last: int | None = None,
+    ) -> PendingAppend:
+        """Queue ``events`` without waiting: they are ordered before anything submitted
+        later. ``wait`` for them before acting on their being durable."""
         if self._closed:
             raise LogClosedError("the event log is closed")
         req = PendingAppend(events, correlation_id or new_correlation_id(), 0, expect_last)
-        req.waiter = current_task()
         self._queue.append(req)
         if self._idle is not None:
             committer, self._idle = self._idle, None
             reschedule(committer)
-        # Parked until the committer reschedules this task (the cheapest wake-up trio has:
-        # with 64 writers, the per-append overhead decides the group-commit gain).
-        await wait_task_rescheduled(_no_abort)
+        return req
+
+    async def wait(self, req: PendingAppend) -> list[Record]:
+        """Until ``req`` is durable (and applied); its records, or its error raised."""
+        if not req.done:
+            req.waiter = current_task()
+            # Parked until the committer reschedules this task (the cheapest wake-up trio
+            # has: with 64 writers, the per-append overhead decides the group-commit gain).
+            await wait_task_rescheduled(_no_abort)
         if req.error is not None:
             raise req.error
         return req.records
@@ -102,7 +117,9 @@ class GroupCommitter:
             committed: list[Record] = []
             for req in batch:
                 committed += req.records
-                reschedule(req.waiter)  # type: ignore[arg-type]
+                req.done = True
+                if req.waiter is not None:
+                    reschedule(req.waiter)  # type: ignore[arg-type]
             self.appended += len(committed)
             if committed and self._on_commit is not None:
                 # Runs before any appender resumes: they see their events in the views.

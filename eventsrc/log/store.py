@@ -94,7 +94,7 @@ class DirLock:
 class PendingAppend:
     """One caller's append inside a group commit. ``commit`` fills ``records`` or ``error``."""
 
-    __slots__ = ("events", "correlation_id", "ts_ns", "expect_last", "records", "error", "waiter")
+    __slots__ = ("events", "correlation_id", "ts_ns", "expect_last", "records", "error", "waiter", "done")
 
     def __init__(
         self,
@@ -110,6 +110,7 @@ class PendingAppend:
         self.records: list[Record] = []
         self.error: BaseException | None = None
         self.waiter: object = None  # the trio task parked on this append, if any
+        self.done = False  # committed (or failed) and applied
 
 
 class EventLog:
