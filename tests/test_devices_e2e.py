@@ -220,3 +220,52 @@ def test_remove_releases_and_readmission_keeps(root: Path, tmp_path: Path, daemo
     assert released and released[-1]["reason"] == "pod removed" and sorted(released[-1]["device_ids"]) == ["dev-0", "dev-1"]
     rc, _, err = admit(root, pod_yaml(tmp_path, "next", 2))
     assert rc == 0, err
+
+
+def test_new_registration_replaces_the_endpoint_without_losing_devices(root: Path, tmp_path: Path, daemon_factory, plugins) -> None:  # type: ignore[no-untyped-def]
+    daemon_factory()
+    first = plugins("--devices", "4", "--numa-nodes", "1", "--socket-name", "first.sock")
+    first.wait_registered()
+    rc, info, err = admit(root, pod_yaml(tmp_path, "held", 2))
+    assert rc == 0, err
+    before = len(run_cli("log", "-o", "json", root=root).stdout.splitlines())
+    second = plugins("--devices", "4", "--numa-nodes", "1", "--socket-name", "second.sock")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        records = [json.loads(line) for line in run_cli("log", "-o", "json", "--from", str(before + 1), root=root).stdout.splitlines()]
+        if any(r["type"] == "PluginRegistered" and r["event"]["endpoint"] == "second.sock" for r in records):
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)
+    records = [json.loads(line) for line in run_cli("log", "-o", "json", "--from", str(before + 1), root=root).stdout.splitlines()]
+    # The same devices from the new endpoint: no device event, nothing released.
+    assert [r["type"] for r in records] == ["PluginRegistered"], records
+    state = json.loads(run_cli("state", "-o", "json", root=root, check=True).stdout)
+    assert state["devices"]["plugins"][RESOURCE]["endpoint"] == "second.sock"
+    held = sorted(i for i, d in state["devices"]["devices"][RESOURCE].items() if d["holder"])
+    assert held == sorted(devices_of(info))
+    rc, info2, err = admit(root, pod_yaml(tmp_path, "next", 2))
+    assert rc == 0, err
+    assert second.allocate_calls() == [devices_of(info2)] and first.allocate_calls() == [devices_of(info)]
+
+
+def test_a_resource_is_dropped_after_the_grace_period(root: Path, tmp_path: Path, daemon_factory, plugins) -> None:  # type: ignore[no-untyped-def]
+    daemon_factory("--plugin-grace", "0.5", "--admission-wait", "0.2")
+    plugin = plugins("--devices", "2", "--numa-nodes", "1")
+    plugin.wait_registered()
+    rc, info, err = admit(root, pod_yaml(tmp_path, "keeps", 1))
+    assert rc == 0, err
+    plugin.stop()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        types = [json.loads(line)["type"] for line in run_cli("log", "-o", "json", root=root).stdout.splitlines()]
+        if "ResourceDropped" in types:
+            break
+        time.sleep(0.1)
+    assert types[-2:] == ["PluginDisconnected", "ResourceDropped"]
+    state = json.loads(run_cli("state", "-o", "json", root=root, check=True).stdout)
+    assert RESOURCE not in state["devices"]["plugins"]
+    # The running pod still holds its device; the free one is gone.
+    assert list(state["devices"]["devices"][RESOURCE]) == devices_of(info)
+    rc, _, err = admit(root, pod_yaml(tmp_path, "late", 1))
+    assert rc == 1 and "Node didn't have enough resource: example.com/dev" in err
