@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest schemas bench clean
+.PHONY: run test lint typecheck pytest schemas protos bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,12 @@ pytest: $(STAMP)
 schemas: $(STAMP)
 	$(PY) -m eventsrc.schema --write
 
+protos: $(STAMP)
+	$(PY) -m eventsrc.protos --write
+
 bench: $(STAMP)
 	$(VENV)/bin/eventsrc bench log
+	$(VENV)/bin/eventsrc bench devices
 
 clean:
 	rm -rf $(VENV) run build *.egg-info

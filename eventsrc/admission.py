@@ -127,10 +127,20 @@ class Admission:
 
     async def _endpoints(self, spec: PodSpec, requests: dict[str, dict[str, int]], cid: str) -> dict[str, Endpoint]:
         views = self.daemon.views
+        # The pod's effective request, as the kubelet counts it: init containers run one at
+        # a time and hand their devices on; the others run together.
         needed: dict[str, int] = {}
-        for reqs in requests.values():
-            for resource, n in reqs.items():
-                needed[resource] = needed.get(resource, 0) + n
+        for c in spec.containers:
+            for resource, n in requests[c.name].items():
+                if c.kind == "init":
+                    needed[resource] = max(needed.get(resource, 0), n)
+        running: dict[str, int] = {}
+        for c in spec.containers:
+            if c.kind != "init":
+                for resource, n in requests[c.name].items():
+                    running[resource] = running.get(resource, 0) + n
+        for resource, n in running.items():
+            needed[resource] = max(needed.get(resource, 0), n)
         endpoints = {}
         for resource in sorted(needed):
             if resource not in views.devices.plugins:

@@ -181,7 +181,7 @@ def state(args: argparse.Namespace) -> int:
     if args.output == "json":
         sys.stdout.write(msgspec.json.encode(views).decode() + "\n")
     else:
-        console = Console()
+        console = render.console()
         for table in render.views_tables(views):
             console.print(table)
     if views.meta.corrupt:

@@ -183,7 +183,6 @@ def print_pods(pods: list[Any], output: str) -> None:
     if output == "json":
         print(json.dumps({"pods": [pod_json(p) for p in pods]}))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"pods ({len(pods)})", title_justify="left")
@@ -193,4 +192,14 @@ def print_pods(pods: list[Any], output: str) -> None:
         for c in p.containers or [None]:
             devs = " ".join(f"{r.resource}={','.join(r.device_ids)}" for r in c.resources) if c else ""
             table.add_row(f"{p.namespace}/{p.name}", p.uid, p.state, c.name if c else "-", devs or "-")
-    Console().print(table)
+    console().print(table)
+
+
+def console() -> Any:
+    """A rich console; wide when the output is not a terminal (a pipe or a file), so that
+    nothing is cut."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 240)
