@@ -154,7 +154,8 @@ class EventLog:
                 if txn.get(b"format") is None:
                     txn.put(b"format", LOG_FORMAT)
                     txn.put(b"log_id", uuid.uuid4().hex.encode())
-        self._last_seq = self._read_last_seq()
+        self._last_seq = self._read_last_seq()  # durable
+        self._assigned = self._last_seq  # given to prepared batches, durable or not yet
 
     # ------------------------------------------------------------------ reading
 
@@ -234,32 +235,41 @@ class EventLog:
 
     # ------------------------------------------------------------------ writing
 
-    def commit(self, batch: Sequence[PendingAppend]) -> None:
-        """Append every request of ``batch`` in one write transaction and one sync.
-
-        Runs in a worker thread. Returns once the transaction is durable. Each request
-        gets ``records`` or ``error`` (an optimistic-concurrency conflict only fails that
-        request, not the batch). The map grows when full; MapFullError never escapes.
+    def prepare(self, batch: Sequence[PendingAppend], now: int = 0) -> list[tuple[bytes, bytes]]:
+        """Give ``batch`` its sequence numbers, after every batch prepared before it, and
+        encode it. Fills each request's ``records``, or its conflict ``error`` (an
+        optimistic-concurrency conflict fails that request only). No I/O: the trio side
+        prepares the next batch while an earlier one is still being synced.
         """
         if self.readonly:
             raise EventsrcError("the event log is open read-only")
+        last = self._assigned
+        now = now or time.time_ns()  # the batch's wall-clock time, for requests that left it to the log
+        items: list[tuple[bytes, bytes]] = []
+        for req in batch:
+            if req.expect_last is not None and req.expect_last != last:
+                req.records = []
+                req.error = ConcurrencyConflictError(req.expect_last, last)
+                continue
+            ts, cid = req.ts_ns or now, req.correlation_id
+            records = []
+            for ev in req.events:
+                last += 1
+                items.append((last.to_bytes(8, "big"), encode_payload(ev, ts, cid)))
+                records.append(Record(last, ts, cid, ev.VERSION, ev))  # type: ignore[arg-type]
+            req.records = records
+            req.error = None
+        self._assigned = last
+        return items
+
+    def write(self, items: list[tuple[bytes, bytes]]) -> None:
+        """Write prepared items in one transaction; returns once it is durable.
+
+        Runs in a worker thread, one at a time, in the order the batches were prepared.
+        The map grows when full: MapFullError never escapes. Any other failure raises
+        EventsrcError; the caller must then ``abandon`` the sequences given out since.
+        """
         while True:
-            last = self._last_seq
-            now = time.time_ns()  # the batch's wall-clock time, for requests that left it to the log
-            items: list[tuple[bytes, bytes]] = []
-            for req in batch:
-                if req.expect_last is not None and req.expect_last != last:
-                    req.records = []
-                    req.error = ConcurrencyConflictError(req.expect_last, last)
-                    continue
-                ts, cid = req.ts_ns or now, req.correlation_id
-                records = []
-                for ev in req.events:
-                    last += 1
-                    items.append((last.to_bytes(8, "big"), encode_payload(ev, ts, cid)))
-                    records.append(Record(last, ts, cid, ev.VERSION, ev))  # type: ignore[arg-type]
-                req.records = records
-                req.error = None
             try:
                 with self.env.begin(write=True, db=self.events_db) as txn:
                     _, added = txn.cursor().putmulti(items, append=True)
@@ -269,13 +279,25 @@ class EventLog:
                 self._grow()
                 continue
             except lmdb.Error as exc:
-                err = EventsrcError(f"cannot append to the event log at {self.path}: {exc}")
-                for req in batch:
-                    req.records = []
-                    req.error = err
-                return
-            self._last_seq = last
+                raise EventsrcError(f"cannot append to the event log at {self.path}: {exc}") from None
+            if items:
+                self._last_seq = key_seq(items[-1][0])
             return
+
+    def abandon(self) -> None:
+        """Forget the sequences given to prepared batches that were not written."""
+        self._assigned = self._last_seq
+
+    def commit(self, batch: Sequence[PendingAppend]) -> None:
+        """Prepare and write ``batch``: one write transaction, one sync (synchronous)."""
+        items = self.prepare(batch)
+        try:
+            self.write(items)
+        except EventsrcError as err:
+            self.abandon()
+            for req in batch:
+                req.records = []
+                req.error = err
 
     def append(self, events: Sequence[_Event], correlation_id: str, ts_ns: int, expect_last: int | None = None) -> list[Record]:
         """Synchronous single append (one transaction, one sync)."""
