@@ -35,6 +35,7 @@ from eventsrc.core.device_choice import (
     plan_pod,
 )
 from eventsrc.core.devices import holdings, release_events, remove_pod_events
+from eventsrc.core.resources import qos_class
 from eventsrc.log.commit import new_correlation_id
 from eventsrc.manifest import PodSpec, device_requests
 from eventsrc.plugins.device_plugins import (
@@ -220,7 +221,7 @@ class Admission:
             await self.daemon.record([*outcome, failed, *others, ev.AdmissionRejected(pod=spec.pod, reason=reason, container=step.container)], cid)
             log.warning("allocation failed pod=%s uid=%s reason=%r cid=%s", spec.pod.name, uid, reason, cid)
             raise AdmissionRefused(reason)
-        outcome.append(ev.PodAdmitted(pod=spec.pod, containers=spec.containers))
+        outcome.append(ev.PodAdmitted(pod=spec.pod, containers=spec.containers, qos_class=qos_class(spec.containers)))
         await self.daemon.record(outcome, cid)
         log.info("pod admitted pod=%s/%s uid=%s cid=%s", spec.pod.namespace, spec.pod.name, uid, cid)
         return self.daemon.views.pods.pods[uid]
