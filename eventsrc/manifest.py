@@ -15,6 +15,7 @@ from msgspec import Struct
 
 from eventsrc import events as ev
 from eventsrc.core.names import is_extended_resource_name
+from eventsrc.core.resources import QuantityError, parse_quantity
 from eventsrc.errors import EventsrcError
 
 Quantity = str | int | float
@@ -95,6 +96,12 @@ def _container(c: _Container, index: int, field: str, kind: str, source: str) ->
         raise ManifestError(f"{where}.name: required")
     limits = {k: _quantity(v) for k, v in c.resources.limits.items()}
     requests = {k: _quantity(v) for k, v in c.resources.requests.items()}
+    for field, values in (("requests", requests), ("limits", limits)):
+        for name, value in values.items():
+            try:
+                parse_quantity(value)
+            except QuantityError:
+                raise ManifestError(f"{where}.resources.{field}[{name}]: {value!r} is not a quantity") from None
     for name, value in {**requests, **limits}.items():
         if is_extended_resource_name(name):
             if not _WHOLE.match(value):

@@ -182,6 +182,7 @@ def test_admission_gives_up_after_the_wait(root: Path, tmp_path: Path, daemon_fa
         ("kind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: a, resources: {limits: {example.com/dev: 0.5}}}]}\n", "whole number"),
         ("kind: Pod\nmetadata: {name: x\nspec: [\n", "not valid YAML"),
         ("- 1\n- 2\n", "expected a Pod object"),
+        ("kind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: a, resources: {limits: {cpu: lots}}}]}\n", "'lots' is not a quantity"),
     ],
 )
 def test_malformed_manifests_are_one_clear_error(root: Path, tmp_path: Path, manifest: str, message: str) -> None:

@@ -14,6 +14,7 @@ from grpclib.server import Stream
 
 from eventsrc import __version__
 from eventsrc import events as ev
+from eventsrc.core.resources import QuantityError, parse_quantity
 from eventsrc.errors import EventsrcError
 from eventsrc.gen.node.v1 import node_pb2 as pb
 from eventsrc.gen.node.v1.node_grpc import NodeBase
@@ -50,6 +51,11 @@ def pod_from_proto(p: pb.Pod) -> PodSpec:
     for c in p.containers:
         if c.kind not in ("init", "sidecar", "app"):
             raise BadRequest(f"container {c.name!r}: kind must be init, sidecar or app, got {c.kind!r}")
+        for name, value in [*c.requests.items(), *c.limits.items()]:
+            try:
+                parse_quantity(value)
+            except QuantityError:
+                raise BadRequest(f"container {c.name!r}: {name}: {value!r} is not a quantity") from None
         containers.append(
             ev.ContainerSpec(name=c.name, kind=c.kind, requests=dict(c.requests), limits=dict(c.limits), claims=list(c.claims))
         )
