@@ -299,6 +299,13 @@ class CPUsReleased(_Event, frozen=True):
     reason: str = ""
 
 
+class SharedPoolChanged(_Event, frozen=True):
+    """The CPUs every container without exclusive CPUs may run on, after a change."""
+
+    cpus: list[int]
+    reason: str = ""
+
+
 # --------------------------------------------------------------------------- claims
 
 
@@ -372,6 +379,7 @@ Event = (
     | DevicesReleased
     | CPUsAssigned
     | CPUsReleased
+    | SharedPoolChanged
     | ClaimPrepareStarted
     | ClaimPrepared
     | ClaimPrepareFailed

@@ -62,6 +62,7 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
     ev.DevicesReleased: st.builds(ev.DevicesReleased, pod_uid=pods, container=containers, resource=resources, device_ids=device_ids),
     ev.CPUsAssigned: st.builds(ev.CPUsAssigned, pod_uid=pods, container=containers, cpus=cpus),
     ev.CPUsReleased: st.builds(ev.CPUsReleased, pod_uid=pods, container=containers, cpus=cpus),
+    ev.SharedPoolChanged: st.builds(ev.SharedPoolChanged, cpus=cpus, reason=text),
     ev.ClaimPrepareStarted: st.builds(ev.ClaimPrepareStarted, claim=claim_refs, driver=drivers, pod_uid=pods),
     ev.ClaimPrepared: st.builds(ev.ClaimPrepared, claim=claim_refs, driver=drivers, devices=st.lists(st.builds(ev.PreparedDevice, pool_name=st.just("pool"), device_name=st.sampled_from(["g0", "g1"])), max_size=2)),
     ev.ClaimPrepareFailed: st.builds(ev.ClaimPrepareFailed, claim=claim_refs, driver=drivers, reason=text),

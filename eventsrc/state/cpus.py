@@ -25,7 +25,12 @@ def cpus_released(v: Views, seq: int, e: ev.CPUsReleased) -> None:
         del v.cpus.assignments[e.pod_uid]
 
 
+def shared_pool_changed(v: Views, seq: int, e: ev.SharedPoolChanged) -> None:
+    v.cpus.shared = list(e.cpus)
+
+
 HANDLERS: Handlers = {
+    ev.SharedPoolChanged: shared_pool_changed,
     ev.PolicyConfigurationChanged: policy_changed,
     ev.CPUsAssigned: cpus_assigned,
     ev.CPUsReleased: cpus_released,

@@ -74,6 +74,8 @@ class PodsView(Struct, kw_only=True):
 
 class CPUsView(Struct, kw_only=True):
     policy: dict[str, Any] = field(default_factory=dict)
+    # the shared pool, as last recorded (containers without exclusive CPUs run there)
+    shared: list[int] = []
     # pod uid -> container -> exclusive cpus
     assignments: dict[str, dict[str, list[int]]] = field(default_factory=dict)
 
