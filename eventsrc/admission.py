@@ -25,6 +25,8 @@ import trio
 
 from eventsrc import events as ev
 from eventsrc.api.node import AdmissionRefused, NotFound
+from eventsrc.core.cpu_assignment import TakeError
+from eventsrc.core.cpu_static import CPUStep, plan_pod_cpus, pool_events, without_pod
 from eventsrc.core.device_choice import (
     PodPlan,
     PreferredAsk,
@@ -93,6 +95,7 @@ class Admission:
         async with self._lock:
             endpoints = await self._endpoints(spec, requests, cid)
             plan = await self._plan(spec, requests, endpoints, cid)
+            cpu_steps = await self._plan_cpus(spec, cid)
             intent: list[ev._Event] = [ev.PodAdmissionStarted(pod=spec.pod, containers=spec.containers)]
             intent += [
                 ev.DevicesReserved(
@@ -100,6 +103,11 @@ class Admission:
                 )
                 for s in plan.steps
             ]
+            # CPUs need no plugin call: their assignment is final with the intent.
+            intent += [ev.CPUsAssigned(pod_uid=uid, container=s.container, cpus=s.cpus.sorted_list()) for s in cpu_steps if s.new]
+            if any(s.new for s in cpu_steps):
+                after = {**views.cpus.assignments, uid: {s.container: s.cpus.sorted_list() for s in cpu_steps}}
+                intent += pool_events(self.daemon.cpus, views.cpus.shared, after, f"exclusive CPUs for pod {uid}")
             await self.daemon.record(intent, cid)  # durable and in the views: the next admission sees it
         calls = _Calls()
         with trio.CancelScope(shield=True):  # an acknowledged intent always gets its outcome
@@ -183,6 +191,15 @@ class Admission:
         except Refusal as refusal:
             raise await self._refuse(spec, str(refusal), cid) from None
 
+    async def _plan_cpus(self, spec: PodSpec, cid: str) -> list[CPUStep]:
+        views = self.daemon.views
+        try:
+            return plan_pod_cpus(
+                self.daemon.cpus, views.cpus.assignments, spec.pod.uid, qos_class(spec.containers), spec.containers
+            )
+        except TakeError as err:
+            raise await self._refuse(spec, str(err), cid) from None
+
     async def _preferred(self, ep: Endpoint, ask: PreferredAsk) -> list[str] | PreferredFailed:
         try:
             return await ep.preferred(ask.available, ask.must_include, ask.size)
@@ -214,10 +231,12 @@ class Admission:
         if calls.failed is not None:
             step, reason = calls.failed
             failed = ev.AllocationFailed(pod_uid=uid, container=step.container, resource=step.resource, device_ids=step.device_ids, reason=reason)
-            others = [
-                e for e in release_events(self.daemon.views, uid, "admission failed")
+            views = self.daemon.views
+            others: list[ev._Event] = [
+                e for e in release_events(views, uid, "admission failed")
                 if not (isinstance(e, ev.DevicesReleased) and (e.container, e.resource) == (step.container, step.resource))
             ]
+            others += pool_events(self.daemon.cpus, views.cpus.shared, without_pod(views.cpus.assignments, uid), "admission failed")
             await self.daemon.record([*outcome, failed, *others, ev.AdmissionRejected(pod=spec.pod, reason=reason, container=step.container)], cid)
             log.warning("allocation failed pod=%s uid=%s reason=%r cid=%s", spec.pod.name, uid, reason, cid)
             raise AdmissionRefused(reason)
@@ -235,7 +254,10 @@ class Admission:
             raise AdmissionRefused(f"pod {pod.namespace}/{pod.name} ({uid}) is being admitted; remove it once that ends")
         before = _copy(pod)
         cid = new_correlation_id()
+        views = self.daemon.views
+        events = remove_pod_events(views, uid, reason)
+        events += pool_events(self.daemon.cpus, views.cpus.shared, without_pod(views.cpus.assignments, uid), f"pod {uid} removed")
         with trio.CancelScope(shield=True):
-            await self.daemon.record(remove_pod_events(self.daemon.views, uid, reason), cid)
+            await self.daemon.record(events, cid)
         log.info("pod removed pod=%s/%s uid=%s cid=%s", pod.namespace, pod.name, uid, cid)
         return before, cid

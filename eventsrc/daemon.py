@@ -33,7 +33,11 @@ from eventsrc import events as ev
 from eventsrc.admission import DEFAULT_ADMISSION_WAIT, Admission
 from eventsrc.api.node import NodeService, status_response
 from eventsrc.api.podresources import PodResourcesService
+from eventsrc.core.cpu_assignment import StaticPolicyOptions
+from eventsrc.core.cpu_static import CPUManagerConfig, allocatable_cpus, pool_events, startup_events
+from eventsrc.core.cpuset import CPUSet
 from eventsrc.core.devices import restart_events
+from eventsrc.core.topology import single_cpu_topology
 from eventsrc.events import CorruptRecordError, Record
 from eventsrc.gen.node.v1 import node_pb2
 from eventsrc.layout import Layout
@@ -66,8 +70,10 @@ class Daemon:
         snapshot_every: int,
         admission_wait: float = DEFAULT_ADMISSION_WAIT,
         grace: float = DEFAULT_GRACE,
+        cpus: CPUManagerConfig | None = None,
     ) -> None:
         self.layout = layout
+        self.cpus = cpus or CPUManagerConfig("none", single_cpu_topology(), CPUSet(), StaticPolicyOptions())
         self.log = log_
         self.views = views
         self.snapshot_every = snapshot_every
@@ -86,6 +92,19 @@ class Daemon:
             return status_response(self.ready, self.instance_id, self.views.meta.last_seq, sockets, os.getpid())
 
         return NodeService(lambda: self.views, self.admission, status)
+
+    async def apply_cpu_config(self) -> None:
+        """Record what this start's CPU manager configuration changes (never refuses)."""
+        views = self.views
+        events = startup_events(self.cpus, views.cpus.policy, views.cpus.assignments)
+        for e in events:
+            if isinstance(e, ev.PolicyConfigurationChanged):
+                log.warning("cpu manager configuration changed old=%s new=%s", e.old, e.new)
+        if events:
+            await self.record(events)
+        pool = pool_events(self.cpus, self.views.cpus.shared, self.views.cpus.assignments, "cpu manager started")
+        if pool:
+            await self.record(pool)
 
     def _applied(self, records: list[Record]) -> None:
         apply_all(self.views, records)
@@ -148,6 +167,7 @@ async def serve(
     snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
     admission_wait: float = DEFAULT_ADMISSION_WAIT,
     grace: float = DEFAULT_GRACE,
+    cpus: CPUManagerConfig | None = None,
     config: dict[str, Any] | None = None,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -170,7 +190,7 @@ async def serve(
             log.info(
                 "views rebuilt snapshot_seq=%d tail=%d seconds=%.3f", info.snapshot_seq, info.tail_records, info.seconds
             )
-        daemon = Daemon(layout, event_log, views, snapshot_every, admission_wait=admission_wait, grace=grace)
+        daemon = Daemon(layout, event_log, views, snapshot_every, admission_wait=admission_wait, grace=grace, cpus=cpus)
         start_seq = views.meta.last_seq
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
@@ -180,6 +200,7 @@ async def serve(
                     "snapshot_every": snapshot_every,
                     "admission_wait_seconds": admission_wait,
                     "plugin_grace_seconds": grace,
+                    "cpu_manager": daemon.cpus.describe(),
                     **(config or {}),
                 }
                 if views.meta.running:
@@ -189,9 +210,15 @@ async def serve(
                 )
                 # What the previous run left unfinished is finished now, from the log alone.
                 await daemon.record([started, *restart_events(daemon.views)])
+                await daemon.apply_cpu_config()
                 await nursery.start(daemon.devices.run)
                 await nursery.start(serve_unix, [daemon.node_service()], layout.api_socket, 0o600)
-                await nursery.start(serve_unix, [PodResourcesService(lambda: daemon.views)], layout.pod_resources_socket, None)
+                await nursery.start(
+                    serve_unix,
+                    [PodResourcesService(lambda: daemon.views, cpus=lambda: allocatable_cpus(daemon.cpus).sorted_list())],
+                    layout.pod_resources_socket,
+                    None,
+                )
                 nursery.start_soon(daemon.scrub, start_seq)
                 nursery.start_soon(daemon.snapshot_loop)
                 daemon.ready = True

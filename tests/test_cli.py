@@ -65,16 +65,19 @@ def test_serve_status_stop_restart(root: Path, daemon_factory) -> None:  # type:
     one_clean_error(run_cli("status", root=root), "eventsrc is not running")
     proc = run_cli("log", "-o", "json", root=root, check=True)
     records = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert [r["type"] for r in records] == ["DaemonStarted", "DaemonStopped"]
+    # The first start also records the CPU manager's configuration and the shared pool.
+    assert [r["type"] for r in records] == ["DaemonStarted", "PolicyConfigurationChanged", "SharedPoolChanged", "DaemonStopped"]
+    records = [r for r in records if r["type"].startswith("Daemon")]
     assert records[1]["event"]["reason"] == "SIGTERM"
     assert records[0]["correlation_id"] != records[1]["correlation_id"]
     assert list((root / "eventsrc" / "snapshots").glob("snapshot-*"))
 
     d2 = daemon_factory()
     assert d2.stop(signal.SIGINT) == 0
-    assert "views rebuilt snapshot_seq=2" in d2.output()
+    assert "views rebuilt snapshot_seq=4" in d2.output()
     state = json.loads(run_cli("state", "-o", "json", root=root, check=True).stdout)
-    assert state["meta"]["boots"] == 2 and state["meta"]["running"] is False and state["meta"]["last_seq"] == 4
+    # The same configuration again: nothing new to record.
+    assert state["meta"]["boots"] == 2 and state["meta"]["running"] is False and state["meta"]["last_seq"] == 6
 
     # SIGKILL: no stopped event, no snapshot; the next start notices and carries on.
     d3 = daemon_factory()
@@ -84,7 +87,9 @@ def test_serve_status_stop_restart(root: Path, daemon_factory) -> None:  # type:
     assert d4.stop() == 0
     assert "previous run did not stop cleanly" in d4.output()
     types = [json.loads(line)["type"] for line in run_cli("log", "-o", "json", root=root, check=True).stdout.splitlines()]
-    assert types == ["DaemonStarted", "DaemonStopped"] * 2 + ["DaemonStarted", "DaemonStarted", "DaemonStopped"]
+    daemon_types = [t for t in types if t.startswith("Daemon")]
+    assert daemon_types == ["DaemonStarted", "DaemonStopped"] * 2 + ["DaemonStarted", "DaemonStarted", "DaemonStopped"]
+    assert types.count("PolicyConfigurationChanged") == 1
 
 
 def test_log_table_and_ranges(root: Path) -> None:

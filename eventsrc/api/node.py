@@ -74,7 +74,7 @@ def pod_to_proto(spec: PodSpec) -> pb.Pod:
     )
 
 
-def pod_info(pod: PodView, state: str | None = None, correlation_id: str = "") -> pb.PodInfo:
+def pod_info(pod: PodView, state: str | None = None, correlation_id: str = "", shared: list[int] | None = None) -> pb.PodInfo:
     info = pb.PodInfo(
         uid=pod.uid,
         namespace=pod.namespace,
@@ -84,7 +84,7 @@ def pod_info(pod: PodView, state: str | None = None, correlation_id: str = "") -
         correlation_id=correlation_id,
     )
     for name, c in pod.containers.items():
-        ci = pb.ContainerInfo(name=name, kind=c.kind, cpu_ids=sorted(c.cpus))
+        ci = pb.ContainerInfo(name=name, kind=c.kind, cpu_ids=sorted(c.cpus) or list(shared or []), exclusive_cpus=bool(c.cpus))
         for resource, ids in sorted(c.devices.items()):
             a = c.allocations.get(resource)
             ra = pb.ResourceAllocation(resource=resource, device_ids=ids)
@@ -144,7 +144,7 @@ class NodeService(NodeBase):
             pod, cid = await to_trio(self._admitter.admit)(spec)
         except EventsrcError as err:
             raise _grpc_error(err) from None
-        await stream.send_message(pod_info(pod, correlation_id=cid))
+        await stream.send_message(pod_info(pod, correlation_id=cid, shared=self._views().cpus.shared))
 
     async def Remove(self, stream: Stream[pb.RemoveRequest, pb.PodInfo]) -> None:
         req = await stream.recv_message()
@@ -159,7 +159,9 @@ class NodeService(NodeBase):
     async def ListPods(self, stream: Stream[pb.ListPodsRequest, pb.ListPodsResponse]) -> None:
         await stream.recv_message()
         views = self._views()
-        await stream.send_message(pb.ListPodsResponse(pods=[pod_info(p) for p in views.pods.pods.values()]))
+        await stream.send_message(
+            pb.ListPodsResponse(pods=[pod_info(p, shared=views.cpus.shared) for p in views.pods.pods.values()])
+        )
 
     async def GetPod(self, stream: Stream[pb.PodSelector, pb.PodInfo]) -> None:
         sel = await stream.recv_message()
@@ -168,7 +170,7 @@ class NodeService(NodeBase):
             pod = find_pod(self._views(), sel)
         except EventsrcError as err:
             raise _grpc_error(err) from None
-        await stream.send_message(pod_info(pod))
+        await stream.send_message(pod_info(pod, shared=self._views().cpus.shared))
 
 
 def status_response(ready: bool, instance_id: str, last_seq: int, sockets: list[str], pid: int) -> pb.StatusResponse:

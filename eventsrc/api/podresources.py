@@ -69,20 +69,23 @@ def pod_resources(views: Views, pod: PodView) -> pb.PodResources:
     return pb.PodResources(name=pod.name, namespace=pod.namespace, containers=containers)
 
 
-def allocatable(views: Views) -> pb.AllocatableResourcesResponse:
+def allocatable(views: Views, cpus: list[int]) -> pb.AllocatableResourcesResponse:
     devices = []
     for resource, plugin in sorted(views.devices.plugins.items()):
         table = views.devices.devices.get(resource, {})
         healthy = [i for i, d in table.items() if d.health == "Healthy" and not d.removed]
         if plugin.connected and healthy:
             devices.extend(container_devices(resource, healthy, table))
-    return pb.AllocatableResourcesResponse(devices=devices, cpu_ids=[])
+    return pb.AllocatableResourcesResponse(devices=devices, cpu_ids=cpus)
 
 
 class PodResourcesService(PodResourcesListerBase):
-    def __init__(self, views: Callable[[], Views], limiter: TokenBucket | None = None) -> None:
+    def __init__(
+        self, views: Callable[[], Views], limiter: TokenBucket | None = None, cpus: Callable[[], list[int]] = list
+    ) -> None:
         self._views = views
         self._limiter = limiter or TokenBucket()
+        self._cpus = cpus
 
     def _admit(self) -> None:
         if not self._limiter.allow():
@@ -100,7 +103,7 @@ class PodResourcesService(PodResourcesListerBase):
     ) -> None:
         await stream.recv_message()
         self._admit()
-        await stream.send_message(allocatable(self._views()))
+        await stream.send_message(allocatable(self._views(), self._cpus()))
 
     async def Get(self, stream: Stream[pb.GetPodResourcesRequest, pb.GetPodResourcesResponse]) -> None:
         req = await stream.recv_message()

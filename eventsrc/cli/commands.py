@@ -21,13 +21,26 @@ from eventsrc.log.store import DirLock, EventLog
 def serve(args: argparse.Namespace) -> int:
     import trio
 
+    from eventsrc.cpu_config import load_cpu_config, load_topology, parse_map
     from eventsrc.daemon import serve as run
 
     if args.admission_wait < 0 or args.plugin_grace < 0:
         raise EventsrcError("--admission-wait and --plugin-grace must not be negative")
+    cpus = load_cpu_config(
+        args.cpu_manager_policy,
+        args.cpu_manager_policy_options,
+        args.reserved_cpus,
+        args.reserved_cpu_count,
+        load_topology(args.topology_file, args.sysfs_root),
+        feature_gates=parse_map(args.feature_gates, "--feature-gates"),
+    )
     trio.run(
         lambda: run(
-            args.layout, snapshot_every=args.snapshot_every, admission_wait=args.admission_wait, grace=args.plugin_grace
+            args.layout,
+            snapshot_every=args.snapshot_every,
+            admission_wait=args.admission_wait,
+            grace=args.plugin_grace,
+            cpus=cpus,
         )
     )
     return 0
@@ -229,4 +242,77 @@ def bench_devices(args: argparse.Namespace) -> int:
     run_devices_bench(
         devices=args.devices, clients=args.clients, admissions=args.admissions, rounds=args.rounds, rtt_calls=args.rtt_calls
     )
+    return 0
+
+
+def cpu_topology(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from eventsrc.core.topology import decode_topology_file, encode_topology_file, summary_lines
+    from eventsrc.plugins.sysfs_topology import discover_topology
+
+    if args.topology_file is not None:
+        name = str(args.topology_file)
+        try:
+            data = sys.stdin.buffer.read() if name == "-" else args.topology_file.read_bytes()
+        except OSError as exc:
+            raise EventsrcError(f"cannot read {name}: {exc.strerror or exc}") from None
+        topo = decode_topology_file(data, name)
+    else:
+        topo = discover_topology(args.sysfs_root if args.sysfs_root is not None else Path("/"))
+    if args.output == "json":
+        sys.stdout.buffer.write(encode_topology_file(topo))
+    else:
+        print("\n".join(summary_lines(topo)))
+    return 0
+
+
+def cpu_take(args: argparse.Namespace) -> int:
+    from eventsrc.core.cpu_assignment import (
+        check_smt_alignment,
+        parse_policy_options,
+        take_by_topology,
+    )
+    from eventsrc.core.cpuset import parse as parse_cpuset
+    from eventsrc.core.topology import TopologyError, decode_topology_file
+
+    def bad(message: str) -> EventsrcError:
+        err = EventsrcError(message)
+        err.exit_code = 2
+        return err
+
+    name = str(args.topology_file)
+    try:
+        data = sys.stdin.buffer.read() if name == "-" else args.topology_file.read_bytes()
+    except OSError as exc:
+        raise bad(f"cannot read {name}: {exc.strerror or exc}") from None
+    try:
+        topo = decode_topology_file(data, name)
+    except TopologyError as exc:
+        raise bad(str(exc)) from None
+    available = parse_cpuset(args.available)  # CPUSetParseError exits 2
+    unknown = available - topo.cpu_details.cpus()
+    if unknown:
+        raise bad(f"--available: CPUs {unknown} are not in the topology")
+    if args.count < 0:
+        raise bad("--count must not be negative")
+    options: dict[str, str] = {}
+    for item in args.option:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise bad(f"--option {item!r}: expected NAME=VALUE")
+        options[key] = value
+    opts = parse_policy_options(options, alpha_enabled=True)  # PolicyOptionError exits 2
+    if opts.full_pcpus_only and args.count > 0:
+        check_smt_alignment(args.count, topo.cpus_per_core(), len(available))
+    print(take_by_topology(topo, available, args.count, opts))
+    return 0
+
+
+def bench_cpu(args: argparse.Namespace) -> int:
+    from eventsrc.bench_cpu import run_cpu_bench
+
+    if args.repetitions < 1:
+        raise EventsrcError("--repetitions must be at least 1")
+    run_cpu_bench(repetitions=args.repetitions)
     return 0
