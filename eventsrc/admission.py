@@ -17,6 +17,7 @@ A crash between intent and outcome is finished on the next start from the log al
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,18 +27,22 @@ import trio
 from eventsrc import events as ev
 from eventsrc.api.node import AdmissionRefused, NotFound
 from eventsrc.core.cpu_assignment import TakeError
-from eventsrc.core.cpu_static import CPUStep, plan_pod_cpus, pool_events, without_pod
+from eventsrc.core.cpu_static import CPUPlanner, CPUStep, pool_events, without_pod
 from eventsrc.core.device_choice import (
+    Hint,
     PodPlan,
     PreferredAsk,
     PreferredFailed,
     Refusal,
     ResourceState,
     Step,
+    container_hints,
     plan_pod,
 )
 from eventsrc.core.devices import holdings, release_events, remove_pod_events
 from eventsrc.core.resources import qos_class
+from eventsrc.core.topology_manager import TOPOLOGY_AFFINITY_MESSAGE, ProviderHints, TopologyHint
+from eventsrc.events import ContainerSpec
 from eventsrc.log.commit import new_correlation_id
 from eventsrc.manifest import PodSpec, device_requests
 from eventsrc.plugins.device_plugins import (
@@ -61,6 +66,31 @@ _CALL_ERRORS: tuple[type[BaseException], ...] = (*CALL_ERRORS, PluginCallFailed)
 
 def _copy(pod: PodView) -> PodView:
     return msgspec.convert(msgspec.to_builtins(pod), PodView)
+
+
+class TopologyRefusal(Refusal):
+    """The topology manager's policy refused the merged hint (TopologyAffinityError)."""
+
+    def __init__(self, hint: TopologyHint, container: str) -> None:
+        super().__init__(TOPOLOGY_AFFINITY_MESSAGE)
+        self.hint = str(hint)
+        self.container = container
+
+
+def _cpu_provider(hints: list[tuple[list[int], bool]] | None) -> ProviderHints:
+    """The CPU manager as a hint provider: no exclusive CPUs, no preference (a nil map)."""
+    return None if hints is None else {"cpu": [TopologyHint.of(nodes, preferred) for nodes, preferred in hints]}
+
+
+def _device_provider(hints: dict[str, list[Hint] | None]) -> ProviderHints:
+    return {r: None if h is None else [TopologyHint.of(sorted(x.nodes), x.preferred) for x in h] for r, h in hints.items()}
+
+
+def pod_request(containers: list[ContainerSpec], requests: dict[str, dict[str, int]], resource: str) -> int:
+    """The pod-level device count: the larger of the biggest init container and the rest."""
+    init = max((requests[c.name].get(resource, 0) for c in containers if c.kind == "init"), default=0)
+    rest = sum(requests[c.name].get(resource, 0) for c in containers if c.kind != "init")
+    return max(init, rest)
 
 
 @dataclass
@@ -94,8 +124,7 @@ class Admission:
             return self._readmit(existing, requests), cid
         async with self._lock:
             endpoints = await self._endpoints(spec, requests, cid)
-            plan = await self._plan(spec, requests, endpoints, cid)
-            cpu_steps = await self._plan_cpus(spec, cid)
+            plan, cpu_steps = await self._plan(spec, requests, endpoints, cid)
             intent: list[ev._Event] = [ev.PodAdmissionStarted(pod=spec.pod, containers=spec.containers)]
             intent += [
                 ev.DevicesReserved(
@@ -129,8 +158,8 @@ class Admission:
                     )
         return pod
 
-    async def _refuse(self, spec: PodSpec, reason: str, cid: str, container: str = "") -> AdmissionRefused:
-        await self.daemon.record([ev.AdmissionRejected(pod=spec.pod, reason=reason, container=container)], cid)
+    async def _refuse(self, spec: PodSpec, reason: str, cid: str, container: str = "", hint: str = "") -> AdmissionRefused:
+        await self.daemon.record([ev.AdmissionRejected(pod=spec.pod, reason=reason, container=container, topology_hint=hint)], cid)
         log.info("admission rejected pod=%s/%s uid=%s reason=%r cid=%s", spec.pod.namespace, spec.pod.name, spec.pod.uid, reason, cid)
         return AdmissionRefused(reason)
 
@@ -172,33 +201,78 @@ class Admission:
             endpoints[resource] = ep
         return endpoints
 
-    async def _plan(self, spec: PodSpec, requests: dict[str, dict[str, int]], endpoints: dict[str, Endpoint], cid: str) -> PodPlan:
+    async def _plan(
+        self, spec: PodSpec, requests: dict[str, dict[str, int]], endpoints: dict[str, Endpoint], cid: str
+    ) -> tuple[PodPlan, list[CPUStep]]:
+        """Devices and exclusive CPUs for every container, with the topology manager's say.
+
+        The device planner walks the containers; at each one it asks ``affinity_of``, which
+        merges the CPU and device hints (container scope), admits or rejects, and gives the
+        container its CPUs within the merged affinity, before its devices are chosen with
+        the same affinity, as the kubelet's providers allocate in order.
+        """
         views = self.daemon.views
+        uid = spec.pod.uid
         resources = {}
         for resource, ep in endpoints.items():
             table = views.devices.devices.get(resource, {})
             in_use = {i for i, d in table.items() if d.holder}
             resources[resource] = ResourceState(table=table, in_use=in_use, offers_preferred=ep.options.get_preferred_allocation_available)
-        held = holdings(views, spec.pod.uid) if spec.pod.uid in views.pods.pods else {}
-        planner = plan_pod(spec.containers, requests, resources, held=held, pod_uid=spec.pod.uid)
+        held = holdings(views, uid) if uid in views.pods.pods else {}
+        cpus = CPUPlanner(self.daemon.cpus, views.cpus.assignments, uid, qos_class(spec.containers))
+        tm = self.daemon.topology
+        try:
+            pod_affinity = self._pod_affinity(spec, requests, resources, held, cpus) if tm.scope == "pod" else None
+        except TopologyRefusal as refusal:
+            raise await self._refuse(spec, str(refusal), cid, hint=refusal.hint) from None
+
+        def affinity_of(c: ContainerSpec, device_hints: dict[str, list[Hint] | None]) -> frozenset[int] | None:
+            nodes = pod_affinity
+            if tm.scope == "container":
+                best, admit = tm.policy.merge([_cpu_provider(cpus.hints(c)), _device_provider(device_hints)])
+                if not admit:
+                    raise TopologyRefusal(best, c.name)
+                nodes = best.nodes()
+            try:
+                cpus.allocate(c, nodes)
+            except TakeError as err:
+                raise Refusal(str(err)) from None
+            return frozenset(nodes) if nodes else None
+
+        planner = plan_pod(spec.containers, requests, resources, held=held, pod_uid=uid, affinity_of=affinity_of)
         try:
             ask = next(planner)
             while True:
                 answer = await self._preferred(endpoints[ask.resource], ask)
                 ask = planner.send(answer)
         except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+            return stop.value, cpus.steps
+        except TopologyRefusal as refusal:
+            raise await self._refuse(spec, str(refusal), cid, container=refusal.container, hint=refusal.hint) from None
         except Refusal as refusal:
             raise await self._refuse(spec, str(refusal), cid) from None
 
-    async def _plan_cpus(self, spec: PodSpec, cid: str) -> list[CPUStep]:
-        views = self.daemon.views
-        try:
-            return plan_pod_cpus(
-                self.daemon.cpus, views.cpus.assignments, spec.pod.uid, qos_class(spec.containers), spec.containers
-            )
-        except TakeError as err:
-            raise await self._refuse(spec, str(err), cid) from None
+    def _pod_affinity(
+        self,
+        spec: PodSpec,
+        requests: dict[str, dict[str, int]],
+        resources: dict[str, ResourceState],
+        held: Mapping[tuple[str, str], list[str]],
+        cpus: CPUPlanner,
+    ) -> list[int] | None:
+        """The pod scope: one merge of the pod-level hints, for every container."""
+        device_hints: dict[str, list[Hint] | None] = {}
+        for resource, state in resources.items():
+            n = pod_request(spec.containers, requests, resource)
+            pod_held = [i for (_, r), ids in held.items() if r == resource for i in ids]
+            numa = sorted({x for d in state.table.values() for x in d.numa_nodes})
+            device_hints[resource] = container_hints(state.table, pod_held, state.in_use, [], n, numa)
+        best, admit = self.daemon.topology.policy.merge(
+            [_cpu_provider(cpus.pod_hints(spec.containers)), _device_provider(device_hints)]
+        )
+        if not admit:
+            raise TopologyRefusal(best, "")
+        return best.nodes()
 
     async def _preferred(self, ep: Endpoint, ask: PreferredAsk) -> list[str] | PreferredFailed:
         try:

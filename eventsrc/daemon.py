@@ -38,6 +38,7 @@ from eventsrc.core.cpu_static import CPUManagerConfig, allocatable_cpus, pool_ev
 from eventsrc.core.cpuset import CPUSet
 from eventsrc.core.devices import restart_events
 from eventsrc.core.topology import single_cpu_topology
+from eventsrc.core.topology_manager import TopologyManager, parse_topology_manager
 from eventsrc.events import CorruptRecordError, Record
 from eventsrc.gen.node.v1 import node_pb2
 from eventsrc.layout import Layout
@@ -71,9 +72,11 @@ class Daemon:
         admission_wait: float = DEFAULT_ADMISSION_WAIT,
         grace: float = DEFAULT_GRACE,
         cpus: CPUManagerConfig | None = None,
+        topology: TopologyManager | None = None,
     ) -> None:
         self.layout = layout
         self.cpus = cpus or CPUManagerConfig("none", single_cpu_topology(), CPUSet(), StaticPolicyOptions())
+        self.topology = topology or parse_topology_manager("none", "container", {}, self.cpus.topology.cpu_details.numa_nodes().sorted_list())
         self.log = log_
         self.views = views
         self.snapshot_every = snapshot_every
@@ -168,6 +171,7 @@ async def serve(
     admission_wait: float = DEFAULT_ADMISSION_WAIT,
     grace: float = DEFAULT_GRACE,
     cpus: CPUManagerConfig | None = None,
+    topology: TopologyManager | None = None,
     config: dict[str, Any] | None = None,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -190,7 +194,7 @@ async def serve(
             log.info(
                 "views rebuilt snapshot_seq=%d tail=%d seconds=%.3f", info.snapshot_seq, info.tail_records, info.seconds
             )
-        daemon = Daemon(layout, event_log, views, snapshot_every, admission_wait=admission_wait, grace=grace, cpus=cpus)
+        daemon = Daemon(layout, event_log, views, snapshot_every, admission_wait=admission_wait, grace=grace, cpus=cpus, topology=topology)
         start_seq = views.meta.last_seq
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
@@ -201,6 +205,7 @@ async def serve(
                     "admission_wait_seconds": admission_wait,
                     "plugin_grace_seconds": grace,
                     "cpu_manager": daemon.cpus.describe(),
+                    "topology_manager": {"policy": daemon.topology.policy.name, "scope": daemon.topology.scope},
                     **(config or {}),
                 }
                 if views.meta.running:

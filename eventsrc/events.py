@@ -234,6 +234,8 @@ class AdmissionRejected(_Event, frozen=True):
     pod: PodRef
     reason: str
     container: str = ""
+    # When the topology manager refused: the merged hint, as the kubelet prints it ("{01 false}").
+    topology_hint: str = ""
 
 
 class PodRemoved(_Event, frozen=True):

@@ -122,3 +122,42 @@ def test_switching_policies_across_restarts_never_refuses_to_start(root: Path, t
     changed = [r for r in records if r["type"] == "PolicyConfigurationChanged"][-1]["event"]
     assert any("uid-g2/main holds reserved CPUs" in c for c in changed["new"]["kept_until_they_end"])
     assert CPUSet(state(root)["cpus"]["assignments"]["uid-g2"]["main"]) == g2
+
+
+def _numa_of_cpus(cpus: CPUSet) -> set[int]:
+    topology = decode_topology_file(TOPOLOGY.read_bytes())
+    return {topology.cpu_details[c].numa_node_id for c in cpus}
+
+
+def test_topology_manager_aligns_cpus_and_devices(root: Path, tmp_path: Path, daemon_factory) -> None:  # type: ignore[no-untyped-def]
+    from tests.test_devices_e2e import Plugin
+
+    daemon_factory(*STATIC, "--topology-manager-policy", "single-numa-node")
+    plugin = Plugin(root, "--devices", "8", "--numa-nodes", "4")
+    try:
+        plugin.wait_registered()
+        # Fill NUMA node 0 partly so that alignment has to choose.
+        for name, cpu, devices in [("x", "4", 2), ("y", "8", 1), ("z", "2", 2)]:
+            path = tmp_path / f"{name}.yaml"
+            path.write_text(
+                f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, uid: uid-{name}}}\nspec:\n  containers:\n  - name: main\n"
+                f"    resources:\n      limits: {{cpu: '{cpu}', memory: 1Gi, example.com/dev: {devices}}}\n"
+            )
+            info = admit(root, path)
+            c = info["containers"][0]
+            cpu_nodes = _numa_of_cpus(CPUSet(int(x) for x in c["cpu_ids"]))
+            device_nodes = {int(d.split("-")[1]) * 4 // 8 for r in c["resources"] for d in r["device_ids"]}
+            assert len(cpu_nodes) == 1 and device_nodes == cpu_nodes, (name, cpu_nodes, device_nodes)
+        # 80 CPUs fit on no single NUMA node (64 CPUs each): refused, and the event says why.
+        path = tmp_path / "wide.yaml"
+        path.write_text(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: wide, uid: uid-wide}\nspec:\n  containers:\n  - name: main\n"
+            "    resources:\n      limits: {cpu: '80', memory: 1Gi}\n"
+        )
+        proc = run_cli("admit", "-f", str(path), root=root)
+        assert proc.returncode == 1 and "Resources cannot be allocated with Topology locality" in proc.stderr
+        rejected = [json.loads(line) for line in run_cli("log", "-o", "json", root=root).stdout.splitlines()][-1]
+        assert rejected["type"] == "AdmissionRejected" and rejected["event"]["topology_hint"] == "{<nil> false}"
+        assert rejected["event"]["container"] == "main"
+    finally:
+        plugin.stop()

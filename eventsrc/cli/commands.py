@@ -26,13 +26,23 @@ def serve(args: argparse.Namespace) -> int:
 
     if args.admission_wait < 0 or args.plugin_grace < 0:
         raise EventsrcError("--admission-wait and --plugin-grace must not be negative")
+    from eventsrc.core.topology_manager import parse_topology_manager
+
+    machine = load_topology(args.topology_file, args.sysfs_root)
     cpus = load_cpu_config(
         args.cpu_manager_policy,
         args.cpu_manager_policy_options,
         args.reserved_cpus,
         args.reserved_cpu_count,
-        load_topology(args.topology_file, args.sysfs_root),
+        machine,
         feature_gates=parse_map(args.feature_gates, "--feature-gates"),
+        topology_manager_policy=args.topology_manager_policy,
+    )
+    topology = parse_topology_manager(
+        args.topology_manager_policy,
+        args.topology_manager_scope,
+        parse_map(args.topology_manager_policy_options, "--topology-manager-policy-options"),
+        machine.cpu_details.numa_nodes().sorted_list(),
     )
     trio.run(
         lambda: run(
@@ -41,6 +51,7 @@ def serve(args: argparse.Namespace) -> int:
             admission_wait=args.admission_wait,
             grace=args.plugin_grace,
             cpus=cpus,
+            topology=topology,
         )
     )
     return 0

@@ -81,6 +81,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cpu.add_argument("--topology-file", type=Path, default=None, metavar="FILE", help="read the CPU topology from FILE (JSON, as 'eventsrc cpu topology -o json' prints it) instead of sysfs")
     cpu.add_argument("--sysfs-root", type=Path, default=Path("/"), metavar="DIR", help="root of the sysfs tree to discover the CPU topology from (default /)")
+    tm = p.add_argument_group("topology manager (the kubelet's flags)")
+    tm.add_argument(
+        "--topology-manager-policy", default="none", metavar="POLICY",
+        help="none (default), best-effort, restricted or single-numa-node",
+    )
+    tm.add_argument("--topology-manager-scope", default="container", metavar="SCOPE", help="container (default) or pod")
+    tm.add_argument(
+        "--topology-manager-policy-options", default="", metavar="K=V,...",
+        help="prefer-closest-numa-nodes=true, max-allowable-numa-nodes=N",
+    )
     cpu.add_argument(
         "--feature-gates", default="", metavar="K=V,...",
         help="CPUManagerPolicyAlphaOptions=true enables the alpha policy options (align-by-socket, distribute-cpus-across-cores)",

@@ -18,6 +18,7 @@ The shared pool is derived, never stored apart from its record in the log
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -168,26 +169,10 @@ def plan_pod_cpus(
 ) -> list[CPUStep]:
     """Exclusive CPUs for each container of a pod, in admission order. Raises CPUPolicyError
     (or the picking's TakeError / SMTAlignmentError) with the kubelet's message."""
-    if not cfg.static:
-        return []
-    affinity = affinity or {}
-    default = shared_pool(cfg, assignments)
-    have = assignments.get(pod_uid, {})
-    reusable = CPUSet()
-    steps: list[CPUStep] = []
+    planner = CPUPlanner(cfg, assignments, pod_uid, qos)
     for c in containers:
-        count = exclusive_cpus(qos, c)
-        if count == 0:
-            continue
-        if c.name in have:
-            cpus = CPUSet(have[c.name])
-            steps.append(CPUStep(c.name, cpus, new=False))
-        else:
-            cpus = allocate(cfg, default, reusable, count, affinity.get(c.name))
-            steps.append(CPUStep(c.name, cpus))
-            default = default - cpus
-        reusable = reusable | cpus if c.kind == "init" else reusable - cpus
-    return steps
+        planner.allocate(c, (affinity or {}).get(c.name))
+    return planner.steps
 
 
 def pool_events(
@@ -242,3 +227,109 @@ def startup_events(
             for name, cpus in sorted(containers.items()):
                 out.append(CPUsReleased(pod_uid=uid, container=name, cpus=sorted(cpus), reason="the CPU manager policy is none"))
     return out
+
+
+def cpu_hints(cfg: CPUManagerConfig, available: CPUSet, reusable: CPUSet, request: int) -> list[tuple[list[int], bool]]:
+    """generateCPUTopologyHints: every NUMA mask that can hold ``request`` CPUs from
+    ``available`` plus ``reusable`` (which must all be inside it), with its preferred flag:
+    as narrow as the narrowest mask whose NUMA nodes have ``request`` CPUs at all (with
+    align-by-socket, also a mask spanning exactly the sockets that takes)."""
+    d = cfg.topology.cpu_details
+    numa = d.numa_nodes().sorted_list()
+    numa_of = {c: d[c].numa_node_id for c in d}
+    min_size = len(numa)
+    found: list[list[int]] = []
+    for size in range(1, len(numa) + 1):
+        for combo in itertools.combinations(numa, size):
+            inside = set(combo)
+            if d.cpus_in_numa_nodes(*combo).size() >= request and size < min_size:
+                min_size = size
+            if any(numa_of[c] not in inside for c in reusable):
+                continue
+            matching = reusable.size() + sum(1 for c in available if numa_of[c] in inside)
+            if matching >= request:
+                found.append(list(combo))
+    out: list[tuple[list[int], bool]] = []
+    for nodes in found:
+        preferred = len(nodes) == min_size
+        if cfg.options.align_by_socket and _socket_aligned(cfg, nodes, min_size):
+            preferred = True
+        out.append((nodes, preferred))
+    return out
+
+
+def _socket_aligned(cfg: CPUManagerConfig, nodes: list[int], min_size: int) -> bool:
+    """isHintSocketAligned: the mask covers whole sockets, as few as the request needs."""
+    d = cfg.topology.cpu_details
+    numa_per_socket = max(1, cfg.topology.num_numa_nodes // max(1, cfg.topology.num_sockets))
+    sockets = d.sockets_in_numa_nodes(*nodes)
+    wanted = -(-min_size // numa_per_socket)
+    return sockets.size() == wanted and d.numa_nodes_in_sockets(*sockets).size() == len(nodes)
+
+
+class CPUPlanner:
+    """The static policy for one pod, one container at a time (the topology manager's
+    container scope asks for a container's hints after the previous ones are allocated)."""
+
+    def __init__(
+        self, cfg: CPUManagerConfig, assignments: Mapping[str, Mapping[str, Iterable[int]]], pod_uid: str, qos: str
+    ) -> None:
+        self.cfg = cfg
+        self.qos = qos
+        self.have = {name: CPUSet(c) for name, c in assignments.get(pod_uid, {}).items()}
+        self.default = shared_pool(cfg, assignments)
+        self.reusable = CPUSet()
+        self.steps: list[CPUStep] = []
+
+    def request(self, c: ContainerSpec) -> int:
+        return exclusive_cpus(self.qos, c) if self.cfg.static else 0
+
+    def hints(self, c: ContainerSpec) -> list[tuple[list[int], bool]] | None:
+        """The container's CPU hints; None when it gets no exclusive CPUs (no preference)."""
+        n = self.request(c)
+        if n == 0:
+            return None
+        if c.name in self.have:
+            held = self.have[c.name]
+            return [] if held.size() != n else cpu_hints(self.cfg, held, CPUSet(), n)
+        return cpu_hints(self.cfg, self.default - self.cfg.reserved, self.reusable, n)
+
+    def pod_hints(self, containers: list[ContainerSpec]) -> list[tuple[list[int], bool]] | None:
+        """The pod scope's hints: the pod-level count, the pod's assigned CPUs reusable."""
+        n = pod_cpu_request(self, containers)
+        if n == 0:
+            return None
+        assigned_here = CPUSet(c for s in self.have.values() for c in s)
+        if assigned_here.size() == n:
+            return cpu_hints(self.cfg, CPUSet(), assigned_here, n)
+        return cpu_hints(self.cfg, self.default - self.cfg.reserved, assigned_here, n)
+
+    def allocate(self, c: ContainerSpec, affinity: Iterable[int] | None) -> CPUStep | None:
+        n = self.request(c)
+        if n == 0:
+            return None
+        if c.name in self.have:
+            step = CPUStep(c.name, self.have[c.name], new=False)
+        else:
+            step = CPUStep(c.name, allocate(self.cfg, self.default, self.reusable, n, affinity))
+            self.default = self.default - step.cpus
+        self.reusable = self.reusable | step.cpus if c.kind == "init" else self.reusable - step.cpus
+        self.steps.append(step)
+        return step
+
+
+def pod_cpu_request(planner: CPUPlanner, containers: list[ContainerSpec]) -> int:
+    """The pod-level count: the larger of the biggest running sum of sidecars up to each
+    init container, and app containers plus sidecars."""
+    init_max = 0
+    sidecars = 0
+    apps = 0
+    for c in containers:
+        n = planner.request(c)
+        if c.kind == "sidecar":
+            sidecars += n
+        elif c.kind == "init":
+            init_max = max(init_max, sidecars + n)
+        else:
+            apps += n
+    return max(init_max, apps + sidecars)

@@ -28,7 +28,7 @@ import functools
 import heapq
 import itertools
 import re
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from eventsrc.events import ContainerSpec
@@ -154,6 +154,11 @@ def filter_by_affinity(
 # --------------------------------------------------------------------------- the planner
 
 
+#: The topology manager, asked per container: (container, its device hints per resource)
+#: -> the container's NUMA affinity (None: no preference); raises Refusal to reject.
+AffinityOf = Callable[[ContainerSpec, dict[str, "list[Hint] | None"]], "frozenset[int] | None"]
+
+
 @dataclass(frozen=True)
 class PreferredAsk:
     """Ask the plugin of ``resource`` (GetPreferredAllocation) on behalf of ``container``."""
@@ -236,12 +241,16 @@ def plan_pod(
     hints: Mapping[tuple[str, str], frozenset[int] | None] | None = None,
     numa_nodes: list[int] | None = None,
     pod_uid: str = "",
+    affinity_of: AffinityOf | None = None,
 ) -> Generator[PreferredAsk, list[str] | PreferredFailed, PodPlan]:
     """Plan every container's devices, in admission order (init containers first).
 
     ``requests[container][resource]`` is the device count; ``held`` what each
     (container, resource) already holds; ``hints`` the topology manager's NUMA affinity
-    for each (container, resource), None for no preference. Raises Refusal.
+    for each (container, resource), None for no preference. With ``affinity_of``, the
+    topology manager is asked instead, container by container, with this container's
+    device hints computed after the previous containers got theirs (its container scope);
+    it returns the container's NUMA affinity or raises Refusal. Raises Refusal.
     """
     held = held or {}
     hints = hints or {}
@@ -251,6 +260,16 @@ def plan_pod(
     plan = PodPlan()
     pool: dict[str, set[str]] = {}  # devicesToReuse, per resource
     for c in containers:
+        container_affinity: frozenset[int] | None = None
+        if affinity_of is not None:
+            device_hints: dict[str, list[Hint] | None] = {}
+            for resource, required in sorted(requests.get(c.name, {}).items()):
+                if resource in resources:
+                    st = resources[resource]
+                    device_hints[resource] = container_hints(
+                        st.table, held.get((c.name, resource), []), st.in_use, pool.get(resource, set()), required, nodes_all
+                    )
+            container_affinity = affinity_of(c, device_hints)
         for resource in sorted(requests.get(c.name, {})):
             required = requests[c.name][resource]
             if resource not in resources:
@@ -258,7 +277,9 @@ def plan_pod(
             state = resources[resource]
             step = yield from _devices_to_allocate(
                 c.name, resource, required, state, list(held.get((c.name, resource), [])),
-                pool.setdefault(resource, set()), hints.get((c.name, resource)), nodes_all, pod_uid,
+                pool.setdefault(resource, set()),
+                container_affinity if affinity_of is not None else hints.get((c.name, resource)),
+                nodes_all, pod_uid,
             )
             plan.steps.append(step)
             state.in_use.update(step.device_ids)
