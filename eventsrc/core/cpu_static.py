@@ -259,12 +259,15 @@ def cpu_hints(cfg: CPUManagerConfig, available: CPUSet, reusable: CPUSet, reques
 
 
 def _socket_aligned(cfg: CPUManagerConfig, nodes: list[int], min_size: int) -> bool:
-    """isHintSocketAligned: the mask covers whole sockets, as few as the request needs."""
-    d = cfg.topology.cpu_details
-    numa_per_socket = max(1, cfg.topology.num_numa_nodes // max(1, cfg.topology.num_sockets))
-    sockets = d.sockets_in_numa_nodes(*nodes)
-    wanted = -(-min_size // numa_per_socket)
-    return sockets.size() == wanted and d.numa_nodes_in_sockets(*sockets).size() == len(nodes)
+    """isHintSocketAligned: the mask's NUMA nodes span exactly as many sockets as the
+    narrowest mask needs (from the declared NUMA node and socket counts; never with fewer
+    NUMA nodes than sockets)."""
+    topo = cfg.topology
+    numa_per_socket = topo.num_numa_nodes // topo.num_sockets if topo.num_sockets else 0
+    if numa_per_socket == 0:
+        return False
+    min_sockets = -(-min_size // numa_per_socket)
+    return bool(topo.cpu_details.sockets_in_numa_nodes(*nodes).size() == min_sockets)
 
 
 class CPUPlanner:
@@ -299,7 +302,13 @@ class CPUPlanner:
         n = pod_cpu_request(self, containers)
         if n == 0:
             return None
-        assigned_here = CPUSet(c for s in self.have.values() for c in s)
+        assigned_here = CPUSet()
+        for c in containers:
+            held = self.have.get(c.name)
+            if held is not None:
+                if held.size() != self.request(c):
+                    return []  # an assignment that no longer matches its request: cannot be satisfied
+                assigned_here = assigned_here | held
         if assigned_here.size() == n:
             return cpu_hints(self.cfg, CPUSet(), assigned_here, n)
         return cpu_hints(self.cfg, self.default - self.cfg.reserved, assigned_here, n)
