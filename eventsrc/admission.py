@@ -26,6 +26,8 @@ import trio
 
 from eventsrc import events as ev
 from eventsrc.api.node import AdmissionRefused, NotFound
+from eventsrc.core.claims import admission_events as claim_admission_events
+from eventsrc.core.claims import release_events as claim_release_events
 from eventsrc.core.cpu_assignment import TakeError
 from eventsrc.core.cpu_static import CPUPlanner, CPUStep, pool_events, without_pod
 from eventsrc.core.device_choice import (
@@ -51,6 +53,7 @@ from eventsrc.plugins.device_plugins import (
     PluginCallFailed,
     allocation_from_proto,
 )
+from eventsrc.plugins.dra import DRAClient
 from eventsrc.rpc import CALL_ERRORS, why
 from eventsrc.state.views import PodView
 
@@ -99,6 +102,7 @@ class _Calls:
 
     responses: list[tuple[Step, ev.ContainerAllocation]] = field(default_factory=list)
     failed: tuple[Step, str] | None = None
+    claims: list[ev._Event] = field(default_factory=list)  # ClaimPrepared / ClaimPrepareFailed
 
 
 class Admission:
@@ -124,6 +128,7 @@ class Admission:
             return self._readmit(existing, requests), cid
         async with self._lock:
             endpoints = await self._endpoints(spec, requests, cid)
+            drivers = await self._drivers(spec, cid)
             plan, cpu_steps = await self._plan(spec, requests, endpoints, cid)
             intent: list[ev._Event] = [ev.PodAdmissionStarted(pod=spec.pod, containers=spec.containers)]
             intent += [
@@ -137,12 +142,33 @@ class Admission:
             if any(s.new for s in cpu_steps):
                 after = {**views.cpus.assignments, uid: {s.container: s.cpus.sorted_list() for s in cpu_steps}}
                 intent += pool_events(self.daemon.cpus, views.cpus.shared, after, f"exclusive CPUs for pod {uid}")
+            claim_plan = claim_admission_events(views, uid, [(c.ref, c.driver) for c in spec.claims])
+            intent += claim_plan.events
             await self.daemon.record(intent, cid)  # durable and in the views: the next admission sees it
         calls = _Calls()
         with trio.CancelScope(shield=True):  # an acknowledged intent always gets its outcome
             await self._call_plugins(plan, endpoints, calls)
+            if calls.failed is None:
+                for work in claim_plan.work():
+                    calls.claims += await self.daemon.dra.prepare(drivers[work.driver], work.claims)
             pod = await self._record_outcome(spec, plan, calls, cid)
         return pod, cid
+
+    async def _drivers(self, spec: PodSpec, cid: str) -> dict[str, DRAClient]:
+        """The DRA drivers of the pod's claims, waiting for known ones that are away."""
+        out = {}
+        for driver in sorted({c.driver for c in spec.claims}):
+            client = self.daemon.dra.clients.get(driver)
+            if client is None:
+                self.waiting += 1
+                try:
+                    client = await self.daemon.dra.wait_driver(driver, self.wait)
+                finally:
+                    self.waiting -= 1
+            if client is None:
+                raise await self._refuse(spec, f"DRA driver {driver} is not registered (waited {self.wait:g} s)", cid)
+            out[driver] = client
+        return out
 
     def _readmit(self, pod: PodView, requests: dict[str, dict[str, int]]) -> PodView:
         """Admitting a pod again (a restarted kubelet does): it keeps what it has."""
@@ -302,6 +328,19 @@ class Admission:
             ev.DevicesAllocated(pod_uid=uid, container=s.container, resource=s.resource, device_ids=s.device_ids, response=r)
             for s, r in calls.responses
         ]
+        outcome += calls.claims
+        claim_failure = next((e for e in calls.claims if isinstance(e, ev.ClaimPrepareFailed)), None)
+        if calls.failed is None and claim_failure is not None:
+            reason = claim_failure.reason
+            await self.daemon.record(outcome, cid)  # what the driver answered, claim by claim
+            views = self.daemon.views
+            undo: list[ev._Event] = list(release_events(views, uid, "admission failed"))
+            undo += pool_events(self.daemon.cpus, views.cpus.shared, without_pod(views.cpus.assignments, uid), "admission failed")
+            undo += claim_release_events(views, uid)[0]
+            await self.daemon.record([*undo, ev.AdmissionRejected(pod=spec.pod, reason=reason)], cid)
+            self.daemon.dra.kick()
+            log.warning("claim preparation failed pod=%s uid=%s reason=%r cid=%s", spec.pod.name, uid, reason, cid)
+            raise AdmissionRefused(reason)
         if calls.failed is not None:
             step, reason = calls.failed
             failed = ev.AllocationFailed(pod_uid=uid, container=step.container, resource=step.resource, device_ids=step.device_ids, reason=reason)
@@ -311,7 +350,9 @@ class Admission:
                 if not (isinstance(e, ev.DevicesReleased) and (e.container, e.resource) == (step.container, step.resource))
             ]
             others += pool_events(self.daemon.cpus, views.cpus.shared, without_pod(views.cpus.assignments, uid), "admission failed")
+            others += claim_release_events(views, uid)[0]
             await self.daemon.record([*outcome, failed, *others, ev.AdmissionRejected(pod=spec.pod, reason=reason, container=step.container)], cid)
+            self.daemon.dra.kick()
             log.warning("allocation failed pod=%s uid=%s reason=%r cid=%s", spec.pod.name, uid, reason, cid)
             raise AdmissionRefused(reason)
         outcome.append(ev.PodAdmitted(pod=spec.pod, containers=spec.containers, qos_class=qos_class(spec.containers)))
@@ -331,7 +372,12 @@ class Admission:
         views = self.daemon.views
         events = remove_pod_events(views, uid, reason)
         events += pool_events(self.daemon.cpus, views.cpus.shared, without_pod(views.cpus.assignments, uid), f"pod {uid} removed")
+        claim_events, _ = claim_release_events(views, uid)
+        # The references go with the pod (before PodRemoved); the unprepare intents are
+        # carried out by the DRA manager, which retries until the driver answers.
+        events[-1:-1] = claim_events
         with trio.CancelScope(shield=True):
             await self.daemon.record(events, cid)
+        self.daemon.dra.kick()
         log.info("pod removed pod=%s/%s uid=%s cid=%s", pod.namespace, pod.name, uid, cid)
         return before, cid

@@ -46,6 +46,7 @@ from eventsrc.log.commit import GroupCommitter
 from eventsrc.log.snapshots import encode_snapshot, load_views, write_snapshot
 from eventsrc.log.store import DirLock, EventLog
 from eventsrc.plugins.device_plugins import DEFAULT_GRACE, DeviceManager
+from eventsrc.plugins.dra import DRAManager
 from eventsrc.rpc import check_socket_path, serve_unix
 from eventsrc.state.apply import apply_all
 from eventsrc.state.views import Views
@@ -87,6 +88,7 @@ class Daemon:
         self._snapshot_due = trio.Event()
         self.ready = False
         self.devices = DeviceManager(self, grace=grace)
+        self.dra = DRAManager(self)
         self.admission = Admission(self, self.devices, wait=admission_wait)
 
     def node_service(self) -> NodeService:
@@ -217,6 +219,7 @@ async def serve(
                 await daemon.record([started, *restart_events(daemon.views)])
                 await daemon.apply_cpu_config()
                 await nursery.start(daemon.devices.run)
+                await nursery.start(daemon.dra.run)
                 await nursery.start(serve_unix, [daemon.node_service()], layout.api_socket, 0o600)
                 await nursery.start(
                     serve_unix,

@@ -62,11 +62,22 @@ class _Pod(Struct):
     spec: _Spec = _Spec()
 
 
+class PodClaim(Struct, frozen=True, kw_only=True):
+    """A ResourceClaim the pod brings, as the scheduler allocated and reserved it."""
+
+    ref: ev.ClaimRef
+    driver: str
+    devices: list[tuple[str, str, str, str]] = []  # (request, driver, pool, device)
+    reserved_for: list[str] = []  # pod uids
+
+
 class PodSpec(Struct, frozen=True, kw_only=True):
-    """A pod as eventsrc admits it: its reference and its containers in admission order."""
+    """A pod as eventsrc admits it: its reference, its containers in admission order (their
+    ``claims`` are ResourceClaim uids), and the claims it brings."""
 
     pod: ev.PodRef
     containers: list[ev.ContainerSpec]
+    claims: list[PodClaim] = []
 
 
 _WHOLE = re.compile(r"^[0-9]+$")

@@ -14,11 +14,12 @@ from grpclib.server import Stream
 
 from eventsrc import __version__
 from eventsrc import events as ev
+from eventsrc.core.claims import cdi_devices
 from eventsrc.core.resources import QuantityError, parse_quantity
 from eventsrc.errors import EventsrcError
 from eventsrc.gen.node.v1 import node_pb2 as pb
 from eventsrc.gen.node.v1.node_grpc import NodeBase
-from eventsrc.manifest import PodSpec
+from eventsrc.manifest import PodClaim, PodSpec
 from eventsrc.rpc import to_trio
 from eventsrc.state.views import PodView, Views
 
@@ -40,7 +41,32 @@ class Admitter(Protocol):
     def remove(self, uid: str) -> Awaitable[tuple[PodView, str]]: ...
 
 
-def pod_from_proto(p: pb.Pod) -> PodSpec:
+def claims_from_proto(pod: ev.PodRef, claims: list[pb.ResourceClaim]) -> list[PodClaim]:
+    """The pod's ResourceClaims, checked: allocated, one driver, the pod in reservedFor."""
+    out = []
+    for c in claims:
+        where = f"claim {c.namespace or pod.namespace}/{c.name}"
+        if not c.uid or not c.name:
+            raise BadRequest(f"{where}: uid and name are required")
+        if not c.results:
+            raise BadRequest(f"{where}: not allocated (no status.allocation.devices.results)")
+        drivers = sorted({r.driver for r in c.results})
+        if len(drivers) != 1 or not drivers[0]:
+            raise BadRequest(f"{where}: devices of exactly one driver are supported, got {drivers}")
+        if pod.uid not in [r.uid for r in c.reserved_for]:
+            raise AdmissionRefused(f"pod {pod.namespace}/{pod.name} ({pod.uid}) is not in the reservedFor of {where}")
+        out.append(
+            PodClaim(
+                ref=ev.ClaimRef(uid=c.uid, namespace=c.namespace or pod.namespace, name=c.name),
+                driver=drivers[0],
+                devices=[(r.request, r.driver, r.pool, r.device) for r in c.results],
+                reserved_for=[r.uid for r in c.reserved_for],
+            )
+        )
+    return out
+
+
+def pod_from_proto(p: pb.Pod, claims: list[pb.ResourceClaim] | None = None) -> PodSpec:
     if not p.uid:
         raise BadRequest("pod.uid: required")
     if not p.name:
@@ -59,7 +85,14 @@ def pod_from_proto(p: pb.Pod) -> PodSpec:
         containers.append(
             ev.ContainerSpec(name=c.name, kind=c.kind, requests=dict(c.requests), limits=dict(c.limits), claims=list(c.claims))
         )
-    return PodSpec(pod=ev.PodRef(uid=p.uid, namespace=p.namespace or "default", name=p.name), containers=containers)
+    ref = ev.PodRef(uid=p.uid, namespace=p.namespace or "default", name=p.name)
+    pod_claims = claims_from_proto(ref, list(claims or []))
+    known = {c.ref.uid for c in pod_claims}
+    for c in containers:
+        for uid in c.claims:
+            if uid not in known:
+                raise AdmissionRefused(f"container {c.name!r} uses claim {uid} that the pod did not bring")
+    return PodSpec(pod=ref, containers=containers, claims=pod_claims)
 
 
 def pod_to_proto(spec: PodSpec) -> pb.Pod:
@@ -74,7 +107,9 @@ def pod_to_proto(spec: PodSpec) -> pb.Pod:
     )
 
 
-def pod_info(pod: PodView, state: str | None = None, correlation_id: str = "", shared: list[int] | None = None) -> pb.PodInfo:
+def pod_info(
+    pod: PodView, state: str | None = None, correlation_id: str = "", shared: list[int] | None = None, views: Views | None = None
+) -> pb.PodInfo:
     info = pb.PodInfo(
         uid=pod.uid,
         namespace=pod.namespace,
@@ -84,7 +119,13 @@ def pod_info(pod: PodView, state: str | None = None, correlation_id: str = "", s
         correlation_id=correlation_id,
     )
     for name, c in pod.containers.items():
-        ci = pb.ContainerInfo(name=name, kind=c.kind, cpu_ids=sorted(c.cpus) or list(shared or []), exclusive_cpus=bool(c.cpus))
+        ci = pb.ContainerInfo(
+            name=name,
+            kind=c.kind,
+            cpu_ids=sorted(c.cpus) or list(shared or []),
+            exclusive_cpus=bool(c.cpus),
+            claim_cdi_devices=cdi_devices(views, c.claims) if views is not None else [],
+        )
         for resource, ids in sorted(c.devices.items()):
             a = c.allocations.get(resource)
             ra = pb.ResourceAllocation(resource=resource, device_ids=ids)
@@ -140,11 +181,12 @@ class NodeService(NodeBase):
         req = await stream.recv_message()
         assert req is not None
         try:
-            spec = pod_from_proto(req.pod)
+            spec = pod_from_proto(req.pod, list(req.claims))
             pod, cid = await to_trio(self._admitter.admit)(spec)
         except EventsrcError as err:
             raise _grpc_error(err) from None
-        await stream.send_message(pod_info(pod, correlation_id=cid, shared=self._views().cpus.shared))
+        views = self._views()
+        await stream.send_message(pod_info(pod, correlation_id=cid, shared=views.cpus.shared, views=views))
 
     async def Remove(self, stream: Stream[pb.RemoveRequest, pb.PodInfo]) -> None:
         req = await stream.recv_message()
@@ -160,7 +202,7 @@ class NodeService(NodeBase):
         await stream.recv_message()
         views = self._views()
         await stream.send_message(
-            pb.ListPodsResponse(pods=[pod_info(p, shared=views.cpus.shared) for p in views.pods.pods.values()])
+            pb.ListPodsResponse(pods=[pod_info(p, shared=views.cpus.shared, views=views) for p in views.pods.pods.values()])
         )
 
     async def GetPod(self, stream: Stream[pb.PodSelector, pb.PodInfo]) -> None:
@@ -170,7 +212,7 @@ class NodeService(NodeBase):
             pod = find_pod(self._views(), sel)
         except EventsrcError as err:
             raise _grpc_error(err) from None
-        await stream.send_message(pod_info(pod, shared=self._views().cpus.shared))
+        await stream.send_message(pod_info(pod, shared=self._views().cpus.shared, views=self._views()))
 
 
 def status_response(ready: bool, instance_id: str, last_seq: int, sockets: list[str], pid: int) -> pb.StatusResponse:

@@ -65,6 +65,25 @@ def pod_resources(views: Views, pod: PodView) -> pb.PodResources:
         cr = pb.ContainerResources(name=name, cpu_ids=sorted(c.cpus))
         for resource, ids in sorted(c.devices.items()):
             cr.devices.extend(container_devices(resource, ids, views.devices.devices.get(resource, {})))
+        for claim_uid in c.claims:
+            claim = views.claims.claims.get(claim_uid)
+            if claim is None:
+                continue
+            cr.dynamic_resources.append(
+                pb.DynamicResource(
+                    claim_name=claim.name,
+                    claim_namespace=claim.namespace,
+                    claim_resources=[
+                        pb.ClaimResource(
+                            cdi_devices=[pb.CDIDevice(name=n) for n in d.cdi_device_ids],
+                            driver_name=claim.driver,
+                            pool_name=d.pool_name,
+                            device_name=d.device_name,
+                        )
+                        for d in claim.devices
+                    ],
+                )
+            )
         containers.append(cr)
     return pb.PodResources(name=pod.name, namespace=pod.namespace, containers=containers)
 

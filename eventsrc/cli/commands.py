@@ -7,6 +7,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -87,27 +88,47 @@ def admit(args: argparse.Namespace) -> int:
     import uuid
 
     from eventsrc.api.node import pod_to_proto
+    from eventsrc.claim_manifest import check_claims, parse_claims, pod_claims
     from eventsrc.cli import render
     from eventsrc.cli.client import call, unary
     from eventsrc.gen.node.v1 import node_pb2
     from eventsrc.manifest import ManifestError, parse_pod
 
-    pods = []
-    for path in args.files:
-        name = str(path)
+    def read(path: Path) -> bytes:
         try:
-            data = sys.stdin.buffer.read() if name == "-" else path.read_bytes()
+            return sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
         except OSError as exc:
-            raise ManifestError(f"{name}: {exc.strerror}") from None
-        pods.append(parse_pod(data, name))
-    if len(pods) != 1:
-        raise ManifestError("give exactly one pod manifest with -f (resource claims come with a later issue)")
-    spec = pods[0]
+            raise ManifestError(f"{path}: {exc.strerror}") from None
+
+    # The first file is the pod; the others are the ResourceClaims it uses.
+    pod_data = read(args.files[0])
+    spec = parse_pod(pod_data, str(args.files[0]))
+    claims = [c for path in args.files[1:] for c in parse_claims(read(path), str(path))]
+    refs = pod_claims(pod_data, str(args.files[0]))
+    claim_protos = []
+    if refs or claims:
+        bound = check_claims(spec.pod.uid, spec.pod.namespace, spec.pod.name, refs, claims)
+        uid_of = {b.pod_claim.name: b.claim.uid for b in bound}
+        containers = [
+            msgspec.structs.replace(c, claims=[uid_of[n] for n in c.claims if n in uid_of]) for c in spec.containers
+        ]
+        spec = msgspec.structs.replace(spec, containers=containers)
+        for b in bound:
+            c = b.claim
+            claim_protos.append(
+                node_pb2.ResourceClaim(
+                    uid=c.uid,
+                    namespace=c.namespace,
+                    name=c.name,
+                    results=[node_pb2.ClaimResult(request=r.request, driver=r.driver, pool=r.pool, device=r.device) for r in c.results],
+                    reserved_for=[node_pb2.ClaimConsumer(resource=p.resource, name=p.name, uid=p.uid) for p in c.reserved_for],
+                )
+            )
     generated = not spec.pod.uid
     if generated:
         spec = msgspec.structs.replace(spec, pod=msgspec.structs.replace(spec.pod, uid=str(uuid.uuid4())))
         print(f"eventsrc: generated uid {spec.pod.uid} for {spec.pod.namespace}/{spec.pod.name}", file=sys.stderr)
-    info = call(args.layout, unary("Admit", node_pb2.AdmitRequest(pod=pod_to_proto(spec))))
+    info = call(args.layout, unary("Admit", node_pb2.AdmitRequest(pod=pod_to_proto(spec), claims=claim_protos)))
     render.print_pod(info, args.output, generated_uid=generated)
     return 0
 
@@ -145,6 +166,19 @@ def sample_plugin(args: argparse.Namespace) -> int:
         raise EventsrcError(f"--resource {args.resource!r} is not an extended resource name (like example.com/dev)")
     if args.devices < 0 or args.numa_nodes < 0:
         raise EventsrcError("--devices and --numa-nodes must not be negative")
+    return run(args)
+
+
+def sample_dra_driver(args: argparse.Namespace) -> int:
+    import re
+
+    from eventsrc.samples.dra_driver import main as run
+
+    # A driver name is a DNS subdomain (it names directories and sockets too).
+    if len(args.driver) > 253 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", args.driver):
+        raise EventsrcError(f"--driver {args.driver!r} is not a DNS subdomain (like gpu.example.com)")
+    if args.devices_per_claim < 0:
+        raise EventsrcError("--devices-per-claim must not be negative")
     return run(args)
 
 

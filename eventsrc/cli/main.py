@@ -106,7 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(devices, envs, mounts, device nodes, annotations, CDI names). A missing metadata.uid is generated and "
         "printed. Exits 1 with the reason on stderr when the pod is refused, 2 when the manifest is malformed.",
     )
-    p.add_argument("-f", "--filename", dest="files", action="append", required=True, type=Path, metavar="FILE", help="the pod manifest ('-' for stdin)")
+    p.add_argument(
+        "-f", "--filename", dest="files", action="append", required=True, type=Path, metavar="FILE",
+        help="the pod manifest first ('-' for stdin), then the ResourceClaims it uses (resource.k8s.io v1 or v1beta1, "
+        "as the scheduler left them: allocated, reserved for the pod)",
+    )
     _output(p)
     p.set_defaults(func=_cmd("admit"))
 
@@ -142,6 +146,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--health-file", type=Path, default=None, metavar="FILE", help="JSON map of device id to health, read every 0.2 s (default DIR/plugins/sample-<resource>/health.json)")
     p.add_argument("--calls-log", type=Path, default=None, metavar="FILE", help="append every Allocate / GetPreferredAllocation / PreStartContainer call to FILE as JSON lines")
     p.set_defaults(func=_cmd("sample_plugin"))
+
+    p = sub.add_parser(
+        "sample-dra-driver",
+        parents=[root],
+        help="run the sample DRA driver",
+        description="A real DRA kubelet plugin (DRA v1 and v1beta1) for demos and tests: serves "
+        "pluginregistration.Registration on DIR/plugins_registry/<driver>-reg.sock and the DRA service on "
+        "DIR/plugins/<driver>/dra.sock, answers NodePrepareResources with devices named after each claim "
+        "(CDI ids <driver>/device=<claim-name>-<n>), keeps the prepared claims in a JSON state file, and serves "
+        "and registers again when its registration socket is removed. Failures are injected through a control "
+        "file read on every call: {\"fail_prepare\": [uid], \"fail_unprepare\": [uid], \"omit\": [uid], \"down\": true}.",
+    )
+    p.add_argument("--driver", required=True, metavar="NAME", help="the driver name (a DNS subdomain, e.g. gpu.example.com)")
+    p.add_argument("--state", type=Path, default=None, metavar="FILE", help="the prepared claims, as JSON (default DIR/plugins/<driver>/state.json)")
+    p.add_argument("--control-file", type=Path, default=None, metavar="FILE", help="failure injection, re-read on every call (default DIR/plugins/<driver>/control.json)")
+    p.add_argument("--fail-prepare", default="", metavar="UID,...", help="claim uids whose NodePrepareResources always fails")
+    p.add_argument("--versions", default="v1,v1beta1", metavar="V,...", help="DRA APIs to serve and advertise: v1, v1beta1 (default %(default)s)")
+    p.add_argument("--devices-per-claim", type=int, default=1, metavar="N", help="devices prepared for each claim (default %(default)s)")
+    p.add_argument("--pool", default="sample", metavar="NAME", help="pool name of the prepared devices (default %(default)s)")
+    p.add_argument("--calls-log", type=Path, default=None, metavar="FILE", help="append every call (GetInfo, NotifyRegistrationStatus, NodePrepareResources, NodeUnprepareResources) to FILE as JSON lines")
+    p.set_defaults(func=_cmd("sample_dra_driver"))
 
     p = sub.add_parser(
         "status",

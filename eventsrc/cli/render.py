@@ -161,6 +161,8 @@ def pod_lines(info: Any) -> list[str]:
                 got.append("      annotations: " + " ".join(f"{k}={v}" for k, v in sorted(r.annotations.items())))
             if r.cdi_devices:
                 got.append("      cdi: " + " ".join(r.cdi_devices))
+        if c.claim_cdi_devices:
+            got.append("    claims (cdi): " + " ".join(c.claim_cdi_devices))
         if c.cpu_ids:
             got.append(f"    cpus: {_cpus(list(c.cpu_ids))} ({'exclusive' if c.exclusive_cpus else 'shared pool'})")
         lines.append(f"  container {c.name} ({c.kind})" + ("" if got else ": nothing from the device, CPU or DRA managers"))

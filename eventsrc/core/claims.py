@@ -76,26 +76,29 @@ def pending_work(views: Views) -> tuple[list[ev._Event], list[ClaimWork], list[C
     """What is unfinished in the views (after a restart, or after failures): the events to
     record first, then the prepares and the unprepares to (re)do.
 
-    * a claim a live pod needs that is not prepared: prepare it again;
+    * a reference from a pod that is gone is removed;
+    * a claim an admitted pod needs that is not prepared: prepare it again;
     * a claim no pod needs that may be prepared on its driver (anything but unprepared):
-      unprepare it.
+      unprepare it. A pod being admitted right now counts as needing its claims (its
+      admission prepares them).
     """
-    live = {uid for uid, p in views.pods.pods.items() if p.state == "admitted"}
+    present = views.pods.pods
     events: list[ev._Event] = []
     prepare: dict[str, list[ev.ClaimRef]] = {}
     unprepare: dict[str, list[ev.ClaimRef]] = {}
     for uid, c in sorted(views.claims.claims.items()):
-        gone = [p for p in c.pods if p not in live]
-        for p in gone:
-            events.append(ev.PodReferenceRemoved(claim_uid=uid, pod_uid=p))
-        needed = any(p in live for p in c.pods)
+        for p in c.pods:
+            if p not in present:
+                events.append(ev.PodReferenceRemoved(claim_uid=uid, pod_uid=p))
+        needed = any(p in present and present[p].state == "admitted" for p in c.pods)
+        wanted = any(p in present for p in c.pods)
         if not c.driver:
             continue
         if needed and c.state != "prepared":
             if c.state != "preparing":
                 events.append(ev.ClaimPrepareStarted(claim=ref(c), driver=c.driver))
             prepare.setdefault(c.driver, []).append(ref(c))
-        elif not needed and c.state != "unprepared":
+        elif not wanted and c.state != "unprepared":
             if c.state not in ("unpreparing", "unprepare-failed"):
                 events.append(ev.ClaimUnprepareStarted(claim=ref(c), driver=c.driver))
             unprepare.setdefault(c.driver, []).append(ref(c))

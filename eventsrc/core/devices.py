@@ -80,7 +80,7 @@ def restart_events(views: Views) -> list[ev._Event]:
             out.append(ev.AdmissionRejected(pod=ev.PodRef(uid=uid, namespace=pod.namespace, name=pod.name), reason=reason))
     for uid in sorted(holders - views.pods.pods.keys()):
         out += release_events(views, uid, "held by a pod that was never admitted")
-    for plugin in views.devices.plugins.values():
+    for plugin in [*views.devices.plugins.values(), *views.claims.drivers.values()]:
         if plugin.connected:
             out.append(
                 ev.PluginDisconnected(resource=plugin.resource, endpoint=plugin.endpoint, kind=plugin.kind, reason="the daemon restarted")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12node/v1/node.proto\x12\x10\x65ventsrc.node.v1\"\x0f\n\rStatusRequest\"u\n\x0eStatusResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\x12\x10\n\x08last_seq\x18\x04 \x01(\x03\x12\x0f\n\x07sockets\x18\x05 \x03(\t\x12\x0b\n\x03pid\x18\x06 \x01(\x05\"\x8d\x02\n\tContainer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12;\n\x08requests\x18\x03 \x03(\x0b\x32).eventsrc.node.v1.Container.RequestsEntry\x12\x37\n\x06limits\x18\x04 \x03(\x0b\x32\'.eventsrc.node.v1.Container.LimitsEntry\x12\x0e\n\x06\x63laims\x18\x05 \x03(\t\x1a/\n\rRequestsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bLimitsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"d\n\x03Pod\x12\x0b\n\x03uid\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12/\n\ncontainers\x18\x04 \x03(\x0b\x32\x1b.eventsrc.node.v1.Container\"2\n\x0c\x41\x64mitRequest\x12\"\n\x03pod\x18\x01 \x01(\x0b\x32\x15.eventsrc.node.v1.Pod\";\n\x0bPodSelector\x12\x0b\n\x03uid\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\";\n\rRemoveRequest\x12*\n\x03pod\x18\x01 \x01(\x0b\x32\x1d.eventsrc.node.v1.PodSelector\"\x11\n\x0fListPodsRequest\";\n\x10ListPodsResponse\x12\'\n\x04pods\x18\x01 \x03(\x0b\x32\x19.eventsrc.node.v1.PodInfo\"E\n\x05Mount\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x11\n\tread_only\x18\x03 \x01(\x08\"L\n\nDeviceSpec\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x13\n\x0bpermissions\x18\x03 \x01(\t\"\x92\x03\n\x12ResourceAllocation\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12<\n\x04\x65nvs\x18\x03 \x03(\x0b\x32..eventsrc.node.v1.ResourceAllocation.EnvsEntry\x12\'\n\x06mounts\x18\x04 \x03(\x0b\x32\x17.eventsrc.node.v1.Mount\x12-\n\x07\x64\x65vices\x18\x05 \x03(\x0b\x32\x1c.eventsrc.node.v1.DeviceSpec\x12J\n\x0b\x61nnotations\x18\x06 \x03(\x0b\x32\x35.eventsrc.node.v1.ResourceAllocation.AnnotationsEntry\x12\x13\n\x0b\x63\x64i_devices\x18\x07 \x03(\t\x1a+\n\tEnvsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa8\x01\n\rContainerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x37\n\tresources\x18\x03 \x03(\x0b\x32$.eventsrc.node.v1.ResourceAllocation\x12\x0f\n\x07\x63pu_ids\x18\x04 \x03(\x03\x12\x19\n\x11\x63laim_cdi_devices\x18\x05 \x03(\t\x12\x16\n\x0e\x65xclusive_cpus\x18\x06 \x01(\x08\"\xa9\x01\n\x07PodInfo\x12\x0b\n\x03uid\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\x14\n\x0c\x61\x64mitted_seq\x18\x05 \x01(\x03\x12\x33\n\ncontainers\x18\x06 \x03(\x0b\x32\x1f.eventsrc.node.v1.ContainerInfo\x12\x16\n\x0e\x63orrelation_id\x18\x07 \x01(\t2\xfe\x02\n\x04Node\x12M\n\x06Status\x12\x1f.eventsrc.node.v1.StatusRequest\x1a .eventsrc.node.v1.StatusResponse\"\x00\x12\x44\n\x05\x41\x64mit\x12\x1e.eventsrc.node.v1.AdmitRequest\x1a\x19.eventsrc.node.v1.PodInfo\"\x00\x12\x46\n\x06Remove\x12\x1f.eventsrc.node.v1.RemoveRequest\x1a\x19.eventsrc.node.v1.PodInfo\"\x00\x12S\n\x08ListPods\x12!.eventsrc.node.v1.ListPodsRequest\x1a\".eventsrc.node.v1.ListPodsResponse\"\x00\x12\x44\n\x06GetPod\x12\x1d.eventsrc.node.v1.PodSelector\x1a\x19.eventsrc.node.v1.PodInfo\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12node/v1/node.proto\x12\x10\x65ventsrc.node.v1\"\x0f\n\rStatusRequest\"u\n\x0eStatusResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\x12\x10\n\x08last_seq\x18\x04 \x01(\x03\x12\x0f\n\x07sockets\x18\x05 \x03(\t\x12\x0b\n\x03pid\x18\x06 \x01(\x05\"\x8d\x02\n\tContainer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12;\n\x08requests\x18\x03 \x03(\x0b\x32).eventsrc.node.v1.Container.RequestsEntry\x12\x37\n\x06limits\x18\x04 \x03(\x0b\x32\'.eventsrc.node.v1.Container.LimitsEntry\x12\x0e\n\x06\x63laims\x18\x05 \x03(\t\x1a/\n\rRequestsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bLimitsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"d\n\x03Pod\x12\x0b\n\x03uid\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12/\n\ncontainers\x18\x04 \x03(\x0b\x32\x1b.eventsrc.node.v1.Container\"c\n\x0c\x41\x64mitRequest\x12\"\n\x03pod\x18\x01 \x01(\x0b\x32\x15.eventsrc.node.v1.Pod\x12/\n\x06\x63laims\x18\x02 \x03(\x0b\x32\x1f.eventsrc.node.v1.ResourceClaim\"L\n\x0b\x43laimResult\x12\x0f\n\x07request\x18\x01 \x01(\t\x12\x0e\n\x06\x64river\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\"<\n\rClaimConsumer\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03uid\x18\x03 \x01(\t\"\xa4\x01\n\rResourceClaim\x12\x0b\n\x03uid\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12.\n\x07results\x18\x04 \x03(\x0b\x32\x1d.eventsrc.node.v1.ClaimResult\x12\x35\n\x0creserved_for\x18\x05 \x03(\x0b\x32\x1f.eventsrc.node.v1.ClaimConsumer\";\n\x0bPodSelector\x12\x0b\n\x03uid\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\";\n\rRemoveRequest\x12*\n\x03pod\x18\x01 \x01(\x0b\x32\x1d.eventsrc.node.v1.PodSelector\"\x11\n\x0fListPodsRequest\";\n\x10ListPodsResponse\x12\'\n\x04pods\x18\x01 \x03(\x0b\x32\x19.eventsrc.node.v1.PodInfo\"E\n\x05Mount\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x11\n\tread_only\x18\x03 \x01(\x08\"L\n\nDeviceSpec\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x13\n\x0bpermissions\x18\x03 \x01(\t\"\x92\x03\n\x12ResourceAllocation\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12<\n\x04\x65nvs\x18\x03 \x03(\x0b\x32..eventsrc.node.v1.ResourceAllocation.EnvsEntry\x12\'\n\x06mounts\x18\x04 \x03(\x0b\x32\x17.eventsrc.node.v1.Mount\x12-\n\x07\x64\x65vices\x18\x05 \x03(\x0b\x32\x1c.eventsrc.node.v1.DeviceSpec\x12J\n\x0b\x61nnotations\x18\x06 \x03(\x0b\x32\x35.eventsrc.node.v1.ResourceAllocation.AnnotationsEntry\x12\x13\n\x0b\x63\x64i_devices\x18\x07 \x03(\t\x1a+\n\tEnvsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa8\x01\n\rContainerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x37\n\tresources\x18\x03 \x03(\x0b\x32$.eventsrc.node.v1.ResourceAllocation\x12\x0f\n\x07\x63pu_ids\x18\x04 \x03(\x03\x12\x19\n\x11\x63laim_cdi_devices\x18\x05 \x03(\t\x12\x16\n\x0e\x65xclusive_cpus\x18\x06 \x01(\x08\"\xa9\x01\n\x07PodInfo\x12\x0b\n\x03uid\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\x14\n\x0c\x61\x64mitted_seq\x18\x05 \x01(\x03\x12\x33\n\ncontainers\x18\x06 \x03(\x0b\x32\x1f.eventsrc.node.v1.ContainerInfo\x12\x16\n\x0e\x63orrelation_id\x18\x07 \x01(\t2\xfe\x02\n\x04Node\x12M\n\x06Status\x12\x1f.eventsrc.node.v1.StatusRequest\x1a .eventsrc.node.v1.StatusResponse\"\x00\x12\x44\n\x05\x41\x64mit\x12\x1e.eventsrc.node.v1.AdmitRequest\x1a\x19.eventsrc.node.v1.PodInfo\"\x00\x12\x46\n\x06Remove\x12\x1f.eventsrc.node.v1.RemoveRequest\x1a\x19.eventsrc.node.v1.PodInfo\"\x00\x12S\n\x08ListPods\x12!.eventsrc.node.v1.ListPodsRequest\x1a\".eventsrc.node.v1.ListPodsResponse\"\x00\x12\x44\n\x06GetPod\x12\x1d.eventsrc.node.v1.PodSelector\x1a\x19.eventsrc.node.v1.PodInfo\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -52,29 +52,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POD']._serialized_start=448
   _globals['_POD']._serialized_end=548
   _globals['_ADMITREQUEST']._serialized_start=550
-  _globals['_ADMITREQUEST']._serialized_end=600
-  _globals['_PODSELECTOR']._serialized_start=602
-  _globals['_PODSELECTOR']._serialized_end=661
-  _globals['_REMOVEREQUEST']._serialized_start=663
-  _globals['_REMOVEREQUEST']._serialized_end=722
-  _globals['_LISTPODSREQUEST']._serialized_start=724
-  _globals['_LISTPODSREQUEST']._serialized_end=741
-  _globals['_LISTPODSRESPONSE']._serialized_start=743
-  _globals['_LISTPODSRESPONSE']._serialized_end=802
-  _globals['_MOUNT']._serialized_start=804
-  _globals['_MOUNT']._serialized_end=873
-  _globals['_DEVICESPEC']._serialized_start=875
-  _globals['_DEVICESPEC']._serialized_end=951
-  _globals['_RESOURCEALLOCATION']._serialized_start=954
-  _globals['_RESOURCEALLOCATION']._serialized_end=1356
-  _globals['_RESOURCEALLOCATION_ENVSENTRY']._serialized_start=1261
-  _globals['_RESOURCEALLOCATION_ENVSENTRY']._serialized_end=1304
-  _globals['_RESOURCEALLOCATION_ANNOTATIONSENTRY']._serialized_start=1306
-  _globals['_RESOURCEALLOCATION_ANNOTATIONSENTRY']._serialized_end=1356
-  _globals['_CONTAINERINFO']._serialized_start=1359
-  _globals['_CONTAINERINFO']._serialized_end=1527
-  _globals['_PODINFO']._serialized_start=1530
-  _globals['_PODINFO']._serialized_end=1699
-  _globals['_NODE']._serialized_start=1702
-  _globals['_NODE']._serialized_end=2084
+  _globals['_ADMITREQUEST']._serialized_end=649
+  _globals['_CLAIMRESULT']._serialized_start=651
+  _globals['_CLAIMRESULT']._serialized_end=727
+  _globals['_CLAIMCONSUMER']._serialized_start=729
+  _globals['_CLAIMCONSUMER']._serialized_end=789
+  _globals['_RESOURCECLAIM']._serialized_start=792
+  _globals['_RESOURCECLAIM']._serialized_end=956
+  _globals['_PODSELECTOR']._serialized_start=958
+  _globals['_PODSELECTOR']._serialized_end=1017
+  _globals['_REMOVEREQUEST']._serialized_start=1019
+  _globals['_REMOVEREQUEST']._serialized_end=1078
+  _globals['_LISTPODSREQUEST']._serialized_start=1080
+  _globals['_LISTPODSREQUEST']._serialized_end=1097
+  _globals['_LISTPODSRESPONSE']._serialized_start=1099
+  _globals['_LISTPODSRESPONSE']._serialized_end=1158
+  _globals['_MOUNT']._serialized_start=1160
+  _globals['_MOUNT']._serialized_end=1229
+  _globals['_DEVICESPEC']._serialized_start=1231
+  _globals['_DEVICESPEC']._serialized_end=1307
+  _globals['_RESOURCEALLOCATION']._serialized_start=1310
+  _globals['_RESOURCEALLOCATION']._serialized_end=1712
+  _globals['_RESOURCEALLOCATION_ENVSENTRY']._serialized_start=1617
+  _globals['_RESOURCEALLOCATION_ENVSENTRY']._serialized_end=1660
+  _globals['_RESOURCEALLOCATION_ANNOTATIONSENTRY']._serialized_start=1662
+  _globals['_RESOURCEALLOCATION_ANNOTATIONSENTRY']._serialized_end=1712
+  _globals['_CONTAINERINFO']._serialized_start=1715
+  _globals['_CONTAINERINFO']._serialized_end=1883
+  _globals['_PODINFO']._serialized_start=1886
+  _globals['_PODINFO']._serialized_end=2055
+  _globals['_NODE']._serialized_start=2058
+  _globals['_NODE']._serialized_end=2440
 # @@protoc_insertion_point(module_scope)

@@ -67,10 +67,48 @@ class Pod(_message.Message):
     def __init__(self, uid: _Optional[str] = ..., namespace: _Optional[str] = ..., name: _Optional[str] = ..., containers: _Optional[_Iterable[_Union[Container, _Mapping]]] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("pod",)
+    __slots__ = ("pod", "claims")
     POD_FIELD_NUMBER: _ClassVar[int]
+    CLAIMS_FIELD_NUMBER: _ClassVar[int]
     pod: Pod
-    def __init__(self, pod: _Optional[_Union[Pod, _Mapping]] = ...) -> None: ...
+    claims: _containers.RepeatedCompositeFieldContainer[ResourceClaim]
+    def __init__(self, pod: _Optional[_Union[Pod, _Mapping]] = ..., claims: _Optional[_Iterable[_Union[ResourceClaim, _Mapping]]] = ...) -> None: ...
+
+class ClaimResult(_message.Message):
+    __slots__ = ("request", "driver", "pool", "device")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    request: str
+    driver: str
+    pool: str
+    device: str
+    def __init__(self, request: _Optional[str] = ..., driver: _Optional[str] = ..., pool: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+
+class ClaimConsumer(_message.Message):
+    __slots__ = ("resource", "name", "uid")
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    name: str
+    uid: str
+    def __init__(self, resource: _Optional[str] = ..., name: _Optional[str] = ..., uid: _Optional[str] = ...) -> None: ...
+
+class ResourceClaim(_message.Message):
+    __slots__ = ("uid", "namespace", "name", "results", "reserved_for")
+    UID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_FOR_FIELD_NUMBER: _ClassVar[int]
+    uid: str
+    namespace: str
+    name: str
+    results: _containers.RepeatedCompositeFieldContainer[ClaimResult]
+    reserved_for: _containers.RepeatedCompositeFieldContainer[ClaimConsumer]
+    def __init__(self, uid: _Optional[str] = ..., namespace: _Optional[str] = ..., name: _Optional[str] = ..., results: _Optional[_Iterable[_Union[ClaimResult, _Mapping]]] = ..., reserved_for: _Optional[_Iterable[_Union[ClaimConsumer, _Mapping]]] = ...) -> None: ...
 
 class PodSelector(_message.Message):
     __slots__ = ("uid", "namespace", "name")
