@@ -45,8 +45,9 @@ from eventsrc.layout import Layout
 from eventsrc.log.commit import GroupCommitter
 from eventsrc.log.snapshots import encode_snapshot, load_views, write_snapshot
 from eventsrc.log.store import DirLock, EventLog
-from eventsrc.plugins.device_plugins import DEFAULT_GRACE, DeviceManager
+from eventsrc.plugins.device_plugins import DEFAULT_GRACE, DeviceManager, RegistryHandler
 from eventsrc.plugins.dra import DRAManager
+from eventsrc.plugins.registry import PluginWatcher
 from eventsrc.rpc import check_socket_path, serve_unix
 from eventsrc.state.apply import apply_all
 from eventsrc.state.views import Views
@@ -220,6 +221,10 @@ async def serve(
                 await daemon.apply_cpu_config()
                 await nursery.start(daemon.devices.run)
                 await nursery.start(daemon.dra.run)
+                watcher = PluginWatcher(
+                    layout.plugins_registry, {"DRAPlugin": daemon.dra, "DevicePlugin": RegistryHandler(daemon.devices)}
+                )
+                await nursery.start(watcher.run)
                 await nursery.start(serve_unix, [daemon.node_service()], layout.api_socket, 0o600)
                 await nursery.start(
                     serve_unix,

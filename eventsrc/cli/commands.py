@@ -361,3 +361,23 @@ def bench_cpu(args: argparse.Namespace) -> int:
         raise EventsrcError("--repetitions must be at least 1")
     run_cpu_bench(repetitions=args.repetitions)
     return 0
+
+
+def claims(args: argparse.Namespace) -> int:
+    from eventsrc.cli import render
+    from eventsrc.log.snapshots import load_views
+
+    views, _ = load_views(_open_reader(args.layout), args.layout.snapshots)
+    if args.output == "json":
+        sys.stdout.write(msgspec.json.encode(views.claims).decode() + "\n")
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"claims ({len(views.claims.claims)})", title_justify="left")
+    for col in ("claim", "uid", "driver", "state", "pods", "cdi devices", "error"):
+        table.add_column(col)
+    for uid, c in sorted(views.claims.claims.items()):
+        cdi = " ".join(i for d in c.devices for i in d.cdi_device_ids)
+        table.add_row(f"{c.namespace}/{c.name}", uid, c.driver, c.state, ",".join(c.pods) or "-", cdi or "-", c.error or "-")
+    render.console().print(table)
+    return 0

@@ -124,6 +124,17 @@ def build_parser() -> argparse.ArgumentParser:
     _output(p)
     p.set_defaults(func=_cmd("remove"))
 
+    p = sub.add_parser(
+        "claims",
+        parents=[root],
+        help="list DRA claims: prepared, pending, failed",
+        description="The DRA claims as the log has them: their state (preparing, prepared, prepare-failed, "
+        "unpreparing, unprepare-failed), driver, pods and last error. Pending work stays listed until the "
+        "driver answers.",
+    )
+    _output(p)
+    p.set_defaults(func=_cmd("claims"))
+
     p = sub.add_parser("pods", parents=[root], help="list the pods and what they hold", description="List the daemon's pods and what each container holds.")
     _output(p)
     p.set_defaults(func=_cmd("pods"))

@@ -259,3 +259,29 @@ class DeviceManager:
                 await self._changed.wait()
         return None
 
+
+
+class RegistryHandler:
+    """Device plugins that register through plugins_registry (type DevicePlugin), as the
+    kubelet accepts them: the same checks, the endpoint is an absolute socket path."""
+
+    def __init__(self, manager: DeviceManager) -> None:
+        self.manager = manager
+
+    async def validate(self, name: str, endpoint: str, versions: list[str]) -> None:
+        if "v1beta1" not in versions:
+            raise RegistrationRejected(f"manager version, v1beta1, is not among plugin supported versions {versions}")
+        reason = registration_error("v1beta1", name)
+        if reason:
+            raise RegistrationRejected(f"invalid name of device plugin socket: {reason}")
+
+    async def register(self, name: str, endpoint: str, versions: list[str], socket_path: Path | None = None) -> None:
+        deprecation = self.manager.directory / "DEPRECATION"
+        if not deprecation.exists():
+            deprecation.touch()
+        await self.manager.register("v1beta1", name, endpoint, path=Path(endpoint))
+
+    async def deregister(self, name: str, endpoint: str, socket_path: Path | None = None) -> None:
+        ep = self.manager.endpoints.get(name)
+        if ep is not None and ep.path == Path(endpoint):
+            ep.cancel.cancel()  # its stream ends; the endpoint task records the disconnection

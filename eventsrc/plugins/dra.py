@@ -102,6 +102,9 @@ class DRAManager:
         self.clients: dict[str, DRAClient] = {}
         self._kick = trio.Event()
         self._changed = trio.Event()
+        # One call to drivers at a time: calls reach a driver in the order their outcomes
+        # are recorded (an unprepare decided before a new admission cannot overtake it).
+        self._calls = trio.Lock()
 
     # ------------------------------------------------------------------ the watcher's handler
 
@@ -164,6 +167,10 @@ class DRAManager:
 
     async def prepare(self, client: DRAClient, claims: tuple[ev.ClaimRef, ...]) -> list[ev._Event]:
         """Call NodePrepareResources; the outcome events (not recorded here)."""
+        async with self._calls:
+            return await self._prepare(client, claims)
+
+    async def _prepare(self, client: DRAClient, claims: tuple[ev.ClaimRef, ...]) -> list[ev._Event]:
         try:
             results = await client.prepare(claims)
         except CALL_ERRORS as exc:
@@ -179,6 +186,10 @@ class DRAManager:
         return out
 
     async def unprepare(self, client: DRAClient, claims: tuple[ev.ClaimRef, ...]) -> list[ev._Event]:
+        async with self._calls:
+            return await self._unprepare(client, claims)
+
+    async def _unprepare(self, client: DRAClient, claims: tuple[ev.ClaimRef, ...]) -> list[ev._Event]:
         try:
             results = await client.unprepare(claims)
         except CALL_ERRORS as exc:
