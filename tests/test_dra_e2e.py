@@ -181,3 +181,21 @@ def test_bad_claims_are_clear_errors_and_nothing_is_lost(root: Path, tmp_path: P
     assert proc.returncode == 0, proc.stderr
     assert driver.prepared() == {"c-solo"}
     assert d.proc.poll() is None
+
+
+def test_an_older_driver_is_spoken_to_in_v1beta1(root: Path, tmp_path: Path, daemon_factory) -> None:  # type: ignore[no-untyped-def]
+    daemon_factory()
+    old = subprocess.Popen(
+        [sys.executable, "-m", "eventsrc", "--root-dir", str(root), "sample-dra-driver", "--driver", DRIVER, "--versions", "v1beta1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: registered(root))
+        records = [json.loads(line) for line in run_cli("log", "-o", "json", root=root).stdout.splitlines()]
+        assert [r["event"]["api_version"] for r in records if r["type"] == "PluginRegistered"] == ["v1beta1.DRAPlugin"]
+        proc = admit(root, pod_yaml(tmp_path, "a", "u-a", "solo"), claim_yaml(tmp_path, "solo", "c-solo", [("a", "u-a")]))
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["containers"][0]["claim_cdi_devices"]
+    finally:
+        old.terminate()
+        old.wait(10)
