@@ -97,7 +97,17 @@ class Daemon:
             sockets = [str(p) for p in (self.layout.api_socket, self.devices.socket, self.layout.pod_resources_socket)]
             return status_response(self.ready, self.instance_id, self.views.meta.last_seq, sockets, os.getpid())
 
-        return NodeService(lambda: self.views, self.admission, status)
+        return NodeService(lambda: self.views, self.admission, status, self.records_from)
+
+    async def records_from(self, seq: int, limit: int = 512, wait: float = 1.0) -> list[Record | CorruptRecordError]:
+        """Up to ``limit`` records from ``seq``; when there are none yet, waits up to ``wait``
+        seconds for an append (an empty list then: the watcher asks again)."""
+        items = list(self.log.records(seq, seq + limit - 1))
+        if not items:
+            with trio.move_on_after(wait):
+                await self.committer.wait_appended()
+            items = list(self.log.records(seq, seq + limit - 1))
+        return items
 
     async def apply_cpu_config(self) -> None:
         """Record what this start's CPU manager configuration changes (never refuses)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+import msgspec
 from grpclib import GRPCError, Status
 from grpclib.server import Stream
 
@@ -17,6 +18,7 @@ from eventsrc import events as ev
 from eventsrc.core.claims import cdi_devices
 from eventsrc.core.resources import QuantityError, parse_quantity
 from eventsrc.errors import EventsrcError
+from eventsrc.events import CorruptRecordError, Record
 from eventsrc.gen.node.v1 import node_pb2 as pb
 from eventsrc.gen.node.v1.node_grpc import NodeBase
 from eventsrc.manifest import PodClaim, PodSpec
@@ -168,10 +170,29 @@ def _grpc_error(err: EventsrcError) -> GRPCError:
 
 
 class NodeService(NodeBase):
-    def __init__(self, views: Callable[[], Views], admitter: Admitter, status: Callable[[], pb.StatusResponse]) -> None:
+    def __init__(
+        self,
+        views: Callable[[], Views],
+        admitter: Admitter,
+        status: Callable[[], pb.StatusResponse],
+        records: Callable[[int], Awaitable[list[Record | CorruptRecordError]]] | None = None,
+    ) -> None:
         self._views = views
         self._admitter = admitter
         self._status = status
+        self._records = records
+
+    async def Watch(self, stream: Stream[pb.WatchRequest, pb.WatchEvent]) -> None:
+        req = await stream.recv_message()
+        assert req is not None
+        if self._records is None:
+            raise GRPCError(Status.UNIMPLEMENTED, "this daemon does not serve its history")
+        seq = max(1, req.from_seq)
+        while True:
+            batch = await to_trio(self._records)(seq)
+            for item in batch:
+                await stream.send_message(watch_event(item))
+                seq = item.seq + 1
 
     async def Status(self, stream: Stream[pb.StatusRequest, pb.StatusResponse]) -> None:
         await stream.recv_message()
@@ -213,6 +234,19 @@ class NodeService(NodeBase):
         except EventsrcError as err:
             raise _grpc_error(err) from None
         await stream.send_message(pod_info(pod, shared=self._views().cpus.shared, views=self._views()))
+
+
+def watch_event(item: Record | CorruptRecordError) -> pb.WatchEvent:
+    if isinstance(item, CorruptRecordError):
+        return pb.WatchEvent(seq=item.seq, corrupt=True, reason=item.reason)
+    return pb.WatchEvent(
+        seq=item.seq,
+        ts_ns=item.ts_ns,
+        correlation_id=item.correlation_id,
+        type=item.type,
+        version=item.version,
+        event_json=msgspec.json.encode(item.event).decode(),
+    )
 
 
 def status_response(ready: bool, instance_id: str, last_seq: int, sockets: list[str], pid: int) -> pb.StatusResponse:

@@ -228,6 +228,13 @@ def log(args: argparse.Namespace) -> int:
     return 0
 
 
+def export(args: argparse.Namespace) -> int:
+    if args.from_seq < 1:
+        raise EventsrcError("--from must be at least 1")
+    args.output = "json"
+    return log(args)
+
+
 def state(args: argparse.Namespace) -> int:
     from eventsrc.cli import render
     from eventsrc.log.snapshots import load_views

@@ -203,6 +203,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd("log"))
 
     p = sub.add_parser(
+        "export",
+        parents=[root],
+        help="stream the log as JSON lines, for fleet pipelines",
+        description="Print records as JSON lines (one per record, with its sequence number), oldest first, for "
+        "Fluent Bit, Vector or a Kafka producer. Resume after the last sequence a consumer saw with "
+        "--from LAST+1; --follow keeps streaming new records. Reads the log directly (the daemon may run).",
+    )
+    p.add_argument("--from", dest="from_seq", type=int, default=1, metavar="SEQ", help="first sequence (default 1)")
+    p.add_argument("--until", dest="until_seq", type=int, default=None, metavar="SEQ", help="last sequence")
+    p.add_argument("-f", "--follow", action="store_true", help="keep streaming new records")
+    p.add_argument("-o", "--output", choices=["jsonl"], default="jsonl", help="output format (default %(default)s)")
+    p.set_defaults(func=_cmd("export"))
+
+    p = sub.add_parser(
         "state",
         parents=[root],
         help="print the views rebuilt from the log",

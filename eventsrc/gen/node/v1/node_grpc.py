@@ -34,6 +34,10 @@ class NodeBase(abc.ABC):
     async def GetPod(self, stream: 'grpclib.server.Stream[eventsrc.gen.node.v1.node_pb2.PodSelector, eventsrc.gen.node.v1.node_pb2.PodInfo]') -> None:
         pass
 
+    @abc.abstractmethod
+    async def Watch(self, stream: 'grpclib.server.Stream[eventsrc.gen.node.v1.node_pb2.WatchRequest, eventsrc.gen.node.v1.node_pb2.WatchEvent]') -> None:
+        pass
+
     def __mapping__(self) -> typing.Dict[str, grpclib.const.Handler]:
         return {
             '/eventsrc.node.v1.Node/Status': grpclib.const.Handler(
@@ -65,6 +69,12 @@ class NodeBase(abc.ABC):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 eventsrc.gen.node.v1.node_pb2.PodSelector,
                 eventsrc.gen.node.v1.node_pb2.PodInfo,
+            ),
+            '/eventsrc.node.v1.Node/Watch': grpclib.const.Handler(
+                self.Watch,
+                grpclib.const.Cardinality.UNARY_STREAM,
+                eventsrc.gen.node.v1.node_pb2.WatchRequest,
+                eventsrc.gen.node.v1.node_pb2.WatchEvent,
             ),
         }
 
@@ -101,4 +111,10 @@ class NodeStub:
             '/eventsrc.node.v1.Node/GetPod',
             eventsrc.gen.node.v1.node_pb2.PodSelector,
             eventsrc.gen.node.v1.node_pb2.PodInfo,
+        )
+        self.Watch = grpclib.client.UnaryStreamMethod(
+            channel,
+            '/eventsrc.node.v1.Node/Watch',
+            eventsrc.gen.node.v1.node_pb2.WatchRequest,
+            eventsrc.gen.node.v1.node_pb2.WatchEvent,
         )

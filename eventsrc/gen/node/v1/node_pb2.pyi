@@ -6,6 +6,32 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class WatchRequest(_message.Message):
+    __slots__ = ("from_seq",)
+    FROM_SEQ_FIELD_NUMBER: _ClassVar[int]
+    from_seq: int
+    def __init__(self, from_seq: _Optional[int] = ...) -> None: ...
+
+class WatchEvent(_message.Message):
+    __slots__ = ("seq", "ts_ns", "correlation_id", "type", "version", "event_json", "corrupt", "reason")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TS_NS_FIELD_NUMBER: _ClassVar[int]
+    CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EVENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    ts_ns: int
+    correlation_id: str
+    type: str
+    version: int
+    event_json: str
+    corrupt: bool
+    reason: str
+    def __init__(self, seq: _Optional[int] = ..., ts_ns: _Optional[int] = ..., correlation_id: _Optional[str] = ..., type: _Optional[str] = ..., version: _Optional[int] = ..., event_json: _Optional[str] = ..., corrupt: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
