@@ -24,7 +24,7 @@ from msgspec import Struct
 
 from eventsrc import events as ev
 from eventsrc.errors import EventsrcError
-from eventsrc.manifest import ManifestError
+from eventsrc.manifest import ManifestError, yaml_error
 
 API_VERSIONS = ("resource.k8s.io/v1", "resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1")
 
@@ -187,10 +187,7 @@ def _load_all(data: bytes, source: str) -> list[Any]:
     try:
         return [d for d in yaml.safe_load_all(data) if d is not None]
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ManifestError(f"{source}: not valid YAML or JSON{where}: {problem}") from None
+        raise yaml_error(exc, source) from None
 
 
 def _type_name(value: Any) -> str:

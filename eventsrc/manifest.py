@@ -89,10 +89,15 @@ def _load(data: bytes, source: str) -> Any:
     try:
         return yaml.safe_load(data)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ManifestError(f"{source}: not valid YAML or JSON{where}: {problem}") from None
+        raise yaml_error(exc, source) from None
+
+
+def yaml_error(exc: Exception, source: str) -> ManifestError:
+    """A YAML parse error as one line naming the source and the line."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" (line {mark.line + 1})" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return ManifestError(f"{source}: not valid YAML or JSON{where}: {problem}")
 
 
 def _quantity(value: Quantity) -> str:
