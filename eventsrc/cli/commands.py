@@ -388,3 +388,95 @@ def claims(args: argparse.Namespace) -> int:
         table.add_row(f"{c.namespace}/{c.name}", uid, c.driver, c.state, ",".join(c.pods) or "-", cdi or "-", c.error or "-")
     render.console().print(table)
     return 0
+
+
+def replay(args: argparse.Namespace) -> int:
+    from eventsrc.replay import run
+
+    if args.path is None:
+        args.path = args.layout.root
+    return run(args)
+
+
+def import_kubelet(args: argparse.Namespace) -> int:
+    import time
+    import uuid
+
+    from eventsrc import kubelet_import as ki
+    from eventsrc.cli import render
+    from eventsrc.errors import AlreadyRunningError
+    from eventsrc.events import Record
+    from eventsrc.log.snapshots import load_views
+
+    if args.device_checkpoint is None and args.cpu_state is None and args.dra_state is None:
+        raise EventsrcError("nothing to import: give --device-checkpoint, --cpu-state and/or --dra-state")
+    try:  # every checksum is verified before anything is written
+        device = ki.read_device_checkpoint(args.device_checkpoint) if args.device_checkpoint else None
+        cpu = ki.read_cpu_state(args.cpu_state) if args.cpu_state else None
+        dra = ki.read_dra_state(args.dra_state) if args.dra_state else None
+        events = ki.events_from(device, cpu, dra)  # also refuses what cannot be imported, before any write
+    except ki.CheckpointError as err:
+        raise ki.CheckpointError(f"{err}; nothing was imported") from None
+    warnings = []
+    if cpu is not None and not cpu.verified:
+        warnings.append(f"{cpu.source}: checksum 0, accepted unverified (as the kubelet does)")
+    layout: Layout = args.layout
+    records: list[Record] = []
+    cid = uuid.uuid4().hex
+    if not args.dry_run:
+        layout.create()
+        lock = DirLock(layout.lock)
+        try:
+            lock.acquire()
+        except AlreadyRunningError:
+            pid = DirLock.holder(layout.lock)
+            raise EventsrcError(
+                f"eventsrc (pid {pid}) is running on {layout.root}: stop it before importing kubelet checkpoints; "
+                "nothing was imported"
+            ) from None
+        try:
+            with EventLog(layout.log) as event_log:
+                views, _ = load_views(event_log, layout.snapshots)
+                live = [u for u, p in views.pods.pods.items() if p.state in ("admitted", "admitting")]
+                if live and not args.force:
+                    raise EventsrcError(
+                        f"the log under {layout.root} already has {len(live)} pod(s); importing would duplicate "
+                        "or contradict them (use --force to import anyway); nothing was imported"
+                    )
+                if views.cpus.policy:  # the policy the import replaces, as PolicyConfigurationChanged.old
+                    events = ki.events_from(device, cpu, dra, old_cpu_policy=views.cpus.policy)
+                records = event_log.append(events, cid, time.time_ns())
+        finally:
+            lock.release()
+    summary = ki.summarize(events)
+    sources = [str(s.source) for s in (device, cpu, dra) if s is not None]
+    if args.output == "json":
+        out: dict[str, Any] = {
+            "dry_run": args.dry_run,
+            "root_dir": str(layout.root),
+            "files": sources,
+            "correlation_id": "" if args.dry_run else cid,
+            "first_seq": records[0].seq if records else 0,
+            "last_seq": records[-1].seq if records else 0,
+            "summary": msgspec.to_builtins(summary),
+            "warnings": warnings,
+        }
+        if args.dry_run:
+            out["events"] = [{"type": type(e).__name__, "event": msgspec.to_builtins(e)} for e in events]
+        print(json.dumps(out))
+    else:
+        for w in warnings:
+            print(f"eventsrc: warning: {w}", file=sys.stderr)
+        if args.dry_run:
+            print(f"{'TYPE':<26}  EVENT")
+            for e in events:
+                print(f"{type(e).__name__:<26}  {render.record_summary(Record(0, 0, '', e.VERSION, e))}")  # type: ignore[arg-type]
+        s = summary
+        verb = "would import" if args.dry_run else f"imported into {layout.root}"
+        print(
+            f"{verb}: {s.pods} pods ({s.containers} containers), {s.resources} device resources with "
+            f"{s.devices} healthy devices, {s.device_allocations} device allocations, {s.cpu_assignments} CPU "
+            f"assignments (policy {s.cpu_policy or '-'}), {s.claims} claims; {s.events} events"
+            + (f" (sequences {records[0].seq}-{records[-1].seq}, correlation id {cid})" if records else "")
+        )
+    return 0

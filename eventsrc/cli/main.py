@@ -230,6 +230,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd("state"))
 
     p = sub.add_parser(
+        "replay",
+        parents=[root],
+        help="replay the log read-only: views at a point, every change, invariant checks",
+        description="Replay a log read-only (it never writes to what it reads, so it works on a copy taken "
+        "from another machine): the views as they were --until SEQ|TIME, every event with the change it made "
+        "(--step), or the invariants checked at every event (--check: stops at the first event that breaks one "
+        "and prints it with the events sharing its correlation id; exit 1). Same as tools/replay/replay.py.",
+    )
+    from eventsrc.replay import add_arguments as replay_arguments
+
+    replay_arguments(p, path_required=False)
+    p.set_defaults(func=_cmd("replay"))
+
+    p = sub.add_parser(
         "cpu",
         parents=[root],
         help="CPU topology and CPU picking (no daemon needed)",
@@ -267,6 +281,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="a CPU manager policy option, e.g. full-pcpus-only=true (repeatable)",
     )
     c.set_defaults(func=_cmd("cpu_take"))
+
+    p = sub.add_parser(
+        "import-kubelet",
+        parents=[root],
+        help="import the kubelet's checkpoint files into the log (migration without draining)",
+        description="Read the kubelet's checkpoint files (device manager, CPU manager, DRA manager), verify "
+        "their checksums as the kubelet does (a mismatch is reported, never guessed around), and append the "
+        "events that reproduce their state in one append with one correlation id. Refused while a daemon "
+        "runs on --root-dir, and when the log already has pods (unless --force). The checkpoints record no "
+        "pod names or namespaces: imported pods have none.",
+    )
+    p.add_argument("--device-checkpoint", type=Path, default=None, metavar="FILE", help="the device manager's kubelet_internal_checkpoint")
+    p.add_argument("--cpu-state", type=Path, default=None, metavar="FILE", help="the CPU manager's cpu_manager_state")
+    p.add_argument("--dra-state", type=Path, default=None, metavar="FILE", help="the DRA manager's dra_manager_state")
+    p.add_argument("--dry-run", action="store_true", help="print the events without writing anything")
+    p.add_argument("--force", action="store_true", help="import even when the log already has pods")
+    _output(p)
+    p.set_defaults(func=_cmd("import_kubelet"))
 
     p = sub.add_parser(
         "bench",

@@ -1,0 +1,318 @@
+"""Invariants of the views, checked event by event (``eventsrc replay --check``).
+
+Pure: views and records in, violations out. No clock: time is the records' timestamps.
+
+Each rule has a short name (``RULES``). How each one is detected:
+
+* ``device-double-held``: a DevicesReserved or DevicesAllocated of a device whose holder,
+  before the event, is a container of another *live* pod (admitting or admitted), or
+  another container of the same pod when neither is an init container (the kubelet
+  hands an init container's devices on to the containers after it). The devices view keeps
+  one holder per device, so the second holder is seen in the event itself.
+* ``cpu-double-exclusive``: a CPUsAssigned of a CPU that is already exclusive to a
+  container of another live pod (or, neither being an init container, of the same pod).
+* ``exclusive-in-shared-pool``: at the end of each run of records sharing a
+  correlation id (the daemon records a CPUsAssigned and its SharedPoolChanged
+  together), a CPU both exclusive and in the recorded shared pool. Blamed on the
+  group's SharedPoolChanged that put it there, else on its CPUsAssigned that took it.
+* ``reserved-cpu-exclusive``: a CPUsAssigned of a CPU in the reserved set of the CPU
+  policy last recorded (PolicyConfigurationChanged, ``reserved``). CPUs a container
+  held before the reserved set changed are kept until it ends, as the daemon does.
+* ``claim-unprepared-under-live-pod``: a ClaimUnprepareStarted or ClaimUnprepared of
+  a claim still referenced by a live pod.
+* ``dangling-reservation``: a DevicesReserved whose pod is still admitting more than
+  ``reservation_timeout_ns`` after it, measured at the end of each correlation-id run
+  (so the outcomes a restart records with its DaemonStarted count) and at the end.
+* ``unhealthy-device-allocated``: a DevicesReserved of a device whose health, before
+  the event, is not "Healthy" (an unknown device counts as unhealthy). A device that
+  turns unhealthy while its Allocate call is in flight is not a violation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from eventsrc import events as ev
+from eventsrc.core.cpuset import CPUSet, CPUSetParseError
+from eventsrc.events import CorruptRecordError, Record
+from eventsrc.state.apply import apply
+from eventsrc.state.views import Views
+
+RULES: dict[str, str] = {
+    "device-double-held": "no device held by two live containers",
+    "cpu-double-exclusive": "no CPU exclusive to two containers",
+    "exclusive-in-shared-pool": "exclusive CPUs never in the shared pool",
+    "reserved-cpu-exclusive": "reserved CPUs never exclusive",
+    "claim-unprepared-under-live-pod": "no claim unprepared under a live pod",
+    "dangling-reservation": "no reservation left without an outcome past a timeout",
+    "unhealthy-device-allocated": "no allocation of an unhealthy device",
+}
+
+DEFAULT_RESERVATION_TIMEOUT_NS = 120 * 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    message: str
+    #: the record that broke the invariant
+    seq: int
+    correlation_id: str = ""
+    #: the record after which it was seen (later than ``seq`` for the deferred rules)
+    detected_seq: int = 0
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def who(views: Views, pod_uid: str, container: str = "") -> str:
+    """``namespace/name/container`` when the pod is known, else ``uid/container``."""
+    pod = views.pods.pods.get(pod_uid)
+    base = f"{pod.namespace}/{pod.name}" if pod is not None and pod.name else pod_uid
+    return f"{base}/{container}" if container else base
+
+
+def _live(views: Views, pod_uid: str) -> bool:
+    return pod_uid in views.pods.pods
+
+
+def _kind(views: Views, pod_uid: str, container: str) -> str:
+    pod = views.pods.pods.get(pod_uid)
+    c = pod.containers.get(container) if pod is not None else None
+    return c.kind if c is not None else ""
+
+
+def _handed_on(views: Views, pod_uid: str, holder_container: str, container: str) -> bool:
+    """Within one pod, an init container hands its resource on to a later container (the
+    daemon records each step's reservation, then each step's allocation, so the event may
+    also name the init container while the later one holds it)."""
+    return holder_container == container or "init" in (
+        _kind(views, pod_uid, holder_container),
+        _kind(views, pod_uid, container),
+    )
+
+
+def _hold(hold: str) -> str:
+    return {"reserved": "reserved by", "allocated": "allocated to"}.get(hold, "held by")
+
+
+def reserved_cpus(views: Views) -> CPUSet:
+    text = views.cpus.policy.get("reserved", "")
+    if not isinstance(text, str) or not text:
+        return CPUSet()
+    try:
+        return CPUSet.parse(text)
+    except CPUSetParseError:
+        return CPUSet()
+
+
+def assigned_cpus(views: Views) -> CPUSet:
+    return CPUSet(c for containers in views.cpus.assignments.values() for cpus in containers.values() for c in cpus)
+
+
+def _v(rule: str, message: str, rec: Record, detected: int = 0) -> Violation:
+    return Violation(rule, message, rec.seq, rec.correlation_id, detected or rec.seq)
+
+
+# --------------------------------------------------------------------------- per event
+
+
+def before_apply(views: Views, rec: Record) -> list[Violation]:
+    """The rules decided by one event and the views just before it."""
+    e = rec.event
+    out: list[Violation] = []
+    if isinstance(e, (ev.DevicesReserved, ev.DevicesAllocated)):
+        table = views.devices.devices.get(e.resource, {})
+        verb = "reserved for" if isinstance(e, ev.DevicesReserved) else "allocated to"
+        for device_id in e.device_ids:
+            d = table.get(device_id)
+            if d is not None and d.holder and d.holder != f"{e.pod_uid}/{e.container}":
+                pod_uid, _, container = d.holder.partition("/")
+                if not _live(views, pod_uid):
+                    continue
+                if pod_uid == e.pod_uid and _handed_on(views, pod_uid, container, e.container):
+                    continue
+                out.append(
+                    _v(
+                        "device-double-held",
+                        f"{device_id} {e.resource} {verb} {who(views, e.pod_uid, e.container)} "
+                        f"while {_hold(d.hold)} {who(views, pod_uid, container)} (a live pod)",
+                        rec,
+                    )
+                )
+            if isinstance(e, ev.DevicesReserved):
+                health = d.health if d is not None else "Unknown"
+                if health != "Healthy":
+                    state = f"health {health}" if d is not None else "not listed by its plugin (health Unknown)"
+                    out.append(
+                        _v(
+                            "unhealthy-device-allocated",
+                            f"{device_id} {e.resource} reserved for {who(views, e.pod_uid, e.container)} but it is {state}",
+                            rec,
+                        )
+                    )
+    elif isinstance(e, ev.CPUsAssigned):
+        cpus = CPUSet(e.cpus)
+        for pod_uid, containers in views.cpus.assignments.items():
+            for container, held in containers.items():
+                if pod_uid == e.pod_uid and _handed_on(views, pod_uid, container, e.container):
+                    continue
+                if not _live(views, pod_uid):
+                    continue
+                both = cpus & CPUSet(held)
+                if both:
+                    out.append(
+                        _v(
+                            "cpu-double-exclusive",
+                            f"cpus {both} assigned to {who(views, e.pod_uid, e.container)} "
+                            f"while exclusive to {who(views, pod_uid, container)}",
+                            rec,
+                        )
+                    )
+        reserved = cpus & reserved_cpus(views)
+        if reserved:
+            out.append(
+                _v(
+                    "reserved-cpu-exclusive",
+                    f"reserved cpus {reserved} assigned to {who(views, e.pod_uid, e.container)} "
+                    f"(reserved: {views.cpus.policy.get('reserved')})",
+                    rec,
+                )
+            )
+    elif isinstance(e, (ev.ClaimUnprepareStarted, ev.ClaimUnprepared)):
+        claim = views.claims.claims.get(e.claim.uid)
+        live = [p for p in claim.pods if _live(views, p)] if claim is not None else []
+        if live:
+            name = f"{e.claim.namespace}/{e.claim.name}" if e.claim.name else e.claim.uid
+            verb = "unprepare started" if isinstance(e, ev.ClaimUnprepareStarted) else "unprepared"
+            out.append(
+                _v(
+                    "claim-unprepared-under-live-pod",
+                    f"claim {name} {verb} while pod {', '.join(who(views, p) for p in live)} uses it",
+                    rec,
+                )
+            )
+    return out
+
+
+def shared_pool_violations(views: Views, group: list[Record]) -> list[Violation]:
+    """Exclusive CPUs in the shared pool, at the end of a correlation-id run ``group``."""
+    if not any(isinstance(r.event, (ev.CPUsAssigned, ev.SharedPoolChanged)) for r in group):
+        return []
+    both = assigned_cpus(views) & CPUSet(views.cpus.shared)
+    if not both:
+        return []
+    last = group[-1].seq
+    for r in reversed(group):
+        if isinstance(r.event, ev.SharedPoolChanged) and CPUSet(r.event.cpus) & both:
+            owners = _owners(views, both)
+            return [_v("exclusive-in-shared-pool", f"shared pool {CPUSet(r.event.cpus)} holds cpus {both}, exclusive to {owners}", r, last)]
+    for r in reversed(group):
+        if isinstance(r.event, ev.CPUsAssigned) and CPUSet(r.event.cpus) & both:
+            e = r.event
+            return [
+                _v(
+                    "exclusive-in-shared-pool",
+                    f"cpus {CPUSet(e.cpus) & both} assigned to {who(views, e.pod_uid, e.container)} "
+                    f"stay in the shared pool {CPUSet(views.cpus.shared)}",
+                    r,
+                    last,
+                )
+            ]
+    return []
+
+
+def _owners(views: Views, cpus: CPUSet) -> str:
+    out = [
+        who(views, uid, name)
+        for uid, containers in views.cpus.assignments.items()
+        for name, held in containers.items()
+        if CPUSet(held) & cpus
+    ]
+    return ", ".join(out)
+
+
+# --------------------------------------------------------------------------- the checker
+
+
+@dataclass
+class Checker:
+    """Applies records to ``views`` and returns the violations each one reveals.
+
+    ``feed`` every record in order, then ``finish``. A deferred rule (shared pool,
+    dangling reservation) is reported once the run of records sharing the correlation id
+    of its cause has ended, with the views as they were then.
+    """
+
+    views: Views = field(default_factory=Views)
+    reservation_timeout_ns: int = DEFAULT_RESERVATION_TIMEOUT_NS
+    #: the current run of records sharing one correlation id
+    group: list[Record] = field(default_factory=list)
+    #: pod uid -> its first DevicesReserved while admitting
+    reservations: dict[str, Record] = field(default_factory=dict)
+    events: int = 0
+    _reported: set[tuple[str, int]] = field(default_factory=set)
+
+    def feed(self, item: Record | CorruptRecordError) -> list[Violation]:
+        out: list[Violation] = []
+        if isinstance(item, CorruptRecordError):
+            apply(self.views, item)
+            return out
+        if self.group and item.correlation_id != self.group[-1].correlation_id:
+            out += self._end_group()
+        self.events += 1
+        out += before_apply(self.views, item)
+        apply(self.views, item)
+        e = item.event
+        if isinstance(e, ev.PodAdmissionStarted):
+            self.reservations.pop(e.pod.uid, None)
+        elif isinstance(e, ev.DevicesReserved) and e.pod_uid not in self.reservations:
+            pod = self.views.pods.pods.get(e.pod_uid)
+            if pod is not None and pod.state == "admitting":
+                self.reservations[e.pod_uid] = item
+        self.group.append(item)
+        return self._new(out)
+
+    def finish(self, complete: bool = True) -> list[Violation]:
+        """The deferred rules at the end of the log. ``complete=False``: the replay stopped
+        inside a run of records sharing a correlation id (``--until``), so its end is not
+        judged (a CPUsAssigned may be cut from its SharedPoolChanged)."""
+        if not self.group or not complete:
+            return []
+        return self._new(self._end_group())
+
+    def _new(self, found: list[Violation]) -> list[Violation]:
+        out = []
+        for v in found:
+            key = (v.rule, v.seq)
+            if key not in self._reported:
+                self._reported.add(key)
+                out.append(v)
+        return out
+
+    def _end_group(self) -> list[Violation]:
+        group, self.group = self.group, []
+        out = shared_pool_violations(self.views, group)
+        now = group[-1].ts_ns
+        pods = self.views.pods.pods
+        for uid, rec in list(self.reservations.items()):
+            pod = pods.get(uid)
+            if pod is None or pod.state != "admitting":
+                del self.reservations[uid]
+                continue
+            waited = now - rec.ts_ns
+            if waited > self.reservation_timeout_ns:
+                e = rec.event
+                assert isinstance(e, ev.DevicesReserved)
+                out.append(
+                    _v(
+                        "dangling-reservation",
+                        f"{', '.join(e.device_ids)} {e.resource} reserved for {who(self.views, uid, e.container)} "
+                        f"at seq {rec.seq}: no outcome after {waited / 1e9:.0f} s "
+                        f"(timeout {self.reservation_timeout_ns / 1e9:g} s)",
+                        rec,
+                        group[-1].seq,
+                    )
+                )
+                del self.reservations[uid]
+        return out
