@@ -22,6 +22,7 @@ Nothing here does I/O.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 import zlib
 from collections.abc import Callable
@@ -483,6 +484,8 @@ class _Envelope(Struct, array_like=True):
     ts: int
     cid: str
     e: msgspec.Raw
+    # Hash of the previous record's stored value (docs/adr/0009); empty before the chain existed.
+    h: bytes = b""
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -493,12 +496,26 @@ _any_decoder = msgspec.msgpack.Decoder()
 _crc = zlib.crc32
 
 
-def encode_payload(event: _Event, ts_ns: int, correlation_id: str) -> bytes:
-    """The stored value of one record: CRC32 then the msgpack envelope."""
+def encode_payload(event: _Event, ts_ns: int, correlation_id: str, prev_hash: bytes = b"") -> bytes:
+    """The stored value of one record: CRC32 then the msgpack envelope, which carries the
+    hash of the previous record's value (the hash chain)."""
     # Encoded in one pass as the array the _Envelope decoder reads back.
     t = type(event)
-    payload = _encoder.encode((t.__name__, t.VERSION, ts_ns, correlation_id, event))
+    payload = _encoder.encode((t.__name__, t.VERSION, ts_ns, correlation_id, event, prev_hash))
     return _pack_crc(_crc(payload)) + payload
+
+
+def chain_hash(value: bytes) -> bytes:
+    """What the next record carries about this one: 16 bytes of BLAKE2b of its stored value."""
+    return hashlib.blake2b(value, digest_size=16).digest()
+
+
+def prev_hash_of(value: bytes) -> bytes:
+    """The predecessor hash a stored value carries (b"" before the chain, or if unreadable)."""
+    try:
+        return _envelope_decoder.decode(memoryview(value)[4:]).h
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return b""
 
 
 def decode_record(seq: int, value: bytes) -> Record:

@@ -480,3 +480,37 @@ def import_kubelet(args: argparse.Namespace) -> int:
             + (f" (sequences {records[0].seq}-{records[-1].seq}, correlation id {cid})" if records else "")
         )
     return 0
+
+
+def audit(args: argparse.Namespace) -> int:
+    from eventsrc import audit as queries
+
+    # audit verify (the hash chain) is its own command; device, pod and claim are queries.
+    return queries.run(args, _open_reader(args.layout))
+
+
+def bench_audit(args: argparse.Namespace) -> int:
+    from eventsrc.bench_audit import run_audit_bench
+
+    if args.events < 1000 or args.runs < 1:
+        raise EventsrcError("--events must be at least 1000 and --runs at least 1")
+    root = args.root_dir if "--root-dir" in " ".join(sys.argv) else None
+    run_audit_bench(events=args.events, runs=args.runs, workdir=root)
+    return 0
+
+
+def audit_verify(args: argparse.Namespace) -> int:
+    from eventsrc.log.verify import verify
+
+    checked, findings = verify(EventLog(args.layout.require_log(), readonly=True))
+    if args.output == "json":
+        print(json.dumps({"checked": checked, "findings": [f.__dict__ for f in findings]}))
+    else:
+        for f in findings:
+            print(f"{f.seq:>8}  {f.what:<10} {f.message}")
+        if not findings:
+            print(f"{checked} records checked: the chain holds")
+    if findings:
+        print(f"eventsrc: error: {findings[0].message}", file=sys.stderr)
+        return 1
+    return 0

@@ -17,17 +17,27 @@ seeing a consistent snapshot per chunk it reads.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import lmdb
 
 from eventsrc.errors import AlreadyRunningError, ConcurrencyConflictError, EventsrcError, NoLogError
-from eventsrc.events import CorruptRecordError, Record, _Event, decode_record, encode_payload
+from eventsrc.events import (
+    CorruptRecordError,
+    Record,
+    _Event,
+    chain_hash,
+    decode_record,
+    encode_payload,
+)
+from eventsrc.log.index import keys_for
 
 LOG_FORMAT = b"1"
 DEFAULT_MAP_SIZE = 1 << 30  # virtual address space only: the file grows as pages are written
@@ -149,6 +159,10 @@ class EventLog:
         self._txn_lock = threading.Lock()
         self.events_db = self.env.open_db(b"events", create=not readonly)
         self.meta_db = self.env.open_db(b"meta", create=not readonly)
+        try:
+            self.index_db: Any = self.env.open_db(b"index", create=not readonly)
+        except lmdb.NotFoundError:
+            self.index_db = None  # a log from before the index, opened read-only
         if not readonly:
             with self.env.begin(write=True, db=self.meta_db) as txn:
                 if txn.get(b"format") is None:
@@ -156,6 +170,12 @@ class EventLog:
                     txn.put(b"log_id", uuid.uuid4().hex.encode())
         self._last_seq = self._read_last_seq()  # durable
         self._assigned = self._last_seq  # given to prepared batches, durable or not yet
+        self._prev_hash = self._last_value_hash()  # the chain's link to the newest record
+        self._durable_hash = self._prev_hash
+        self._prepared_hash = self._prev_hash
+        self._pending_index: list[tuple[bytes, bytes]] = []
+        if not readonly:
+            self._upgrade()
 
     # ------------------------------------------------------------------ reading
 
@@ -177,6 +197,75 @@ class EventLog:
         if self.readonly:
             self._last_seq = self._read_last_seq()
         return self._last_seq
+
+    def _last_value_hash(self) -> bytes:
+        with self._txn_lock, self._read_txn() as txn:
+            cur = txn.cursor()
+            return chain_hash(bytes(cur.value())) if cur.last() else b""
+
+    def _meta(self, key: bytes) -> bytes | None:
+        with self._txn_lock, self.env.begin(db=self.meta_db) as txn:
+            v = txn.get(key)
+        return bytes(v) if v is not None else None
+
+    def _upgrade(self) -> None:
+        """Bring a log written by an older eventsrc up to date, once: build the secondary
+        index it lacks, and anchor the records written before the hash chain existed (a
+        digest over them, kept in ``meta``, that ``verify`` checks)."""
+        if self._meta(b"index_format") is None:
+            for chunk in self.raw_chunks(1):
+                entries = []
+                for k, v in chunk:
+                    try:
+                        rec = decode_record(key_seq(k), v)
+                    except CorruptRecordError:
+                        continue
+                    entries += [(prefix + k, b"") for prefix in keys_for(rec.event)]
+                with self.env.begin(write=True, db=self.index_db) as txn:
+                    txn.cursor().putmulti(entries)
+            with self.env.begin(write=True, db=self.meta_db) as txn:
+                txn.put(b"index_format", b"1")
+        if self._meta(b"chain_anchor") is None:
+            digest = hashlib.blake2b(digest_size=16)
+            for chunk in self.raw_chunks(1):
+                for _, v in chunk:
+                    digest.update(chain_hash(v))
+            with self.env.begin(write=True, db=self.meta_db) as txn:
+                txn.put(b"chain_anchor", self._last_seq.to_bytes(8, "big") + digest.digest())
+
+    def index_seqs(self, prefix: bytes, from_seq: int = 1, until_seq: int | None = None) -> list[int]:
+        """The sequences of the records indexed under ``prefix``, ascending (no scan)."""
+        if self.index_db is None:
+            raise EventsrcError(f"the log at {self.path} has no index yet: run 'eventsrc serve' on it once to build it")
+        out = []
+        start = prefix + max(from_seq, 1).to_bytes(8, "big")
+        with self._txn_lock, self.env.begin(db=self.index_db) as txn:
+            cur = txn.cursor()
+            if cur.set_range(start):
+                for k in cur.iternext(keys=True, values=False):
+                    if not k.startswith(prefix) or len(k) != len(prefix) + 8:
+                        if not k.startswith(prefix):
+                            break
+                        continue
+                    seq = key_seq(k[len(prefix):])
+                    if until_seq is not None and seq > until_seq:
+                        break
+                    out.append(seq)
+        return out
+
+    def read_many(self, seqs: Iterable[int]) -> list[Record | CorruptRecordError]:
+        out: list[Record | CorruptRecordError] = []
+        with self._txn_lock, self._read_txn() as txn:
+            for seq in seqs:
+                v = txn.get(seq_key(seq))
+                if v is None:
+                    out.append(CorruptRecordError(seq, "missing"))
+                    continue
+                try:
+                    out.append(decode_record(seq, bytes(v)))
+                except CorruptRecordError as err:
+                    out.append(err)
+        return out
 
     def log_id(self) -> str:
         with self._txn_lock, self.env.begin(db=self.meta_db) as txn:
@@ -244,8 +333,10 @@ class EventLog:
         if self.readonly:
             raise EventsrcError("the event log is open read-only")
         last = self._assigned
+        prev = self._prev_hash
         now = now or time.time_ns()  # the batch's wall-clock time, for requests that left it to the log
         items: list[tuple[bytes, bytes]] = []
+        index: list[tuple[bytes, bytes]] = []
         for req in batch:
             if req.expect_last is not None and req.expect_last != last:
                 req.records = []
@@ -255,14 +346,21 @@ class EventLog:
             records = []
             for ev in req.events:
                 last += 1
-                items.append((last.to_bytes(8, "big"), encode_payload(ev, ts, cid)))
+                key = last.to_bytes(8, "big")
+                value = encode_payload(ev, ts, cid, prev)
+                prev = chain_hash(value)
+                items.append((key, value))
+                for prefix in keys_for(ev):
+                    index.append((prefix + key, b""))
                 records.append(Record(last, ts, cid, ev.VERSION, ev))  # type: ignore[arg-type]
             req.records = records
             req.error = None
         self._assigned = last
+        self._prepared_hash = prev
+        self._pending_index = index
         return items
 
-    def write(self, items: list[tuple[bytes, bytes]]) -> None:
+    def write(self, items: list[tuple[bytes, bytes]], index: list[tuple[bytes, bytes]] | None = None) -> None:
         """Write prepared items in one transaction; returns once it is durable.
 
         Runs in a worker thread, one at a time, in the order the batches were prepared.
@@ -275,6 +373,8 @@ class EventLog:
                     _, added = txn.cursor().putmulti(items, append=True)
                     if added != len(items):
                         raise lmdb.Error(f"only {added} of {len(items)} records appended")
+                    if index:
+                        txn.cursor(db=self.index_db).putmulti(index)
             except lmdb.MapFullError:
                 self._grow()
                 continue
@@ -282,17 +382,20 @@ class EventLog:
                 raise EventsrcError(f"cannot append to the event log at {self.path}: {exc}") from None
             if items:
                 self._last_seq = key_seq(items[-1][0])
+                self._durable_hash = chain_hash(items[-1][1])
             return
 
     def abandon(self) -> None:
         """Forget the sequences given to prepared batches that were not written."""
         self._assigned = self._last_seq
+        self._prev_hash = self._durable_hash
 
     def commit(self, batch: Sequence[PendingAppend]) -> None:
         """Prepare and write ``batch``: one write transaction, one sync (synchronous)."""
         items = self.prepare(batch)
+        self._prev_hash = self._prepared_hash
         try:
-            self.write(items)
+            self.write(items, self._pending_index)
         except EventsrcError as err:
             self.abandon()
             for req in batch:

@@ -1,0 +1,64 @@
+"""Secondary indexes of the log, written in the same transaction as the events they index.
+
+One LMDB database ``index``; every key is ``<prefix><seq as big-endian u64>`` with an empty
+value, so a cursor range over a prefix yields, in order, the sequences of the records
+about one thing:
+
+* ``d\\0<resource>\\0<device id>\\0`` – a device (listed, health, reserved, allocated, released)
+* ``p\\0<pod uid>\\0``                – a pod (admission, devices, CPUs, claims, removal)
+* ``n\\0<namespace>/<name>\\0``       – a pod by name (admissions and refusals)
+* ``c\\0<claim uid>\\0``              – a DRA claim
+
+Pure: ``keys_for(event)`` decides what a record is about; the log writes the keys.
+"""
+
+from __future__ import annotations
+
+from eventsrc import events as ev
+
+
+def device_prefix(resource: str, device_id: str) -> bytes:
+    return b"d\0" + resource.encode() + b"\0" + device_id.encode() + b"\0"
+
+
+def pod_prefix(uid: str) -> bytes:
+    return b"p\0" + uid.encode() + b"\0"
+
+
+def name_prefix(namespace: str, name: str) -> bytes:
+    return b"n\0" + f"{namespace}/{name}".encode() + b"\0"
+
+
+def claim_prefix(uid: str) -> bytes:
+    return b"c\0" + uid.encode() + b"\0"
+
+
+def keys_for(e: ev._Event) -> list[bytes]:
+    """The index prefixes a record belongs under (the sequence is appended by the log)."""
+    if isinstance(e, ev.DevicesAdded):
+        return [device_prefix(e.resource, d.id) for d in e.devices]
+    if isinstance(e, ev.DevicesRemoved):
+        return [device_prefix(e.resource, i) for i in e.device_ids]
+    if isinstance(e, ev.DeviceHealthChanged):
+        return [device_prefix(e.resource, e.device_id)]
+    if isinstance(e, (ev.DevicesReserved, ev.DevicesAllocated, ev.AllocationFailed, ev.DevicesReleased)):
+        return [pod_prefix(e.pod_uid), *(device_prefix(e.resource, i) for i in e.device_ids)]
+    if isinstance(e, (ev.PodAdmissionStarted, ev.PodAdmitted, ev.AdmissionRejected)):
+        return [pod_prefix(e.pod.uid), name_prefix(e.pod.namespace, e.pod.name)]
+    if isinstance(e, (ev.PodRemoved, ev.CPUsAssigned, ev.CPUsReleased)):
+        return [pod_prefix(e.pod_uid)]
+    if isinstance(e, (ev.PodReferenceAdded, ev.PodReferenceRemoved)):
+        return [pod_prefix(e.pod_uid), claim_prefix(e.claim_uid)]
+    if isinstance(
+        e,
+        (
+            ev.ClaimPrepareStarted,
+            ev.ClaimPrepared,
+            ev.ClaimPrepareFailed,
+            ev.ClaimUnprepareStarted,
+            ev.ClaimUnprepared,
+            ev.ClaimUnprepareFailed,
+        ),
+    ):
+        return [claim_prefix(e.claim.uid)]
+    return []
