@@ -111,8 +111,6 @@ class Admission:
         self.devices = devices
         self.wait = wait
         self._lock = trio.Lock()
-        #: Admissions waiting for a plugin right now (for metrics and status).
-        self.waiting = 0
 
     async def admit(self, spec: PodSpec) -> tuple[PodView, str]:
         """Admit ``spec``; return the pod as admitted and the correlation id.
@@ -160,11 +158,7 @@ class Admission:
         for driver in sorted({c.driver for c in spec.claims}):
             client = self.daemon.dra.clients.get(driver)
             if client is None:
-                self.waiting += 1
-                try:
-                    client = await self.daemon.dra.wait_driver(driver, self.wait)
-                finally:
-                    self.waiting -= 1
+                client = await self.daemon.dra.wait_driver(driver, self.wait)
             if client is None:
                 raise await self._refuse(spec, f"DRA driver {driver} is not registered (waited {self.wait:g} s)", cid)
             out[driver] = client
@@ -191,13 +185,9 @@ class Admission:
 
     async def _endpoints(self, spec: PodSpec, requests: dict[str, dict[str, int]], cid: str) -> dict[str, Endpoint]:
         views = self.daemon.views
-        # The pod's effective request, as the kubelet counts it: init containers run one at
-        # a time and hand their devices on; the others run together.
-        needed: dict[str, int] = {}
-        for c in spec.containers:
-            for resource, n in requests[c.name].items():
-                if c.kind == "init":
-                    needed[resource] = max(needed.get(resource, 0), n)
+        # The pod's effective request, as the kubelet counts it (init containers hand theirs on).
+        resources = {r for reqs in requests.values() for r in reqs}
+        needed = {r: pod_request(spec.containers, requests, r) for r in resources}
         running: dict[str, int] = {}
         for c in spec.containers:
             if c.kind != "init":
@@ -214,11 +204,7 @@ class Admission:
             ep = self.devices.endpoints.get(resource)
             if ep is None or not ep.listed.is_set():
                 # Known but away (the daemon or the plugin restarted): unknown is not unhealthy.
-                self.waiting += 1
-                try:
-                    ep = await self.devices.wait_listed(resource, self.wait)
-                finally:
-                    self.waiting -= 1
+                ep = await self.devices.wait_listed(resource, self.wait)
             if ep is None:
                 raise await self._refuse(
                     spec, f"no healthy devices present; cannot allocate unhealthy devices {resource} "

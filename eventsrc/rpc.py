@@ -9,7 +9,7 @@ eventsrc stays trio.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,10 +49,6 @@ def why(exc: BaseException) -> str:
 
 # Messages from plugins and clients are small; a hostile peer must not make us buffer more.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-
-
-def call_trio(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    return to_trio(fn)  # type: ignore[no-any-return]
 
 
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL

@@ -129,7 +129,7 @@ def admit(args: argparse.Namespace) -> int:
         spec = msgspec.structs.replace(spec, pod=msgspec.structs.replace(spec.pod, uid=str(uuid.uuid4())))
         print(f"eventsrc: generated uid {spec.pod.uid} for {spec.pod.namespace}/{spec.pod.name}", file=sys.stderr)
     info = call(args.layout, unary("Admit", node_pb2.AdmitRequest(pod=pod_to_proto(spec), claims=claim_protos)))
-    render.print_pod(info, args.output, generated_uid=generated)
+    render.print_pod(info, args.output)
     return 0
 
 

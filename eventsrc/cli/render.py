@@ -54,11 +54,6 @@ def record_json(item: Record | CorruptRecordError) -> dict[str, Any]:
     }
 
 
-def views_json(views: Views) -> dict[str, Any]:
-    out: dict[str, Any] = msgspec.to_builtins(views)
-    return out
-
-
 def views_tables(views: Views) -> list[Any]:
     """rich renderables: one table per view."""
     from rich.table import Table
@@ -122,20 +117,10 @@ def views_tables(views: Views) -> list[Any]:
 
 
 def _cpus(ids: list[int]) -> str:
-    """Kubelet list format: 0-3,8,10-11."""
-    if not ids:
-        return "-"
-    s = sorted(set(ids))
-    parts: list[str] = []
-    start = prev = s[0]
-    for x in s[1:]:
-        if x == prev + 1:
-            prev = x
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = x
-    parts.append(str(start) if start == prev else f"{start}-{prev}")
-    return ",".join(parts)
+    """Kubelet list format: 0-3,8,10-11 ("-" when empty)."""
+    from eventsrc.core.cpuset import CPUSet
+
+    return str(CPUSet(ids)) or "-"
 
 
 def pod_json(info: Any) -> dict[str, Any]:
@@ -170,7 +155,7 @@ def pod_lines(info: Any) -> list[str]:
     return lines
 
 
-def print_pod(info: Any, output: str, generated_uid: bool = False) -> None:
+def print_pod(info: Any, output: str) -> None:
     import json
 
     if output == "json":

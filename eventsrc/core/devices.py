@@ -9,9 +9,6 @@ from collections import defaultdict
 from eventsrc import events as ev
 from eventsrc.state.views import DeviceView, Views
 
-HEALTHY = "Healthy"
-UNHEALTHY = "Unhealthy"
-
 
 def list_and_watch_events(
     resource: str, known: dict[str, DeviceView], update: list[ev.DeviceInfo]

@@ -45,11 +45,11 @@ admission result: reason ``TopologyAffinityError``, message
 from __future__ import annotations
 
 import itertools
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from eventsrc.core.names import go_quote
 from eventsrc.errors import EventsrcError
 
 # --------------------------------------------------------------------------- names and messages
@@ -80,11 +80,6 @@ class TopologyManagerError(EventsrcError, ValueError):
     """A topology-manager configuration the kubelet would refuse; the kubelet's message."""
 
     exit_code = 2
-
-
-def go_quote(s: str) -> str:
-    """Go's ``%q`` for the strings met here (JSON quoting agrees for printable text)."""
-    return json.dumps(s, ensure_ascii=False)
 
 
 # --------------------------------------------------------------------------- bitmask.go
