@@ -210,10 +210,15 @@ def run_devices_bench(*, devices: int, clients: int, admissions: int, rounds: in
         out.write(f"  one durable LMDB commit                    {sync * 1e6:8.0f} us\n")
         out.write(f"  2 round trips + 1 sync                     {floor * 1e6:8.0f} us\n")
         out.write("admissions through the node API (Allocate included)\n")
-        verdict = "ok" if med(one["p50"]) <= floor else f"{med(one['p50']) / floor:.1f} x the floor"
+        p50 = med(one["p50"])
+        verdict = "ok" if p50 <= floor else f"{p50 / floor:.1f} x"
+        # The goal read literally: within (2 round trips + 1 sync) of the bare round trip.
+        beside = rtt + floor
+        verdict_beside = "ok" if p50 <= beside else f"{p50 / beside:.1f} x"
         out.write(
-            f"  1 client    p50 {med(one['p50']) * 1e6:7.0f} us  p99 {med(one['p99']) * 1e6:7.0f} us  "
-            f"{med(one['rate']):7.0f} admissions/s   (p50 within 2 RTT + 1 sync: {verdict})\n"
+            f"  1 client    p50 {p50 * 1e6:7.0f} us  p99 {med(one['p99']) * 1e6:7.0f} us  "
+            f"{med(one['rate']):7.0f} admissions/s   (p50 <= 2 RTT + 1 sync = {floor * 1e6:.0f} us: {verdict}; "
+            f"p50 <= RTT + 2 RTT + 1 sync = {beside * 1e6:.0f} us: {verdict_beside})\n"
         )
         ok_rate = "ok" if med(many["rate"]) >= 500 else "BELOW 500/s"
         out.write(

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import trio
 
 from eventsrc import events as ev
-from eventsrc.errors import AlreadyRunningError, ConcurrencyConflictError, NoLogError
+from eventsrc.errors import AlreadyRunningError, ConcurrencyConflictError, EventsrcError, NoLogError
 from eventsrc.events import CorruptRecordError
 from eventsrc.log.commit import GroupCommitter, follow
 from eventsrc.log.store import DirLock, EventLog
+from eventsrc.log.verify import verify
 
 WRITER = Path(__file__).parent / "writer_proc.py"
 
@@ -143,6 +145,49 @@ async def test_group_commit_shares_transactions_among_concurrent_writers(tmp_pat
     assert committer.batches < 64 * 20 / 8
     on_disk = {r.event.pod_uid: r.seq for r in log.records()}  # type: ignore[union-attr]
     assert on_disk == acked
+
+
+async def test_a_failed_write_fails_its_batch_and_what_was_prepared_after_it(tmp_path: Path) -> None:
+    """A failed durable write fails its appenders and every batch prepared behind it; the
+    sequences they were given are given out again, so the log stays contiguous and chained."""
+    log = EventLog(tmp_path / "log")
+    write = log.write
+    calls = 0
+
+    def flaky(items: list, index: list | None = None) -> None:  # type: ignore[type-arg]
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            time.sleep(0.05)  # let more batches be prepared behind this one
+            raise EventsrcError("disk says no")
+        write(items, index)
+
+    log.write = flaky  # type: ignore[method-assign]
+    committer = GroupCommitter(log)
+    acked: dict[str, int] = {}
+    failed: list[str] = []
+
+    async def writer(w: int) -> None:
+        for i in range(10):
+            uid = f"w{w}-{i}"
+            try:
+                (rec,) = await committer.append([ev.PodRemoved(pod_uid=uid)])
+                acked[uid] = rec.seq
+            except EventsrcError:
+                failed.append(uid)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(committer.run)
+        async with trio.open_nursery() as writers:
+            for w in range(64):
+                writers.start_soon(writer, w)
+        nursery.cancel_scope.cancel()
+    assert failed and len(acked) + len(failed) == 640
+    assert sorted(acked.values()) == list(range(1, len(acked) + 1))
+    on_disk = {r.event.pod_uid: r.seq for r in log.records()}  # type: ignore[union-attr]
+    assert on_disk == acked
+    last, findings = verify(log)
+    assert last == len(acked) and findings == []
 
 
 async def test_conflicting_append_fails_alone_inside_a_batch(tmp_path: Path) -> None:

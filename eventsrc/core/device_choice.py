@@ -42,6 +42,7 @@ class Refusal(Exception):
 
 
 @functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 16)
 def natural_key(device_id: str) -> tuple[object, ...]:
     """``dev-2`` before ``dev-10``."""
     return tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(device_id))
@@ -73,14 +74,17 @@ def generate_hints(
     ``preferred`` marks the masks as narrow as the narrowest that could hold the request
     on an empty node.
     """
-    available = list(available)
     reusable = list(reusable)
+    # Devices are counted per distinct NUMA set once: each mask is then a sum over the
+    # few sets, not a pass over every device (the same counts as the kubelet's loops).
+    everywhere = _count_per_set(devices.values())
+    free = _count_per_set(devices.get(i) for i in available)
     min_size = len(numa_nodes)
     hints: list[Hint] = []
     for size in range(1, len(numa_nodes) + 1):
         for combo in itertools.combinations(numa_nodes, size):
             mask = frozenset(combo)
-            if sum(1 for nodes in devices.values() if mask.intersection(nodes)) >= request:
+            if sum(n for nodes, n in everywhere.items() if not mask.isdisjoint(nodes)) >= request:
                 min_size = min(min_size, size)
             count = 0
             ok = True
@@ -89,16 +93,26 @@ def generate_hints(
                 if not nodes:
                     # No topology (the kubelet's Topology == nil, or an unknown device): skipped.
                     continue
-                if not mask.intersection(nodes):
+                if mask.isdisjoint(nodes):
                     ok = False
                     break
                 count += 1
             if not ok:
                 continue
-            count += sum(1 for device_id in available if mask.intersection(devices.get(device_id) or ()))
+            count += sum(n for nodes, n in free.items() if not mask.isdisjoint(nodes))
             if count >= request:
                 hints.append(Hint(mask, False))
     return [Hint(h.nodes, len(h.nodes) == min_size) for h in hints]
+
+
+def _count_per_set(node_lists: Iterable[list[int] | None]) -> dict[tuple[int, ...], int]:
+    """How many devices sit on each distinct NUMA set (devices without topology left out)."""
+    per_set: dict[tuple[int, ...], int] = {}
+    for nodes in node_lists:
+        if nodes:
+            key = tuple(nodes)
+            per_set[key] = per_set.get(key, 0) + 1
+    return per_set
 
 
 def container_hints(
