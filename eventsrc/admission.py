@@ -16,7 +16,6 @@ A crash between intent and outcome is finished on the next start from the log al
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -46,6 +45,7 @@ from eventsrc.core.resources import qos_class
 from eventsrc.core.topology_manager import TOPOLOGY_AFFINITY_MESSAGE, ProviderHints, TopologyHint
 from eventsrc.events import ContainerSpec
 from eventsrc.log.commit import new_correlation_id
+from eventsrc.logs import correlation, get_logger
 from eventsrc.manifest import PodSpec, device_requests
 from eventsrc.plugins.device_plugins import (
     DeviceManager,
@@ -53,14 +53,14 @@ from eventsrc.plugins.device_plugins import (
     PluginCallFailed,
     allocation_from_proto,
 )
-from eventsrc.plugins.dra import DRAClient
+from eventsrc.plugins.dra import DRAClient, log_claim_outcomes
 from eventsrc.rpc import CALL_ERRORS, why
 from eventsrc.state.views import PodView
 
 if TYPE_CHECKING:
     from eventsrc.daemon import Daemon
 
-log = logging.getLogger("eventsrc.admission")
+log = get_logger("eventsrc.admission")
 
 DEFAULT_ADMISSION_WAIT = 30.0
 ALLOCATE_TIMEOUT = 60.0
@@ -117,8 +117,12 @@ class Admission:
 
         Raises AdmissionRefused with the reason (recorded as AdmissionRejected).
         """
-        views = self.daemon.views
         cid = new_correlation_id()
+        with correlation(cid):  # on every line logged and record appended for this pod
+            return await self._admit(spec, cid)
+
+    async def _admit(self, spec: PodSpec, cid: str) -> tuple[PodView, str]:
+        views = self.daemon.views
         uid = spec.pod.uid
         requests = {c.name: device_requests(c) for c in spec.containers}
         existing = views.pods.pods.get(uid)
@@ -127,7 +131,8 @@ class Admission:
         async with self._lock:
             endpoints = await self._endpoints(spec, requests, cid)
             drivers = await self._drivers(spec, cid)
-            plan, cpu_steps = await self._plan(spec, requests, endpoints, cid)
+            with self.daemon.metrics.topology_admission():
+                plan, cpu_steps = await self._plan(spec, requests, endpoints, cid)
             intent: list[ev._Event] = [ev.PodAdmissionStarted(pod=spec.pod, containers=spec.containers)]
             intent += [
                 ev.DevicesReserved(
@@ -158,7 +163,8 @@ class Admission:
         for driver in sorted({c.driver for c in spec.claims}):
             client = self.daemon.dra.clients.get(driver)
             if client is None:
-                client = await self.daemon.dra.wait_driver(driver, self.wait)
+                with self.daemon.metrics.waiting():
+                    client = await self.daemon.dra.wait_driver(driver, self.wait)
             if client is None:
                 raise await self._refuse(spec, f"DRA driver {driver} is not registered (waited {self.wait:g} s)", cid)
             out[driver] = client
@@ -180,7 +186,7 @@ class Admission:
 
     async def _refuse(self, spec: PodSpec, reason: str, cid: str, container: str = "", hint: str = "") -> AdmissionRefused:
         await self.daemon.record([ev.AdmissionRejected(pod=spec.pod, reason=reason, container=container, topology_hint=hint)], cid)
-        log.info("admission rejected pod=%s/%s uid=%s reason=%r cid=%s", spec.pod.namespace, spec.pod.name, spec.pod.uid, reason, cid)
+        log.info("pod refused", pod=f"{spec.pod.namespace}/{spec.pod.name}", uid=spec.pod.uid, reason=reason)
         return AdmissionRefused(reason)
 
     async def _endpoints(self, spec: PodSpec, requests: dict[str, dict[str, int]], cid: str) -> dict[str, Endpoint]:
@@ -204,7 +210,8 @@ class Admission:
             ep = self.devices.endpoints.get(resource)
             if ep is None or not ep.listed.is_set():
                 # Known but away (the daemon or the plugin restarted): unknown is not unhealthy.
-                ep = await self.devices.wait_listed(resource, self.wait)
+                with self.daemon.metrics.waiting():
+                    ep = await self.devices.wait_listed(resource, self.wait)
             if ep is None:
                 raise await self._refuse(
                     spec, f"no healthy devices present; cannot allocate unhealthy devices {resource} "
@@ -233,6 +240,7 @@ class Admission:
         held = holdings(views, uid) if uid in views.pods.pods else {}
         cpus = CPUPlanner(self.daemon.cpus, views.cpus.assignments, uid, qos_class(spec.containers))
         tm = self.daemon.topology
+        metrics = self.daemon.metrics
         try:
             pod_affinity = self._pod_affinity(spec, requests, resources, held, cpus) if tm.scope == "pod" else None
         except TopologyRefusal as refusal:
@@ -246,9 +254,12 @@ class Admission:
                     raise TopologyRefusal(best, c.name)
                 nodes = best.nodes()
             try:
-                cpus.allocate(c, nodes)
+                step = cpus.allocate(c, nodes)
             except TakeError as err:
+                metrics.cpu_pinning(failed=True)
                 raise Refusal(str(err)) from None
+            if step is not None:  # the container asked for exclusive CPUs
+                metrics.cpu_pinning(failed=False)
             return frozenset(nodes) if nodes else None
 
         planner = plan_pod(spec.containers, requests, resources, held=held, pod_uid=uid, affinity_of=affinity_of)
@@ -300,11 +311,13 @@ class Admission:
             ep = endpoints[step.resource]
             try:
                 with trio.fail_after(ALLOCATE_TIMEOUT):
-                    resp = await ep.allocate(step.device_ids, ALLOCATE_TIMEOUT)
+                    with self.daemon.metrics.alloc_timer(step.resource):
+                        resp = await ep.allocate(step.device_ids, ALLOCATE_TIMEOUT)
                     if ep.options.pre_start_required:
                         await ep.pre_start(step.device_ids)
             except _CALL_ERRORS as exc:
                 calls.failed = (step, f"Allocate failed for {step.resource} in container {step.container}: {why(exc)}")
+                self.daemon.metrics.topology_admission_failed()
                 return
             calls.responses.append((step, allocation_from_proto(resp)))
 
@@ -315,6 +328,7 @@ class Admission:
             for s, r in calls.responses
         ]
         outcome += calls.claims
+        log_claim_outcomes(calls.claims)
         claim_failure = next((e for e in calls.claims if isinstance(e, ev.ClaimPrepareFailed)), None)
         if calls.failed is None and claim_failure is not None:
             reason = claim_failure.reason
@@ -325,7 +339,7 @@ class Admission:
             undo += claim_release_events(views, uid)[0]
             await self.daemon.record([*undo, ev.AdmissionRejected(pod=spec.pod, reason=reason)], cid)
             self.daemon.dra.kick()
-            log.warning("claim preparation failed pod=%s uid=%s reason=%r cid=%s", spec.pod.name, uid, reason, cid)
+            log.warning("pod refused: claim preparation failed", pod=f"{spec.pod.namespace}/{spec.pod.name}", uid=uid, reason=reason)
             raise AdmissionRefused(reason)
         if calls.failed is not None:
             step, reason = calls.failed
@@ -339,11 +353,14 @@ class Admission:
             others += claim_release_events(views, uid)[0]
             await self.daemon.record([*outcome, failed, *others, ev.AdmissionRejected(pod=spec.pod, reason=reason, container=step.container)], cid)
             self.daemon.dra.kick()
-            log.warning("allocation failed pod=%s uid=%s reason=%r cid=%s", spec.pod.name, uid, reason, cid)
+            log.warning(
+                "pod refused: allocation failed",
+                pod=f"{spec.pod.namespace}/{spec.pod.name}", uid=uid, container=step.container, resource=step.resource, reason=reason,
+            )
             raise AdmissionRefused(reason)
         outcome.append(ev.PodAdmitted(pod=spec.pod, containers=spec.containers, qos_class=qos_class(spec.containers)))
         await self.daemon.record(outcome, cid)
-        log.info("pod admitted pod=%s/%s uid=%s cid=%s", spec.pod.namespace, spec.pod.name, uid, cid)
+        log.info("pod admitted", pod=f"{spec.pod.namespace}/{spec.pod.name}", uid=uid)
         return self.daemon.views.pods.pods[uid]
 
     async def remove(self, uid: str, reason: str = "pod removed") -> tuple[PodView, str]:
@@ -355,6 +372,12 @@ class Admission:
             raise AdmissionRefused(f"pod {pod.namespace}/{pod.name} ({uid}) is being admitted; remove it once that ends")
         before = _copy(pod)
         cid = new_correlation_id()
+        with correlation(cid):
+            await self._remove(pod, reason, cid)
+        return before, cid
+
+    async def _remove(self, pod: PodView, reason: str, cid: str) -> None:
+        uid = pod.uid
         views = self.daemon.views
         events = remove_pod_events(views, uid, reason)
         events += pool_events(self.daemon.cpus, views.cpus.shared, without_pod(views.cpus.assignments, uid), f"pod {uid} removed")
@@ -365,5 +388,4 @@ class Admission:
         with trio.CancelScope(shield=True):
             await self.daemon.record(events, cid)
         self.daemon.dra.kick()
-        log.info("pod removed pod=%s/%s uid=%s cid=%s", pod.namespace, pod.name, uid, cid)
-        return before, cid
+        log.info("pod removed", pod=f"{pod.namespace}/{pod.name}", uid=uid, reason=reason)

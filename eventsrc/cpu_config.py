@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from eventsrc.core.cpu_assignment import parse_policy_options, validate_static_policy_options
@@ -9,17 +10,6 @@ from eventsrc.core.cpu_static import CPUManagerConfig, reserved_cpus
 from eventsrc.core.cpuset import CPUSet
 from eventsrc.core.topology import CPUTopology, decode_topology_file
 from eventsrc.errors import EventsrcError
-
-
-def parse_map(text: str, flag: str) -> dict[str, str]:
-    """``k=v,k=v`` as the kubelet's map flags take it."""
-    out: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.partition("=")
-        if not sep or not key:
-            raise EventsrcError(f"{flag}: {part!r} is not KEY=VALUE")
-        out[key.strip()] = value.strip()
-    return out
 
 
 def load_topology(topology_file: Path | None, sysfs_root: Path) -> CPUTopology:
@@ -36,16 +26,16 @@ def load_topology(topology_file: Path | None, sysfs_root: Path) -> CPUTopology:
 
 def load_cpu_config(
     policy: str,
-    options: str,
+    options: Mapping[str, str],
     reserved: str,
     reserved_count: int,
     topology: CPUTopology,
-    feature_gates: dict[str, str] | None = None,
+    feature_gates: Mapping[str, bool] | None = None,
     topology_manager_policy: str = "none",
 ) -> CPUManagerConfig:
-    gates = {k: v.lower() in ("1", "t", "true") for k, v in (feature_gates or {}).items()}
+    gates = feature_gates or {}
     opts = parse_policy_options(
-        parse_map(options, "--cpu-manager-policy-options"),
+        options,
         alpha_enabled=gates.get("CPUManagerPolicyAlphaOptions", False),
         beta_enabled=gates.get("CPUManagerPolicyBetaOptions", True),
     )

@@ -2,6 +2,7 @@
 
     serve()                        (inside one trio-asyncio loop, for grpclib)
       ├─ GroupCommitter.run      appends; applies each committed batch to the views
+      ├─ serve_http(HealthApp)   --metrics-address: /metrics, /healthz, /readyz (eventsrc/metrics.py)
       ├─ DeviceManager.run       device-plugins/kubelet.sock, one task per plugin endpoint
       ├─ serve_unix(Node)        eventsrc/api.sock: admit, remove, list pods
       ├─ serve_unix(PodResources) pod-resources/kubelet.sock
@@ -17,9 +18,9 @@ previous run left unfinished (``core.devices.restart_events``).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,31 +29,44 @@ from typing import Any
 import trio
 import trio_asyncio
 
-from eventsrc import __version__
+from eventsrc import __version__, systemd
 from eventsrc import events as ev
 from eventsrc.admission import DEFAULT_ADMISSION_WAIT, Admission
 from eventsrc.api.node import NodeService, status_response
 from eventsrc.api.podresources import PodResourcesService
+from eventsrc.config import Configuration, Duration
+from eventsrc.config import changes as configuration_changes
+from eventsrc.config import recorded as recorded_config
 from eventsrc.core.cpu_assignment import StaticPolicyOptions
 from eventsrc.core.cpu_static import CPUManagerConfig, allocatable_cpus, pool_events, startup_events
 from eventsrc.core.cpuset import CPUSet
 from eventsrc.core.devices import restart_events
 from eventsrc.core.topology import single_cpu_topology
 from eventsrc.core.topology_manager import TopologyManager, parse_topology_manager
-from eventsrc.events import CorruptRecordError, Record
+from eventsrc.errors import NewerLogError
+from eventsrc.events import CorruptRecordError, FutureRecordError, Record
 from eventsrc.gen.node.v1 import node_pb2
 from eventsrc.layout import Layout
 from eventsrc.log.commit import GroupCommitter
 from eventsrc.log.snapshots import encode_snapshot, load_views, write_snapshot
 from eventsrc.log.store import DirLock, EventLog
+from eventsrc.logs import current_correlation_id, get_logger
+from eventsrc.metrics import (
+    STALL_SECONDS,
+    HealthApp,
+    Metrics,
+    check_address,
+    parse_address,
+    serve_http,
+)
 from eventsrc.plugins.device_plugins import DEFAULT_GRACE, DeviceManager, RegistryHandler
 from eventsrc.plugins.dra import DRAManager
 from eventsrc.plugins.registry import PluginWatcher
-from eventsrc.rpc import check_socket_path, serve_unix
+from eventsrc.rpc import MAX_MESSAGE_BYTES, check_socket_path, limit_received_messages, serve_unix
 from eventsrc.state.apply import apply_all
 from eventsrc.state.views import Views
 
-log = logging.getLogger("eventsrc.daemon")
+log = get_logger("eventsrc.daemon")
 
 DEFAULT_SNAPSHOT_EVERY = 10_000
 
@@ -62,6 +76,23 @@ def machine_boot_id() -> str:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return ""
+
+
+def refuse_newer_records(event_log: EventLog, views: Views) -> None:
+    """Raise NewerLogError when the log holds records of a newer eventsrc that this one cannot
+    read (docs/adr/0010). The restart rules and every decision would work on views that
+    miss them, and what this daemon wrote next (releases, refusals) would contradict that
+    version's history. Read-only commands still show them, raw."""
+    found = event_log.read_many(sorted(views.meta.corrupt))
+    newer = [r for r in found if isinstance(r, FutureRecordError) and not r.skippable]
+    if newer:
+        first = newer[0]
+        raise NewerLogError(
+            f"{len(newer)} record(s) of the log were written by a newer eventsrc (the first: {first.seq}, "
+            f"{first.type_name} v{first.version}; the last daemon started here was {views.meta.version or 'unknown'}, "
+            f"this is {__version__}): this daemon does not write on a log it cannot read; run the newer version "
+            "('eventsrc log', 'state', 'audit' and 'backup' still work)"
+        )
 
 
 class Daemon:
@@ -88,6 +119,14 @@ class Daemon:
         self._snapshot_seq = views.meta.last_seq
         self._snapshot_due = trio.Event()
         self.ready = False
+        self.not_ready = "starting: the sockets are not served yet"  # /readyz's reason
+        self.metrics = Metrics(
+            log_bytes=log_.disk_bytes, last_seq=lambda: self.views.meta.last_seq, corrupt_records=lambda: len(self.views.meta.corrupt)
+        )
+        self.metrics_address: str | None = None  # as bound (port 0 resolved)
+        # For /healthz: appends in flight, since when, and when the last commit landed.
+        self._appending = 0
+        self._appending_since = self._last_commit = time.monotonic()
         self.devices = DeviceManager(self, grace=grace)
         self.dra = DRAManager(self)
         self.admission = Admission(self, self.devices, wait=admission_wait)
@@ -115,7 +154,7 @@ class Daemon:
         events = startup_events(self.cpus, views.cpus.policy, views.cpus.assignments)
         for e in events:
             if isinstance(e, ev.PolicyConfigurationChanged):
-                log.warning("cpu manager configuration changed old=%s new=%s", e.old, e.new)
+                log.warning("cpu manager configuration changed", old=e.old, new=e.new)
         if events:
             await self.record(events)
         pool = pool_events(self.cpus, self.views.cpus.shared, self.views.cpus.assignments, "cpu manager started")
@@ -124,19 +163,46 @@ class Daemon:
 
     def _applied(self, records: list[Record]) -> None:
         apply_all(self.views, records)
+        self.metrics.committed(records)
+        self._last_commit = time.monotonic()
         if self.views.meta.last_seq - self._snapshot_seq >= self.snapshot_every:
             self._snapshot_due.set()
 
     async def record(self, events: Sequence[ev._Event], correlation_id: str | None = None) -> list[Record]:
-        """Append ``events`` as one unit; they are in the views when this returns."""
-        return await self.committer.append(events, correlation_id)
+        """Append ``events`` as one unit; they are in the views when this returns. Without
+        ``correlation_id``, the records carry the current request's (``logs.correlation``)."""
+        correlation_id = correlation_id or current_correlation_id() or None
+        start = time.monotonic()
+        if not self._appending:
+            self._appending_since = start
+        self._appending += 1
+        try:
+            records = await self.committer.append(events, correlation_id)
+        finally:
+            self._appending -= 1
+        self.metrics.append_observed(time.monotonic() - start)
+        return records
+
+    def liveness(self) -> str:
+        """/healthz: "" while alive, else why not. It answers from the trio loop, so an answer
+        says the loop runs; appends waiting ``STALL_SECONDS`` with no commit say the committer
+        does not (a disk that stopped syncing)."""
+        if self._appending:
+            waited = time.monotonic() - max(self._appending_since, self._last_commit)
+            if waited > STALL_SECONDS:
+                return f"committer stalled: {self._appending} append(s) waiting, no commit for {waited:.0f} s"
+        return ""
+
+    def readiness(self) -> str:
+        """/readyz: "" once every socket is served, else why not."""
+        return "" if self.ready else self.not_ready
 
     async def write_snapshot(self) -> None:
         data = encode_snapshot(self.views, self.log.log_id())
         seq = self.views.meta.last_seq
         path = await trio.to_thread.run_sync(write_snapshot, self.layout.snapshots, data, seq)
         self._snapshot_seq = seq
-        log.info("snapshot written seq=%d path=%s bytes=%d", seq, path, len(data))
+        log.info("snapshot written", seq=seq, path=path, bytes=len(data))
 
     async def snapshot_loop(self) -> None:
         while True:
@@ -152,6 +218,12 @@ class Daemon:
             return [r for r in self.log.records(1, until_seq) if isinstance(r, CorruptRecordError)]
 
         corrupt = await trio.to_thread.run_sync(find)
+        # A newer eventsrc's record is not corrupt: it may be ignored, or the snapshot this
+        # start used was made by code that read it (docs/adr/0010).
+        for c in corrupt:
+            if isinstance(c, FutureRecordError) and not c.skippable:
+                log.warning("record from a newer eventsrc (the snapshot holds its effect)", seq=c.seq, reason=c.reason)
+        corrupt = [c for c in corrupt if not isinstance(c, FutureRecordError)]
         corrupt += [
             CorruptRecordError(seq, reason)
             for seq, reason in self.views.meta.corrupt.items()
@@ -159,10 +231,10 @@ class Daemon:
         ]
         new = [c for c in corrupt if c.seq not in self.views.meta.corrupt_reported]
         for c in corrupt:
-            log.error("corrupt record seq=%d reason=%r (left in place; see docs/adr/0005)", c.seq, c.reason)
+            log.error("corrupt record (left in place; see docs/adr/0005)", seq=c.seq, reason=c.reason)
         if new:
             await self.record([ev.CorruptRecordFound(seq=c.seq, reason=c.reason) for c in new])
-        log.info("scrub done records=%d corrupt=%d", until_seq, len(corrupt))
+        log.info("scrub done", records=until_seq, corrupt=len(corrupt))
 
     def write_status(self, ready: bool) -> None:
         status: dict[str, Any] = {
@@ -172,8 +244,11 @@ class Daemon:
             "ready": ready,
             "last_seq": self.views.meta.last_seq,
         }
+        if self.metrics_address is not None:
+            status["metrics_address"] = self.metrics_address
         tmp = self.layout.status.with_suffix(".tmp")
-        tmp.write_text(json.dumps(status))
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "w") as f:
+            f.write(json.dumps(status))
         os.replace(tmp, self.layout.status)
 
 
@@ -186,48 +261,72 @@ async def serve(
     cpus: CPUManagerConfig | None = None,
     topology: TopologyManager | None = None,
     config: dict[str, Any] | None = None,
+    metrics_address: str | None = None,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT (or until cancelled).
 
+    ``metrics_address`` (HOST:PORT, port 0 picks one): serve /metrics, /healthz and /readyz
+    there; the address bound is logged and written to the status file.
     Raises AlreadyRunningError when another process holds the state directory.
     """
+    if metrics_address is not None:
+        parse_address(metrics_address)  # a malformed address is refused before anything starts
     layout.create()
     for sock in (layout.api_socket, layout.device_plugins / "kubelet.sock", layout.pod_resources_socket):
         check_socket_path(sock)
+    limit_received_messages(MAX_MESSAGE_BYTES)
     lock = DirLock(layout.lock)
     lock.acquire()
     event_log: EventLog | None = None
     try:
+        if metrics_address is not None:
+            check_address(metrics_address)
         event_log = EventLog(layout.log)
         views, info = load_views(event_log, layout.snapshots)
+        refuse_newer_records(event_log, views)
         if info.snapshot_seq is None:
-            log.info("full replay reason=%r records=%d seconds=%.3f", info.reason or "no snapshot", info.tail_records, info.seconds)
+            log.info("full replay", reason=info.reason or "no snapshot", records=info.tail_records, seconds=round(info.seconds, 3))
         else:
-            log.info(
-                "views rebuilt snapshot_seq=%d tail=%d seconds=%.3f", info.snapshot_seq, info.tail_records, info.seconds
-            )
+            log.info("views rebuilt", snapshot_seq=info.snapshot_seq, tail=info.tail_records, seconds=round(info.seconds, 3))
         daemon = Daemon(layout, event_log, views, snapshot_every, admission_wait=admission_wait, grace=grace, cpus=cpus, topology=topology)
+        daemon.metrics.replayed(info.seconds, info.tail_records)
         start_seq = views.meta.last_seq
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
                 await nursery.start(daemon.committer.run)
-                cfg = {
-                    "root_dir": str(layout.root),
-                    "snapshot_every": snapshot_every,
-                    "admission_wait_seconds": admission_wait,
-                    "plugin_grace_seconds": grace,
-                    "cpu_manager": daemon.cpus.describe(),
-                    "topology_manager": {"policy": daemon.topology.policy.name, "scope": daemon.topology.scope},
-                    **(config or {}),
-                }
+                if metrics_address is not None:
+                    app = HealthApp(daemon.metrics, live=daemon.liveness, ready=daemon.readiness)
+                    daemon.metrics_address = await nursery.start(serve_http, app, metrics_address)
+                    daemon.write_status(ready=False)
+                if config is None:  # the CLI passes the whole configuration; a bare caller, what it set
+                    config = recorded_config(
+                        Configuration(
+                            root_dir=str(layout.root),
+                            snapshot_every=snapshot_every,
+                            admission_wait=Duration.of_seconds(admission_wait),
+                            plugin_grace_period=Duration.of_seconds(grace),
+                            metrics_address=metrics_address or "",
+                        )
+                    )
                 if views.meta.running:
-                    log.warning("previous run did not stop cleanly instance_id=%s", views.meta.instance_id)
+                    log.warning("previous run did not stop cleanly", instance_id=views.meta.instance_id)
                 started = ev.DaemonStarted(
-                    boot_id=daemon.boot_id, instance_id=daemon.instance_id, version=__version__, config=cfg, pid=os.getpid()
+                    boot_id=daemon.boot_id, instance_id=daemon.instance_id, version=__version__, config=config, pid=os.getpid()
                 )
+                changed = configuration_changes(views.meta.config, config)
                 # What the previous run left unfinished is finished now, from the log alone.
-                await daemon.record([started, *restart_events(daemon.views)])
+                (first, *_) = await daemon.record([started, *([changed] if changed else []), *restart_events(daemon.views)])
+                cid = first.correlation_id
+                log.info("daemon started", version=__version__, instance_id=daemon.instance_id, pid=os.getpid(), boot_id=daemon.boot_id, cid=cid)
+                if changed:
+                    log.warning(
+                        "configuration changed",
+                        changed=changed.changed,
+                        old={k: changed.old.get(k) for k in changed.changed},
+                        new={k: changed.new.get(k) for k in changed.changed},
+                        cid=cid,
+                    )
                 await daemon.apply_cpu_config()
                 await nursery.start(daemon.devices.run)
                 await nursery.start(daemon.dra.run)
@@ -238,27 +337,34 @@ async def serve(
                 await nursery.start(serve_unix, [daemon.node_service()], layout.api_socket, 0o600)
                 await nursery.start(
                     serve_unix,
-                    [PodResourcesService(lambda: daemon.views, cpus=lambda: allocatable_cpus(daemon.cpus).sorted_list())],
+                    [
+                        PodResourcesService(
+                            lambda: daemon.views, cpus=lambda: allocatable_cpus(daemon.cpus).sorted_list(), metrics=daemon.metrics
+                        )
+                    ],
                     layout.pod_resources_socket,
-                    None,
+                    0o755,  # as the kubelet's, under the usual umask 022: only its owner connects
                 )
                 nursery.start_soon(daemon.scrub, start_seq)
                 nursery.start_soon(daemon.snapshot_loop)
                 daemon.ready = True
                 daemon.write_status(ready=True)
-                log.info("ready root=%s last_seq=%d instance_id=%s", layout.root, daemon.views.meta.last_seq, daemon.instance_id)
+                log.info("ready", root=layout.root, last_seq=daemon.views.meta.last_seq, instance_id=daemon.instance_id)
+                systemd.notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=ready, last sequence {daemon.views.meta.last_seq}")
                 task_status.started(daemon)
                 async for signum in signals:
                     reason = signal.Signals(signum).name
-                    log.info("stopping signal=%s", reason)
+                    log.info("stopping", signal=reason)
+                    systemd.notify("STOPPING=1")
                     break
                 daemon.ready = False
+                daemon.not_ready = f"stopping: {reason}"
                 await daemon.record(
                     [ev.DaemonStopped(boot_id=daemon.boot_id, instance_id=daemon.instance_id, reason=reason)]
                 )
                 await daemon.write_snapshot()
                 nursery.cancel_scope.cancel()
-        log.info("stopped last_seq=%d", daemon.views.meta.last_seq)
+        log.info("stopped", last_seq=daemon.views.meta.last_seq)
     finally:
         layout.status.unlink(missing_ok=True)
         if event_log is not None:

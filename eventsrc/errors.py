@@ -28,3 +28,11 @@ class ConcurrencyConflictError(EventsrcError):
 
 class LogClosedError(EventsrcError):
     pass
+
+
+class NewerLogError(EventsrcError):
+    """The log holds what only a newer eventsrc understands (docs/adr/0010): writing on it
+    could contradict what that version recorded. Its own exit status, so that a service
+    manager can tell it from a crash and not restart in a loop."""
+
+    exit_code = 3

@@ -36,6 +36,7 @@ __all__ = [
     "Event",
     "Record",
     "CorruptRecordError",
+    "FutureRecordError",
     "decode_record",
     "encode_payload",
 ]
@@ -151,6 +152,15 @@ class PolicyConfigurationChanged(_Event, frozen=True):
     manager: str  # "cpu", "topology", "device", "dra", "daemon"
     old: dict[str, Any] = {}
     new: dict[str, Any] = {}
+
+
+class ConfigurationChanged(_Event, frozen=True):
+    """This start's effective configuration (the config file's fields, after flags and
+    defaults: eventsrc.config) differs from the one the previous start recorded."""
+
+    old: dict[str, Any] = {}
+    new: dict[str, Any] = {}
+    changed: list[str] = []  # the fields whose values differ, sorted
 
 
 # --------------------------------------------------------------------------- plugins
@@ -365,6 +375,7 @@ Event = (
     | DaemonStopped
     | CorruptRecordFound
     | PolicyConfigurationChanged
+    | ConfigurationChanged
     | PluginRegistered
     | PluginRegistrationRejected
     | PluginDisconnected
@@ -419,6 +430,35 @@ class CorruptRecordError(Exception):
         super().__init__(f"record {seq} is corrupt: {reason}")
         self.seq = seq
         self.reason = reason
+
+
+class FutureRecordError(CorruptRecordError):
+    """An intact record (its checksum holds) that a newer eventsrc wrote: an event type this
+    code does not know, or a newer version of one it does (docs/adr/0010). It carries the
+    envelope and the body as plain data, so readers can show it raw; nothing guesses at it.
+    ``skippable``: the writer declared that a reader may ignore it without misjudging the
+    node's resources (the envelope's ``s`` flag)."""
+
+    def __init__(
+        self,
+        seq: int,
+        reason: str,
+        *,
+        type_name: str,
+        version: int,
+        ts_ns: int,
+        correlation_id: str,
+        body: Any,
+        skippable: bool = False,
+    ) -> None:
+        super().__init__(seq, reason)
+        self.args = (f"record {seq} cannot be read by this eventsrc: {reason}",)
+        self.type_name = type_name
+        self.version = version
+        self.ts_ns = ts_ns
+        self.correlation_id = correlation_id
+        self.body = body
+        self.skippable = skippable
 
 
 # --------------------------------------------------------------------------- upcasters
@@ -486,6 +526,9 @@ class _Envelope(Struct, array_like=True):
     e: msgspec.Raw
     # Hash of the previous record's stored value (docs/adr/0009); empty before the chain existed.
     h: bytes = b""
+    # Set by a newer writer on a record an older reader may ignore (docs/adr/0010); no
+    # event type of this version sets it.
+    s: bool = False
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -529,20 +572,26 @@ def decode_record(seq: int, value: bytes) -> Record:
     try:
         env = _envelope_decoder.decode(payload)
         cls = EVENT_TYPES.get(env.t)
-        if cls is None:
-            raise CorruptRecordError(seq, f"unknown event type {env.t!r} (written by a newer eventsrc?)")
+        if cls is None or env.v > cls.VERSION:
+            # A newer eventsrc wrote this. Additive changes never bump a version, so a
+            # newer version is a breaking one: reading it as ours could lie.
+            known = "an unknown event type" if cls is None else f"this eventsrc reads up to v{cls.VERSION}"
+            raise FutureRecordError(
+                seq,
+                f"{env.t} v{env.v} is from a newer eventsrc ({known})",
+                type_name=env.t,
+                version=env.v,
+                ts_ns=env.ts,
+                correlation_id=env.cid,
+                body=_any_decoder.decode(env.e),
+                skippable=env.s,
+            )
         if env.v == cls.VERSION:
             event = _body_decoders[env.t].decode(env.e)
-        elif env.v < cls.VERSION:
+        else:
             body = _any_decoder.decode(env.e)
             body.pop("type", None)  # early logs stored the type in the body too
             event = msgspec.convert(upcast(env.t, env.v, body), cls)
-        else:
-            # A newer eventsrc wrote this. Additive changes never bump a version, so a
-            # newer version is a breaking one: reading it as ours could lie.
-            raise CorruptRecordError(
-                seq, f"{env.t} v{env.v} is newer than this eventsrc reads (v{cls.VERSION})"
-            )
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, KeyError) as exc:
         raise CorruptRecordError(seq, f"undecodable: {exc}") from None
     return Record(seq=seq, ts_ns=env.ts, correlation_id=env.cid, version=env.v, event=event)  # type: ignore[arg-type]

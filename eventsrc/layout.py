@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +61,10 @@ class Layout:
         return self.state / "api.sock"
 
     def create(self) -> None:
-        """Create the directories (mode 0750, as the kubelet does). The root's parent must exist."""
+        """Create the directories (mode 0750, as the kubelet does). The root's parent must exist.
+
+        The state directory, which holds the log, is also narrowed to 0750 when it exists
+        with more (the kubelet's own directories are left as they are)."""
         if not self.root.exists() and not self.root.parent.is_dir():
             raise EventsrcError(f"cannot create root directory {self.root}: {self.root.parent} does not exist")
         if self.root.exists() and not self.root.is_dir():
@@ -69,6 +74,12 @@ class Layout:
                 d.mkdir(mode=0o750, exist_ok=True)
             except OSError as exc:
                 raise EventsrcError(f"cannot create {d}: {exc.strerror}") from None
+        try:
+            mode = stat.S_IMODE(self.state.stat().st_mode)
+            if mode & 0o027:  # writable by the group, or open to others
+                os.chmod(self.state, mode & 0o750)
+        except OSError as exc:
+            raise EventsrcError(f"cannot narrow {self.state} to mode 0750: {exc.strerror}") from None
 
     def require_log(self) -> Path:
         """The log directory, or a clear error when there is none."""

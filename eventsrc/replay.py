@@ -244,6 +244,8 @@ def _probes(views: Views, rec: Record) -> list[Probe]:
         out.append(("daemon", lambda: f"running (instance {m.instance_id[:8]}, version {m.version})" if m.running else "stopped", None))
     elif isinstance(e, ev.CorruptRecordFound):
         out.append((f"record {e.seq}", lambda: "reported corrupt" if e.seq in views.meta.corrupt_reported else "not reported", None))
+    elif isinstance(e, ev.ConfigurationChanged):
+        out.append(("configuration", lambda: " ".join(f"{k}={_short(views.meta.config.get(k))}" for k in e.changed) or "-", None))
     elif isinstance(e, ev.PolicyConfigurationChanged):
         if e.manager == "cpu":
             out.append(("cpu policy", lambda: " ".join(f"{k}={_short(v)}" for k, v in views.cpus.policy.items()) or "none", None))

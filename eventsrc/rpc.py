@@ -9,12 +9,18 @@ eventsrc stays trio.
 from __future__ import annotations
 
 import os
+import socket
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import grpclib.client
+import grpclib.server
 import trio
 import trio_asyncio
+from google.protobuf.message import DecodeError
+from grpclib import Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.server import Server
 
@@ -35,6 +41,7 @@ CALL_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     trio.TooSlowError,
     TimeoutError,
+    DecodeError,  # a peer's garbage (received messages are decoded in _recv_message, see below)
 )
 
 
@@ -47,8 +54,56 @@ def why(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-# Messages from plugins and clients are small; a hostile peer must not make us buffer more.
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+#: The largest message the daemon takes from a peer: grpc-go's default receive limit, which
+#: the kubelet keeps for its device-plugin client and its registration and PodResources
+#: servers (none of them sets MaxRecvMsgSize). grpclib has no limit of its own: it would
+#: buffer whatever a peer's 4-byte length prefix announces.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+_max_received: int | None = None
+
+
+def limit_received_messages(max_bytes: int | None) -> None:
+    """Refuse, in this process, every received message longer than ``max_bytes`` (None: no
+    limit). The daemon sets it at start; the CLI reads its own daemon without one."""
+    global _max_received
+    _max_received = max_bytes
+
+
+async def _recv_message(stream: Any, codec: Any, message_type: Any) -> Any:
+    """grpclib's ``recv_message`` (grpclib/stream.py), made safe against a hostile peer.
+
+    - A message whose length prefix exceeds the limit is refused from its 5-byte header,
+      before its body is read, with grpc-go's status and words (RESOURCE_EXHAUSTED,
+      "received message larger than max"); HTTP/2 flow control keeps what the peer can push
+      meanwhile to one stream window (4 MiB).
+    - What grpclib lets escape from a malformed message (AssertionError for a truncated one,
+      NotImplementedError for a compressed one, protobuf's DecodeError for garbage) becomes
+      a GRPCError or ProtocolError, which every caller handles (``CALL_ERRORS``); on the
+      server side the peer gets that status.
+    """
+    try:
+        meta = await stream.recv_data(5)
+        if not meta:
+            return None
+        if meta[0]:
+            raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
+        length = int.from_bytes(meta[1:5], "big")
+        if _max_received is not None and length > _max_received:
+            raise GRPCError(Status.RESOURCE_EXHAUSTED, f"received message larger than max ({length} vs. {_max_received})")
+        data = await stream.recv_data(length)
+    except AssertionError:  # grpclib's Buffer.read: the stream ended inside a message
+        raise ProtocolError("the peer ended the stream in the middle of a message") from None
+    try:
+        return codec.decode(data, message_type)
+    except Exception as exc:  # protobuf's DecodeError, or a codec's own complaint
+        name = getattr(message_type, "__name__", "message")
+        raise GRPCError(Status.INTERNAL, f"cannot decode the {name}: {exc}") from None
+
+
+# grpclib's client and server streams call the module-level name each imported.
+grpclib.client.recv_message = _recv_message  # type: ignore[assignment]
+grpclib.server.recv_message = _recv_message  # type: ignore[assignment]
 
 
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
@@ -63,6 +118,29 @@ def check_socket_path(path: Path) -> None:
         )
 
 
+def endpoint_socket_error(endpoint: str) -> str:
+    """Why the daemon will not dial ``endpoint`` ("" when it will): an absolute path of at
+    most 107 bytes, without NUL, naming a unix socket itself. A symbolic link is refused
+    even when it points at a socket: whoever can write the plugin directories must not be
+    able to make the daemon connect, with its privileges, to a socket elsewhere."""
+    if "\x00" in endpoint:
+        return "the endpoint contains a NUL byte"
+    if not os.path.isabs(endpoint):
+        return f"the endpoint {endpoint!r} is not an absolute path"
+    n = len(os.fsencode(endpoint))
+    if n > MAX_SOCKET_PATH:
+        return f"the endpoint {endpoint} is {n} bytes long; unix sockets allow {MAX_SOCKET_PATH}"
+    try:
+        mode = os.lstat(endpoint).st_mode
+    except OSError as exc:
+        return f"cannot dial the endpoint {endpoint}: {exc.strerror}"
+    if stat.S_ISLNK(mode):
+        return f"the endpoint {endpoint} is a symbolic link; the daemon dials only a socket itself"
+    if not stat.S_ISSOCK(mode):
+        return f"the endpoint {endpoint} is not a unix socket"
+    return ""
+
+
 async def serve_unix(
     handlers: Sequence[Any],
     path: Path,
@@ -73,13 +151,22 @@ async def serve_unix(
     """Serve grpclib ``handlers`` on the unix socket ``path`` until cancelled.
 
     A stale socket file at ``path`` is replaced. The socket is removed on the way out.
+    ``mode`` (None: what the umask gives) is set between bind and listen, so that no
+    connection is ever accepted under another mode.
     """
     check_socket_path(path)
     path.unlink(missing_ok=True)
     server = Server(list(handlers))
-    await to_aio(server.start)(path=str(path))
-    if mode is not None:
-        os.chmod(path, mode)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        if mode is not None:
+            os.chmod(path, mode)
+        await to_aio(server.start)(sock=sock)  # listens
+    except BaseException:
+        sock.close()
+        path.unlink(missing_ok=True)
+        raise
     task_status.started()
     try:
         await trio.sleep_forever()

@@ -74,7 +74,7 @@ def test_serve_status_stop_restart(root: Path, daemon_factory) -> None:  # type:
 
     d2 = daemon_factory()
     assert d2.stop(signal.SIGINT) == 0
-    assert "views rebuilt snapshot_seq=4" in d2.output()
+    assert 'msg="views rebuilt" snapshot_seq=4' in d2.output()
     state = json.loads(run_cli("state", "-o", "json", root=root, check=True).stdout)
     # The same configuration again: nothing new to record.
     assert state["meta"]["boots"] == 2 and state["meta"]["running"] is False and state["meta"]["last_seq"] == 6
@@ -146,7 +146,7 @@ def test_one_flipped_byte_is_named_and_nothing_else_is_lost(root: Path, daemon_f
     d = daemon_factory()
     assert run_cli("status", root=root).returncode == 0
     assert d.stop() == 0
-    assert "corrupt record seq=117" in d.output()
+    assert "seq=117" in d.output() and 'msg="corrupt record' in d.output()
     found = [json.loads(line) for line in run_cli("log", "-o", "json", "--from", "201", root=root).stdout.splitlines()]
     assert [f["event"]["seq"] for f in found if f["type"] == "CorruptRecordFound"] == [117]
     # Restarted again: still named, not recorded twice.

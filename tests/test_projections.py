@@ -45,6 +45,12 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
     ev.DaemonStopped: st.builds(ev.DaemonStopped, boot_id=text, instance_id=text, reason=text),
     ev.CorruptRecordFound: st.builds(ev.CorruptRecordFound, seq=st.integers(1, 50), reason=text),
     ev.PolicyConfigurationChanged: st.builds(ev.PolicyConfigurationChanged, manager=st.sampled_from(["cpu", "topology"]), new=st.just({"policy": "static"})),
+    ev.ConfigurationChanged: st.builds(
+        ev.ConfigurationChanged,
+        old=st.just({"k": 1}),
+        new=st.sampled_from([{"k": 2}, {"k": 1, "logLevel": "debug"}]),
+        changed=st.sampled_from([["k"], ["logLevel"]]),
+    ),
     ev.PluginRegistered: st.builds(ev.PluginRegistered, resource=resources | drivers, endpoint=st.sampled_from(["a.sock", "b.sock"]), kind=st.sampled_from(["DevicePlugin", "DRAPlugin"])),
     ev.PluginRegistrationRejected: st.builds(ev.PluginRegistrationRejected, resource=resources, endpoint=st.just("x.sock"), reason=text),
     ev.PluginDisconnected: st.builds(ev.PluginDisconnected, resource=resources | drivers, endpoint=st.sampled_from(["", "a.sock", "b.sock"]), kind=st.sampled_from(["DevicePlugin", "DRAPlugin"])),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from grpclib import GRPCError, Status
 from grpclib.server import Stream
@@ -16,6 +17,9 @@ from grpclib.server import Stream
 from eventsrc.gen.podresources.v1 import api_pb2 as pb
 from eventsrc.gen.podresources.v1.api_grpc import PodResourcesListerBase
 from eventsrc.state.views import DeviceView, PodView, Views
+
+if TYPE_CHECKING:
+    from eventsrc.metrics import Metrics
 
 NO_TOPOLOGY = -1
 
@@ -100,19 +104,28 @@ def allocatable(views: Views, cpus: list[int]) -> pb.AllocatableResourcesRespons
 
 class PodResourcesService(PodResourcesListerBase):
     def __init__(
-        self, views: Callable[[], Views], limiter: TokenBucket | None = None, cpus: Callable[[], list[int]] = list
+        self,
+        views: Callable[[], Views],
+        limiter: TokenBucket | None = None,
+        cpus: Callable[[], list[int]] = list,
+        metrics: Metrics | None = None,
     ) -> None:
         self._views = views
         self._limiter = limiter or TokenBucket()
         self._cpus = cpus
+        self._metrics = metrics
 
-    def _admit(self) -> None:
+    def _admit(self, method: str) -> None:
+        """The rate limit, then the request counted (the kubelet's limiter sits in front of
+        its handlers, which count)."""
         if not self._limiter.allow():
             raise GRPCError(Status.RESOURCE_EXHAUSTED, "rejected by rate limit")
+        if self._metrics is not None:
+            self._metrics.pod_resources_request(method)
 
     async def List(self, stream: Stream[pb.ListPodResourcesRequest, pb.ListPodResourcesResponse]) -> None:
         await stream.recv_message()
-        self._admit()
+        self._admit("list")
         views = self._views()
         pods = [pod_resources(views, p) for p in views.pods.pods.values() if p.state == "admitted"]
         await stream.send_message(pb.ListPodResourcesResponse(pod_resources=pods))
@@ -121,16 +134,18 @@ class PodResourcesService(PodResourcesListerBase):
         self, stream: Stream[pb.AllocatableResourcesRequest, pb.AllocatableResourcesResponse]
     ) -> None:
         await stream.recv_message()
-        self._admit()
+        self._admit("get_allocatable")
         await stream.send_message(allocatable(self._views(), self._cpus()))
 
     async def Get(self, stream: Stream[pb.GetPodResourcesRequest, pb.GetPodResourcesResponse]) -> None:
         req = await stream.recv_message()
         assert req is not None
-        self._admit()
+        self._admit("get")
         views = self._views()
         for p in views.pods.pods.values():
             if p.state == "admitted" and p.name == req.pod_name and p.namespace == req.pod_namespace:
                 await stream.send_message(pb.GetPodResourcesResponse(pod_resources=pod_resources(views, p)))
                 return
+        if self._metrics is not None:
+            self._metrics.pod_resources_error("get")
         raise GRPCError(Status.NOT_FOUND, f"pod {req.pod_name} in namespace {req.pod_namespace} not found")

@@ -8,53 +8,101 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from rich.console import Console
 
 from eventsrc.errors import EventsrcError
-from eventsrc.events import CorruptRecordError
+from eventsrc.events import CorruptRecordError, FutureRecordError
 from eventsrc.layout import Layout
 from eventsrc.log.store import DirLock, EventLog
+
+if TYPE_CHECKING:
+    from eventsrc.config import Configuration
+
+
+def effective_config(args: argparse.Namespace) -> Configuration:
+    """The configuration serve runs with: --config FILE, then the flags given, then the
+    defaults; its values checked (short of the machine). Sets ``args.layout`` to its root."""
+    from eventsrc import config
+
+    cfg = config.load(args.config) if args.config is not None else config.Configuration()
+    overrides: dict[str, Any] = {}
+    for name, flag in config.FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is None or (name == "rootDir" and args.root_dir_from == "default"):
+            continue  # --root-dir, else EVENTSRC_ROOT_DIR, else the file's rootDir, else the default
+        if name in ("cpuManagerPolicyOptions", "topologyManagerPolicyOptions"):
+            value = config.parse_map(value, flag)
+        elif name == "featureGates":
+            value = config.parse_feature_gates(value, flag)
+        elif isinstance(value, Path):
+            value = str(value.absolute())
+        elif name == "metricsAddress" and value is True:  # the flag without a value
+            from eventsrc.metrics import DEFAULT_METRICS_ADDRESS
+
+            value = DEFAULT_METRICS_ADDRESS
+        overrides[name] = value
+    cfg = config.merge(cfg, overrides)
+    if not cfg.root_dir:
+        cfg = config.merge(cfg, {"rootDir": str(args.root_dir)})
+    config.check(cfg)
+    args.layout = Layout(Path(cfg.root_dir))
+    return cfg
 
 
 def serve(args: argparse.Namespace) -> int:
     import trio
 
-    from eventsrc.cpu_config import load_cpu_config, load_topology, parse_map
+    from eventsrc import config, logs
+    from eventsrc.core.topology_manager import parse_topology_manager
+    from eventsrc.cpu_config import load_cpu_config, load_topology
     from eventsrc.daemon import serve as run
 
-    if args.admission_wait < 0 or args.plugin_grace < 0:
-        raise EventsrcError("--admission-wait and --plugin-grace must not be negative")
-    from eventsrc.core.topology_manager import parse_topology_manager
-
-    machine = load_topology(args.topology_file, args.sysfs_root)
+    cfg = effective_config(args)
+    machine = load_topology(Path(cfg.topology_file) if cfg.topology_file else None, Path(cfg.sysfs_root))
     cpus = load_cpu_config(
-        args.cpu_manager_policy,
-        args.cpu_manager_policy_options,
-        args.reserved_cpus,
-        args.reserved_cpu_count,
+        cfg.cpu_manager_policy,
+        cfg.cpu_manager_policy_options,
+        cfg.reserved_system_cpus,
+        cfg.reserved_cpu_count,
         machine,
-        feature_gates=parse_map(args.feature_gates, "--feature-gates"),
-        topology_manager_policy=args.topology_manager_policy,
+        feature_gates=cfg.feature_gates,
+        topology_manager_policy=cfg.topology_manager_policy,
     )
     topology = parse_topology_manager(
-        args.topology_manager_policy,
-        args.topology_manager_scope,
-        parse_map(args.topology_manager_policy_options, "--topology-manager-policy-options"),
+        cfg.topology_manager_policy,
+        cfg.topology_manager_scope,
+        cfg.topology_manager_policy_options,
         machine.cpu_details.numa_nodes().sorted_list(),
     )
+    logs.setup(cfg.log_level, cfg.log_format)
     trio.run(
         lambda: run(
             args.layout,
-            snapshot_every=args.snapshot_every,
-            admission_wait=args.admission_wait,
-            grace=args.plugin_grace,
+            snapshot_every=cfg.snapshot_every,
+            admission_wait=cfg.admission_wait.seconds,
+            grace=cfg.plugin_grace_period.seconds,
             cpus=cpus,
             topology=topology,
+            config=config.recorded(cfg),
+            metrics_address=cfg.metrics_address or None,  # "": no metrics server
         )
     )
+    return 0
+
+
+def config_print(args: argparse.Namespace) -> int:
+    from eventsrc import config
+
+    fields = config.to_builtins(effective_config(args))
+    if args.output == "json":
+        print(json.dumps(fields, indent=2, ensure_ascii=False))
+    else:
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(fields, sort_keys=False, allow_unicode=True, default_flow_style=False))
     return 0
 
 
@@ -195,7 +243,7 @@ def log(args: argparse.Namespace) -> int:
     out = sys.stdout
 
     def show(item: Any) -> None:
-        if isinstance(item, CorruptRecordError):
+        if isinstance(item, CorruptRecordError) and not (isinstance(item, FutureRecordError) and item.skippable):
             corrupt.append(item)
             print(f"eventsrc: error: {item}", file=sys.stderr)
         if as_json:
@@ -221,11 +269,13 @@ def log(args: argparse.Namespace) -> int:
         for item in event_log.records(args.from_seq, args.until_seq):
             show(item)
     out.flush()
-    if corrupt:
-        seqs = ", ".join(str(c.seq) for c in corrupt)
-        print(f"eventsrc: error: corrupt record(s) at sequence {seqs}; every other record was printed", file=sys.stderr)
-        return 1
-    return 0
+    newer = [str(c.seq) for c in corrupt if isinstance(c, FutureRecordError)]
+    bad = [str(c.seq) for c in corrupt if not isinstance(c, FutureRecordError)]
+    if newer:
+        print(f"eventsrc: error: record(s) {', '.join(newer)} were written by a newer eventsrc (shown raw; docs/adr/0010)", file=sys.stderr)
+    if bad:
+        print(f"eventsrc: error: corrupt record(s) at sequence {', '.join(bad)}; every other record was printed", file=sys.stderr)
+    return 1 if corrupt else 0
 
 
 def export(args: argparse.Namespace) -> int:
@@ -513,4 +563,18 @@ def audit_verify(args: argparse.Namespace) -> int:
     if findings:
         print(f"eventsrc: error: {findings[0].message}", file=sys.stderr)
         return 1
+    return 0
+
+
+def backup(args: argparse.Namespace) -> int:
+    from eventsrc.backup import backup as copy
+
+    info = copy(args.layout, args.dest.absolute())
+    if args.output == "json":
+        print(json.dumps({"dest": str(info.dest), "last_seq": info.last_seq, "log_bytes": info.log_bytes, "snapshots": [str(p) for p in info.snapshots]}))
+    else:
+        print(
+            f"backed up the log up to sequence {info.last_seq} ({info.log_bytes} bytes) and {len(info.snapshots)} "
+            f"snapshot(s) to {info.dest}; read it with: eventsrc --root-dir {info.dest} log"
+        )
     return 0

@@ -7,13 +7,13 @@ bug prints a traceback.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
-from eventsrc import __version__
+from eventsrc import __version__, logs
 from eventsrc.errors import EventsrcError
 from eventsrc.layout import DEFAULT_ROOT, Layout
 
@@ -38,64 +38,124 @@ def _output(p: argparse.ArgumentParser, choices: Sequence[str] = ("table", "json
     p.add_argument("-o", "--output", choices=choices, default=choices[0], help="output format (default %(default)s)")
 
 
+def _logging_parent() -> argparse.ArgumentParser:
+    # Like --root-dir: accepted before or after the command name.
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], default=argparse.SUPPRESS,
+        help="log level (default info; config logLevel)",
+    )
+    p.add_argument(
+        "--log-format", choices=["text", "json"], default=argparse.SUPPRESS,
+        help="text (key=value, the default) or json (one object per line); config logFormat",
+    )
+    return p
+
+
+def _duration(text: str) -> Any:
+    from eventsrc.config import parse_seconds_or_duration
+
+    try:
+        return parse_seconds_or_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _serve_flags(p: argparse.ArgumentParser) -> None:
+    """The daemon's configuration flags (serve, config print). Every default is None: a flag
+    overrides the config file only when given; the defaults are eventsrc.config's."""
+    p.add_argument(
+        "--config", type=Path, default=None, metavar="FILE",
+        help="the configuration file (YAML, or TOML when FILE ends in .toml); see examples/eventsrc-config.yaml",
+    )
+    p.add_argument("--snapshot-every", type=int, default=None, metavar="N", help="write a snapshot every N records (default 10000)")
+    p.add_argument(
+        "--admission-wait", type=_duration, default=None, metavar="SECONDS|DURATION",
+        help="how long an admission waits for a known plugin that has not registered (again) yet (default 30s)",
+    )
+    p.add_argument(
+        "--plugin-grace", type=_duration, default=None, metavar="SECONDS|DURATION",
+        help="how long a resource is kept after its plugin went away, before it is dropped (default 5m)",
+    )
+    p.add_argument(
+        "--metrics-address", nargs="?", const=True, default=None, metavar="HOST:PORT",
+        help="serve /metrics, /healthz and /readyz over HTTP there (127.0.0.1:10266 when given without a value; "
+        "port 0 picks one; default: no server)",
+    )
+    cpu = p.add_argument_group("CPU manager (the kubelet's flags)")
+    cpu.add_argument("--cpu-manager-policy", choices=["none", "static"], default=None, help="none (default) or static")
+    cpu.add_argument(
+        "--cpu-manager-policy-options", default=None, metavar="K=V,...",
+        help="static policy options, e.g. full-pcpus-only=true,distribute-cpus-across-numa=true",
+    )
+    cpu.add_argument("--reserved-cpus", default=None, metavar="CPUSET", help="CPUs reserved for the system, in list form (e.g. 0-1,32-33)")
+    cpu.add_argument(
+        "--reserved-cpu-count", type=int, default=None, metavar="N",
+        help="reserve N CPUs, chosen as the kubelet chooses them (kube-reserved + system-reserved cpu), when --reserved-cpus is not given",
+    )
+    cpu.add_argument("--topology-file", type=Path, default=None, metavar="FILE", help="read the CPU topology from FILE (JSON, as 'eventsrc cpu topology -o json' prints it) instead of sysfs")
+    cpu.add_argument("--sysfs-root", type=Path, default=None, metavar="DIR", help="root of the sysfs tree to discover the CPU topology from (default /)")
+    tm = p.add_argument_group("topology manager (the kubelet's flags)")
+    tm.add_argument(
+        "--topology-manager-policy", default=None, metavar="POLICY",
+        help="none (default), best-effort, restricted or single-numa-node",
+    )
+    tm.add_argument("--topology-manager-scope", default=None, metavar="SCOPE", help="container (default) or pod")
+    tm.add_argument(
+        "--topology-manager-policy-options", default=None, metavar="K=V,...",
+        help="prefer-closest-numa-nodes=true, max-allowable-numa-nodes=N",
+    )
+    cpu.add_argument(
+        "--feature-gates", default=None, metavar="K=V,...",
+        help="CPUManagerPolicyAlphaOptions=true enables the alpha policy options (align-by-socket, distribute-cpus-across-cores)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     root = _root_parent()
+    logging_flags = _logging_parent()
     parser = argparse.ArgumentParser(
         prog="eventsrc",
         description="An event-sourced node resource daemon: the kubelet's device, CPU and DRA "
         "managers, with every registration, health change, allocation and release kept "
         "in an append-only log.",
-        parents=[root],
+        parents=[root, logging_flags],
     )
     parser.add_argument("--version", action="version", version=f"eventsrc {__version__}")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="daemon log level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser(
         "serve",
-        parents=[root],
+        parents=[root, logging_flags],
         help="run the daemon",
         description="Run the daemon under --root-dir until SIGTERM or SIGINT. It rebuilds its "
         "views from the log (newest snapshot plus the tail), records that it started, and "
-        "on a signal records that it stopped and writes a snapshot.",
+        "on a signal records that it stopped and writes a snapshot. Its configuration comes from "
+        "--config FILE, then the flags given here (a flag overrides the file), then the defaults; "
+        "'eventsrc config print' shows the result.",
     )
-    p.add_argument("--snapshot-every", type=int, default=10_000, metavar="N", help="write a snapshot every N records (default %(default)s)")
-    p.add_argument(
-        "--admission-wait", type=float, default=30.0, metavar="SECONDS",
-        help="how long an admission waits for a known plugin that has not registered (again) yet (default %(default)s)",
-    )
-    p.add_argument(
-        "--plugin-grace", type=float, default=300.0, metavar="SECONDS",
-        help="how long a resource is kept after its plugin went away, before it is dropped (default %(default)s)",
-    )
-    cpu = p.add_argument_group("CPU manager (the kubelet's flags)")
-    cpu.add_argument("--cpu-manager-policy", choices=["none", "static"], default="none", help="none (default) or static")
-    cpu.add_argument(
-        "--cpu-manager-policy-options", default="", metavar="K=V,...",
-        help="static policy options, e.g. full-pcpus-only=true,distribute-cpus-across-numa=true",
-    )
-    cpu.add_argument("--reserved-cpus", default="", metavar="CPUSET", help="CPUs reserved for the system, in list form (e.g. 0-1,32-33)")
-    cpu.add_argument(
-        "--reserved-cpu-count", type=int, default=0, metavar="N",
-        help="reserve N CPUs, chosen as the kubelet chooses them (kube-reserved + system-reserved cpu), when --reserved-cpus is not given",
-    )
-    cpu.add_argument("--topology-file", type=Path, default=None, metavar="FILE", help="read the CPU topology from FILE (JSON, as 'eventsrc cpu topology -o json' prints it) instead of sysfs")
-    cpu.add_argument("--sysfs-root", type=Path, default=Path("/"), metavar="DIR", help="root of the sysfs tree to discover the CPU topology from (default /)")
-    tm = p.add_argument_group("topology manager (the kubelet's flags)")
-    tm.add_argument(
-        "--topology-manager-policy", default="none", metavar="POLICY",
-        help="none (default), best-effort, restricted or single-numa-node",
-    )
-    tm.add_argument("--topology-manager-scope", default="container", metavar="SCOPE", help="container (default) or pod")
-    tm.add_argument(
-        "--topology-manager-policy-options", default="", metavar="K=V,...",
-        help="prefer-closest-numa-nodes=true, max-allowable-numa-nodes=N",
-    )
-    cpu.add_argument(
-        "--feature-gates", default="", metavar="K=V,...",
-        help="CPUManagerPolicyAlphaOptions=true enables the alpha policy options (align-by-socket, distribute-cpus-across-cores)",
-    )
+    _serve_flags(p)
     p.set_defaults(func=_cmd("serve"))
+
+    p = sub.add_parser(
+        "config",
+        parents=[root],
+        help="the daemon's configuration (no daemon needed)",
+        description="The daemon's configuration, as 'eventsrc serve' would take it.",
+    )
+    csub = p.add_subparsers(dest="config_command", metavar="WHAT", required=True)
+    c = csub.add_parser(
+        "print",
+        parents=[root, logging_flags],
+        help="print the effective configuration: file, flags, defaults",
+        description="Print the configuration 'eventsrc serve' would run with, given the same --config FILE "
+        "and flags: every field, by its name in the file (a flag overrides the file; the rest are the "
+        "defaults). The output is a valid configuration file. Checks the values as serve does, short of "
+        "the machine's topology; starts nothing.",
+    )
+    _serve_flags(c)
+    c.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml", help="output format (default %(default)s)")
+    c.set_defaults(func=_cmd("config_print"))
 
     p = sub.add_parser(
         "admit",
@@ -355,6 +415,19 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(func=_cmd("audit_verify"))
 
     p = sub.add_parser(
+        "backup",
+        parents=[root],
+        help="copy the log (and snapshots) consistently, while the daemon runs",
+        description="Copy the event log with LMDB's own consistent copy (one read transaction, compacted, as "
+        "'mdb_copy -c' does) and the snapshots at or before it into DEST, laid out as a root directory: "
+        "'eventsrc --root-dir DEST log|state|audit verify' read it. Safe while the daemon writes; a plain cp of "
+        "data.mdb is not. DEST must be new or empty.",
+    )
+    p.add_argument("dest", type=Path, metavar="DEST", help="a new or empty directory")
+    _output(p)
+    p.set_defaults(func=_cmd("backup"))
+
+    p = sub.add_parser(
         "bench",
         parents=[root],
         help="measure this machine (a command, not a test)",
@@ -427,15 +500,14 @@ def _cmd(name: str) -> Command:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Where the root came from: serve takes a config file's rootDir only over the default.
+    args.root_dir_from = "flag" if hasattr(args, "root_dir") else "env" if "EVENTSRC_ROOT_DIR" in os.environ else "default"
     if not hasattr(args, "root_dir"):
         args.root_dir = Path(os.environ.get("EVENTSRC_ROOT_DIR", str(DEFAULT_ROOT)))
     args.root_dir = args.root_dir.absolute()
     args.layout = Layout(args.root_dir)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    # serve sets this up again once its configuration (logLevel, logFormat) is known.
+    logs.setup(getattr(args, "log_level", "info"), getattr(args, "log_format", "text"))
     try:
         return int(args.func(args))
     except EventsrcError as err:

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from eventsrc.events import CorruptRecordError, Record
+from eventsrc.events import CorruptRecordError, FutureRecordError, Record
 from eventsrc.state.views import Views
 
 
@@ -32,6 +32,9 @@ def record_summary(rec: Record) -> str:
 
 
 def record_line(item: Record | CorruptRecordError) -> str:
+    if isinstance(item, FutureRecordError):  # shown raw: this code cannot say what it means
+        body = " ".join(f"{k}={_short(v)}" for k, v in item.body.items()) if isinstance(item.body, dict) else _short(item.body)
+        return f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type_name + '?':<26}  {item.correlation_id[-8:]}  {body}  (v{item.version}, from a newer eventsrc)"
     if isinstance(item, CorruptRecordError):
         return f"{item.seq:>8}  {'?':<27}  {'CORRUPT':<26}  {'':8}  {item.reason}"
     return f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type:<26}  {item.correlation_id[-8:]}  {record_summary(item)}"
@@ -41,6 +44,18 @@ RECORD_HEADER = f"{'SEQ':>8}  {'TIME':<27}  {'TYPE':<26}  {'CORR':<8}  EVENT"
 
 
 def record_json(item: Record | CorruptRecordError) -> dict[str, Any]:
+    if isinstance(item, FutureRecordError):
+        return {
+            "seq": item.seq,
+            "ts_ns": item.ts_ns,
+            "time": iso(item.ts_ns),
+            "correlation_id": item.correlation_id,
+            "type": item.type_name,
+            "version": item.version,
+            "event": msgspec.to_builtins(item.body),
+            "unreadable": True,
+            "reason": item.reason,
+        }
     if isinstance(item, CorruptRecordError):
         return {"seq": item.seq, "corrupt": True, "reason": item.reason}
     return {

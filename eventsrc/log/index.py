@@ -9,28 +9,43 @@ about one thing:
 * ``n\\0<namespace>/<name>\\0``       – a pod by name (admissions and refusals)
 * ``c\\0<claim uid>\\0``              – a DRA claim
 
+A prefix too long for an LMDB key (511 bytes in all, the sequence included) is replaced by
+its kind and a digest of it, ``<kind>\\0#<hex>\\0``: queries build the same prefix, so they
+still find it, and no string a peer sends (a plugin's device ID, say) can make an append fail.
+
 Pure: ``keys_for(event)`` decides what a record is about; the log writes the keys.
 """
 
 from __future__ import annotations
 
+import hashlib
+
 from eventsrc import events as ev
+
+MAX_KEY = 511  # LMDB's largest key, as built by default (py-lmdb's Environment.max_key_size)
+MAX_PREFIX = MAX_KEY - 8  # less the big-endian sequence
+
+
+def _fit(prefix: bytes) -> bytes:
+    if len(prefix) <= MAX_PREFIX:
+        return prefix
+    return prefix[:2] + b"#" + hashlib.blake2b(prefix, digest_size=32).hexdigest().encode() + b"\0"
 
 
 def device_prefix(resource: str, device_id: str) -> bytes:
-    return b"d\0" + resource.encode() + b"\0" + device_id.encode() + b"\0"
+    return _fit(b"d\0" + resource.encode() + b"\0" + device_id.encode() + b"\0")
 
 
 def pod_prefix(uid: str) -> bytes:
-    return b"p\0" + uid.encode() + b"\0"
+    return _fit(b"p\0" + uid.encode() + b"\0")
 
 
 def name_prefix(namespace: str, name: str) -> bytes:
-    return b"n\0" + f"{namespace}/{name}".encode() + b"\0"
+    return _fit(b"n\0" + f"{namespace}/{name}".encode() + b"\0")
 
 
 def claim_prefix(uid: str) -> bytes:
-    return b"c\0" + uid.encode() + b"\0"
+    return _fit(b"c\0" + uid.encode() + b"\0")
 
 
 def keys_for(e: ev._Event) -> list[bytes]:

@@ -97,7 +97,7 @@ def write_snapshot(snapdir: Path, data: bytes, last_seq: int) -> Path:
     snapdir.mkdir(mode=0o750, parents=True, exist_ok=True)
     final = snapdir / _name(last_seq)
     tmp = snapdir / f".{final.name}.tmp"
-    with open(tmp, "wb") as f:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

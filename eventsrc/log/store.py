@@ -28,7 +28,13 @@ from typing import Any
 
 import lmdb
 
-from eventsrc.errors import AlreadyRunningError, ConcurrencyConflictError, EventsrcError, NoLogError
+from eventsrc.errors import (
+    AlreadyRunningError,
+    ConcurrencyConflictError,
+    EventsrcError,
+    NewerLogError,
+    NoLogError,
+)
 from eventsrc.events import (
     CorruptRecordError,
     Record,
@@ -40,6 +46,7 @@ from eventsrc.events import (
 from eventsrc.log.index import keys_for
 
 LOG_FORMAT = b"1"
+INDEX_FORMAT = b"1"
 DEFAULT_MAP_SIZE = 1 << 30  # virtual address space only: the file grows as pages are written
 READ_CHUNK = 4096
 
@@ -50,6 +57,11 @@ def seq_key(seq: int) -> bytes:
 
 def key_seq(key: bytes) -> int:
     return int.from_bytes(key, "big")
+
+
+def _newer(stored: bytes | None, ours: bytes) -> bool:
+    """A format number in ``meta`` above this code's (anything not a number counts as newer)."""
+    return stored is not None and not (stored.isdigit() and int(stored) <= int(ours))
 
 
 class DirLock:
@@ -123,6 +135,17 @@ class PendingAppend:
         self.done = False  # committed (or failed) and applied
 
 
+#: A prepared batch: the (key, value) records and the (key, b"") index entries to write.
+Prepared = tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]
+
+
+def fail(batch: Iterable[PendingAppend], err: BaseException) -> None:
+    """Mark every request of ``batch`` as failed with ``err`` (none of it was written)."""
+    for req in batch:
+        req.records = []
+        req.error = err
+
+
 class EventLog:
     """An open log. Writers must hold the state directory's ``DirLock`` (see ``open_writer``)."""
 
@@ -151,6 +174,7 @@ class EventLog:
                 metasync=True,
                 readahead=False,
                 create=not readonly,
+                mode=0o600,  # data.mdb and lock.mdb: the daemon's user only (py-lmdb's default is 0644)
             )
         except lmdb.Error as exc:
             raise EventsrcError(f"cannot open the event log at {self.path}: {exc}") from None
@@ -168,12 +192,11 @@ class EventLog:
                 if txn.get(b"format") is None:
                     txn.put(b"format", LOG_FORMAT)
                     txn.put(b"log_id", uuid.uuid4().hex.encode())
+        self._refuse_newer_formats()
         self._last_seq = self._read_last_seq()  # durable
         self._assigned = self._last_seq  # given to prepared batches, durable or not yet
         self._prev_hash = self._last_value_hash()  # the chain's link to the newest record
         self._durable_hash = self._prev_hash
-        self._prepared_hash = self._prev_hash
-        self._pending_index: list[tuple[bytes, bytes]] = []
         if not readonly:
             self._upgrade()
 
@@ -208,6 +231,22 @@ class EventLog:
             v = txn.get(key)
         return bytes(v) if v is not None else None
 
+    def _refuse_newer_formats(self) -> None:
+        """A log whose layout a newer eventsrc changed (``format``) is not opened at all: its
+        keys and values could mean something else. A newer index (``index_format``) stops
+        writers, which would add keys of the old shape to it, and audit queries
+        (``index_seqs``). Record-level changes never bump these (docs/adr/0010)."""
+        fmt, index = self._meta(b"format"), self._meta(b"index_format")
+        self._index_newer = _newer(index, INDEX_FORMAT)
+        if _newer(fmt, LOG_FORMAT) or (self._index_newer and not self.readonly):
+            key, stored = ("format", fmt) if _newer(fmt, LOG_FORMAT) else ("index_format", index)
+            self.env.close()
+            raise NewerLogError(
+                f"the event log at {self.path} has {key} {(stored or b'').decode(errors='replace')}, newer than this "
+                f"eventsrc reads (format {LOG_FORMAT.decode()}, index_format {INDEX_FORMAT.decode()}): "
+                "run the newer eventsrc that wrote it"
+            )
+
     def _upgrade(self) -> None:
         """Bring a log written by an older eventsrc up to date, once: build the secondary
         index it lacks, and anchor the records written before the hash chain existed (a
@@ -224,7 +263,7 @@ class EventLog:
                 with self.env.begin(write=True, db=self.index_db) as txn:
                     txn.cursor().putmulti(entries)
             with self.env.begin(write=True, db=self.meta_db) as txn:
-                txn.put(b"index_format", b"1")
+                txn.put(b"index_format", INDEX_FORMAT)
         if self._meta(b"chain_anchor") is None:
             digest = hashlib.blake2b(digest_size=16)
             for chunk in self.raw_chunks(1):
@@ -237,6 +276,8 @@ class EventLog:
         """The sequences of the records indexed under ``prefix``, ascending (no scan)."""
         if self.index_db is None:
             raise EventsrcError(f"the log at {self.path} has no index yet: run 'eventsrc serve' on it once to build it")
+        if self._index_newer:
+            raise NewerLogError(f"the log at {self.path} has an index from a newer eventsrc: run that version to query it")
         out = []
         start = prefix + max(from_seq, 1).to_bytes(8, "big")
         with self._txn_lock, self.env.begin(db=self.index_db) as txn:
@@ -324,11 +365,12 @@ class EventLog:
 
     # ------------------------------------------------------------------ writing
 
-    def prepare(self, batch: Sequence[PendingAppend], now: int = 0) -> list[tuple[bytes, bytes]]:
+    def prepare(self, batch: Sequence[PendingAppend], now: int = 0) -> Prepared:
         """Give ``batch`` its sequence numbers, after every batch prepared before it, and
-        encode it. Fills each request's ``records``, or its conflict ``error`` (an
-        optimistic-concurrency conflict fails that request only). No I/O: the trio side
-        prepares the next batch while an earlier one is still being synced.
+        encode it (records, hash chain, index entries). Fills each request's ``records``,
+        or its conflict ``error`` (an optimistic-concurrency conflict fails that request
+        only). No I/O: the trio side prepares the next batch while an earlier one is still
+        being synced; ``write`` them in the order they were prepared, or ``abandon``.
         """
         if self.readonly:
             raise EventsrcError("the event log is open read-only")
@@ -356,9 +398,8 @@ class EventLog:
             req.records = records
             req.error = None
         self._assigned = last
-        self._prepared_hash = prev
-        self._pending_index = index
-        return items
+        self._prev_hash = prev
+        return items, index
 
     def write(self, items: list[tuple[bytes, bytes]], index: list[tuple[bytes, bytes]] | None = None) -> None:
         """Write prepared items in one transaction; returns once it is durable.
@@ -392,15 +433,12 @@ class EventLog:
 
     def commit(self, batch: Sequence[PendingAppend]) -> None:
         """Prepare and write ``batch``: one write transaction, one sync (synchronous)."""
-        items = self.prepare(batch)
-        self._prev_hash = self._prepared_hash
+        items, index = self.prepare(batch)
         try:
-            self.write(items, self._pending_index)
+            self.write(items, index)
         except EventsrcError as err:
             self.abandon()
-            for req in batch:
-                req.records = []
-                req.error = err
+            fail(batch, err)
 
     def append(self, events: Sequence[_Event], correlation_id: str, ts_ns: int, expect_last: int | None = None) -> list[Record]:
         """Synchronous single append (one transaction, one sync)."""

@@ -2,18 +2,21 @@
 
     DeviceManager.run
       ├─ serve_unix(Registration) on ROOT/device-plugins/kubelet.sock
-      ├─ Endpoint tasks: ListAndWatch of each registered plugin
+      ├─ Endpoint tasks, one per registered plugin:
+      │    ├─ ListAndWatch: each list checked against the limits, kept as the newest
+      │    └─ recorder: records the newest list, at most LIST_RATE a second
       └─ grace timers: a resource whose plugin stays away is dropped after ``grace``
 
 Decisions (what a device list changed, which devices to give) live in eventsrc.core;
-this module dials, streams and records.
+this module dials, streams and records. What a plugin may send is bounded here (the
+kubelet bounds none of it); docs/security.md gives the reasons.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,21 +27,46 @@ from grpclib.client import Channel
 from grpclib.server import Stream
 
 from eventsrc import events as ev
+from eventsrc.api.podresources import TokenBucket
 from eventsrc.core.devices import list_and_watch_events
 from eventsrc.core.names import endpoint_error, registration_error
 from eventsrc.errors import EventsrcError
 from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as pb
 from eventsrc.gen.deviceplugin.v1beta1.api_grpc import DevicePluginStub, RegistrationBase
-from eventsrc.rpc import CALL_ERRORS, serve_unix, to_aio, to_trio, why
+from eventsrc.log.commit import new_correlation_id
+from eventsrc.logs import correlation, current_correlation_id, get_logger
+from eventsrc.rpc import CALL_ERRORS, endpoint_socket_error, serve_unix, to_aio, to_trio, why
 
 if TYPE_CHECKING:
     from eventsrc.daemon import Daemon
 
-log = logging.getLogger("eventsrc.devices")
+log = get_logger("eventsrc.devices")
 
 DIAL_TIMEOUT = 10.0
+PREFERRED_TIMEOUT = 10.0  # GetPreferredAllocation (the kubelet waits for ever, under its lock)
 PRE_START_TIMEOUT = 30.0  # KubeletPreStartContainerRPCTimeoutInSecs
 DEFAULT_GRACE = 300.0  # endpointStopGracePeriod
+# kubelet.sock: the mode the kubelet's net.Listen gets under the usual umask 022 (only its
+# owner may connect: connect(2) needs write permission), whatever this process's umask.
+SOCKET_MODE = 0o755
+
+# What a plugin may send.
+MAX_RESOURCES = 256  # resource names known at once; a new one beyond is refused
+MAX_DEVICES = 10_000  # devices in one ListAndWatch list (the whole of a resource)
+MAX_ID_BYTES = 1024  # a device ID or health string (the API asks for IDs of at most 63)
+MAX_NUMA_NODES = 64  # NUMA nodes of one device
+MAX_ENV_BYTES = 128 * 1024  # one "KEY=value" of an Allocate answer: execve's MAX_ARG_STRLEN
+MAX_ALLOCATION_BYTES = 1024 * 1024  # one container's Allocate answer, encoded
+# ListAndWatch lists recorded per second and plugin, after a burst. Lists that come faster
+# are coalesced: each replaces the whole previous one, so recording the newest loses no state.
+LIST_RATE = 10.0
+LIST_BURST = 20
+# Register calls per second, all plugins together, after a burst (each is recorded, taken or not).
+REGISTER_RATE = 10.0
+REGISTER_BURST = 32
+# A Register request longer than this cannot be valid (a resource name has at most 317 bytes,
+# an endpoint 107); it is refused unrecorded, so that no caller can write big records.
+MAX_REGISTER_BYTES = 4096
 
 
 class RegistrationRejected(EventsrcError):
@@ -47,6 +75,10 @@ class RegistrationRejected(EventsrcError):
 
 class PluginCallFailed(EventsrcError):
     pass
+
+
+class PluginCutOff(EventsrcError):
+    """A plugin sent what the daemon does not take; its stream is ended (the message says why)."""
 
 
 @dataclass(eq=False)
@@ -59,12 +91,22 @@ class Endpoint:
     options: ev.PluginOptions
     listed: trio.Event = field(default_factory=trio.Event)  # first ListAndWatch message handled
     cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
+    # ListAndWatch lists received and not recorded yet: only the newest is kept.
+    latest: list[ev.DeviceInfo] | None = None
+    unrecorded: int = 0
+    arrived: trio.Event = field(default_factory=trio.Event)  # a list arrived, or the stream ended
+    ended: bool = False
+    coalesced: int = 0  # lists never recorded, since the last log line saying so
+    coalesced_logged: float = -math.inf
 
     async def allocate(self, device_ids: list[str], timeout: float | None) -> pb.ContainerAllocateResponse:
         req = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=device_ids)])
         resp = await to_aio(self.stub.Allocate)(req, timeout=timeout)
         if not resp.container_responses:
             raise PluginCallFailed(f"the {self.resource} plugin's Allocate answer has no container response")
+        reason = allocation_error(resp.container_responses[0])
+        if reason:
+            raise PluginCallFailed(f"the {self.resource} plugin's Allocate answer {reason}")
         return resp.container_responses[0]
 
     async def preferred(self, available: list[str], must_include: list[str], size: int) -> list[str]:
@@ -75,13 +117,38 @@ class Endpoint:
                 )
             ]
         )
-        resp = await to_aio(self.stub.GetPreferredAllocation)(req, timeout=DIAL_TIMEOUT)
+        resp = await to_aio(self.stub.GetPreferredAllocation)(req, timeout=PREFERRED_TIMEOUT)
         if not resp.container_responses:
             return []
         return list(resp.container_responses[0].deviceIDs)
 
     async def pre_start(self, device_ids: list[str]) -> None:
         await to_aio(self.stub.PreStartContainer)(pb.PreStartContainerRequest(devices_ids=device_ids), timeout=PRE_START_TIMEOUT)
+
+
+def list_and_watch_error(msg: pb.ListAndWatchResponse) -> str:
+    """Why a ListAndWatch message cuts its plugin off ("" when it is taken)."""
+    if len(msg.devices) > MAX_DEVICES:
+        return f"lists {len(msg.devices)} devices; at most {MAX_DEVICES} are taken"
+    for d in msg.devices:
+        if len(d.ID.encode()) > MAX_ID_BYTES or len(d.health.encode()) > MAX_ID_BYTES:
+            return f"lists a device whose ID or health is longer than {MAX_ID_BYTES} bytes (ID {d.ID[:64]!r}...)"
+        if len(d.topology.nodes) > MAX_NUMA_NODES:
+            return f"gives device {d.ID!r} {len(d.topology.nodes)} NUMA nodes; at most {MAX_NUMA_NODES} are taken"
+    return ""
+
+
+def allocation_error(r: pb.ContainerAllocateResponse) -> str:
+    """Why an Allocate answer is refused ("" when it is taken as it is: envs, mounts,
+    device nodes and annotations are passed on unchecked, as the kubelet does)."""
+    size = r.ByteSize()
+    if size > MAX_ALLOCATION_BYTES:
+        return f"is {size} bytes long; at most {MAX_ALLOCATION_BYTES} are taken"
+    for key, value in r.envs.items():
+        n = len(key.encode()) + 1 + len(value.encode())
+        if n > MAX_ENV_BYTES:
+            return f"sets {key[:64]!r} to {n} bytes; at most {MAX_ENV_BYTES} can reach a process (execve's limit)"
+    return ""
 
 
 def allocation_from_proto(r: pb.ContainerAllocateResponse) -> ev.ContainerAllocation:
@@ -111,16 +178,51 @@ def remove_stale_sockets(directory: Path) -> list[str]:
 class RegistrationService(RegistrationBase):
     def __init__(self, manager: DeviceManager) -> None:
         self._manager = manager
+        # Every Register is recorded (PluginRegistered or PluginRegistrationRejected): a
+        # process calling it in a loop must not fill the log.
+        self._limiter = TokenBucket(REGISTER_RATE, REGISTER_BURST)
+        self._limited = 0
+        self._limited_logged = -math.inf
+
+    def _rate_limited(self) -> GRPCError:
+        self._limited += 1
+        now = time.monotonic()
+        if now - self._limited_logged >= 10.0:
+            log.warning(
+                "registrations refused by the rate limit, not recorded",
+                count=self._limited, rate_per_second=REGISTER_RATE, burst=REGISTER_BURST,
+            )
+            self._limited, self._limited_logged = 0, now
+        return GRPCError(Status.RESOURCE_EXHAUSTED, "rejected by rate limit")
 
     async def Register(self, stream: Stream[pb.RegisterRequest, pb.Empty]) -> None:
         req = await stream.recv_message()
         assert req is not None
+        if not self._limiter.allow():
+            raise self._rate_limited()
+        size = req.ByteSize()
+        if size > MAX_REGISTER_BYTES:
+            log.warning("registration refused, not recorded", request_bytes=size, max_bytes=MAX_REGISTER_BYTES)
+            raise GRPCError(Status.UNKNOWN, f"the registration request is {size} bytes long; at most {MAX_REGISTER_BYTES} are taken")
         try:
             await to_trio(self._manager.register)(req.version, req.resource_name, req.endpoint)
         except RegistrationRejected as err:
             # The kubelet returns a plain Go error: gRPC code Unknown with the message.
             raise GRPCError(Status.UNKNOWN, str(err)) from None
         await stream.send_message(pb.Empty())
+
+
+def _log_listed(events: list[ev._Event]) -> None:
+    """One line per change a plugin's ListAndWatch made: devices added, removed, health."""
+    for e in events:
+        if isinstance(e, ev.DeviceHealthChanged):
+            (log.info if e.health == "Healthy" else log.warning)(
+                "device health changed", resource=e.resource, device=e.device_id, health=e.health
+            )
+        elif isinstance(e, ev.DevicesAdded):
+            log.info("devices added", resource=e.resource, count=len(e.devices))
+        elif isinstance(e, ev.DevicesRemoved):
+            log.info("devices removed", resource=e.resource, devices=e.device_ids, reason=e.reason)
 
 
 class DeviceManager:
@@ -138,13 +240,13 @@ class DeviceManager:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         removed = remove_stale_sockets(self.directory)
         if removed:
-            log.info("removed stale sockets so that plugins register again sockets=%s", ",".join(sorted(removed)))
+            log.info("removed stale sockets so that plugins register again", sockets=sorted(removed))
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for plugin in self.daemon.views.devices.plugins.values():
                 if not plugin.connected:
                     nursery.start_soon(self._expire, plugin.resource, plugin.disconnected_seq)
-            await nursery.start(serve_unix, [RegistrationService(self)], self.socket, None)
+            await nursery.start(serve_unix, [RegistrationService(self)], self.socket, SOCKET_MODE)
             task_status.started()
             await trio.sleep_forever()
 
@@ -155,8 +257,15 @@ class DeviceManager:
 
         Raises RegistrationRejected with the reason; every outcome is an event.
         """
+        with correlation(current_correlation_id() or new_correlation_id()):
+            await self._register(version, resource, endpoint, path)
+
+    async def _register(self, version: str, resource: str, endpoint: str, path: Path | None) -> None:
         reason = registration_error(version, resource) or (endpoint_error(endpoint) if path is None else "")
         target = path if path is not None else self.directory / endpoint
+        # A file name is taken relative to the directory; a path from plugins_registry must be absolute.
+        reason = reason or endpoint_socket_error(str(target if path is not None else target.absolute()))
+        reason = reason or self._capacity_error(resource)
         if not reason:
             channel = Channel(path=str(target))
             stub = DevicePluginStub(channel)
@@ -170,7 +279,7 @@ class DeviceManager:
             await self.daemon.record(
                 [ev.PluginRegistrationRejected(resource=resource, endpoint=endpoint, api_version=version, reason=reason)]
             )
-            log.warning("registration rejected resource=%s endpoint=%s reason=%r", resource, endpoint, reason)
+            log.warning("plugin registration rejected", resource=resource, endpoint=endpoint, reason=reason)
             raise RegistrationRejected(reason)
         options = ev.PluginOptions(
             pre_start_required=opts.pre_start_required,
@@ -184,28 +293,50 @@ class DeviceManager:
         await self.daemon.record(
             [ev.PluginRegistered(resource=resource, endpoint=endpoint, api_version=version, options=options)]
         )
-        log.info("plugin registered resource=%s endpoint=%s", resource, endpoint)
+        log.info("plugin registered", resource=resource, endpoint=endpoint, api_version=version)
         assert self._nursery is not None
         self._nursery.start_soon(self._run_endpoint, ep)
+
+    def _capacity_error(self, resource: str) -> str:
+        known = self.daemon.views.devices.plugins
+        if resource in known or len(known) < MAX_RESOURCES:
+            return ""
+        return f"{len(known)} resources are known, the most the daemon takes (a plugin of one of them may register again)"
 
     # ------------------------------------------------------------------ ListAndWatch
 
     async def _run_endpoint(self, ep: Endpoint) -> None:
+        """Stream the plugin's lists until the stream ends, the plugin is cut off, or a newer
+        registration cancels ``ep.cancel``; then record the disconnection."""
         reason = "ListAndWatch stream ended"
         with ep.cancel:
             try:
-                await to_aio(self._list_and_watch)(ep)
-            except CALL_ERRORS as exc:
-                reason = f"ListAndWatch failed: {why(exc)}"
-            except Exception as exc:  # a plugin must never take the daemon down
-                log.exception("ListAndWatch of resource=%s failed unexpectedly", ep.resource)
-                reason = f"ListAndWatch failed: {type(exc).__name__}: {exc}"
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._record_lists, ep)
+                    try:
+                        await to_aio(self._list_and_watch)(ep)
+                    except PluginCutOff as exc:
+                        reason = f"cut off: {exc}"
+                        log.warning("plugin cut off", resource=ep.resource, endpoint=ep.endpoint, reason=str(exc))
+                    except CALL_ERRORS as exc:
+                        reason = f"ListAndWatch failed: {why(exc)}"
+                    except Exception as exc:  # a plugin must never take the daemon down
+                        log.exception("ListAndWatch failed unexpectedly", resource=ep.resource)
+                        reason = f"ListAndWatch failed: {type(exc).__name__}: {exc}"
+                    ep.ended = True  # the recorder records the newest list, then returns
+                    ep.arrived.set()
+            except Exception as exc:  # the recorder failed: recording the plugin's list did
+                log.exception("recording a ListAndWatch list failed", resource=ep.resource)
+                while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                    exc = exc.exceptions[0]
+                reason = f"recording its list failed: {type(exc).__name__}: {exc}"
         ep.channel.close()
         if self.endpoints.get(ep.resource) is not ep:
             return  # replaced by a newer registration: nothing was lost
         del self.endpoints[ep.resource]
-        (rec,) = await self.daemon.record([ev.PluginDisconnected(resource=ep.resource, endpoint=ep.endpoint, reason=reason)])
-        log.warning("plugin disconnected resource=%s reason=%r grace_s=%s", ep.resource, reason, self.grace)
+        with correlation(new_correlation_id()):
+            (rec,) = await self.daemon.record([ev.PluginDisconnected(resource=ep.resource, endpoint=ep.endpoint, reason=reason)])
+            log.warning("plugin disconnected", resource=ep.resource, reason=reason, grace_seconds=self.grace)
         self._notify()
         assert self._nursery is not None
         self._nursery.start_soon(self._expire, ep.resource, rec.seq)
@@ -214,19 +345,65 @@ class DeviceManager:
         async with ep.stub.ListAndWatch.open() as stream:
             await stream.send_message(pb.Empty(), end=True)
             async for msg in stream:
-                await to_trio(self._devices_listed)(ep, msg)
+                await to_trio(self._devices_received)(ep, msg)
 
-    async def _devices_listed(self, ep: Endpoint, msg: pb.ListAndWatchResponse) -> None:
-        if self.endpoints.get(ep.resource) is not ep:
-            return
-        update = [
+    async def _devices_received(self, ep: Endpoint, msg: pb.ListAndWatchResponse) -> None:
+        """Check one list and keep it as the newest, for the recorder; raises PluginCutOff
+        when it breaks a limit."""
+        reason = list_and_watch_error(msg)
+        if reason:
+            raise PluginCutOff(f"its ListAndWatch message {reason}")
+        ep.latest = [
             ev.DeviceInfo(id=d.ID, health=d.health, numa_nodes=[n.ID for n in d.topology.nodes])
             for d in msg.devices
         ]
+        ep.unrecorded += 1
+        ep.arrived.set()
+
+    async def _record_lists(self, ep: Endpoint) -> None:
+        """Record the newest list of ``ep`` whenever one arrives, at most LIST_RATE times a
+        second after a burst of LIST_BURST; lists that arrive meanwhile are coalesced into the
+        newest. Returns once the stream has ended and its newest list is recorded."""
+        tokens, refilled = float(LIST_BURST), trio.current_time()
+
+        def refill() -> None:
+            nonlocal tokens, refilled
+            now = trio.current_time()
+            tokens, refilled = min(float(LIST_BURST), tokens + (now - refilled) * LIST_RATE), now
+
+        while True:
+            await ep.arrived.wait()
+            ep.arrived = trio.Event()
+            if ep.latest is not None:
+                refill()
+                if tokens < 1 and not ep.ended:
+                    await trio.sleep((1 - tokens) / LIST_RATE)
+                    refill()
+                tokens -= 1
+                update, count = ep.latest, ep.unrecorded
+                ep.latest, ep.unrecorded = None, 0
+                await self._devices_listed(ep, update, count)
+            if ep.ended and ep.latest is None:
+                return
+
+    async def _devices_listed(self, ep: Endpoint, update: list[ev.DeviceInfo], count: int = 1) -> None:
+        """Record what ``update``, the newest of ``count`` lists, changed."""
+        if self.endpoints.get(ep.resource) is not ep:
+            return
+        ep.coalesced += count - 1
+        now = trio.current_time()
+        if ep.coalesced and now - ep.coalesced_logged >= 60.0:
+            log.warning(
+                "ListAndWatch lists coalesced, the newest recorded",
+                resource=ep.resource, endpoint=ep.endpoint, lists=ep.coalesced, recorded_per_second=LIST_RATE,
+            )
+            ep.coalesced, ep.coalesced_logged = 0, now
         known = self.daemon.views.devices.devices.get(ep.resource, {})
         events = list_and_watch_events(ep.resource, {k: d for k, d in known.items() if not d.removed}, update)
         if events:
-            await self.daemon.record(events)
+            with correlation(new_correlation_id()):  # one update of the plugin's list
+                await self.daemon.record(events)
+                _log_listed(events)
         if not ep.listed.is_set():
             ep.listed.set()
         self._notify()
@@ -236,8 +413,9 @@ class DeviceManager:
         plugin = self.daemon.views.devices.plugins.get(resource)
         if plugin is None or plugin.connected or resource in self.endpoints or plugin.disconnected_seq != since_seq:
             return
-        await self.daemon.record([ev.ResourceDropped(resource=resource, reason=f"plugin away for {self.grace:g} s")])
-        log.warning("resource dropped resource=%s", resource)
+        with correlation(new_correlation_id()):
+            await self.daemon.record([ev.ResourceDropped(resource=resource, reason=f"plugin away for {self.grace:g} s")])
+            log.warning("resource dropped", resource=resource, reason=f"plugin away for {self.grace:g} s")
         self._notify()
 
     # ------------------------------------------------------------------ for admission
@@ -274,6 +452,9 @@ class RegistryHandler:
         reason = registration_error("v1beta1", name)
         if reason:
             raise RegistrationRejected(f"invalid name of device plugin socket: {reason}")
+        reason = endpoint_socket_error(endpoint)
+        if reason:
+            raise RegistrationRejected(reason)
 
     async def register(self, name: str, endpoint: str, versions: list[str], socket_path: Path | None = None) -> None:
         deprecation = self.manager.directory / "DEPRECATION"

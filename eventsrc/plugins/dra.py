@@ -11,7 +11,6 @@ Decisions are in eventsrc/core/claims.py; this module calls drivers and records 
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,14 +26,37 @@ from eventsrc.gen.dra.v1 import api_grpc as v1_grpc
 from eventsrc.gen.dra.v1 import api_pb2 as v1
 from eventsrc.gen.dra.v1beta1 import api_grpc as v1beta1_grpc
 from eventsrc.gen.dra.v1beta1 import api_pb2 as v1beta1
-from eventsrc.rpc import CALL_ERRORS, to_aio, why
+from eventsrc.log.commit import new_correlation_id
+from eventsrc.logs import correlation, get_logger
+from eventsrc.rpc import CALL_ERRORS, endpoint_socket_error, to_aio, why
 
 if TYPE_CHECKING:
     from eventsrc.daemon import Daemon
 
-log = logging.getLogger("eventsrc.dra")
+log = get_logger("eventsrc.dra")
+
+_CLAIM_OUTCOMES: dict[type, str] = {
+    ev.ClaimPrepared: "claim prepared",
+    ev.ClaimPrepareFailed: "claim prepare failed",
+    ev.ClaimUnprepared: "claim unprepared",
+    ev.ClaimUnprepareFailed: "claim unprepare failed",
+}
+
+
+def log_claim_outcomes(events: list[ev._Event]) -> None:
+    """One line per claim a driver answered for (the request's cid comes with it)."""
+    for e in events:
+        if isinstance(e, (ev.ClaimPrepared, ev.ClaimPrepareFailed, ev.ClaimUnprepared, ev.ClaimUnprepareFailed)):
+            what = _CLAIM_OUTCOMES[type(e)]
+            fields = {"claim": f"{e.claim.namespace}/{e.claim.name}", "claim_uid": e.claim.uid, "driver": e.driver}
+            if isinstance(e, (ev.ClaimPrepareFailed, ev.ClaimUnprepareFailed)):
+                log.warning(what, **fields, reason=e.reason)
+            else:
+                log.info(what, **fields)
 
 CALL_TIMEOUT = 45.0  # the kubelet's defaultClientCallTimeout
+MAX_DRIVERS = 256  # drivers registered at once; a new name beyond is refused
+MAX_NAME_BYTES = 253  # a driver name is a DNS subdomain
 SERVICES = {"v1.DRAPlugin": (v1, v1_grpc), "v1beta1.DRAPlugin": (v1beta1, v1beta1_grpc)}
 PREFERENCE = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 
@@ -111,8 +133,15 @@ class DRAManager:
     async def validate(self, name: str, endpoint: str, versions: list[str]) -> None:
         if not name:
             raise DRARejected("the DRA driver name is empty")
+        if len(name.encode()) > MAX_NAME_BYTES:
+            raise DRARejected(f"the DRA driver name is longer than {MAX_NAME_BYTES} bytes")
         if not any(v in SERVICES for v in versions):
             raise DRARejected(f"none of the versions {versions} is supported; supported: {list(PREFERENCE)}")
+        reason = endpoint_socket_error(endpoint)
+        if reason:
+            raise DRARejected(reason)
+        if name not in self.clients and len(self.clients) >= MAX_DRIVERS:
+            raise DRARejected(f"{len(self.clients)} DRA drivers are registered, the most the daemon takes")
 
     async def register(self, name: str, endpoint: str, versions: list[str], socket_path: Path | None = None) -> None:
         try:
@@ -133,7 +162,7 @@ class DRAManager:
         await self.daemon.record(
             [ev.PluginRegistered(resource=name, endpoint=endpoint, api_version=service, kind="DRAPlugin")]
         )
-        log.info("dra driver registered driver=%s endpoint=%s service=%s", name, endpoint, service)
+        log.info("dra driver registered", driver=name, endpoint=endpoint, service=service)
         self.kick()
 
     async def deregister(self, name: str, endpoint: str, socket_path: Path | None = None) -> None:
@@ -145,7 +174,7 @@ class DRAManager:
         await self.daemon.record(
             [ev.PluginDisconnected(resource=name, endpoint=endpoint, kind="DRAPlugin", reason="registration socket removed")]
         )
-        log.warning("dra driver deregistered driver=%s", name)
+        log.warning("dra driver deregistered", driver=name, endpoint=endpoint)
         self._notify()
 
     # ------------------------------------------------------------------ claims
@@ -172,7 +201,8 @@ class DRAManager:
 
     async def _prepare(self, client: DRAClient, claims: tuple[ev.ClaimRef, ...]) -> list[ev._Event]:
         try:
-            results = await client.prepare(claims)
+            with self.daemon.metrics.dra_call(client.driver, client.stub.NodePrepareResources.name):
+                results = await client.prepare(claims)
         except CALL_ERRORS as exc:
             reason = f"NodePrepareResources of driver {client.driver} failed: {why(exc)}"
             return [ev.ClaimPrepareFailed(claim=c, driver=client.driver, reason=reason) for c in claims]
@@ -191,7 +221,8 @@ class DRAManager:
 
     async def _unprepare(self, client: DRAClient, claims: tuple[ev.ClaimRef, ...]) -> list[ev._Event]:
         try:
-            results = await client.unprepare(claims)
+            with self.daemon.metrics.dra_call(client.driver, client.stub.NodeUnprepareResources.name):
+                results = await client.unprepare(claims)
         except CALL_ERRORS as exc:
             reason = f"NodeUnprepareResources of driver {client.driver} failed: {why(exc)}"
             return [ev.ClaimUnprepareFailed(claim=c, driver=client.driver, reason=reason) for c in claims]
@@ -214,13 +245,12 @@ class DRAManager:
             if client is None:
                 done = False  # the driver is away: the claim stays pending, never forgotten
                 continue
-            outcome = await (self.prepare(client, w.claims) if is_prepare else self.unprepare(client, w.claims))
-            await self.daemon.record(outcome)
+            with correlation(new_correlation_id()):  # one driver call, its outcome and its lines
+                outcome = await (self.prepare(client, w.claims) if is_prepare else self.unprepare(client, w.claims))
+                await self.daemon.record(outcome)
+                log_claim_outcomes(outcome)
             if any(isinstance(e, (ev.ClaimPrepareFailed, ev.ClaimUnprepareFailed)) for e in outcome):
                 done = False
-                for e in outcome:
-                    if isinstance(e, (ev.ClaimPrepareFailed, ev.ClaimUnprepareFailed)):
-                        log.warning("claim work failed claim=%s/%s reason=%r", e.claim.namespace, e.claim.name, e.reason)
         return done
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -41,7 +41,6 @@ per socket path; different sockets are handled concurrently.
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 from collections.abc import Mapping
@@ -52,11 +51,14 @@ from typing import Protocol
 import trio
 from grpclib.client import Channel
 
+from eventsrc.errors import EventsrcError
 from eventsrc.gen.pluginregistration.v1 import api_pb2 as pb
 from eventsrc.gen.pluginregistration.v1.api_grpc import RegistrationStub
+from eventsrc.log.commit import new_correlation_id
+from eventsrc.logs import correlation, get_logger
 from eventsrc.rpc import CALL_ERRORS, to_aio, why
 
-log = logging.getLogger("eventsrc.plugins")
+log = get_logger("eventsrc.plugins")
 
 #: Plugin types (pkg/apis/pluginregistration/v1/constants.go).
 CSI_PLUGIN = "CSIPlugin"
@@ -186,7 +188,7 @@ class PluginWatcher:
         try:
             found = scan(self.directory)
         except Exception:  # never let a scan take the watcher down
-            log.exception("cannot scan the plugin registry directory=%s", self.directory)
+            log.exception("cannot scan the plugin registry", directory=self.directory)
             return
         now = trio.current_time()
         for path in found.keys() - self._slots.keys():
@@ -215,9 +217,10 @@ class PluginWatcher:
 
     async def _register(self, slot: _Slot, key: SocketKey) -> None:
         try:
-            plugin = await self._register_plugin(slot.path, key)
+            with correlation(new_correlation_id()):  # the plugin's records and lines share it
+                plugin = await self._register_plugin(slot.path, key)
         except Exception:  # a bug in a handler or here: the plugin is refused, the watcher lives
-            log.exception("plugin registration failed socket=%s", slot.path)
+            log.exception("plugin registration failed", socket=slot.path)
             plugin = None
         if plugin is None:
             slot.failures += 1
@@ -237,35 +240,32 @@ class PluginWatcher:
                 with trio.fail_after(GET_INFO_TIMEOUT):
                     info = await to_aio(stub.GetInfo)(pb.InfoRequest(), timeout=GET_INFO_TIMEOUT)
             except CALL_ERRORS as exc:
-                log.warning("plugin rejected socket=%s reason=%r", path, f"GetInfo failed: {why(exc)}")
+                log.warning("plugin rejected", socket=path, reason=f"GetInfo failed: {why(exc)}")
                 return None
             versions = list(info.supported_versions)
             handler = self.handlers.get(info.type)
             if handler is None:
                 reason = no_handler_message(info.type, path)
                 await self._notify(stub, path, False, reason)
-                log.warning("plugin rejected socket=%s type=%s name=%s reason=%r", path, info.type, info.name, reason)
+                log.warning("plugin rejected", socket=path, type=info.type, name=info.name, reason=reason)
                 return None
-            endpoint = info.endpoint or str(path)
+            endpoint = info.endpoint or str(path.absolute())
             try:
                 await handler.validate(info.name, endpoint, versions)
             except Exception as exc:
                 reason = validation_failed_message(exc)
                 await self._notify(stub, path, False, reason)
-                log.warning("plugin rejected socket=%s type=%s name=%s reason=%r", path, info.type, info.name, reason)
+                log.warning("plugin rejected", socket=path, type=info.type, name=info.name, reason=reason)
                 return None
             try:
                 await handler.register(info.name, endpoint, versions, path)
             except Exception as exc:
                 reason = registration_failed_message(exc)
                 await self._notify(stub, path, False, reason)
-                log.warning("plugin rejected socket=%s type=%s name=%s reason=%r", path, info.type, info.name, reason)
+                log.warning("plugin rejected", socket=path, type=info.type, name=info.name, reason=reason)
                 return None
             plugin = RegisteredPlugin(path, key, info.type, info.name, endpoint, tuple(versions), handler)
-            log.info(
-                "plugin registered socket=%s type=%s name=%s endpoint=%s versions=%s",
-                path, info.type, info.name, endpoint, ",".join(versions),
-            )
+            log.info("plugin registered", socket=path, type=info.type, name=info.name, endpoint=endpoint, versions=versions)
             # Notified after register, as the kubelet does: a failed notify leaves it registered.
             await self._notify(stub, path, True, "")
             return plugin
@@ -279,15 +279,18 @@ class PluginWatcher:
                     pb.RegistrationStatus(plugin_registered=registered, error=error), timeout=NOTIFY_TIMEOUT
                 )
         except CALL_ERRORS as exc:
-            log.warning("NotifyRegistrationStatus failed socket=%s registered=%s reason=%r", path, registered, why(exc))
+            log.warning("NotifyRegistrationStatus failed", socket=path, registered=registered, reason=why(exc))
 
     async def _deregister(self, slot: _Slot) -> None:
         plugin = slot.registered
         assert plugin is not None
         slot.registered = None  # gone from the actual state first, as the kubelet does
-        try:
-            await plugin.handler.deregister(plugin.name, plugin.endpoint, plugin.socket_path)
-        except Exception:
-            log.exception("plugin deregistration failed socket=%s name=%s", plugin.socket_path, plugin.name)
-        log.info("plugin removed socket=%s type=%s name=%s endpoint=%s", plugin.socket_path, plugin.type, plugin.name, plugin.endpoint)
+        with correlation(new_correlation_id()):
+            try:
+                await plugin.handler.deregister(plugin.name, plugin.endpoint, plugin.socket_path)
+            except EventsrcError as err:  # the log closed under it (the daemon stops)
+                log.warning("plugin deregistration failed", socket=plugin.socket_path, name=plugin.name, reason=str(err))
+            except Exception:
+                log.exception("plugin deregistration failed", socket=plugin.socket_path, name=plugin.name)
+            log.info("plugin removed", socket=plugin.socket_path, type=plugin.type, name=plugin.name, endpoint=plugin.endpoint)
         self._done(slot)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from eventsrc import events as ev
-from eventsrc.events import CorruptRecordError, Record
+from eventsrc.events import CorruptRecordError, FutureRecordError, Record
 from eventsrc.state import claims, cpus, devices, pods
 from eventsrc.state.types import Handlers, Reducer
 from eventsrc.state.views import Views
@@ -27,6 +27,10 @@ def _meta_started(v: Views, seq: int, e: ev.DaemonStarted) -> None:
     m.boots += 1
     m.started_seq = seq
     m.config = dict(e.config)
+
+
+def _meta_configured(v: Views, seq: int, e: ev.ConfigurationChanged) -> None:
+    v.meta.config = dict(e.new)
 
 
 def _meta_stopped(v: Views, seq: int, e: ev.DaemonStopped) -> None:
@@ -51,6 +55,7 @@ def _combine(*tables: Handlers) -> dict[type, tuple[Reducer, ...]]:
 _META: Handlers = {
     ev.DaemonStarted: _meta_started,
     ev.DaemonStopped: _meta_stopped,
+    ev.ConfigurationChanged: _meta_configured,
     ev.CorruptRecordFound: _meta_corrupt,
 }
 
@@ -62,7 +67,9 @@ HANDLERS: dict[type, tuple[Reducer, ...]] = _combine(
 def apply(views: Views, item: Record | CorruptRecordError) -> Views:
     """Fold one record (or a corrupt one, by naming it) into ``views``; returns ``views``."""
     if isinstance(item, CorruptRecordError):
-        views.meta.corrupt[item.seq] = item.reason
+        # A newer eventsrc's record that it declared safe to ignore changes nothing here.
+        if not (isinstance(item, FutureRecordError) and item.skippable):
+            views.meta.corrupt[item.seq] = item.reason
         views.meta.last_seq = max(views.meta.last_seq, item.seq)
         return views
     event = item.event
