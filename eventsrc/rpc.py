@@ -70,6 +70,11 @@ def limit_received_messages(max_bytes: int | None) -> None:
     _max_received = max_bytes
 
 
+def max_received() -> int | None:
+    """The received-message limit set in this process (None: no limit)."""
+    return _max_received
+
+
 async def _recv_message(stream: Any, codec: Any, message_type: Any) -> Any:
     """grpclib's ``recv_message`` (grpclib/stream.py), made safe against a hostile peer.
 

@@ -33,9 +33,18 @@ from eventsrc.core.names import endpoint_error, registration_error
 from eventsrc.errors import EventsrcError
 from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as pb
 from eventsrc.gen.deviceplugin.v1beta1.api_grpc import DevicePluginStub, RegistrationBase
+from eventsrc.grpc_unary import UnaryChannel
 from eventsrc.log.commit import new_correlation_id
 from eventsrc.logs import correlation, current_correlation_id, get_logger
-from eventsrc.rpc import CALL_ERRORS, endpoint_socket_error, serve_unix, to_aio, to_trio, why
+from eventsrc.rpc import (
+    CALL_ERRORS,
+    endpoint_socket_error,
+    max_received,
+    serve_unix,
+    to_aio,
+    to_trio,
+    why,
+)
 
 if TYPE_CHECKING:
     from eventsrc.daemon import Daemon
@@ -98,10 +107,20 @@ class Endpoint:
     ended: bool = False
     coalesced: int = 0  # lists never recorded, since the last log line saying so
     coalesced_logged: float = -math.inf
+    # The admission path's calls (Allocate, GetPreferredAllocation, PreStartContainer) go
+    # through a trio-native client; ListAndWatch stays on grpclib (docs/adr/0011).
+    unary: UnaryChannel = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.unary = UnaryChannel(str(self.path), max_received())
+
+    def close(self) -> None:
+        self.channel.close()
+        self.unary.close()
 
     async def allocate(self, device_ids: list[str], timeout: float | None) -> pb.ContainerAllocateResponse:
         req = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=device_ids)])
-        resp = await to_aio(self.stub.Allocate)(req, timeout=timeout)
+        resp = await self.unary.call("/v1beta1.DevicePlugin/Allocate", req, pb.AllocateResponse, timeout)
         if not resp.container_responses:
             raise PluginCallFailed(f"the {self.resource} plugin's Allocate answer has no container response")
         reason = allocation_error(resp.container_responses[0])
@@ -117,13 +136,20 @@ class Endpoint:
                 )
             ]
         )
-        resp = await to_aio(self.stub.GetPreferredAllocation)(req, timeout=PREFERRED_TIMEOUT)
+        resp = await self.unary.call(
+            "/v1beta1.DevicePlugin/GetPreferredAllocation", req, pb.PreferredAllocationResponse, PREFERRED_TIMEOUT
+        )
         if not resp.container_responses:
             return []
         return list(resp.container_responses[0].deviceIDs)
 
     async def pre_start(self, device_ids: list[str]) -> None:
-        await to_aio(self.stub.PreStartContainer)(pb.PreStartContainerRequest(devices_ids=device_ids), timeout=PRE_START_TIMEOUT)
+        await self.unary.call(
+            "/v1beta1.DevicePlugin/PreStartContainer",
+            pb.PreStartContainerRequest(devices_ids=device_ids),
+            pb.PreStartContainerResponse,
+            PRE_START_TIMEOUT,
+        )
 
 
 def list_and_watch_error(msg: pb.ListAndWatchResponse) -> str:
@@ -330,7 +356,7 @@ class DeviceManager:
                 while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
                     exc = exc.exceptions[0]
                 reason = f"recording its list failed: {type(exc).__name__}: {exc}"
-        ep.channel.close()
+        ep.close()
         if self.endpoints.get(ep.resource) is not ep:
             return  # replaced by a newer registration: nothing was lost
         del self.endpoints[ep.resource]

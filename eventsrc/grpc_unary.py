@@ -1,0 +1,220 @@
+"""Unary gRPC calls from trio, without the asyncio bridge (docs/adr/0011).
+
+The daemon's calls to device plugins (Allocate, GetPreferredAllocation, PreStartContainer)
+sit on the admission path. Through grpclib they cross into asyncio and back
+(``trio_asyncio``), which cost more than the call itself. This client speaks gRPC over
+HTTP/2 with the ``h2`` state machine directly on a trio unix socket: one connection per
+plugin, one call at a time on it (a lock), the response read by the caller itself, so no
+background task is needed.
+
+What it speaks, as gRPC's HTTP/2 protocol document says: a POST with ``content-type:
+application/grpc``, ``te: trailers`` and ``grpc-timeout``; the request as one
+length-prefixed message; the answer's headers, one length-prefixed message and the
+trailers with ``grpc-status`` and ``grpc-message`` (or a trailers-only answer). Failures
+are grpclib's exception types, so callers handle both clients alike (``rpc.CALL_ERRORS``).
+Compressed answers are refused; an answer over the message limit is refused from its
+5-byte prefix.
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.parse
+from typing import TypeVar
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import trio
+from google.protobuf.message import Message
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+
+M = TypeVar("M", bound=Message)
+
+_READ = 65536
+
+
+class _Reconnect(Exception):
+    """The reused connection was gone before the call got any answer: try a fresh one."""
+
+
+def grpc_timeout(seconds: float) -> bytes:
+    """The ``grpc-timeout`` header value: at most 8 digits and a unit."""
+    ms = max(1, math.ceil(seconds * 1000))
+    if ms < 100_000_000:
+        return b"%dm" % ms
+    return b"%dS" % min(math.ceil(seconds), 99_999_999)
+
+
+class UnaryChannel:
+    """Unary gRPC calls to the server on the unix socket ``path``.
+
+    The connection is opened on the first call and kept; a call that fails in any way
+    closes it (the next call opens a new one). Not for streaming calls.
+    """
+
+    def __init__(self, path: str, max_message: int | None = None, authority: str = "localhost") -> None:
+        self.path = path
+        self.max_message = max_message
+        self._authority = authority.encode()
+        self._lock = trio.Lock()
+        self._sock: trio.SocketStream | None = None
+        self._conn: h2.connection.H2Connection | None = None
+
+    async def call(self, method: str, request: Message, response_type: type[M], timeout: float | None) -> M:
+        """Call ``method`` (``/package.Service/Method``) with ``request``; its answer.
+
+        Raises GRPCError for a status other than OK (and for an answer that is not one
+        message of ``response_type``), StreamTerminatedError or ProtocolError when the
+        connection fails, OSError when the socket cannot be dialled, trio.TooSlowError
+        after ``timeout`` seconds.
+        """
+        async with self._lock:
+            with trio.fail_after(timeout) if timeout is not None else trio.CancelScope():
+                try:
+                    return await self._call(method, request, response_type, timeout)
+                except _Reconnect:
+                    self.close()
+                    return await self._call(method, request, response_type, timeout)
+                except BaseException:
+                    self.close()
+                    raise
+
+    def close(self) -> None:
+        sock, self._sock, self._conn = self._sock, None, None
+        if sock is not None:
+            sock.socket.close()
+
+    async def _connect(self) -> tuple[trio.SocketStream, h2.connection.H2Connection]:
+        sock = await trio.open_unix_socket(self.path)
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        conn.initiate_connection()
+        await sock.send_all(conn.data_to_send())
+        self._sock, self._conn = sock, conn
+        return sock, conn
+
+    async def _call(self, method: str, request: Message, response_type: type[M], timeout: float | None) -> M:
+        reused = self._conn is not None
+        if self._sock is not None and self._conn is not None:
+            sock, conn = self._sock, self._conn
+        else:
+            sock, conn = await self._connect()
+        sid = conn.get_next_available_stream_id()
+        headers = [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", method.encode()),
+            (b":authority", self._authority),
+            (b"content-type", b"application/grpc"),
+            (b"te", b"trailers"),
+            (b"user-agent", b"eventsrc"),
+        ]
+        if timeout is not None:
+            headers.append((b"grpc-timeout", grpc_timeout(timeout)))
+        body = request.SerializeToString()
+        pending = b"\x00" + len(body).to_bytes(4, "big") + body
+        try:
+            conn.send_headers(sid, headers)
+            pending = self._send_some(conn, sid, pending)
+            await sock.send_all(conn.data_to_send())
+        except (trio.BrokenResourceError, trio.ClosedResourceError, h2.exceptions.ProtocolError) as exc:
+            if reused:
+                raise _Reconnect from exc
+            raise StreamTerminatedError(f"connection to {self.path} lost: {exc}") from None
+        answered = False
+        head: dict[bytes, bytes] = {}
+        trailers: dict[bytes, bytes] = {}
+        data = bytearray()
+        ended = False
+        while not ended:
+            try:
+                chunk = await sock.receive_some(_READ)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                chunk = b""
+                if not answered and reused:
+                    raise _Reconnect from exc
+            if not chunk:
+                if not answered and reused:
+                    raise _Reconnect
+                raise StreamTerminatedError(f"connection to {self.path} closed before the answer ended")
+            try:
+                events = conn.receive_data(chunk)
+            except h2.exceptions.ProtocolError as exc:
+                raise ProtocolError(f"HTTP/2 error from {self.path}: {exc}") from None
+            for e in events:
+                if isinstance(e, h2.events.ConnectionTerminated):
+                    if not answered and reused and (e.last_stream_id is None or e.last_stream_id < sid):
+                        raise _Reconnect
+                    raise StreamTerminatedError(f"{self.path} closed the connection (GOAWAY {e.error_code!r})")
+                if getattr(e, "stream_id", sid) != sid:
+                    continue
+                if isinstance(e, h2.events.ResponseReceived):
+                    answered = True
+                    head = dict(e.headers)
+                elif isinstance(e, h2.events.DataReceived):
+                    answered = True
+                    data += e.data
+                    conn.acknowledge_received_data(e.flow_controlled_length, sid)
+                    self._check_size(data)
+                elif isinstance(e, h2.events.TrailersReceived):
+                    trailers = dict(e.headers)
+                elif isinstance(e, h2.events.StreamEnded):
+                    ended = True
+                elif isinstance(e, h2.events.StreamReset):
+                    raise StreamTerminatedError(f"{self.path} reset the stream (error code {e.error_code!r})")
+                elif isinstance(e, h2.events.WindowUpdated) and pending:
+                    pending = self._send_some(conn, sid, pending)
+            out = conn.data_to_send()
+            if out:
+                await sock.send_all(out)
+        return _answer(head, trailers, bytes(data), response_type)
+
+    @staticmethod
+    def _send_some(conn: h2.connection.H2Connection, sid: int, pending: bytes) -> bytes:
+        """Send as much of ``pending`` as flow control allows; what is left."""
+        while pending:
+            n = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size, len(pending))
+            if n <= 0:
+                return pending
+            conn.send_data(sid, pending[:n], end_stream=n == len(pending))
+            pending = pending[n:]
+        return pending
+
+    def _check_size(self, data: bytearray) -> None:
+        if self.max_message is not None and len(data) >= 5:
+            length = int.from_bytes(data[1:5], "big")
+            if length > self.max_message:
+                raise GRPCError(Status.RESOURCE_EXHAUSTED, f"received message larger than max ({length} vs. {self.max_message})")
+
+
+def _answer(head: dict[bytes, bytes], trailers: dict[bytes, bytes], data: bytes, response_type: type[M]) -> M:
+    """The call's outcome from its headers, trailers and body."""
+    http = head.get(b":status", b"")
+    if http != b"200":
+        raise GRPCError(Status.UNKNOWN, f"the server answered HTTP status {http.decode(errors='replace') or 'none'}")
+    meta = trailers or head  # a trailers-only answer carries the status in its headers
+    raw = meta.get(b"grpc-status")
+    if raw is None:
+        raise GRPCError(Status.UNKNOWN, "the answer has no grpc-status")
+    try:
+        status = Status(int(raw))
+    except ValueError:
+        raise GRPCError(Status.UNKNOWN, f"the answer's grpc-status {raw!r} is not a status") from None
+    if status is not Status.OK:
+        message = urllib.parse.unquote(meta.get(b"grpc-message", b"").decode(errors="replace"))
+        raise GRPCError(status, message)
+    if not head.get(b"content-type", b"").startswith(b"application/grpc"):
+        raise GRPCError(Status.UNKNOWN, "the answer is not application/grpc")
+    if len(data) < 5:
+        raise GRPCError(Status.INTERNAL, "the answer has no message")
+    if data[0]:
+        raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
+    length = int.from_bytes(data[1:5], "big")
+    if len(data) != 5 + length:
+        raise GRPCError(Status.INTERNAL, "the answer is not exactly one message")
+    try:
+        return response_type.FromString(data[5:])
+    except Exception as exc:  # protobuf's DecodeError
+        raise GRPCError(Status.INTERNAL, f"cannot decode the {response_type.__name__}: {exc}") from None

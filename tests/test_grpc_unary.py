@@ -1,0 +1,188 @@
+"""The trio-native unary gRPC client, against grpcio's server (an independent implementation)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import trio
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+
+from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as pb
+from eventsrc.grpc_unary import UnaryChannel, grpc_timeout
+from eventsrc.rpc import CALL_ERRORS
+
+ALLOCATE = "/v1beta1.DevicePlugin/Allocate"
+
+
+def answer(req: pb.AllocateRequest) -> pb.AllocateResponse:
+    ids = list(req.container_requests[0].devices_ids)
+    return pb.AllocateResponse(container_responses=[pb.ContainerAllocateResponse(envs={"IDS": ",".join(ids)})])
+
+
+class Server:
+    """A grpcio server on a unix socket whose Allocate does what ``behaviour`` says."""
+
+    def __init__(self, path: Path, behaviour: Callable[[pb.AllocateRequest, Any], Any], serialize: Callable[[Any], bytes] | None = None) -> None:
+        self.path = path
+        self.behaviour = behaviour
+        self.serialize = serialize or (lambda m: m.SerializeToString())
+        self.server: grpc.Server | None = None
+        self.release = threading.Event()
+
+    def start(self) -> Server:
+        handler = grpc.method_handlers_generic_handler(
+            "v1beta1.DevicePlugin",
+            {
+                "Allocate": grpc.unary_unary_rpc_method_handler(
+                    self.behaviour, request_deserializer=pb.AllocateRequest.FromString, response_serializer=self.serialize
+                )
+            },
+        )
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), handlers=[handler])
+        self.server.add_insecure_port(f"unix://{self.path}")
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        self.release.set()
+        if self.server is not None:
+            self.server.stop(0).wait()
+
+
+@pytest.fixture
+def sock(root: Path) -> Iterator[Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    yield root / "p.sock"
+
+
+def request(*ids: str) -> pb.AllocateRequest:
+    return pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=list(ids))])
+
+
+async def call(ch: UnaryChannel, req: pb.AllocateRequest, timeout: float | None = 5) -> pb.AllocateResponse:
+    return await ch.call(ALLOCATE, req, pb.AllocateResponse, timeout)
+
+
+async def test_calls_share_one_connection_and_get_their_own_answers(sock: Path) -> None:
+    seen: list[str] = []
+
+    def behaviour(req: pb.AllocateRequest, ctx: Any) -> pb.AllocateResponse:
+        seen.append(dict(ctx.invocation_metadata()).get("user-agent", ""))
+        return answer(req)
+
+    server = Server(sock, behaviour).start()
+    try:
+        ch = UnaryChannel(str(sock))
+        got: list[str] = []
+
+        async def one(i: int) -> None:
+            resp = await ch.call(ALLOCATE, request(f"dev-{i}"), pb.AllocateResponse, 5)
+            got.append(resp.container_responses[0].envs["IDS"])
+
+        async with trio.open_nursery() as nursery:
+            for i in range(20):
+                nursery.start_soon(one, i)
+        assert sorted(got) == sorted(f"dev-{i}" for i in range(20))
+        assert len(seen) == 20 and all("eventsrc" in ua for ua in seen)
+        ch.close()
+    finally:
+        server.stop()
+
+
+async def test_a_status_and_its_message_reach_the_caller(sock: Path) -> None:
+    def behaviour(req: pb.AllocateRequest, ctx: Any) -> None:
+        ctx.abort(grpc.StatusCode.FAILED_PRECONDITION, "device dev-1 is on fire: 100% sûr")
+
+    server = Server(sock, behaviour).start()
+    try:
+        with pytest.raises(GRPCError) as err:
+            await call(UnaryChannel(str(sock)), request("dev-1"))
+        assert err.value.status is Status.FAILED_PRECONDITION
+        assert err.value.message == "device dev-1 is on fire: 100% sûr"
+    finally:
+        server.stop()
+
+
+async def test_a_hung_server_times_out_and_the_next_call_works(sock: Path) -> None:
+    calls = 0
+
+    def behaviour(req: pb.AllocateRequest, ctx: Any) -> pb.AllocateResponse:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            server.release.wait(10)
+        return answer(req)
+
+    server = Server(sock, behaviour).start()
+    try:
+        ch = UnaryChannel(str(sock))
+        # Whichever comes first: the server's deadline (grpc-timeout) or the client's own.
+        with pytest.raises((trio.TooSlowError, GRPCError)) as err:
+            await call(ch, request("dev-1"), timeout=0.3)
+        assert isinstance(err.value, CALL_ERRORS)
+        if isinstance(err.value, GRPCError):
+            assert err.value.status is Status.DEADLINE_EXCEEDED
+        server.release.set()
+        assert (await call(ch, request("dev-2"))).container_responses[0].envs["IDS"] == "dev-2"
+    finally:
+        server.stop()
+
+
+async def test_garbage_is_a_failed_call(sock: Path) -> None:
+    server = Server(sock, lambda req, ctx: answer(req), serialize=lambda m: b"\xff\xff\xff\xff garbage").start()
+    try:
+        with pytest.raises(GRPCError) as err:
+            await call(UnaryChannel(str(sock)), request("dev-1"))
+        assert err.value.status is Status.INTERNAL and "cannot decode" in (err.value.message or "")
+    finally:
+        server.stop()
+
+
+async def test_an_answer_over_the_limit_is_refused(sock: Path) -> None:
+    big = pb.AllocateResponse(container_responses=[pb.ContainerAllocateResponse(envs={"X": "y" * 200_000})])
+    server = Server(sock, lambda req, ctx: big).start()
+    try:
+        with pytest.raises(GRPCError) as err:
+            await call(UnaryChannel(str(sock), max_message=100_000), request("dev-1"))
+        assert err.value.status is Status.RESOURCE_EXHAUSTED
+        # Under the limit, the same answer goes through whole (flow control included).
+        resp = await call(UnaryChannel(str(sock), max_message=1 << 20), request("dev-1"))
+        assert len(resp.container_responses[0].envs["X"]) == 200_000
+    finally:
+        server.stop()
+
+
+async def test_a_restarted_server_is_dialled_again(sock: Path) -> None:
+    server = Server(sock, lambda req, ctx: answer(req)).start()
+    ch = UnaryChannel(str(sock))
+    try:
+        assert (await call(ch, request("dev-1"))).container_responses[0].envs["IDS"] == "dev-1"
+    finally:
+        server.stop()
+    sock.unlink(missing_ok=True)
+    server = Server(sock, lambda req, ctx: answer(req)).start()
+    try:
+        # The kept connection is dead: the call notices before any answer and dials again.
+        assert (await call(ch, request("dev-2"))).container_responses[0].envs["IDS"] == "dev-2"
+    finally:
+        server.stop()
+
+
+async def test_no_server_is_an_os_error(sock: Path) -> None:
+    with pytest.raises(OSError):
+        await call(UnaryChannel(str(sock)), request("dev-1"))
+
+
+@pytest.mark.parametrize(
+    ("seconds", "header"),
+    [(0.0001, b"1m"), (0.25, b"250m"), (30, b"30000m"), (99_999.999, b"99999999m"), (100_000, b"100000S")],
+)
+def test_grpc_timeout_header(seconds: float, header: bytes) -> None:
+    assert grpc_timeout(seconds) == header
