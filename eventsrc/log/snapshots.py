@@ -11,7 +11,6 @@ start-up time.
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import time
 import zlib
@@ -23,12 +22,13 @@ import msgspec
 
 from eventsrc.events import CorruptRecordError, Record
 from eventsrc.log.store import EventLog
+from eventsrc.logs import get_logger
 from eventsrc.state.apply import apply_all
 from eventsrc.state.views import Views
 
 SNAPSHOT_FORMAT = 1
 KEEP = 2
-_log = logging.getLogger("eventsrc.snapshots")
+_log = get_logger("eventsrc.snapshots")
 
 #: Changes whenever the shape of the views changes, so an old snapshot is never misread.
 SCHEMA_FINGERPRINT = hashlib.sha256(
@@ -152,7 +152,7 @@ def load_views(
             views = read_snapshot(path, log_id, last)
         except ValueError as exc:
             skipped.append(f"snapshot {path.name} ignored: {exc}")
-            _log.warning("%s; trying an older one or a full replay", skipped[-1])
+            _log.warning("snapshot ignored; trying an older one or a full replay", snapshot=path.name, reason=str(exc))
             continue
         break
     reason = "; ".join(skipped) if skipped else ("" if views is not None else "no snapshot")
