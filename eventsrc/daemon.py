@@ -4,7 +4,7 @@
       ├─ GroupCommitter.run      appends; applies each committed batch to the views
       ├─ serve_http(HealthApp)   --metrics-address: /metrics, /healthz, /readyz (eventsrc/metrics.py)
       ├─ DeviceManager.run       device-plugins/kubelet.sock, one task per plugin endpoint
-      ├─ serve_unix(Node)        eventsrc/api.sock: admit, remove, list pods
+      ├─ serve_unix_trio(Node)   eventsrc/api.sock: admit, remove, list pods (trio-native)
       ├─ serve_unix(PodResources) pod-resources/kubelet.sock
       ├─ Daemon.scrub            checks every record written before this start
       ├─ Daemon.snapshot_loop    writes a snapshot every ``snapshot_every`` records
@@ -47,6 +47,7 @@ from eventsrc.core.topology_manager import TopologyManager, parse_topology_manag
 from eventsrc.errors import NewerLogError
 from eventsrc.events import CorruptRecordError, FutureRecordError, Record
 from eventsrc.gen.node.v1 import node_pb2
+from eventsrc.grpc_server import serve_unix_trio
 from eventsrc.layout import Layout
 from eventsrc.log.commit import GroupCommitter
 from eventsrc.log.snapshots import encode_snapshot, load_views, write_snapshot
@@ -335,7 +336,7 @@ async def serve(
                     layout.plugins_registry, {"DRAPlugin": daemon.dra, "DevicePlugin": RegistryHandler(daemon.devices)}
                 )
                 await nursery.start(watcher.run)
-                await nursery.start(serve_unix, [daemon.node_service()], layout.api_socket, 0o600)
+                await nursery.start(serve_unix_trio, [daemon.node_service()], layout.api_socket, 0o600)
                 await nursery.start(
                     serve_unix,
                     [

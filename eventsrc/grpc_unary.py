@@ -1,4 +1,4 @@
-"""Unary gRPC calls from trio, without the asyncio bridge (docs/adr/0011).
+"""Unary gRPC calls from trio, without the asyncio bridge (ADR 0011).
 
 The daemon's calls to device plugins (Allocate, GetPreferredAllocation, PreStartContainer)
 sit on the admission path. Through grpclib they cross into asyncio and back

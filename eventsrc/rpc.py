@@ -146,6 +146,23 @@ def endpoint_socket_error(endpoint: str) -> str:
     return ""
 
 
+def bind_unix(path: Path, mode: int | None) -> socket.socket:
+    """A unix stream socket bound at ``path`` (a stale file there replaced), with ``mode``
+    set before anyone can connect (the caller listens)."""
+    check_socket_path(path)
+    path.unlink(missing_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        if mode is not None:
+            os.chmod(path, mode)
+    except BaseException:
+        sock.close()
+        path.unlink(missing_ok=True)
+        raise
+    return sock
+
+
 async def serve_unix(
     handlers: Sequence[Any],
     path: Path,
@@ -159,14 +176,9 @@ async def serve_unix(
     ``mode`` (None: what the umask gives) is set between bind and listen, so that no
     connection is ever accepted under another mode.
     """
-    check_socket_path(path)
-    path.unlink(missing_ok=True)
     server = Server(list(handlers))
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = bind_unix(path, mode)
     try:
-        sock.bind(str(path))
-        if mode is not None:
-            os.chmod(path, mode)
         await to_aio(server.start)(sock=sock)  # listens
     except BaseException:
         sock.close()

@@ -1,7 +1,7 @@
 """The node API (``eventsrc.node.v1.Node``): how pods reach the daemon.
 
-Handlers run on the asyncio side (grpclib); anything that changes state crosses into
-trio once (``to_trio``) and goes through the admission shell, which records events.
+Handlers run as trio tasks (``eventsrc.grpc_server``, ADR 0011); anything that changes
+state goes through the admission shell, which records events.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from eventsrc.events import CorruptRecordError, Record
 from eventsrc.gen.node.v1 import node_pb2 as pb
 from eventsrc.gen.node.v1.node_grpc import NodeBase
 from eventsrc.manifest import PodClaim, PodSpec
-from eventsrc.rpc import to_trio
 from eventsrc.state.views import PodView, Views
 
 
@@ -189,7 +188,7 @@ class NodeService(NodeBase):
             raise GRPCError(Status.UNIMPLEMENTED, "this daemon does not serve its history")
         seq = max(1, req.from_seq)
         while True:
-            batch = await to_trio(self._records)(seq)
+            batch = await self._records(seq)
             for item in batch:
                 await stream.send_message(watch_event(item))
                 seq = item.seq + 1
@@ -203,7 +202,7 @@ class NodeService(NodeBase):
         assert req is not None
         try:
             spec = pod_from_proto(req.pod, list(req.claims))
-            pod, cid = await to_trio(self._admitter.admit)(spec)
+            pod, cid = await self._admitter.admit(spec)
         except EventsrcError as err:
             raise _grpc_error(err) from None
         views = self._views()
@@ -214,7 +213,7 @@ class NodeService(NodeBase):
         assert req is not None
         try:
             uid = find_pod(self._views(), req.pod).uid
-            pod, cid = await to_trio(self._admitter.remove)(uid)
+            pod, cid = await self._admitter.remove(uid)
         except EventsrcError as err:
             raise _grpc_error(err) from None
         await stream.send_message(pod_info(pod, state="removed", correlation_id=cid))

@@ -108,7 +108,7 @@ class Endpoint:
     coalesced: int = 0  # lists never recorded, since the last log line saying so
     coalesced_logged: float = -math.inf
     # The admission path's calls (Allocate, GetPreferredAllocation, PreStartContainer) go
-    # through a trio-native client; ListAndWatch stays on grpclib (docs/adr/0011).
+    # through a trio-native client; ListAndWatch stays on grpclib (ADR 0011).
     unary: UnaryChannel = field(init=False)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,246 @@
+"""A gRPC server in trio, for the daemon's own node API (ADR 0011).
+
+The node API is on every admission's path. Served by grpclib, each request crossed from
+asyncio into trio and back (``trio_asyncio``); here the ``h2`` state machine (the HTTP/2
+library grpclib itself uses) runs on a trio unix socket and the handlers run as trio
+tasks. The services are the grpclib-generated ``*Base`` classes, unchanged: their
+``__mapping__()`` routes a path to a handler, and a handler gets a ``Stream`` with
+``recv_message`` and ``send_message``, as under grpclib. Unary and server-streaming
+methods only (all the node API has).
+
+One task per connection reads frames; each request that has ended gets its own task in
+that connection's nursery; a reset stream cancels its task, a lost connection cancels
+them all. Messages over the received-message limit are refused (RESOURCE_EXHAUSTED),
+compressed ones too (UNIMPLEMENTED); an unknown path is UNIMPLEMENTED; a handler's
+GRPCError is its status; anything else it raises is logged and answered UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import trio
+from grpclib.const import Cardinality, Status
+from grpclib.exceptions import GRPCError
+
+from eventsrc.logs import get_logger
+from eventsrc.rpc import bind_unix, max_received
+
+log = get_logger("eventsrc.grpc")
+
+_READ = 65536
+# grpc-message: printable ASCII but '%' is sent as is, the rest percent-encoded (gRPC spec).
+_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+
+
+def parse_timeout(value: bytes | None) -> float | None:
+    """Seconds from a ``grpc-timeout`` header (None: absent or malformed)."""
+    if not value or len(value) < 2 or not value[:-1].isdigit():
+        return None
+    unit = _UNITS.get(value[-1:])
+    return None if unit is None else int(value[:-1]) * unit
+
+
+class _Connection:
+    def __init__(self, sock: trio.SocketStream) -> None:
+        self.sock = sock
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+        self._send_lock = trio.Lock()
+        self.window = trio.Event()  # set (and replaced) whenever the peer opens a window
+
+    async def flush(self) -> None:
+        async with self._send_lock:
+            data = self.h2.data_to_send()
+            if data:
+                await self.sock.send_all(data)
+
+    def window_opened(self) -> None:
+        self.window.set()
+        self.window = trio.Event()
+
+
+@dataclass(eq=False)
+class _Request:
+    headers: dict[bytes, bytes]
+    data: bytearray = field(default_factory=bytearray)
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    reset: bool = False
+    too_big: bool = False
+
+
+class Stream:
+    """What a handler gets: its request, and a way to send its answers."""
+
+    def __init__(self, conn: _Connection, sid: int, request: Any) -> None:
+        self._conn = conn
+        self._sid = sid
+        self._request = request
+        self.headers_sent = False
+
+    async def recv_message(self) -> Any:
+        """The request (once), then None."""
+        request, self._request = self._request, None
+        return request
+
+    async def send_message(self, message: Any) -> None:
+        body = message.SerializeToString()
+        await self._send(b"\x00" + len(body).to_bytes(4, "big") + body)
+
+    async def _send(self, data: bytes) -> None:
+        conn, h2c, sid = self._conn, self._conn.h2, self._sid
+        if not self.headers_sent:
+            h2c.send_headers(sid, [(b":status", b"200"), (b"content-type", b"application/grpc+proto")])
+            self.headers_sent = True
+        while data:
+            n = min(h2c.local_flow_control_window(sid), h2c.max_outbound_frame_size, len(data))
+            if n <= 0:
+                await conn.flush()
+                await conn.window.wait()
+                continue
+            h2c.send_data(sid, data[:n])
+            data = data[n:]
+        await conn.flush()
+
+    async def finish(self, status: Status, message: str | None) -> None:
+        """The trailers (or a trailers-only answer when nothing was sent)."""
+        trailers = [(b"grpc-status", str(status.value).encode())]
+        if message:
+            trailers.append((b"grpc-message", urllib.parse.quote(message, safe=_SAFE).encode()))
+        if not self.headers_sent:
+            trailers = [(b":status", b"200"), (b"content-type", b"application/grpc+proto"), *trailers]
+        self._conn.h2.send_headers(self._sid, trailers, end_stream=True)
+        await self._conn.flush()
+
+
+async def serve_unix_trio(
+    services: Sequence[Any],
+    path: Path,
+    mode: int | None = None,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``services`` (grpclib ``*Base`` instances) on the unix socket ``path`` until
+    cancelled. A stale socket file is replaced; ``mode`` is set between bind and listen,
+    so no connection is ever accepted under another mode; the socket is removed on exit."""
+    mapping: dict[str, Any] = {}
+    for service in services:
+        mapping.update(service.__mapping__())
+    sock = trio.socket.from_stdlib_socket(bind_unix(path, mode))
+    try:
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        path.unlink(missing_ok=True)
+        raise
+    task_status.started()
+    try:
+        await trio.serve_listeners(partial(_serve_connection, mapping), [trio.SocketListener(sock)])
+    finally:
+        path.unlink(missing_ok=True)
+
+
+async def _serve_connection(mapping: Mapping[str, Any], sock: trio.SocketStream) -> None:
+    conn = _Connection(sock)
+    h2c = conn.h2
+    requests: dict[int, _Request] = {}
+    limit = max_received()
+    try:
+        h2c.initiate_connection()
+        await conn.flush()
+        async with trio.open_nursery() as nursery:
+            while True:
+                data = await sock.receive_some(_READ)
+                if not data:
+                    break
+                try:
+                    events = h2c.receive_data(data)
+                except h2.exceptions.ProtocolError:
+                    await conn.flush()  # the GOAWAY h2 queued
+                    break
+                for e in events:
+                    if isinstance(e, h2.events.RequestReceived):
+                        requests[e.stream_id] = _Request(dict(e.headers))
+                    elif isinstance(e, h2.events.DataReceived):
+                        h2c.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+                        req = requests.get(e.stream_id)
+                        if req is not None and not req.too_big:
+                            req.data += e.data
+                            if limit is not None and len(req.data) > limit + 5:
+                                req.too_big, req.data = True, req.data[:5]
+                    elif isinstance(e, h2.events.StreamEnded):
+                        req = requests.get(e.stream_id)
+                        if req is not None:
+                            nursery.start_soon(_handle, conn, mapping, e.stream_id, req, requests)
+                    elif isinstance(e, h2.events.StreamReset):
+                        req = requests.pop(e.stream_id, None)
+                        if req is not None:
+                            req.reset = True
+                            req.scope.cancel()
+                    elif isinstance(e, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
+                        conn.window_opened()
+                    elif isinstance(e, h2.events.ConnectionTerminated):
+                        break
+                await conn.flush()
+            nursery.cancel_scope.cancel()  # the connection is gone: so are its calls
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    finally:
+        with trio.CancelScope(shield=True):
+            await sock.aclose()
+
+
+async def _handle(conn: _Connection, mapping: Mapping[str, Any], sid: int, req: _Request, requests: dict[int, _Request]) -> None:
+    path = req.headers.get(b":path", b"").decode(errors="replace")
+    handler = mapping.get(path)
+    stream = Stream(conn, sid, None)
+    status, message = Status.OK, None
+    try:
+        with req.scope:
+            timeout = parse_timeout(req.headers.get(b"grpc-timeout"))
+            with trio.move_on_after(timeout) if timeout is not None else trio.CancelScope() as deadline:
+                if handler is None or handler.cardinality not in (Cardinality.UNARY_UNARY, Cardinality.UNARY_STREAM):
+                    raise GRPCError(Status.UNIMPLEMENTED, f"Method not found: {path}")
+                stream._request = _decode(req, handler.request_type)
+                await handler.func(stream)
+            if deadline.cancelled_caught:
+                status, message = Status.DEADLINE_EXCEEDED, "Deadline exceeded"
+    except GRPCError as exc:
+        status, message = exc.status, exc.message
+    except Exception:
+        log.exception("node API handler failed", method=path)
+        status, message = Status.UNKNOWN, "Internal Server Error"
+    finally:
+        requests.pop(sid, None)
+    if req.reset:
+        return
+    # The client may have gone away first.
+    with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+        await stream.finish(status, message)
+
+
+def _decode(req: _Request, message_type: Any) -> Any:
+    data = req.data
+    if len(data) < 5:
+        raise GRPCError(Status.INTERNAL, "the request has no message")
+    if data[0]:
+        raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
+    length = int.from_bytes(data[1:5], "big")
+    if req.too_big:
+        raise GRPCError(Status.RESOURCE_EXHAUSTED, f"received message larger than max ({length} vs. {max_received()})")
+    if len(data) != 5 + length:
+        raise GRPCError(Status.INTERNAL, "the request is not exactly one message")
+    try:
+        return message_type.FromString(bytes(data[5:]))
+    except Exception as exc:  # protobuf's DecodeError
+        raise GRPCError(Status.INTERNAL, f"cannot decode the {message_type.__name__}: {exc}") from None

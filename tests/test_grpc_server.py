@@ -1,0 +1,90 @@
+"""The daemon's trio-native gRPC server (the node API), spoken to with grpcio (C-core)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import grpc
+import pytest
+
+from eventsrc.gen.node.v1 import node_pb2 as pb
+from eventsrc.grpc_server import parse_timeout
+from tests.grpcio_stubs import stubs, unix_target
+
+NODE = "/eventsrc.node.v1.Node/"
+
+
+@pytest.fixture
+def channel(root: Path, daemon_factory) -> grpc.Channel:  # type: ignore[no-untyped-def]
+    daemon_factory()
+    ch = grpc.insecure_channel(unix_target(root / "eventsrc" / "api.sock"))
+    yield ch
+    ch.close()
+
+
+def raw(channel: grpc.Channel, method: str) -> grpc.UnaryUnaryMultiCallable:
+    return channel.unary_unary(NODE + method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+
+
+def test_unary_calls_answer_and_statuses_carry_their_message(root: Path, channel: grpc.Channel) -> None:
+    node = stubs("node/v1/node.proto").NodeStub(channel)
+    status = node.Status(pb.StatusRequest(), timeout=5)
+    assert status.ready and status.pid == int((root / "eventsrc" / "status.json").read_text().split('"pid": ')[1].split(",")[0])
+    with pytest.raises(grpc.RpcError) as err:
+        node.Remove(pb.RemoveRequest(pod=pb.PodSelector(namespace="ns", name="nobody-ü")), timeout=5)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "nobody-ü" in err.value.details()
+
+
+def test_many_concurrent_calls_on_one_connection(channel: grpc.Channel) -> None:
+    node = stubs("node/v1/node.proto").NodeStub(channel)
+    futures = [node.Status.future(pb.StatusRequest(), timeout=10) for _ in range(100)]
+    assert all(f.result().ready for f in futures)
+
+
+def test_unknown_method_is_unimplemented(channel: grpc.Channel) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        raw(channel, "Nope")(b"", timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_garbage_request_is_a_clear_error_and_the_server_stays(channel: grpc.Channel) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        raw(channel, "GetPod")(b"\xff\xff\xff\xff", timeout=5)
+    assert err.value.code() == grpc.StatusCode.INTERNAL and "cannot decode" in err.value.details()
+    assert raw(channel, "Status")(b"", timeout=5)  # still serving
+
+
+def test_a_request_over_the_limit_is_refused(channel: grpc.Channel) -> None:
+    big = pb.PodSelector(name="x" * (5 * 1024 * 1024)).SerializeToString()
+    with pytest.raises(grpc.RpcError) as err:
+        raw(channel, "GetPod")(big, timeout=10)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert raw(channel, "Status")(b"", timeout=5)
+
+
+def test_a_large_answer_crosses_flow_control(channel: grpc.Channel) -> None:
+    # ListPods of 1,500 pods is one message far over HTTP/2's initial 64 KiB window.
+    node = stubs("node/v1/node.proto").NodeStub(channel)
+    pods = [
+        pb.Pod(uid=f"uid-{i:04d}", namespace="big", name=f"pod-{i:04d}", containers=[pb.Container(name="c", kind="app")])
+        for i in range(1500)
+    ]
+    futures = [node.Admit.future(pb.AdmitRequest(pod=p), timeout=60) for p in pods]
+    assert all(f.result().uid for f in futures)
+    listed = node.ListPods(pb.ListPodsRequest(), timeout=30)
+    assert listed.ByteSize() > 65_535
+    assert {p.uid for p in listed.pods} >= {p.uid for p in pods}
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [(b"30S", 30.0), (b"250m", 0.25), (b"5u", 5e-6), (b"2M", 120.0), (b"1H", 3600.0), (b"x", None), (b"", None), (b"10x", None)],
+)
+def test_grpc_timeout_parsing(header: bytes, seconds: float | None) -> None:
+    assert parse_timeout(header) == (None if seconds is None else pytest.approx(seconds))
+
+
+def test_the_socket_is_private(root: Path, channel: grpc.Channel) -> None:
+    assert os.stat(root / "eventsrc" / "api.sock").st_mode & 0o777 == 0o600
