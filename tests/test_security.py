@@ -445,6 +445,38 @@ async def test_socket_mode_is_set_before_the_socket_accepts(root: Path, monkeypa
     assert seen == {"mode": 0o600, "connected": False}
 
 
+async def test_node_api_socket_mode_is_set_before_the_socket_accepts(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trio-native node API server (eventsrc.grpc_server) binds, sets the mode, then listens."""
+    from eventsrc import grpc_server
+
+    seen: dict[str, Any] = {}
+    bind = grpc_server.bind_unix
+
+    def bound(path: Path, mode: int | None) -> socket.socket:
+        sock = bind(path, mode)
+        seen["mode"] = stat.S_IMODE(os.stat(path).st_mode)
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+            seen["connected"] = True
+        except ConnectionRefusedError:
+            seen["connected"] = False
+        finally:
+            probe.close()
+        return sock
+
+    monkeypatch.setattr(grpc_server, "bind_unix", bound)
+    root.mkdir()
+    with umask(0):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(grpc_server.serve_unix_trio, [], root / "api.sock", 0o600)
+            accepting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            accepting.connect(str(root / "api.sock"))  # listening now
+            accepting.close()
+            nursery.cancel_scope.cancel()
+    assert seen == {"mode": 0o600, "connected": False}
+
+
 def test_state_files_are_private_whatever_the_umask(daemon_factory: type[Daemon]) -> None:
     with umask(0):
         daemon = daemon_factory()
@@ -787,6 +819,15 @@ ALLOCATE_LIMITS = [
         id="answer-size",
     ),
     pytest.param(lambda req: pb.AllocateResponse(), "has no container response", id="no-answer"),
+    pytest.param(
+        # Over the 4 MiB message limit: refused by the daemon's Allocate client from the
+        # message's 5-byte prefix (the limit set at start reaches each plugin's channel).
+        lambda req: pb.AllocateResponse(
+            container_responses=[pb.ContainerAllocateResponse(annotations={f"a{i}": "v" * 4096 for i in range(1100)})]
+        ),
+        "received message larger than max",
+        id="over-the-message-limit",
+    ),
 ]
 
 
