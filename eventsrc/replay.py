@@ -344,8 +344,11 @@ def change_text(rec: Record, changes: list[Change]) -> str:
 
 
 def step_line(item: Record | CorruptRecordError, changes: list[Change]) -> str:
-    from eventsrc.cli.render import iso
+    from eventsrc.cli.render import iso, raw_body
+    from eventsrc.events import FutureRecordError
 
+    if isinstance(item, FutureRecordError):  # shown raw: this code cannot say what it changed
+        return f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type_name + '?':<26}  {raw_body(item)} (v{item.version}, from a newer eventsrc; not applied)"
     if isinstance(item, Exception):
         return f"{item.seq:>8}  {'?':<27}  {'CORRUPT':<26}  {item.reason}"
     return f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type:<26}  {change_text(item, changes)}"

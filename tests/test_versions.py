@@ -99,7 +99,12 @@ def test_readers_show_newer_records_raw_and_go_on(root: Path) -> None:
     assert "dev-0" in views["devices"]["devices"]["example.com/dev"]
     assert run_cli("audit", "verify", root=root).returncode == 0  # the chain is over the bytes: it holds
     assert run_cli("audit", "device", "example.com/dev", "dev-0", root=root).returncode == 0
-    assert run_cli("replay", "--step", root=root).returncode in (0, 1)
+    replay = run_cli("replay", "--step", root=root)
+    assert replay.returncode in (0, 1)
+    steps = {line.split()[0]: line for line in replay.stdout.splitlines() if line.strip()[:1].isdigit()}
+    assert "DevicesShared?" in steps["4"] and "device_ids=[dev-0]" in steps["4"] and "not applied" in steps["4"]
+    assert "PodRemoved?" in steps["5"] and "reason=evicted" in steps["5"]
+    assert "CORRUPT" not in replay.stdout
 
 
 def test_the_daemon_does_not_write_on_a_log_it_cannot_read(root: Path) -> None:

@@ -31,10 +31,16 @@ def record_summary(rec: Record) -> str:
     return " ".join(f"{k}={_short(v)}" for k, v in fields.items() if v not in ("", [], {}))
 
 
+def raw_body(item: FutureRecordError) -> str:
+    """A newer record's body as key=value, as stored: this code cannot say what it means."""
+    if isinstance(item.body, dict):
+        return " ".join(f"{k}={_short(v)}" for k, v in item.body.items())
+    return _short(item.body)
+
+
 def record_line(item: Record | CorruptRecordError) -> str:
     if isinstance(item, FutureRecordError):  # shown raw: this code cannot say what it means
-        body = " ".join(f"{k}={_short(v)}" for k, v in item.body.items()) if isinstance(item.body, dict) else _short(item.body)
-        return f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type_name + '?':<26}  {item.correlation_id[-8:]}  {body}  (v{item.version}, from a newer eventsrc)"
+        return f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type_name + '?':<26}  {item.correlation_id[-8:]}  {raw_body(item)}  (v{item.version}, from a newer eventsrc)"
     if isinstance(item, CorruptRecordError):
         return f"{item.seq:>8}  {'?':<27}  {'CORRUPT':<26}  {'':8}  {item.reason}"
     return f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type:<26}  {item.correlation_id[-8:]}  {record_summary(item)}"
