@@ -153,6 +153,16 @@ class Metrics:
             _alpha("Duration in seconds of the DRA gRPC operations"),
             ["driver_name", "grpc_status_code", "method_name"], buckets=GO_DEF_BUCKETS, registry=r,
         )
+        self.dra_operations = Histogram(
+            "dra_operations_duration_seconds",
+            _alpha(
+                "Latency histogram in seconds for the duration of handling all ResourceClaims referenced by a pod "
+                "when the pod starts or stops. Identified by the name of the operation (PrepareResources or "
+                "UnprepareResources) and separated by the success of the operation. The number of failed operations "
+                "is provided through the histogram's overall count."
+            ),
+            ["operation_name", "is_error"], buckets=GO_DEF_BUCKETS, registry=r,
+        )
         # The pod resources counters are named without "_total" (prometheus_client would
         # add it): plain counts, written by the collector below.
         self.pod_resources: dict[str, int] = {}
@@ -272,6 +282,11 @@ class Metrics:
             self.dra_grpc.labels(driver_name=driver, grpc_status_code=code, method_name=method).observe(
                 time.perf_counter() - start
             )
+
+    def dra_operation(self, operation: str, seconds: float, failed: bool) -> None:
+        """PrepareResources (a pod's claims at admission) or UnprepareResources (claims
+        released by the reconcile loop), as the kubelet's DRA manager times them."""
+        self.dra_operations.labels(operation_name=operation, is_error="true" if failed else "false").observe(seconds)
 
     @contextmanager
     def waiting(self) -> Iterator[None]:

@@ -192,6 +192,10 @@ def test_dra_series_and_a_network_address(root: Path, tmp_path: Path, daemon_fac
     for method in ("NodePrepareResources", "NodeUnprepareResources"):
         labels = {"driver_name": DRIVER, "grpc_status_code": "OK", "method_name": f"/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/{method}"}
         assert value(samples, "dra_grpc_operations_duration_seconds_count", **labels) == 1, method
+    # The pod-level operations, as the kubelet's DRA manager times them.
+    assert types["dra_operations_duration_seconds"] == "histogram"
+    for operation in ("PrepareResources", "UnprepareResources"):
+        assert value(samples, "dra_operations_duration_seconds_count", operation_name=operation, is_error="false") == 1, operation
     # A DRA driver is no device plugin.
     assert not any(name == "kubelet_device_plugin_registration_total" for name, _ in samples)
 
