@@ -48,6 +48,9 @@ CALL_ERRORS: tuple[type[BaseException], ...] = (
 def why(exc: BaseException) -> str:
     """One line saying why a call to a peer failed."""
     if isinstance(exc, GRPCError):
+        if exc.status is Status.DEADLINE_EXCEEDED:
+            # The peer's deadline (grpc-timeout) fired before ours: a timeout all the same.
+            return f"timed out ({exc.status.name}: {exc.message})"
         return f"{exc.status.name}: {exc.message}"
     if isinstance(exc, (trio.TooSlowError, TimeoutError)):
         return "timed out"
