@@ -256,6 +256,7 @@ def plan_pod(
     numa_nodes: list[int] | None = None,
     pod_uid: str = "",
     affinity_of: AffinityOf | None = None,
+    device_hints_needed: bool = True,
 ) -> Generator[PreferredAsk, list[str] | PreferredFailed, PodPlan]:
     """Plan every container's devices, in admission order (init containers first).
 
@@ -264,7 +265,10 @@ def plan_pod(
     for each (container, resource), None for no preference. With ``affinity_of``, the
     topology manager is asked instead, container by container, with this container's
     device hints computed after the previous containers got theirs (its container scope);
-    it returns the container's NUMA affinity or raises Refusal. Raises Refusal.
+    it returns the container's NUMA affinity or raises Refusal. Without
+    ``device_hints_needed`` (the topology manager's none policy, which merges nothing, as
+    the kubelet's admitPolicyNone computes no hints) ``affinity_of`` gets no device hints.
+    Raises Refusal.
     """
     held = held or {}
     hints = hints or {}
@@ -277,7 +281,7 @@ def plan_pod(
         container_affinity: frozenset[int] | None = None
         if affinity_of is not None:
             device_hints: dict[str, list[Hint] | None] = {}
-            for resource, required in sorted(requests.get(c.name, {}).items()):
+            for resource, required in sorted(requests.get(c.name, {}).items()) if device_hints_needed else ():
                 if resource in resources:
                     st = resources[resource]
                     device_hints[resource] = container_hints(
