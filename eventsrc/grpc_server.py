@@ -55,7 +55,11 @@ def parse_timeout(value: bytes | None) -> float | None:
 class _Connection:
     def __init__(self, sock: trio.SocketStream) -> None:
         self.sock = sock
-        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(
+            # Our own headers are fixed, lower-case and valid: h2 need not check them on
+            # every call. What the peer sends is still validated.
+            client_side=False, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False
+        ))
         self._send_lock = trio.Lock()
         self.window = trio.Event()  # set (and replaced) whenever the peer opens a window
 

@@ -89,7 +89,11 @@ class UnaryChannel:
 
     async def _connect(self) -> tuple[trio.SocketStream, h2.connection.H2Connection]:
         sock = await trio.open_unix_socket(self.path)
-        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(
+            # Our own headers are fixed, lower-case and valid: h2 need not check them on
+            # every call. What the peer sends is still validated.
+            client_side=True, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False
+        ))
         conn.initiate_connection()
         await sock.send_all(conn.data_to_send())
         self._sock, self._conn = sock, conn
