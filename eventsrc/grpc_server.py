@@ -34,7 +34,7 @@ from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 
 from eventsrc.logs import get_logger
-from eventsrc.rpc import bind_unix, max_received
+from eventsrc.rpc import bind_unix, check_prefix, max_received, unframe
 
 log = get_logger("eventsrc.grpc")
 
@@ -234,17 +234,6 @@ async def _handle(conn: _Connection, mapping: Mapping[str, Any], sid: int, req: 
 
 
 def _decode(req: _Request, message_type: Any) -> Any:
-    data = req.data
-    if len(data) < 5:
-        raise GRPCError(Status.INTERNAL, "the request has no message")
-    if data[0]:
-        raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
-    length = int.from_bytes(data[1:5], "big")
-    if req.too_big:
-        raise GRPCError(Status.RESOURCE_EXHAUSTED, f"received message larger than max ({length} vs. {max_received()})")
-    if len(data) != 5 + length:
-        raise GRPCError(Status.INTERNAL, "the request is not exactly one message")
-    try:
-        return message_type.FromString(bytes(data[5:]))
-    except Exception as exc:  # protobuf's DecodeError
-        raise GRPCError(Status.INTERNAL, f"cannot decode the {message_type.__name__}: {exc}") from None
+    if req.too_big:  # only its prefix was kept
+        check_prefix(req.data[:5], max_received())
+    return unframe(req.data, message_type, "request", max_received())

@@ -31,6 +31,8 @@ from google.protobuf.message import Message
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
+from eventsrc.rpc import check_prefix, unframe
+
 M = TypeVar("M", bound=Message)
 
 _READ = 65536
@@ -187,10 +189,8 @@ class UnaryChannel:
         return pending
 
     def _check_size(self, data: bytearray) -> None:
-        if self.max_message is not None and len(data) >= 5:
-            length = int.from_bytes(data[1:5], "big")
-            if length > self.max_message:
-                raise GRPCError(Status.RESOURCE_EXHAUSTED, f"received message larger than max ({length} vs. {self.max_message})")
+        if len(data) >= 5:
+            check_prefix(data[:5], self.max_message)  # refused from the prefix, body unread
 
 
 def _answer(head: dict[bytes, bytes], trailers: dict[bytes, bytes], data: bytes, response_type: type[M]) -> M:
@@ -211,14 +211,4 @@ def _answer(head: dict[bytes, bytes], trailers: dict[bytes, bytes], data: bytes,
         raise GRPCError(status, message)
     if not head.get(b"content-type", b"").startswith(b"application/grpc"):
         raise GRPCError(Status.UNKNOWN, "the answer is not application/grpc")
-    if len(data) < 5:
-        raise GRPCError(Status.INTERNAL, "the answer has no message")
-    if data[0]:
-        raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
-    length = int.from_bytes(data[1:5], "big")
-    if len(data) != 5 + length:
-        raise GRPCError(Status.INTERNAL, "the answer is not exactly one message")
-    try:
-        return response_type.FromString(data[5:])
-    except Exception as exc:  # protobuf's DecodeError
-        raise GRPCError(Status.INTERNAL, f"cannot decode the {response_type.__name__}: {exc}") from None
+    return unframe(data, response_type, "answer", None)  # type: ignore[no-any-return]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -78,6 +78,41 @@ def max_received() -> int | None:
     return _max_received
 
 
+# gRPC's message framing (a flag byte, a 4-byte big-endian length, the message), checked
+# the same way by grpclib's reader below and by the trio-native client and server.
+
+
+def check_prefix(prefix: bytes | bytearray, limit: int | None) -> int:
+    """The length a 5-byte message prefix announces. Raises GRPCError for a compressed
+    message, or one longer than ``limit`` (grpc-go's status and words)."""
+    if prefix[0]:
+        raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
+    length = int.from_bytes(prefix[1:5], "big")
+    if limit is not None and length > limit:
+        raise GRPCError(Status.RESOURCE_EXHAUSTED, f"received message larger than max ({length} vs. {limit})")
+    return length
+
+
+def decode_message(data: bytes, message_type: Any, decode: Callable[[bytes, Any], Any] | None = None) -> Any:
+    """``data`` as a ``message_type``; garbage is a GRPCError (INTERNAL)."""
+    try:
+        return decode(data, message_type) if decode is not None else message_type.FromString(data)
+    except Exception as exc:  # protobuf's DecodeError, or a codec's own complaint
+        name = getattr(message_type, "__name__", "message")
+        raise GRPCError(Status.INTERNAL, f"cannot decode the {name}: {exc}") from None
+
+
+def unframe(data: bytes | bytearray, message_type: Any, what: str, limit: int | None) -> Any:
+    """Exactly one length-prefixed message of ``message_type`` in ``data`` (a request or an
+    answer read whole). Raises GRPCError."""
+    if len(data) < 5:
+        raise GRPCError(Status.INTERNAL, f"the {what} has no message")
+    length = check_prefix(data[:5], limit)
+    if len(data) != 5 + length:
+        raise GRPCError(Status.INTERNAL, f"the {what} is not exactly one message")
+    return decode_message(bytes(data[5:]), message_type)
+
+
 async def _recv_message(stream: Any, codec: Any, message_type: Any) -> Any:
     """grpclib's ``recv_message`` (grpclib/stream.py), made safe against a hostile peer.
 
@@ -94,19 +129,10 @@ async def _recv_message(stream: Any, codec: Any, message_type: Any) -> Any:
         meta = await stream.recv_data(5)
         if not meta:
             return None
-        if meta[0]:
-            raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
-        length = int.from_bytes(meta[1:5], "big")
-        if _max_received is not None and length > _max_received:
-            raise GRPCError(Status.RESOURCE_EXHAUSTED, f"received message larger than max ({length} vs. {_max_received})")
-        data = await stream.recv_data(length)
+        data = await stream.recv_data(check_prefix(meta, _max_received))
     except AssertionError:  # grpclib's Buffer.read: the stream ended inside a message
         raise ProtocolError("the peer ended the stream in the middle of a message") from None
-    try:
-        return codec.decode(data, message_type)
-    except Exception as exc:  # protobuf's DecodeError, or a codec's own complaint
-        name = getattr(message_type, "__name__", "message")
-        raise GRPCError(Status.INTERNAL, f"cannot decode the {name}: {exc}") from None
+    return decode_message(data, message_type, codec.decode)
 
 
 # grpclib's client and server streams call the module-level name each imported.
