@@ -44,7 +44,6 @@ from eventsrc.core.device_choice import (
 from eventsrc.core.devices import holdings, release_events, remove_pod_events
 from eventsrc.core.resources import qos_class
 from eventsrc.core.topology_manager import (
-    POLICY_NONE,
     TOPOLOGY_AFFINITY_MESSAGE,
     ProviderHints,
     TopologyHint,
@@ -251,19 +250,13 @@ class Admission:
         tm = self.daemon.topology
         metrics = self.daemon.metrics
         try:
-            pod_affinity = (
-                self._pod_affinity(spec, requests, resources, held, cpus)
-                if tm.scope == "pod" and tm.policy.name != POLICY_NONE
-                else None
-            )
+            pod_affinity = self._pod_affinity(spec, requests, resources, held, cpus) if tm.scope == "pod" else None
         except TopologyRefusal as refusal:
             raise await self._refuse(spec, str(refusal), cid, hint=refusal.hint) from None
 
-        merges = tm.policy.name != POLICY_NONE  # none merges nothing: no hints (admitPolicyNone)
-
         def affinity_of(c: ContainerSpec, device_hints: dict[str, list[Hint] | None]) -> frozenset[int] | None:
             nodes = pod_affinity
-            if tm.scope == "container" and merges:
+            if tm.scope == "container":
                 best, admit = tm.policy.merge([_cpu_provider(cpus.hints(c)), _device_provider(device_hints)])
                 if not admit:
                     raise TopologyRefusal(best, c.name)
@@ -278,7 +271,7 @@ class Admission:
             return frozenset(nodes) if nodes else None
 
         planner = plan_pod(
-            spec.containers, requests, resources, held=held, pod_uid=uid, affinity_of=affinity_of, device_hints_needed=merges
+            spec.containers, requests, resources, held=held, pod_uid=uid, affinity_of=affinity_of, device_hints_needed=tm.scope == "container"
         )
         try:
             ask = next(planner)

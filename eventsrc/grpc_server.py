@@ -18,7 +18,6 @@ GRPCError is its status; anything else it raises is logged and answered UNKNOWN.
 from __future__ import annotations
 
 import contextlib
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -32,6 +31,7 @@ import h2.exceptions
 import trio
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
+from grpclib.metadata import decode_timeout, encode_grpc_message
 
 from eventsrc.logs import get_logger
 from eventsrc.rpc import bind_unix, check_prefix, max_received, unframe
@@ -39,17 +39,14 @@ from eventsrc.rpc import bind_unix, check_prefix, max_received, unframe
 log = get_logger("eventsrc.grpc")
 
 _READ = 65536
-# grpc-message: printable ASCII but '%' is sent as is, the rest percent-encoded (gRPC spec).
-_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
-_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
-
-
 def parse_timeout(value: bytes | None) -> float | None:
     """Seconds from a ``grpc-timeout`` header (None: absent or malformed)."""
-    if not value or len(value) < 2 or not value[:-1].isdigit():
+    if not value:
         return None
-    unit = _UNITS.get(value[-1:])
-    return None if unit is None else int(value[:-1]) * unit
+    try:
+        return decode_timeout(value.decode("ascii"))
+    except (ValueError, KeyError, UnicodeDecodeError):
+        return None
 
 
 class _Connection:
@@ -120,7 +117,7 @@ class Stream:
         """The trailers (or a trailers-only answer when nothing was sent)."""
         trailers = [(b"grpc-status", str(status.value).encode())]
         if message:
-            trailers.append((b"grpc-message", urllib.parse.quote(message, safe=_SAFE).encode()))
+            trailers.append((b"grpc-message", encode_grpc_message(message).encode()))
         if not self.headers_sent:
             trailers = [(b":status", b"200"), (b"content-type", b"application/grpc+proto"), *trailers]
         self._conn.h2.send_headers(self._sid, trailers, end_stream=True)
@@ -234,6 +231,7 @@ async def _handle(conn: _Connection, mapping: Mapping[str, Any], sid: int, req: 
 
 
 def _decode(req: _Request, message_type: Any) -> Any:
-    if req.too_big:  # only its prefix was kept
+    if req.too_big:  # only its prefix was kept: over the limit, or more than one message
         check_prefix(req.data[:5], max_received())
+        raise GRPCError(Status.INTERNAL, "the request is not exactly one message")
     return unframe(req.data, message_type, "request", max_received())

@@ -19,7 +19,6 @@ Compressed answers are refused; an answer over the message limit is refused from
 from __future__ import annotations
 
 import math
-import urllib.parse
 from typing import TypeVar
 
 import h2.config
@@ -30,6 +29,7 @@ import trio
 from google.protobuf.message import Message
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+from grpclib.metadata import decode_grpc_message
 
 from eventsrc.rpc import check_prefix, unframe
 
@@ -207,7 +207,7 @@ def _answer(head: dict[bytes, bytes], trailers: dict[bytes, bytes], data: bytes,
     except ValueError:
         raise GRPCError(Status.UNKNOWN, f"the answer's grpc-status {raw!r} is not a status") from None
     if status is not Status.OK:
-        message = urllib.parse.unquote(meta.get(b"grpc-message", b"").decode(errors="replace"))
+        message = decode_grpc_message(meta.get(b"grpc-message", b"").decode(errors="replace"))
         raise GRPCError(status, message)
     if not head.get(b"content-type", b"").startswith(b"application/grpc"):
         raise GRPCError(Status.UNKNOWN, "the answer is not application/grpc")

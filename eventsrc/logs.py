@@ -28,7 +28,6 @@ from contextvars import ContextVar
 from typing import IO, Any
 
 FORMATS = ("text", "json")
-LEVELS = ("debug", "info", "warning", "error")
 
 _correlation_id: ContextVar[str] = ContextVar("eventsrc_correlation_id", default="")
 _RESERVED = frozenset({"ts", "level", "logger", "msg", "cid", "exc"})

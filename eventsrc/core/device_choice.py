@@ -42,7 +42,6 @@ class Refusal(Exception):
 
 
 @functools.lru_cache(maxsize=1 << 16)
-@functools.lru_cache(maxsize=1 << 16)
 def natural_key(device_id: str) -> tuple[object, ...]:
     """``dev-2`` before ``dev-10``."""
     return tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(device_id))
@@ -266,9 +265,9 @@ def plan_pod(
     topology manager is asked instead, container by container, with this container's
     device hints computed after the previous containers got theirs (its container scope);
     it returns the container's NUMA affinity or raises Refusal. Without
-    ``device_hints_needed`` (the topology manager's none policy, which merges nothing, as
-    the kubelet's admitPolicyNone computes no hints) ``affinity_of`` gets no device hints.
-    Raises Refusal.
+    ``device_hints_needed`` (no merge per container: the pod scope merged once already, and
+    the none policy, like the kubelet's admitPolicyNone, merges nothing) ``affinity_of``
+    gets no device hints. Raises Refusal.
     """
     held = held or {}
     hints = hints or {}

@@ -139,13 +139,6 @@ class PendingAppend:
 Prepared = tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]
 
 
-def fail(batch: Iterable[PendingAppend], err: BaseException) -> None:
-    """Mark every request of ``batch`` as failed with ``err`` (none of it was written)."""
-    for req in batch:
-        req.records = []
-        req.error = err
-
-
 class EventLog:
     """An open log. Writers must hold the state directory's ``DirLock`` (see ``open_writer``)."""
 
@@ -369,8 +362,8 @@ class EventLog:
         """Give ``batch`` its sequence numbers, after every batch prepared before it, and
         encode it (records, hash chain, index entries). Fills each request's ``records``,
         or its conflict ``error`` (an optimistic-concurrency conflict fails that request
-        only). No I/O: the trio side prepares the next batch while an earlier one is still
-        being synced; ``write`` them in the order they were prepared, or ``abandon``.
+        only). No I/O: ``write`` prepared batches in the order they were prepared, or
+        ``abandon`` them.
         """
         if self.readonly:
             raise EventsrcError("the event log is open read-only")
@@ -438,7 +431,9 @@ class EventLog:
             self.write(items, index)
         except EventsrcError as err:
             self.abandon()
-            fail(batch, err)
+            for req in batch:
+                req.records = []
+                req.error = err
 
     def append(self, events: Sequence[_Event], correlation_id: str, ts_ns: int, expect_last: int | None = None) -> list[Record]:
         """Synchronous single append (one transaction, one sync)."""
