@@ -92,9 +92,10 @@ class UnaryChannel:
     async def _connect(self) -> tuple[trio.SocketStream, h2.connection.H2Connection]:
         sock = await trio.open_unix_socket(self.path)
         conn = h2.connection.H2Connection(h2.config.H2Configuration(
-            # Our own headers are fixed, lower-case and valid: h2 need not check them on
-            # every call. What the peer sends is still validated.
-            client_side=True, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False
+            # As grpclib configures h2: our own headers are fixed and valid, and of the
+            # peer's only :status, grpc-status and grpc-message are read (and checked).
+            client_side=True, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False,
+            validate_inbound_headers=False, normalize_inbound_headers=False,
         ))
         conn.initiate_connection()
         await sock.send_all(conn.data_to_send())

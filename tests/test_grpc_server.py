@@ -88,3 +88,53 @@ def test_grpc_timeout_parsing(header: bytes, seconds: float | None) -> None:
 
 def test_the_socket_is_private(root: Path, channel: grpc.Channel) -> None:
     assert os.stat(root / "eventsrc" / "api.sock").st_mode & 0o777 == 0o600
+
+
+def _raw_h2(sock_path: Path, headers: list[tuple[str, str]]) -> dict[str, str]:
+    """One request with ``headers`` and an empty message over a plain socket; the answer's
+    headers (h2 validates both ends here: the request is well-formed HTTP/2)."""
+    import socket
+
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    conn.initiate_connection()
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(5)
+        s.connect(str(sock_path))
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, headers)
+        conn.send_data(sid, b"\x00\x00\x00\x00\x00", end_stream=True)
+        s.sendall(conn.data_to_send())
+        answer: dict[str, str] = {}
+        while True:
+            data = s.recv(65536)
+            assert data, "the server closed the connection"
+            for e in conn.receive_data(data):
+                if isinstance(e, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    answer.update(dict(e.headers))  # type: ignore[arg-type]
+                if isinstance(e, h2.events.StreamEnded):
+                    return answer
+            s.sendall(conn.data_to_send())
+
+
+@pytest.mark.parametrize(
+    ("change", "http", "grpc_status"),
+    [
+        ({":method": "GET"}, "405", None),
+        ({"content-type": None}, "415", "2"),
+        ({"content-type": "text/html"}, "415", "2"),
+        ({"te": None}, "400", "2"),
+        ({}, "200", "0"),  # the same request, well-formed, is answered
+    ],
+)
+def test_a_request_that_is_not_grpc_gets_grpclibs_answer(root: Path, channel: grpc.Channel, change: dict[str, str | None], http: str, grpc_status: str | None) -> None:
+    headers = {":method": "POST", ":scheme": "http", ":authority": "localhost", ":path": NODE + "Status",
+               "content-type": "application/grpc", "te": "trailers"}
+    headers.update(change)  # type: ignore[arg-type]
+    answer = _raw_h2(root / "eventsrc" / "api.sock", [(k, v) for k, v in headers.items() if v is not None])
+    assert answer[":status"] == http
+    assert answer.get("grpc-status") == grpc_status
+    assert raw(channel, "Status")(b"", timeout=5)  # still serving
