@@ -156,3 +156,26 @@ def test_one_flipped_byte_is_named_and_nothing_else_is_lost(root: Path, daemon_f
     assert [f["type"] for f in found].count("CorruptRecordFound") == 1
     table = run_cli("state", root=root)
     assert "117 (checksum mismatch)" in table.stdout
+
+
+def test_bench_devices_prints_its_figures_and_where_the_time_goes() -> None:
+    """A tiny run of `eventsrc bench devices`: every figure is printed, next to the floors
+    and the per-process CPU split (not a timing assertion: only that they were measured)."""
+    import re
+
+    proc = run_cli("bench", "devices", "--rounds", "1", "--devices", "16", "--clients", "4",
+                   "--admissions", "8", "--rtt-calls", "20", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+
+    def us(label: str) -> int:
+        m = re.search(re.escape(label) + r"\s+(-?\d+) us", out)
+        assert m, (label, out)
+        return int(m.group(1))
+
+    assert us("bare gRPC round trip to the plugin (p50)") > 0
+    client, plugin, daemon = us("bench client (grpclib)"), us("sample plugin"), us("daemon")
+    assert client > 0 and plugin > 0 and daemon > 0
+    assert abs(us("sum") - (client + plugin + daemon)) <= 2  # each figure is rounded
+    assert "a bare node API call costs it" in out
+    assert re.search(r"1 client\s+p50\s+\d+ us", out) and re.search(r"4 clients\s+p50\s+\d+ us", out)
