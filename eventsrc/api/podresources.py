@@ -6,7 +6,6 @@ applies: 100 requests per second with a burst of 10; excess calls get RESOURCE_E
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
@@ -16,32 +15,13 @@ from grpclib.server import Stream
 
 from eventsrc.gen.podresources.v1 import api_pb2 as pb
 from eventsrc.gen.podresources.v1.api_grpc import PodResourcesListerBase
+from eventsrc.ratelimit import TokenBucket
 from eventsrc.state.views import DeviceView, PodView, Views
 
 if TYPE_CHECKING:
     from eventsrc.metrics import Metrics
 
 NO_TOPOLOGY = -1
-
-
-class TokenBucket:
-    """The kubelet's limiter: ``rate`` tokens per second, at most ``burst`` saved up."""
-
-    def __init__(self, rate: float = 100.0, burst: int = 10, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate = rate
-        self.burst = burst
-        self.clock = clock
-        self.tokens = float(burst)
-        self.last = clock()
-
-    def allow(self) -> bool:
-        now = self.clock()
-        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
-        self.last = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return True
-        return False
 
 
 def container_devices(resource: str, ids: Iterable[str], table: dict[str, DeviceView]) -> list[pb.ContainerDevices]:

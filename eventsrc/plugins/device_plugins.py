@@ -27,7 +27,6 @@ from grpclib.client import Channel
 from grpclib.server import Stream
 
 from eventsrc import events as ev
-from eventsrc.api.podresources import TokenBucket
 from eventsrc.core.devices import list_and_watch_events
 from eventsrc.core.names import endpoint_error, registration_error
 from eventsrc.errors import EventsrcError
@@ -36,6 +35,7 @@ from eventsrc.gen.deviceplugin.v1beta1.api_grpc import DevicePluginStub, Registr
 from eventsrc.grpc_unary import UnaryChannel
 from eventsrc.log.commit import new_correlation_id
 from eventsrc.logs import correlation, current_correlation_id, get_logger
+from eventsrc.ratelimit import TokenBucket
 from eventsrc.rpc import (
     CALL_ERRORS,
     endpoint_socket_error,
@@ -390,22 +390,14 @@ class DeviceManager:
         """Record the newest list of ``ep`` whenever one arrives, at most LIST_RATE times a
         second after a burst of LIST_BURST; lists that arrive meanwhile are coalesced into the
         newest. Returns once the stream has ended and its newest list is recorded."""
-        tokens, refilled = float(LIST_BURST), trio.current_time()
-
-        def refill() -> None:
-            nonlocal tokens, refilled
-            now = trio.current_time()
-            tokens, refilled = min(float(LIST_BURST), tokens + (now - refilled) * LIST_RATE), now
-
+        bucket = TokenBucket(LIST_RATE, LIST_BURST, clock=trio.current_time)
         while True:
             await ep.arrived.wait()
             ep.arrived = trio.Event()
             if ep.latest is not None:
-                refill()
-                if tokens < 1 and not ep.ended:
-                    await trio.sleep((1 - tokens) / LIST_RATE)
-                    refill()
-                tokens -= 1
+                if not ep.ended and (delay := bucket.delay()) > 0:
+                    await trio.sleep(delay)  # lists arriving meanwhile replace ep.latest
+                bucket.spend()  # the stream's last list is recorded at once
                 update, count = ep.latest, ep.unrecorded
                 ep.latest, ep.unrecorded = None, 0
                 await self._devices_listed(ep, update, count)
