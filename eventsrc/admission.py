@@ -16,7 +16,6 @@ A crash between intent and outcome is finished on the next start from the log al
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -157,11 +156,10 @@ class Admission:
         with trio.CancelScope(shield=True):  # an acknowledged intent always gets its outcome
             await self._call_plugins(plan, endpoints, calls)
             if calls.failed is None and spec.claims:
-                started = time.perf_counter()
-                for work in claim_plan.work():
-                    calls.claims += await self.daemon.dra.prepare(drivers[work.driver], work.claims)
-                failed = any(isinstance(e, ev.ClaimPrepareFailed) for e in calls.claims)
-                self.daemon.metrics.dra_operation("PrepareResources", time.perf_counter() - started, failed)
+                with self.daemon.metrics.dra_operation("PrepareResources") as outcome:
+                    for work in claim_plan.work():
+                        outcome += await self.daemon.dra.prepare(drivers[work.driver], work.claims)
+                calls.claims += outcome
             pod = await self._record_outcome(spec, plan, calls, cid)
         return pod, cid
 

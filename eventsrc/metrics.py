@@ -283,10 +283,22 @@ class Metrics:
                 time.perf_counter() - start
             )
 
-    def dra_operation(self, operation: str, seconds: float, failed: bool) -> None:
+    @contextmanager
+    def dra_operation(self, operation: str) -> Iterator[list[Any]]:
         """PrepareResources (a pod's claims at admission) or UnprepareResources (claims
-        released by the reconcile loop), as the kubelet's DRA manager times them."""
-        self.dra_operations.labels(operation_name=operation, is_error="true" if failed else "false").observe(seconds)
+        released by the reconcile loop), timed as the kubelet's DRA manager times them.
+        The block adds the drivers' outcome events to the list it gets: the operation
+        failed if one of them is a failure (or if the block raised)."""
+        start = time.perf_counter()
+        outcome: list[Any] = []
+        failed = True
+        try:
+            yield outcome
+            failed = any(isinstance(e, (ev.ClaimPrepareFailed, ev.ClaimUnprepareFailed)) for e in outcome)
+        finally:
+            self.dra_operations.labels(operation_name=operation, is_error="true" if failed else "false").observe(
+                time.perf_counter() - start
+            )
 
     @contextmanager
     def waiting(self) -> Iterator[None]:

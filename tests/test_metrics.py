@@ -235,6 +235,22 @@ def test_dra_call_names_the_status_as_grpc_go_does() -> None:
     ]
 
 
+def test_dra_operation_is_an_error_when_a_driver_failed_a_claim_or_the_block_raised() -> None:
+    from eventsrc import events as ev
+
+    m = Metrics()
+    claim = ev.ClaimRef(uid="c1")
+    with m.dra_operation("PrepareResources") as outcome:
+        outcome.append(ev.ClaimPrepared(claim=claim, driver="d"))
+    with m.dra_operation("PrepareResources") as outcome:
+        outcome += [ev.ClaimPrepared(claim=claim, driver="d"), ev.ClaimPrepareFailed(claim=claim, driver="d", reason="no")]
+    with pytest.raises(RuntimeError), m.dra_operation("UnprepareResources"):
+        raise RuntimeError("driver gone")
+    text = m.exposition().decode()
+    for operation, error, n in (("PrepareResources", "false", 1), ("PrepareResources", "true", 1), ("UnprepareResources", "true", 1)):
+        assert f'dra_operations_duration_seconds_count{{operation_name="{operation}",is_error="{error}"}} {n}\n' in text, text
+
+
 def test_topology_admission_counts_errors_and_milliseconds() -> None:
     m = Metrics()
     with m.topology_admission():

@@ -12,7 +12,6 @@ Decisions are in eventsrc/core/claims.py; this module calls drivers and records 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -247,11 +246,11 @@ class DRAManager:
                 done = False  # the driver is away: the claim stays pending, never forgotten
                 continue
             with correlation(new_correlation_id()):  # one driver call, its outcome and its lines
-                started = time.perf_counter()
-                outcome = await (self.prepare(client, w.claims) if is_prepare else self.unprepare(client, w.claims))
-                if not is_prepare:
-                    failed = any(isinstance(e, ev.ClaimUnprepareFailed) for e in outcome)
-                    self.daemon.metrics.dra_operation("UnprepareResources", time.perf_counter() - started, failed)
+                if is_prepare:  # a pending prepare retried (not a pod's admission: not timed)
+                    outcome = await self.prepare(client, w.claims)
+                else:
+                    with self.daemon.metrics.dra_operation("UnprepareResources") as outcome:
+                        outcome += await self.unprepare(client, w.claims)
                 await self.daemon.record(outcome)
                 log_claim_outcomes(outcome)
             if any(isinstance(e, (ev.ClaimPrepareFailed, ev.ClaimUnprepareFailed)) for e in outcome):
