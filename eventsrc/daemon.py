@@ -45,7 +45,7 @@ from eventsrc.core.devices import restart_events
 from eventsrc.core.topology import single_cpu_topology
 from eventsrc.core.topology_manager import TopologyManager, parse_topology_manager
 from eventsrc.errors import NewerLogError
-from eventsrc.events import CorruptRecordError, FutureRecordError, Record
+from eventsrc.events import CorruptRecordError, FutureRecordError, Record, newer_unreadable
 from eventsrc.gen.node.v1 import node_pb2
 from eventsrc.grpc_server import serve_unix_trio
 from eventsrc.layout import Layout
@@ -86,7 +86,7 @@ def refuse_newer_records(event_log: EventLog, views: Views) -> None:
     miss them, and what this daemon wrote next (releases, refusals) would contradict that
     version's history. Read-only commands still show them, raw."""
     found = event_log.read_many(sorted(views.meta.corrupt))
-    newer = [r for r in found if isinstance(r, FutureRecordError) and not r.skippable]
+    newer = [r for r in found if newer_unreadable(r)]
     if newer:
         first = newer[0]
         raise NewerLogError(
@@ -223,7 +223,7 @@ class Daemon:
         # A newer eventsrc's record is not corrupt: it may be ignored, or the snapshot this
         # start used was made by code that read it (docs/adr/0010).
         for c in corrupt:
-            if isinstance(c, FutureRecordError) and not c.skippable:
+            if newer_unreadable(c):
                 log.warning("record from a newer eventsrc (the snapshot holds its effect)", seq=c.seq, reason=c.reason)
         corrupt = [c for c in corrupt if not isinstance(c, FutureRecordError)]
         corrupt += [

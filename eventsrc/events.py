@@ -26,7 +26,7 @@ import hashlib
 import struct
 import zlib
 from collections.abc import Callable
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, TypeGuard
 
 import msgspec
 from msgspec import Struct
@@ -459,6 +459,17 @@ class FutureRecordError(CorruptRecordError):
         self.correlation_id = correlation_id
         self.body = body
         self.skippable = skippable
+
+
+def ignorable(item: object) -> TypeGuard[FutureRecordError]:
+    """A newer eventsrc's record that it declared safe for older ones to pass by
+    (docs/adr/0010): neither corrupt nor a reason to stop."""
+    return isinstance(item, FutureRecordError) and item.skippable
+
+
+def newer_unreadable(item: object) -> TypeGuard[FutureRecordError]:
+    """A newer eventsrc's record that this one can neither read nor pass by."""
+    return isinstance(item, FutureRecordError) and not item.skippable
 
 
 # --------------------------------------------------------------------------- upcasters

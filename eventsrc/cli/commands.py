@@ -14,7 +14,7 @@ import msgspec
 from rich.console import Console
 
 from eventsrc.errors import EventsrcError
-from eventsrc.events import CorruptRecordError, FutureRecordError
+from eventsrc.events import CorruptRecordError, FutureRecordError, ignorable
 from eventsrc.layout import Layout
 from eventsrc.log.store import DirLock, EventLog
 
@@ -243,7 +243,7 @@ def log(args: argparse.Namespace) -> int:
     out = sys.stdout
 
     def show(item: Any) -> None:
-        if isinstance(item, CorruptRecordError) and not (isinstance(item, FutureRecordError) and item.skippable):
+        if isinstance(item, CorruptRecordError) and not ignorable(item):
             corrupt.append(item)
             print(f"eventsrc: error: {item}", file=sys.stderr)
         if as_json:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from eventsrc import events as ev
-from eventsrc.events import CorruptRecordError, FutureRecordError, Record
+from eventsrc.events import CorruptRecordError, Record, ignorable
 from eventsrc.state import claims, cpus, devices, pods
 from eventsrc.state.types import Handlers, Reducer
 from eventsrc.state.views import Views
@@ -68,7 +68,7 @@ def apply(views: Views, item: Record | CorruptRecordError) -> Views:
     """Fold one record (or a corrupt one, by naming it) into ``views``; returns ``views``."""
     if isinstance(item, CorruptRecordError):
         # A newer eventsrc's record that it declared safe to ignore changes nothing here.
-        if not (isinstance(item, FutureRecordError) and item.skippable):
+        if not ignorable(item):
             views.meta.corrupt[item.seq] = item.reason
         views.meta.last_seq = max(views.meta.last_seq, item.seq)
         return views
