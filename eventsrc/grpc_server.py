@@ -34,7 +34,7 @@ from grpclib.exceptions import GRPCError
 from grpclib.metadata import decode_timeout, encode_grpc_message
 
 from eventsrc.logs import get_logger
-from eventsrc.rpc import bind_unix, check_prefix, max_received, unframe
+from eventsrc.rpc import bind_unix, check_prefix, frame, max_received, send_some, unframe
 
 log = get_logger("eventsrc.grpc")
 
@@ -97,22 +97,14 @@ class Stream:
         return request
 
     async def send_message(self, message: Any) -> None:
-        body = message.SerializeToString()
-        await self._send(b"\x00" + len(body).to_bytes(4, "big") + body)
-
-    async def _send(self, data: bytes) -> None:
         conn, h2c, sid = self._conn, self._conn.h2, self._sid
         if not self.headers_sent:
             h2c.send_headers(sid, [(b":status", b"200"), (b"content-type", b"application/grpc+proto")])
             self.headers_sent = True
-        while data:
-            n = min(h2c.local_flow_control_window(sid), h2c.max_outbound_frame_size, len(data))
-            if n <= 0:
-                await conn.flush()
-                await conn.window.wait()
-                continue
-            h2c.send_data(sid, data[:n])
-            data = data[n:]
+        data = frame(message)
+        while data := send_some(h2c, sid, data, end_stream=False):
+            await conn.flush()
+            await conn.window.wait()  # until the peer opens the window
         await conn.flush()
 
     async def finish(self, status: Status | None, message: str | None, http_status: bytes = b"200") -> None:

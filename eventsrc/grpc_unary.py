@@ -31,7 +31,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.metadata import decode_grpc_message
 
-from eventsrc.rpc import check_prefix, unframe
+from eventsrc.rpc import check_prefix, frame, send_some, unframe
 
 M = TypeVar("M", bound=Message)
 
@@ -120,11 +120,10 @@ class UnaryChannel:
         ]
         if timeout is not None:
             headers.append((b"grpc-timeout", grpc_timeout(timeout)))
-        body = request.SerializeToString()
-        pending = b"\x00" + len(body).to_bytes(4, "big") + body
+        pending = frame(request)
         try:
             conn.send_headers(sid, headers)
-            pending = self._send_some(conn, sid, pending)
+            pending = send_some(conn, sid, pending, end_stream=True)
             await sock.send_all(conn.data_to_send())
         except (trio.BrokenResourceError, trio.ClosedResourceError, h2.exceptions.ProtocolError) as exc:
             if reused:
@@ -172,22 +171,11 @@ class UnaryChannel:
                 elif isinstance(e, h2.events.StreamReset):
                     raise StreamTerminatedError(f"{self.path} reset the stream (error code {e.error_code!r})")
                 elif isinstance(e, h2.events.WindowUpdated) and pending:
-                    pending = self._send_some(conn, sid, pending)
+                    pending = send_some(conn, sid, pending, end_stream=True)
             out = conn.data_to_send()
             if out:
                 await sock.send_all(out)
         return _answer(head, trailers, bytes(data), response_type)
-
-    @staticmethod
-    def _send_some(conn: h2.connection.H2Connection, sid: int, pending: bytes) -> bytes:
-        """Send as much of ``pending`` as flow control allows; what is left."""
-        while pending:
-            n = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size, len(pending))
-            if n <= 0:
-                return pending
-            conn.send_data(sid, pending[:n], end_stream=n == len(pending))
-            pending = pending[n:]
-        return pending
 
     def _check_size(self, data: bytearray) -> None:
         if len(data) >= 5:

@@ -82,6 +82,25 @@ def max_received() -> int | None:
 # the same way by grpclib's reader below and by the trio-native client and server.
 
 
+def frame(message: Any) -> bytes:
+    """``message`` as one uncompressed, length-prefixed gRPC message."""
+    body = message.SerializeToString()
+    return b"\x00" + len(body).to_bytes(4, "big") + body
+
+
+def send_some(conn: Any, stream_id: int, pending: bytes, *, end_stream: bool) -> bytes:
+    """Queue on the ``h2`` connection as much of ``pending`` as the stream's flow-control
+    window and the frame size allow; returns what is left. With ``end_stream``, the
+    frame carrying the last byte ends the stream."""
+    while pending:
+        n = min(conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size, len(pending))
+        if n <= 0:
+            break
+        conn.send_data(stream_id, pending[:n], end_stream=end_stream and n == len(pending))
+        pending = pending[n:]
+    return pending
+
+
 def check_prefix(prefix: bytes | bytearray, limit: int | None) -> int:
     """The length a 5-byte message prefix announces. Raises GRPCError for a compressed
     message, or one longer than ``limit`` (grpc-go's status and words)."""
