@@ -121,22 +121,21 @@ class Admission:
 
         Raises AdmissionRefused with the reason (recorded as AdmissionRejected).
         """
-        cid = new_correlation_id()
-        with correlation(cid):  # on every line logged and record appended for this pod
-            return await self._admit(spec, cid)
+        with correlation(new_correlation_id()) as cid:  # on every line logged and record appended for this pod
+            return await self._admit(spec), cid
 
-    async def _admit(self, spec: PodSpec, cid: str) -> tuple[PodView, str]:
+    async def _admit(self, spec: PodSpec) -> PodView:
         views = self.daemon.views
         uid = spec.pod.uid
         requests = {c.name: device_requests(c) for c in spec.containers}
         existing = views.pods.pods.get(uid)
         if existing is not None:
-            return self._readmit(existing, requests), cid
+            return self._readmit(existing, requests)
         async with self._lock:
-            endpoints = await self._endpoints(spec, requests, cid)
-            drivers = await self._drivers(spec, cid)
+            endpoints = await self._endpoints(spec, requests)
+            drivers = await self._drivers(spec)
             with self.daemon.metrics.topology_admission():
-                plan, cpu_steps = await self._plan(spec, requests, endpoints, cid)
+                plan, cpu_steps = await self._plan(spec, requests, endpoints)
             intent: list[ev._Event] = [ev.PodAdmissionStarted(pod=spec.pod, containers=spec.containers)]
             intent += [
                 ev.DevicesReserved(
@@ -151,7 +150,7 @@ class Admission:
                 intent += pool_events(self.daemon.cpus, views.cpus.shared, after, f"exclusive CPUs for pod {uid}")
             claim_plan = claim_admission_events(views, uid, [(c.ref, c.driver) for c in spec.claims])
             intent += claim_plan.events
-            await self.daemon.record(intent, cid)  # durable and in the views: the next admission sees it
+            await self.daemon.record(intent)  # durable and in the views: the next admission sees it
         calls = _Calls()
         with trio.CancelScope(shield=True):  # an acknowledged intent always gets its outcome
             await self._call_plugins(plan, endpoints, calls)
@@ -160,10 +159,10 @@ class Admission:
                     for work in claim_plan.work():
                         outcome += await self.daemon.dra.prepare(drivers[work.driver], work.claims)
                 calls.claims += outcome
-            pod = await self._record_outcome(spec, plan, calls, cid)
-        return pod, cid
+            pod = await self._record_outcome(spec, plan, calls)
+        return pod
 
-    async def _drivers(self, spec: PodSpec, cid: str) -> dict[str, DRAClient]:
+    async def _drivers(self, spec: PodSpec) -> dict[str, DRAClient]:
         """The DRA drivers of the pod's claims, waiting for known ones that are away."""
         out = {}
         for driver in sorted({c.driver for c in spec.claims}):
@@ -172,7 +171,7 @@ class Admission:
                 with self.daemon.metrics.waiting():
                     client = await self.daemon.dra.wait_driver(driver, self.wait)
             if client is None:
-                raise await self._refuse(spec, f"DRA driver {driver} is not registered (waited {self.wait:g} s)", cid)
+                raise await self._refuse(spec, f"DRA driver {driver} is not registered (waited {self.wait:g} s)")
             out[driver] = client
         return out
 
@@ -190,12 +189,12 @@ class Admission:
                     )
         return pod
 
-    async def _refuse(self, spec: PodSpec, reason: str, cid: str, container: str = "", hint: str = "") -> AdmissionRefused:
-        await self.daemon.record([ev.AdmissionRejected(pod=spec.pod, reason=reason, container=container, topology_hint=hint)], cid)
+    async def _refuse(self, spec: PodSpec, reason: str, container: str = "", hint: str = "") -> AdmissionRefused:
+        await self.daemon.record([ev.AdmissionRejected(pod=spec.pod, reason=reason, container=container, topology_hint=hint)])
         log.info("pod refused", pod=f"{spec.pod.namespace}/{spec.pod.name}", uid=spec.pod.uid, reason=reason)
         return AdmissionRefused(reason)
 
-    async def _endpoints(self, spec: PodSpec, requests: dict[str, dict[str, int]], cid: str) -> dict[str, Endpoint]:
+    async def _endpoints(self, spec: PodSpec, requests: dict[str, dict[str, int]]) -> dict[str, Endpoint]:
         views = self.daemon.views
         # The pod's effective request, as the kubelet counts it (init containers hand theirs on).
         resources = {r for reqs in requests.values() for r in reqs}
@@ -211,7 +210,7 @@ class Admission:
         for resource in sorted(needed):
             if resource not in views.devices.plugins:
                 raise await self._refuse(
-                    spec, f"Node didn't have enough resource: {resource}, requested: {needed[resource]}, used: 0, capacity: 0", cid
+                    spec, f"Node didn't have enough resource: {resource}, requested: {needed[resource]}, used: 0, capacity: 0"
                 )
             ep = self.devices.endpoints.get(resource)
             if ep is None or not ep.listed.is_set():
@@ -221,13 +220,13 @@ class Admission:
             if ep is None:
                 raise await self._refuse(
                     spec, f"no healthy devices present; cannot allocate unhealthy devices {resource} "
-                    f"(its plugin did not register within {self.wait:g} s)", cid,
+                    f"(its plugin did not register within {self.wait:g} s)",
                 )
             endpoints[resource] = ep
         return endpoints
 
     async def _plan(
-        self, spec: PodSpec, requests: dict[str, dict[str, int]], endpoints: dict[str, Endpoint], cid: str
+        self, spec: PodSpec, requests: dict[str, dict[str, int]], endpoints: dict[str, Endpoint]
     ) -> tuple[PodPlan, list[CPUStep]]:
         """Devices and exclusive CPUs for every container, with the topology manager's say.
 
@@ -250,7 +249,7 @@ class Admission:
         try:
             pod_affinity = self._pod_affinity(spec, requests, resources, held, cpus) if tm.scope == "pod" else None
         except TopologyRefusal as refusal:
-            raise await self._refuse(spec, str(refusal), cid, hint=refusal.hint) from None
+            raise await self._refuse(spec, str(refusal), hint=refusal.hint) from None
 
         def affinity_of(c: ContainerSpec, device_hints: dict[str, list[Hint] | None]) -> frozenset[int] | None:
             nodes = pod_affinity
@@ -279,9 +278,9 @@ class Admission:
         except StopIteration as stop:
             return stop.value, cpus.steps
         except TopologyRefusal as refusal:
-            raise await self._refuse(spec, str(refusal), cid, container=refusal.container, hint=refusal.hint) from None
+            raise await self._refuse(spec, str(refusal), container=refusal.container, hint=refusal.hint) from None
         except Refusal as refusal:
-            raise await self._refuse(spec, str(refusal), cid) from None
+            raise await self._refuse(spec, str(refusal)) from None
 
     def _pod_affinity(
         self,
@@ -329,7 +328,7 @@ class Admission:
                 return
             calls.responses.append((step, allocation_from_proto(resp)))
 
-    async def _record_outcome(self, spec: PodSpec, plan: PodPlan, calls: _Calls, cid: str) -> PodView:
+    async def _record_outcome(self, spec: PodSpec, plan: PodPlan, calls: _Calls) -> PodView:
         uid = spec.pod.uid
         outcome: list[ev._Event] = [
             ev.DevicesAllocated(pod_uid=uid, container=s.container, resource=s.resource, device_ids=s.device_ids, response=r)
@@ -340,12 +339,12 @@ class Admission:
         claim_failure = next((e for e in calls.claims if isinstance(e, ev.ClaimPrepareFailed)), None)
         if calls.failed is None and claim_failure is not None:
             reason = claim_failure.reason
-            await self.daemon.record(outcome, cid)  # what the driver answered, claim by claim
+            await self.daemon.record(outcome)  # what the driver answered, claim by claim
             views = self.daemon.views
             undo: list[ev._Event] = list(release_events(views, uid, "admission failed"))
             undo += pool_events(self.daemon.cpus, views.cpus.shared, without_pod(views.cpus.assignments, uid), "admission failed")
             undo += claim_release_events(views, uid)[0]
-            await self.daemon.record([*undo, ev.AdmissionRejected(pod=spec.pod, reason=reason)], cid)
+            await self.daemon.record([*undo, ev.AdmissionRejected(pod=spec.pod, reason=reason)])
             self.daemon.dra.kick()
             log.warning("pod refused: claim preparation failed", pod=f"{spec.pod.namespace}/{spec.pod.name}", uid=uid, reason=reason)
             raise AdmissionRefused(reason)
@@ -359,7 +358,7 @@ class Admission:
             ]
             others += pool_events(self.daemon.cpus, views.cpus.shared, without_pod(views.cpus.assignments, uid), "admission failed")
             others += claim_release_events(views, uid)[0]
-            await self.daemon.record([*outcome, failed, *others, ev.AdmissionRejected(pod=spec.pod, reason=reason, container=step.container)], cid)
+            await self.daemon.record([*outcome, failed, *others, ev.AdmissionRejected(pod=spec.pod, reason=reason, container=step.container)])
             self.daemon.dra.kick()
             log.warning(
                 "pod refused: allocation failed",
@@ -367,7 +366,7 @@ class Admission:
             )
             raise AdmissionRefused(reason)
         outcome.append(ev.PodAdmitted(pod=spec.pod, containers=spec.containers, qos_class=qos_class(spec.containers)))
-        await self.daemon.record(outcome, cid)
+        await self.daemon.record(outcome)
         log.info("pod admitted", pod=f"{spec.pod.namespace}/{spec.pod.name}", uid=uid)
         return self.daemon.views.pods.pods[uid]
 
@@ -379,12 +378,11 @@ class Admission:
         if pod.state != "admitted":
             raise AdmissionRefused(f"pod {pod.namespace}/{pod.name} ({uid}) is being admitted; remove it once that ends")
         before = _copy(pod)
-        cid = new_correlation_id()
-        with correlation(cid):
-            await self._remove(pod, reason, cid)
+        with correlation(new_correlation_id()) as cid:
+            await self._remove(pod, reason)
         return before, cid
 
-    async def _remove(self, pod: PodView, reason: str, cid: str) -> None:
+    async def _remove(self, pod: PodView, reason: str) -> None:
         uid = pod.uid
         views = self.daemon.views
         events = remove_pod_events(views, uid, reason)
@@ -394,6 +392,6 @@ class Admission:
         # carried out by the DRA manager, which retries until the driver answers.
         events[-1:-1] = claim_events
         with trio.CancelScope(shield=True):
-            await self.daemon.record(events, cid)
+            await self.daemon.record(events)
         self.daemon.dra.kick()
         log.info("pod removed", pod=f"{pod.namespace}/{pod.name}", uid=uid, reason=reason)
