@@ -117,6 +117,10 @@ def test_json_lines_carry_the_cid_of_an_admission(root: Path, tmp_path: Path, da
     # The log line and the records of the request share the id.
     records = [json.loads(line) for line in run_cli("log", "-o", "json", root=root, check=True).stdout.splitlines()]
     assert "PodAdmitted" in [r["type"] for r in records if r["correlation_id"] == admitted["correlation_id"]]
+    # Every record the admission caused (intent and outcome) and the removal's own.
+    pod_records = {r["type"]: r["correlation_id"] for r in records if "uid-web" in json.dumps(r["event"])}
+    assert {t for t, c in pod_records.items() if c == admitted["correlation_id"]} == {"PodAdmissionStarted", "PodAdmitted"}
+    assert pod_records["PodRemoved"] == removed["correlation_id"]
 
 
 def test_text_lines_are_key_value(root: Path, tmp_path: Path, daemon_factory) -> None:  # type: ignore[no-untyped-def]
