@@ -12,7 +12,9 @@ One task per connection reads frames; each request that has ended gets its own t
 that connection's nursery; a reset stream cancels its task, a lost connection cancels
 them all. Messages over the received-message limit are refused (RESOURCE_EXHAUSTED),
 compressed ones too (UNIMPLEMENTED); an unknown path is UNIMPLEMENTED; a handler's
-GRPCError is its status; anything else it raises is logged and answered UNKNOWN.
+GRPCError is its status; anything else it raises is logged and answered UNKNOWN. A
+request that is not gRPC (not POST, another content-type, no ``te: trailers``) gets
+grpclib's answer: HTTP 405, 415 or 400.
 """
 
 from __future__ import annotations
@@ -102,18 +104,25 @@ class Stream:
             h2c.send_headers(sid, [(b":status", b"200"), (b"content-type", b"application/grpc+proto")])
             self.headers_sent = True
         data = frame(message)
-        while data := send_some(h2c, sid, data, end_stream=False):
+        while True:
+            opened = conn.window  # taken first: an opening that comes while we flush counts
+            data = send_some(h2c, sid, data, end_stream=False)
+            if not data:
+                break
             await conn.flush()
-            await conn.window.wait()  # until the peer opens the window
+            await opened.wait()  # until the peer opens the window
         await conn.flush()
 
     async def finish(self, status: Status | None, message: str | None, http_status: bytes = b"200") -> None:
-        """The trailers (or a trailers-only answer when nothing was sent)."""
+        """The trailers, or a trailers-only answer when nothing was sent: then with
+        ``http_status`` (not 200 only for a request that is not gRPC, which gets no
+        content-type either, as from grpclib)."""
         trailers = [] if status is None else [(b"grpc-status", str(status.value).encode())]
         if message:
             trailers.append((b"grpc-message", encode_grpc_message(message).encode()))
         if not self.headers_sent:
-            trailers = [(b":status", http_status), (b"content-type", b"application/grpc+proto"), *trailers]
+            content = [(b"content-type", b"application/grpc+proto")] if http_status == b"200" else []
+            trailers = [(b":status", http_status), *content, *trailers]
         self._conn.h2.send_headers(self._sid, trailers, end_stream=True)
         await self._conn.flush()
 

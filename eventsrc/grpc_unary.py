@@ -93,7 +93,8 @@ class UnaryChannel:
         sock = await trio.open_unix_socket(self.path)
         conn = h2.connection.H2Connection(h2.config.H2Configuration(
             # As grpclib configures h2: our own headers are fixed and valid, and of the
-            # peer's only :status, grpc-status and grpc-message are read (and checked).
+            # peer's only :status, content-type, grpc-status and grpc-message are read
+            # (and checked).
             client_side=True, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False,
             validate_inbound_headers=False, normalize_inbound_headers=False,
         ))
@@ -154,6 +155,10 @@ class UnaryChannel:
                     if not answered and reused and (e.last_stream_id is None or e.last_stream_id < sid):
                         raise _Reconnect
                     raise StreamTerminatedError(f"{self.path} closed the connection (GOAWAY {e.error_code!r})")
+                if isinstance(e, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
+                    if pending:  # the connection's window or this stream's may have opened
+                        pending = send_some(conn, sid, pending, end_stream=True)
+                    continue
                 if getattr(e, "stream_id", sid) != sid:
                     continue
                 if isinstance(e, h2.events.ResponseReceived):
@@ -170,8 +175,6 @@ class UnaryChannel:
                     ended = True
                 elif isinstance(e, h2.events.StreamReset):
                     raise StreamTerminatedError(f"{self.path} reset the stream (error code {e.error_code!r})")
-                elif isinstance(e, h2.events.WindowUpdated) and pending:
-                    pending = send_some(conn, sid, pending, end_stream=True)
             out = conn.data_to_send()
             if out:
                 await sock.send_all(out)

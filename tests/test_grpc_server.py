@@ -137,4 +137,5 @@ def test_a_request_that_is_not_grpc_gets_grpclibs_answer(root: Path, channel: gr
     answer = _raw_h2(root / "eventsrc" / "api.sock", [(k, v) for k, v in headers.items() if v is not None])
     assert answer[":status"] == http
     assert answer.get("grpc-status") == grpc_status
+    assert ("content-type" in answer) == (http == "200")  # a refusal does not claim to be gRPC
     assert raw(channel, "Status")(b"", timeout=5)  # still serving

@@ -187,3 +187,19 @@ async def test_no_server_is_an_os_error(sock: Path) -> None:
 )
 def test_grpc_timeout_header(seconds: float, header: bytes) -> None:
     assert grpc_timeout(seconds) == header
+
+
+@pytest.mark.parametrize("kib", [200, 3000])
+async def test_a_request_larger_than_the_first_windows_is_sent_whole(sock: Path, kib: int) -> None:
+    """HTTP/2 starts every window at 64 KiB: the rest of a larger request goes out as the
+    server opens them (its SETTINGS, and WINDOW_UPDATEs on the stream and the connection)."""
+    ids = [f"dev-{i:07d}" for i in range(kib * 1024 // 13)]
+    server = Server(sock, lambda req, ctx: answer(req)).start()
+    try:
+        ch = UnaryChannel(str(sock))
+        for _ in range(2):  # the second call starts on a connection whose windows moved
+            resp = await call(ch, request(*ids), timeout=10)
+            assert resp.container_responses[0].envs["IDS"] == ",".join(ids)
+        ch.close()
+    finally:
+        server.stop()
