@@ -117,10 +117,41 @@ def test_json_lines_carry_the_cid_of_an_admission(root: Path, tmp_path: Path, da
     # The log line and the records of the request share the id.
     records = [json.loads(line) for line in run_cli("log", "-o", "json", root=root, check=True).stdout.splitlines()]
     assert "PodAdmitted" in [r["type"] for r in records if r["correlation_id"] == admitted["correlation_id"]]
-    # Every record the admission caused (intent and outcome) and the removal's own.
-    pod_records = {r["type"]: r["correlation_id"] for r in records if "uid-web" in json.dumps(r["event"])}
-    assert {t for t, c in pod_records.items() if c == admitted["correlation_id"]} == {"PodAdmissionStarted", "PodAdmitted"}
-    assert pod_records["PodRemoved"] == removed["correlation_id"]
+
+
+
+def test_every_record_of_a_request_carries_its_correlation_id(root: Path, tmp_path: Path, daemon_factory) -> None:  # type: ignore[no-untyped-def]
+    """Intent and outcome of a device admission, a refusal, a removal: each request's
+    records all carry the id it answered with, and no record of another request does."""
+    from tests.test_devices_e2e import RESOURCE, Plugin
+
+    daemon_factory()
+    plugin = Plugin(root, "--devices", "2", "--numa-nodes", "1")
+    try:
+        plugin.wait_registered()
+
+        def pod(name: str, devices: int) -> Path:
+            path = tmp_path / f"{name}.yaml"
+            path.write_text(
+                f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, uid: uid-{name}}}\nspec:\n"
+                f"  containers:\n  - name: c\n    image: x\n    resources: {{limits: {{{RESOURCE}: {devices}}}}}\n"
+            )
+            return path
+
+        admitted = json.loads(run_cli("admit", "-f", str(pod("dev", 1)), "-o", "json", root=root, check=True).stdout)
+        assert run_cli("admit", "-f", str(pod("big", 5)), root=root).returncode == 1
+        removed = json.loads(run_cli("remove", "uid-dev", "-o", "json", root=root, check=True).stdout)
+    finally:
+        plugin.proc.kill()
+        plugin.proc.wait()
+    records = [json.loads(line) for line in run_cli("log", "-o", "json", root=root, check=True).stdout.splitlines()]
+    by_cid: dict[str, list[str]] = {}
+    for r in records:
+        by_cid.setdefault(r["correlation_id"], []).append(r["type"])
+    assert by_cid[admitted["correlation_id"]] == ["PodAdmissionStarted", "DevicesReserved", "DevicesAllocated", "PodAdmitted"]
+    assert "DevicesReleased" in by_cid[removed["correlation_id"]] and "PodRemoved" in by_cid[removed["correlation_id"]]
+    refused = [cid for cid, types in by_cid.items() if "AdmissionRejected" in types]
+    assert len(refused) == 1 and refused[0] not in (admitted["correlation_id"], removed["correlation_id"])
 
 
 def test_text_lines_are_key_value(root: Path, tmp_path: Path, daemon_factory) -> None:  # type: ignore[no-untyped-def]
