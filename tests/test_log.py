@@ -14,7 +14,7 @@ from eventsrc import events as ev
 from eventsrc.errors import AlreadyRunningError, ConcurrencyConflictError, EventsrcError, NoLogError
 from eventsrc.events import CorruptRecordError
 from eventsrc.log.commit import GroupCommitter, follow
-from eventsrc.log.store import DirLock, EventLog
+from eventsrc.log.store import DirLock, EventLog, PendingAppend
 from eventsrc.log.verify import verify
 
 WRITER = Path(__file__).parent / "writer_proc.py"
@@ -188,6 +188,109 @@ async def test_a_failed_write_fails_its_batch_and_what_was_prepared_after_it(tmp
     assert on_disk == acked
     last, findings = verify(log)
     assert last == len(acked) and findings == []
+
+
+async def test_cancelling_the_committer_commits_what_it_took_and_what_is_queued(tmp_path: Path) -> None:
+    """Shutdown while one batch syncs and another append waits behind it: both are
+    committed and both appenders return (before, the queued one was dropped and its
+    appender parked forever)."""
+    import threading
+
+    log = EventLog(tmp_path / "log")
+    in_thread = threading.Event()
+    commit = log.commit
+
+    def slow(batch: list) -> None:  # type: ignore[type-arg]
+        in_thread.set()
+        time.sleep(0.2)  # a slow sync
+        commit(batch)
+
+    log.commit = slow  # type: ignore[method-assign]
+    committer = GroupCommitter(log)
+    got: dict[str, int] = {}
+
+    async def append(name: str) -> None:
+        got[name] = (await committer.append([removed(0)]))[0].seq
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            scope = trio.CancelScope()
+
+            async def run() -> None:
+                with scope:
+                    await committer.run()
+
+            nursery.start_soon(run)
+            await trio.sleep(0.05)
+            nursery.start_soon(append, "a")
+            await trio.to_thread.run_sync(in_thread.wait)
+            nursery.start_soon(append, "b")
+            await trio.sleep(0.01)
+            scope.cancel()
+    assert got == {"a": 1, "b": 2} and log.last_seq() == 2
+
+
+async def test_an_event_that_cannot_be_encoded_fails_its_own_append_only(tmp_path: Path) -> None:
+    log = EventLog(tmp_path / "log")
+    committer = GroupCommitter(log)
+    results: dict[str, object] = {}
+
+    async def append(name: str, event: ev._Event) -> None:
+        try:
+            results[name] = [r.seq for r in await committer.append([removed(1), event])]
+        except EventsrcError as err:
+            results[name] = err
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(committer.run)
+        async with trio.open_nursery() as batch:
+            batch.start_soon(append, "good", removed(2))
+            batch.start_soon(append, "bad", ev.PodRemoved(pod_uid=object()))  # type: ignore[arg-type]  # a bug upstream
+            batch.start_soon(append, "after", removed(3))
+        nursery.cancel_scope.cancel()
+    assert committer.batches == 1
+    assert isinstance(results["bad"], EventsrcError) and "cannot encode" in str(results["bad"])
+    assert sorted([results["good"], results["after"]]) == [[1, 2], [3, 4]]  # type: ignore[type-var]
+    assert verify(log) == (4, [])
+
+
+@pytest.mark.parametrize("where", ["write", "apply"])
+async def test_a_failure_no_append_caused_wakes_every_appender_and_stops_the_committer(tmp_path: Path, where: str) -> None:
+    """A bug or the machine failing the commit (not an EventsrcError), or the views failing
+    to apply it: every appender learns it, ``run`` raises (the daemon stops and rebuilds
+    from the log), and no sequence is skipped for whatever is committed after a restart."""
+    log = EventLog(tmp_path / "log")
+    write = log.write
+
+    def broken(items: list, index: list | None = None) -> None:  # type: ignore[type-arg]
+        raise RuntimeError("a bug")
+
+    def broken_apply(records: list) -> None:  # type: ignore[type-arg]
+        raise RuntimeError("a reducer bug")
+
+    if where == "write":
+        log.write = broken  # type: ignore[method-assign]
+    committer = GroupCommitter(log, on_commit=broken_apply if where == "apply" else None)
+    errors: list[BaseException] = []
+
+    async def append(i: int) -> None:
+        try:
+            await committer.append([removed(i)])
+        except EventsrcError as err:
+            errors.append(err)
+
+    with trio.fail_after(10), pytest.raises(BaseExceptionGroup) as raised:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(committer.run)
+            for i in range(20):
+                nursery.start_soon(append, i)
+    assert raised.group_contains(RuntimeError)
+    assert len(errors) == 20 and all("a bug" in str(e) or "reducer bug" in str(e) for e in errors)
+    before = log.last_seq()  # applying failed after the commit: those records are durable
+    assert before == (0 if where == "write" else 20)
+    log.write = write  # type: ignore[method-assign]
+    log.commit([PendingAppend([removed(99)], "cid")])
+    assert log.last_seq() == before + 1 and verify(log) == (before + 1, [])
 
 
 async def test_conflicting_append_fails_alone_inside_a_batch(tmp_path: Path) -> None:

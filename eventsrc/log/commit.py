@@ -95,35 +95,73 @@ class GroupCommitter:
         return req.records
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Commit queued appends until cancelled; on cancel, commit what is queued, then stop."""
+        """Commit queued appends until cancelled; on cancel, commit what is queued, then stop.
+
+        If committing or applying fails in a way no single append caused (a bug, the disk,
+        memory), every waiting appender gets that error and the exception ends ``run``:
+        the daemon stops and is rebuilt from the log, rather than going on with views that
+        may miss what the log holds. No appender is ever left parked."""
         task_status.started()
+        failure: BaseException | None = None
         try:
             while True:
                 if not self._queue:
                     self._idle = current_task()
                     await wait_task_rescheduled(self._abort_idle)
                 await self._commit_queued()
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             self._closed = True
-            with trio.CancelScope(shield=True):
-                await self._commit_queued()
+            if failure is None or isinstance(failure, trio.Cancelled):
+                with trio.CancelScope(shield=True):
+                    try:
+                        await self._commit_queued()
+                    except BaseException as exc:
+                        failure = exc
+                        raise
+                    finally:
+                        self._fail_queued(failure)
+            else:
+                self._fail_queued(failure)
+
+    def _fail_queued(self, failure: BaseException | None) -> None:
+        """Wake every appender still queued with an error (the committer has stopped)."""
+        batch, self._queue = self._queue, []
+        error = LogClosedError(f"the event log stopped before this append was committed: {failure!r}" if failure else "the event log is closed")
+        self._finish(batch, error)
+
+    @staticmethod
+    def _finish(batch: list[PendingAppend], error: BaseException | None = None) -> None:
+        for req in batch:
+            if req.done:
+                continue
+            if error is not None:
+                req.records, req.error = [], error
+            req.done = True
+            if req.waiter is not None:
+                reschedule(req.waiter)  # type: ignore[arg-type]
 
     async def _commit_queued(self) -> None:
         while self._queue:
             batch, self._queue = self._queue, []
-            # The thread cannot be abandoned: the appenders must learn the outcome.
-            await trio.to_thread.run_sync(self.log.commit, batch)
-            self.batches += 1
-            committed: list[Record] = []
-            for req in batch:
-                committed += req.records
-                req.done = True
-                if req.waiter is not None:
-                    reschedule(req.waiter)  # type: ignore[arg-type]
-            self.appended += len(committed)
-            if committed and self._on_commit is not None:
-                # Runs before any appender resumes: they see their events in the views.
-                self._on_commit(committed)
+            try:
+                # Shielded: once taken from the queue a batch is committed whatever happens
+                # to this task, and the thread cannot be abandoned (its appenders must learn
+                # the outcome).
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(self.log.commit, batch)
+                self.batches += 1
+                committed = [r for req in batch for r in req.records]
+                self.appended += len(committed)
+                if committed and self._on_commit is not None:
+                    # Before any appender resumes: they see their events in the views.
+                    self._on_commit(committed)
+            except BaseException as exc:
+                self._finish(batch, LogClosedError(f"the event log failed while committing or applying this append: {exc!r}"))
+                raise
+            self._finish(batch)
             appended, self._appended = self._appended, trio.Event()
             appended.set()
 

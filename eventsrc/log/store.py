@@ -379,15 +379,23 @@ class EventLog:
                 continue
             ts, cid = req.ts_ns or now, req.correlation_id
             records = []
-            for ev in req.events:
-                last += 1
-                key = last.to_bytes(8, "big")
-                value = encode_payload(ev, ts, cid, prev)
-                prev = chain_hash(value)
-                items.append((key, value))
-                for prefix in keys_for(ev):
-                    index.append((prefix + key, b""))
-                records.append(Record(last, ts, cid, ev.VERSION, ev))  # type: ignore[arg-type]
+            marks = (last, prev, len(items), len(index))
+            try:
+                for ev in req.events:
+                    last += 1
+                    key = last.to_bytes(8, "big")
+                    value = encode_payload(ev, ts, cid, prev)
+                    prev = chain_hash(value)
+                    items.append((key, value))
+                    for prefix in keys_for(ev):
+                        index.append((prefix + key, b""))
+                    records.append(Record(last, ts, cid, ev.VERSION, ev))  # type: ignore[arg-type]
+            except Exception as exc:  # an event that cannot be encoded fails its own append only
+                last, prev = marks[0], marks[1]
+                del items[marks[2]:], index[marks[3]:]
+                req.records = []
+                req.error = EventsrcError(f"cannot encode an event of this append: {exc!r}")
+                continue
             req.records = records
             req.error = None
         self._assigned = last
@@ -410,14 +418,18 @@ class EventLog:
                     if index:
                         txn.cursor(db=self.index_db).putmulti(index)
             except lmdb.MapFullError:
-                self._grow()
-                continue
+                pass  # grown below, outside the handler, so that its own failure is reported
             except lmdb.Error as exc:
                 raise EventsrcError(f"cannot append to the event log at {self.path}: {exc}") from None
-            if items:
-                self._last_seq = key_seq(items[-1][0])
-                self._durable_hash = chain_hash(items[-1][1])
-            return
+            else:
+                if items:
+                    self._last_seq = key_seq(items[-1][0])
+                    self._durable_hash = chain_hash(items[-1][1])
+                return
+            try:
+                self._grow()
+            except lmdb.Error as exc:
+                raise EventsrcError(f"cannot grow the event log at {self.path}: {exc}") from None
 
     def abandon(self) -> None:
         """Forget the sequences given to prepared batches that were not written."""
@@ -434,6 +446,9 @@ class EventLog:
             for req in batch:
                 req.records = []
                 req.error = err
+        except BaseException:
+            self.abandon()  # no gap and no broken hash link for the next batch
+            raise
 
     def append(self, events: Sequence[_Event], correlation_id: str, ts_ns: int, expect_last: int | None = None) -> list[Record]:
         """Synchronous single append (one transaction, one sync)."""
