@@ -50,7 +50,12 @@ from eventsrc.gen.node.v1 import node_pb2
 from eventsrc.grpc_server import serve_unix_trio
 from eventsrc.layout import Layout
 from eventsrc.log.commit import GroupCommitter
-from eventsrc.log.snapshots import encode_snapshot, load_views, write_snapshot
+from eventsrc.log.snapshots import (
+    encode_snapshot,
+    load_views,
+    remove_stale_temporaries,
+    write_snapshot,
+)
 from eventsrc.log.store import DirLock, EventLog
 from eventsrc.logs import current_correlation_id, get_logger
 from eventsrc.metrics import (
@@ -120,6 +125,8 @@ class Daemon:
         self.instance_id = uuid.uuid4().hex
         self._snapshot_seq = views.meta.last_seq
         self._snapshot_due = trio.Event()
+        self._snapshot_lock = trio.Lock()  # one snapshot written at a time
+        self._written_seq = -1  # of the last snapshot this run wrote
         self.ready = False
         self.not_ready = "starting: the sockets are not served yet"  # /readyz's reason
         self.metrics = Metrics(
@@ -200,11 +207,21 @@ class Daemon:
         return "" if self.ready else self.not_ready
 
     async def write_snapshot(self) -> None:
-        data = encode_snapshot(self.views, self.log.log_id())
-        seq = self.views.meta.last_seq
-        path = await trio.to_thread.run_sync(write_snapshot, self.layout.snapshots, data, seq)
-        self._snapshot_seq = seq
-        log.info("snapshot written", seq=seq, path=path, bytes=len(data))
+        """A snapshot of the views as they are now. Snapshots are a cache: one that cannot
+        be written (a full or failing disk) is logged, and the daemon goes on."""
+        async with self._snapshot_lock:
+            seq = self.views.meta.last_seq
+            if seq == self._written_seq:
+                return  # already written at this sequence
+            data = encode_snapshot(self.views, self.log.log_id())
+            self._snapshot_seq = seq  # before the write: commits meanwhile do not ask again
+            try:
+                path = await trio.to_thread.run_sync(write_snapshot, self.layout.snapshots, data, seq)
+            except OSError as exc:
+                log.warning("snapshot not written; the next start replays more of the log", seq=seq, error=str(exc))
+                return
+            self._written_seq = seq
+            log.info("snapshot written", seq=seq, path=path, bytes=len(data))
 
     async def snapshot_loop(self) -> None:
         while True:
@@ -285,6 +302,7 @@ async def serve(
         if metrics_address is not None:
             check_address(metrics_address)
         event_log = EventLog(layout.log)
+        remove_stale_temporaries(layout.snapshots)
         views, info = load_views(event_log, layout.snapshots)
         refuse_newer_records(event_log, views)
         if info.snapshot_seq is None:

@@ -179,3 +179,16 @@ def test_bench_devices_prints_its_figures_and_where_the_time_goes() -> None:
     assert abs(us("sum") - (client + plugin + daemon)) <= 2  # each figure is rounded
     assert "a bare node API call costs it" in out
     assert re.search(r"1 client\s+p50\s+\d+ us", out) and re.search(r"4 clients\s+p50\s+\d+ us", out)
+
+
+def test_a_snapshot_that_cannot_be_written_does_not_stop_the_daemon(root: Path, daemon_factory) -> None:  # type: ignore[no-untyped-def]
+    """Snapshots are a cache: a disk that refuses one (here the directory is a file) is
+    logged, and the daemon goes on serving and stops cleanly."""
+    (root / "eventsrc").mkdir(parents=True)
+    (root / "eventsrc" / "snapshots").write_text("not a directory")
+    d = daemon_factory("--snapshot-every", "1")  # a snapshot due after every commit
+    assert run_cli("status", root=root).returncode == 0
+    assert d.stop(signal.SIGTERM) == 0
+    assert "snapshot not written" in d.output()
+    types = [json.loads(line)["type"] for line in run_cli("log", "-o", "json", root=root, check=True).stdout.splitlines()]
+    assert types[-1] == "DaemonStopped"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -103,6 +104,23 @@ def test_one_writer_per_state_directory(tmp_path: Path) -> None:
     assert DirLock.holder(tmp_path / "daemon.lock") is None
     other.acquire()
     other.release()
+
+
+def test_a_status_probe_at_the_moment_of_a_start_does_not_refuse_it(tmp_path: Path) -> None:
+    """``holder`` (what ``eventsrc status`` asks) takes a shared lock for an instant; a
+    daemon starting in that instant is not a second daemon."""
+    import fcntl
+    import threading
+
+    path = tmp_path / "daemon.lock"
+    path.write_text("12345")  # the pid of a previous run, long gone
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # a probe in progress
+    threading.Timer(0.05, os.close, (fd,)).start()  # and over 50 ms later
+    lock = DirLock(path)
+    lock.acquire()
+    assert path.read_text() == str(os.getpid())
+    lock.release()
 
 
 def test_readonly_open_of_missing_log_is_a_clear_error(tmp_path: Path) -> None:

@@ -208,3 +208,29 @@ def test_snapshots_are_only_a_cache(tmp_path: Path, caplog) -> None:  # type: ig
         path.unlink()
     views, info = load_views(log, snapdir)
     assert info.snapshot_seq is None and views == truth
+
+
+def test_snapshot_writes_do_not_share_a_temporary_file_and_crash_leftovers_are_removed(tmp_path: Path) -> None:
+    import threading
+
+    from eventsrc.log.snapshots import remove_stale_temporaries, snapshot_files
+
+    snapdir = tmp_path / "snapshots"
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            write_snapshot(snapdir, b"x" * (1 << 20), 100)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    for _ in range(10):
+        threads = [threading.Thread(target=write) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == [] and [p.name for p in snapshot_files(snapdir)] == ["snapshot-00000000000000000100.msgpack"]
+    (snapdir / ".snapshot-00000000000000000200.msgpack.abc.tmp").write_bytes(b"half")  # a crash mid-write
+    remove_stale_temporaries(snapdir)
+    assert sorted(p.name for p in snapdir.iterdir()) == ["snapshot-00000000000000000100.msgpack"]

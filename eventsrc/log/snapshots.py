@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -92,16 +93,29 @@ def encode_snapshot(views: Views, log_id: str) -> bytes:
     )
 
 
+def remove_stale_temporaries(snapdir: Path) -> None:
+    """Delete the temporary files of snapshot writes a crash interrupted (the writer calls
+    this once it holds the state directory's lock, before it writes any)."""
+    if snapdir.is_dir():
+        for stale in snapdir.glob(".snapshot-*.tmp"):
+            stale.unlink(missing_ok=True)
+
+
 def write_snapshot(snapdir: Path, data: bytes, last_seq: int) -> Path:
     """Write atomically (temp file, fsync, rename, fsync dir); keep the newest ``KEEP``."""
     snapdir.mkdir(mode=0o750, parents=True, exist_ok=True)
     final = snapdir / _name(last_seq)
-    tmp = snapdir / f".{final.name}.tmp"
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
+    fd, name = tempfile.mkstemp(dir=snapdir, prefix=f".{final.name}.", suffix=".tmp")  # mode 0600
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     dirfd = os.open(snapdir, os.O_RDONLY)
     try:
         os.fsync(dirfd)

@@ -77,7 +77,16 @@ class DirLock:
     def acquire(self) -> None:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # A few tries: ``holder`` (``eventsrc status``) holds a shared lock for an
+            # instant while it probes, and a start at that instant is not a second daemon.
+            for attempt in range(20):
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if attempt == 19:
+                        raise
+                    time.sleep(0.01)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
