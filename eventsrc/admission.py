@@ -322,11 +322,14 @@ class Admission:
                         resp = await ep.allocate(step.device_ids, ALLOCATE_TIMEOUT)
                     if ep.options.pre_start_required:
                         await ep.pre_start(step.device_ids)
-            except _CALL_ERRORS as exc:
+                allocation = allocation_from_proto(resp)
+            except Exception as exc:  # noqa: BLE001 - every failure gets its outcome recorded
+                if not isinstance(exc, _CALL_ERRORS):  # a bug here or in a client: say so, and still settle the pod
+                    log.exception("Allocate failed unexpectedly", resource=step.resource, container=step.container)
                 calls.failed = (step, f"Allocate failed for {step.resource} in container {step.container}: {why(exc)}")
                 self.daemon.metrics.topology_admission_failed()
                 return
-            calls.responses.append((step, allocation_from_proto(resp)))
+            calls.responses.append((step, allocation))
 
     async def _record_outcome(self, spec: PodSpec, plan: PodPlan, calls: _Calls) -> PodView:
         uid = spec.pod.uid

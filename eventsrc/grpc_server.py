@@ -41,6 +41,8 @@ from eventsrc.rpc import bind_unix, check_prefix, frame, max_received, send_some
 log = get_logger("eventsrc.grpc")
 
 _READ = 65536
+#: What a socket raises once the peer is gone (or we closed it): the end of a connection.
+_GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 def parse_timeout(value: bytes | None) -> float | None:
     """Seconds from a ``grpc-timeout`` header (None: absent or malformed)."""
     if not value:
@@ -65,10 +67,17 @@ class _Connection:
         self.window = trio.Event()  # set (and replaced) whenever the peer opens a window
 
     async def flush(self) -> None:
+        """Send what h2 has queued. h2 counts it as sent once taken, so a send cut short
+        (a cancelled handler, a deadline) leaves the connection unusable: it is closed,
+        which ends its reader and every call on it."""
         async with self._send_lock:
             data = self.h2.data_to_send()
             if data:
-                await self.sock.send_all(data)
+                try:
+                    await self.sock.send_all(data)
+                except BaseException:
+                    self.sock.socket.close()
+                    raise
 
     def window_opened(self) -> None:
         self.window.set()
@@ -163,14 +172,19 @@ async def _serve_connection(mapping: Mapping[str, Any], sock: trio.SocketStream)
         h2c.initiate_connection()
         await conn.flush()
         async with trio.open_nursery() as nursery:
-            while True:
-                data = await sock.receive_some(_READ)
+            ending = False
+            while not ending:
+                try:
+                    data = await sock.receive_some(_READ)
+                except _GONE:
+                    break
                 if not data:
                     break
                 try:
                     events = h2c.receive_data(data)
                 except h2.exceptions.ProtocolError:
-                    await conn.flush()  # the GOAWAY h2 queued
+                    with contextlib.suppress(*_GONE):
+                        await conn.flush()  # the GOAWAY h2 queued
                     break
                 for e in events:
                     if isinstance(e, h2.events.RequestReceived):
@@ -194,11 +208,12 @@ async def _serve_connection(mapping: Mapping[str, Any], sock: trio.SocketStream)
                     elif isinstance(e, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
                         conn.window_opened()
                     elif isinstance(e, h2.events.ConnectionTerminated):
-                        break
-                await conn.flush()
+                        ending = True  # the client said goodbye: its calls cannot be answered
+                try:
+                    await conn.flush()
+                except _GONE:
+                    break
             nursery.cancel_scope.cancel()  # the connection is gone: so are its calls
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
     finally:
         with trio.CancelScope(shield=True):
             await sock.aclose()
@@ -224,7 +239,7 @@ async def _handle(conn: _Connection, mapping: Mapping[str, Any], sid: int, req: 
     refusal = _refusal(req.headers)
     if refusal is not None:
         requests.pop(sid, None)
-        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError, *_GONE):
             await stream.finish(refusal[1], refusal[2], http_status=refusal[0])
         return
     path = req.headers.get(b":path", b"").decode(errors="replace")
@@ -242,6 +257,8 @@ async def _handle(conn: _Connection, mapping: Mapping[str, Any], sid: int, req: 
                 status, message = Status.DEADLINE_EXCEEDED, "Deadline exceeded"
     except GRPCError as exc:
         status, message = exc.status, exc.message
+    except (*_GONE, h2.exceptions.StreamClosedError):
+        return  # the client went away or reset the stream: nobody to answer
     except Exception:
         log.exception("node API handler failed", method=path)
         status, message = Status.UNKNOWN, "Internal Server Error"
@@ -250,7 +267,7 @@ async def _handle(conn: _Connection, mapping: Mapping[str, Any], sid: int, req: 
     if req.reset:
         return
     # The client may have gone away first.
-    with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+    with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError, *_GONE):
         await stream.finish(status, message)
 
 

@@ -39,7 +39,7 @@ _READ = 65536
 
 
 class _Reconnect(Exception):
-    """The reused connection was gone before the call got any answer: try a fresh one."""
+    """The reused connection was gone before the request was written: try a fresh one."""
 
 
 def grpc_timeout(seconds: float) -> bytes:
@@ -72,14 +72,20 @@ class UnaryChannel:
         message of ``response_type``), StreamTerminatedError or ProtocolError when the
         connection fails, OSError when the socket cannot be dialled, trio.TooSlowError
         after ``timeout`` seconds.
+
+        A kept connection found dead while the request is written (the plugin restarted)
+        is dialled again once. Once a request is written it is never sent again: a plugin
+        may have acted on it (Allocate is not idempotent), so a connection lost after
+        that is the call's error.
         """
         async with self._lock:
             with trio.fail_after(timeout) if timeout is not None else trio.CancelScope():
                 try:
-                    return await self._call(method, request, response_type, timeout)
-                except _Reconnect:
-                    self.close()
-                    return await self._call(method, request, response_type, timeout)
+                    try:
+                        return await self._call(method, request, response_type, timeout)
+                    except _Reconnect:
+                        self.close()
+                        return await self._call(method, request, response_type, timeout)
                 except BaseException:
                     self.close()
                     raise
@@ -91,15 +97,21 @@ class UnaryChannel:
 
     async def _connect(self) -> tuple[trio.SocketStream, h2.connection.H2Connection]:
         sock = await trio.open_unix_socket(self.path)
-        conn = h2.connection.H2Connection(h2.config.H2Configuration(
-            # As grpclib configures h2: our own headers are fixed and valid, and of the
-            # peer's only :status, content-type, grpc-status and grpc-message are read
-            # (and checked).
-            client_side=True, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False,
-            validate_inbound_headers=False, normalize_inbound_headers=False,
-        ))
-        conn.initiate_connection()
-        await sock.send_all(conn.data_to_send())
+        try:
+            conn = h2.connection.H2Connection(h2.config.H2Configuration(
+                # As grpclib configures h2: our own headers are fixed and valid, and of the
+                # peer's only :status, content-type, grpc-status and grpc-message are read
+                # (and checked).
+                client_side=True, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False,
+                validate_inbound_headers=False, normalize_inbound_headers=False,
+            ))
+            conn.initiate_connection()
+            await sock.send_all(conn.data_to_send())
+        except BaseException as exc:
+            sock.socket.close()
+            if isinstance(exc, trio.BrokenResourceError):
+                raise StreamTerminatedError(f"connection to {self.path} lost: {exc}") from None
+            raise
         self._sock, self._conn = sock, conn
         return sock, conn
 
@@ -109,7 +121,6 @@ class UnaryChannel:
             sock, conn = self._sock, self._conn
         else:
             sock, conn = await self._connect()
-        sid = conn.get_next_available_stream_id()
         headers = [
             (b":method", b"POST"),
             (b":scheme", b"http"),
@@ -123,38 +134,48 @@ class UnaryChannel:
             headers.append((b"grpc-timeout", grpc_timeout(timeout)))
         pending = frame(request)
         try:
+            sid = conn.get_next_available_stream_id()
             conn.send_headers(sid, headers)
             pending = send_some(conn, sid, pending, end_stream=True)
             await sock.send_all(conn.data_to_send())
-        except (trio.BrokenResourceError, trio.ClosedResourceError, h2.exceptions.ProtocolError) as exc:
+        except (trio.BrokenResourceError, h2.exceptions.ProtocolError) as exc:
+            # The peer is gone (EPIPE on a unix socket) or h2 will not open a stream on
+            # this connection (it saw a GOAWAY, or ran out of ids): nothing was acted on.
             if reused:
                 raise _Reconnect from exc
             raise StreamTerminatedError(f"connection to {self.path} lost: {exc}") from None
-        answered = False
+        except trio.ClosedResourceError:
+            raise StreamTerminatedError(f"the connection to {self.path} was closed") from None
         head: dict[bytes, bytes] = {}
         trailers: dict[bytes, bytes] = {}
         data = bytearray()
+        expected: int | None = None  # the answer's length, once its prefix is in
         ended = False
+        goaway: h2.events.ConnectionTerminated | None = None
         while not ended:
+            if goaway is not None:
+                if reused and not head and (goaway.last_stream_id is not None and goaway.last_stream_id < sid):
+                    raise _Reconnect  # the server says it never took this stream
+                raise StreamTerminatedError(
+                    f"{self.path} closed the connection (GOAWAY {goaway.error_code!r}) before the answer ended; "
+                    "whether the call was carried out is not known"
+                )
             try:
                 chunk = await sock.receive_some(_READ)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
                 chunk = b""
-                if not answered and reused:
-                    raise _Reconnect from exc
             if not chunk:
-                if not answered and reused:
-                    raise _Reconnect
-                raise StreamTerminatedError(f"connection to {self.path} closed before the answer ended")
+                raise StreamTerminatedError(
+                    f"connection to {self.path} closed before the answer ended; whether the call was carried out is not known"
+                )
             try:
                 events = conn.receive_data(chunk)
             except h2.exceptions.ProtocolError as exc:
                 raise ProtocolError(f"HTTP/2 error from {self.path}: {exc}") from None
             for e in events:
                 if isinstance(e, h2.events.ConnectionTerminated):
-                    if not answered and reused and (e.last_stream_id is None or e.last_stream_id < sid):
-                        raise _Reconnect
-                    raise StreamTerminatedError(f"{self.path} closed the connection (GOAWAY {e.error_code!r})")
+                    goaway = e  # the answer may still be complete in this same read
+                    continue
                 if isinstance(e, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
                     if pending:  # the connection's window or this stream's may have opened
                         pending = send_some(conn, sid, pending, end_stream=True)
@@ -162,13 +183,14 @@ class UnaryChannel:
                 if getattr(e, "stream_id", sid) != sid:
                     continue
                 if isinstance(e, h2.events.ResponseReceived):
-                    answered = True
                     head = dict(e.headers)
                 elif isinstance(e, h2.events.DataReceived):
-                    answered = True
                     data += e.data
                     conn.acknowledge_received_data(e.flow_controlled_length, sid)
-                    self._check_size(data)
+                    if expected is None and len(data) >= 5:
+                        expected = check_prefix(data[:5], self.max_message)  # refused from the prefix, body unread
+                    if expected is not None and len(data) > 5 + expected:
+                        raise GRPCError(Status.INTERNAL, "the answer is more than one message")  # never buffered unbounded
                 elif isinstance(e, h2.events.TrailersReceived):
                     trailers = dict(e.headers)
                 elif isinstance(e, h2.events.StreamEnded):
@@ -176,13 +198,14 @@ class UnaryChannel:
                 elif isinstance(e, h2.events.StreamReset):
                     raise StreamTerminatedError(f"{self.path} reset the stream (error code {e.error_code!r})")
             out = conn.data_to_send()
-            if out:
-                await sock.send_all(out)
+            if out and not ended:
+                try:
+                    await sock.send_all(out)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    raise StreamTerminatedError(
+                        f"connection to {self.path} lost before the answer ended; whether the call was carried out is not known"
+                    ) from None
         return _answer(head, trailers, bytes(data), response_type)
-
-    def _check_size(self, data: bytearray) -> None:
-        if len(data) >= 5:
-            check_prefix(data[:5], self.max_message)  # refused from the prefix, body unread
 
 
 def _answer(head: dict[bytes, bytes], trailers: dict[bytes, bytes], data: bytes, response_type: type[M]) -> M:

@@ -139,3 +139,35 @@ def test_a_request_that_is_not_grpc_gets_grpclibs_answer(root: Path, channel: gr
     assert answer.get("grpc-status") == grpc_status
     assert ("content-type" in answer) == (http == "200")  # a refusal does not claim to be gRPC
     assert raw(channel, "Status")(b"", timeout=5)  # still serving
+
+
+def test_clients_that_vanish_do_not_stop_the_server(root: Path, channel: grpc.Channel) -> None:
+    """A client that closes while the server's bytes are unread (its reads and writes then
+    fail with ECONNRESET or EPIPE), one that leaves mid-request, one that leaves
+    mid-answer: the daemon serves on (these used to end it)."""
+    import socket
+    import time
+
+    import h2.config
+    import h2.connection
+
+    path = str(root / "eventsrc" / "api.sock")
+    for i in range(20):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(path)
+            if i % 3 == 1:  # a request's headers, never its end
+                c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+                c.initiate_connection()
+                c.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":authority", "x"), (":path", NODE + "Status"),
+                                   ("content-type", "application/grpc"), ("te", "trailers")])
+                s.sendall(c.data_to_send())
+            elif i % 3 == 2:  # a whole request; gone before the answer is read
+                c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+                c.initiate_connection()
+                c.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":authority", "x"), (":path", NODE + "ListPods"),
+                                   ("content-type", "application/grpc"), ("te", "trailers")])
+                c.send_data(1, b"\x00\x00\x00\x00\x00", end_stream=True)
+                s.sendall(c.data_to_send())
+            time.sleep(0.02)  # the server's SETTINGS (and answer) arrive, unread
+    time.sleep(0.2)
+    assert raw(channel, "Status")(b"", timeout=5)

@@ -203,3 +203,123 @@ async def test_a_request_larger_than_the_first_windows_is_sent_whole(sock: Path,
         ch.close()
     finally:
         server.stop()
+
+
+# --------------------------------------------------------------------------- hostile or dying peers
+# A raw HTTP/2 server (h2 on trio), so that a test can make the peer do what grpcio never does.
+
+
+async def _raw_server(path: Path, behave: Callable[[int, Any, int], Any], *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve on ``path``; for each request ended, ``behave(request_number, conn, stream_id)``
+    queues an answer on the h2 connection, and returns "die" to drop the connection at
+    once, or "close" to drop it once what it queued is sent."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    taken = 0
+
+    async def serve(sock: trio.SocketStream) -> None:
+        nonlocal taken
+        c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+        c.initiate_connection()
+        await sock.send_all(c.data_to_send())
+        while data := await sock.receive_some(65536):
+            then = None
+            for e in c.receive_data(data):
+                if isinstance(e, h2.events.StreamEnded):
+                    taken += 1
+                    then = behave(taken, c, e.stream_id)
+                    if then == "die":
+                        await sock.aclose()
+                        return
+            await sock.send_all(c.data_to_send())
+            if then == "close":
+                await sock.aclose()
+                return
+
+    listener = trio.socket.socket(trio.socket.AF_UNIX)
+    await listener.bind(str(path))
+    listener.listen()
+    task_status.started()
+    await trio.serve_listeners(serve, [trio.SocketListener(listener)])
+
+
+def _ok(c: Any, sid: int) -> None:
+    from eventsrc.rpc import frame
+
+    c.send_headers(sid, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+    c.send_data(sid, frame(answer(request("dev-1"))))
+    c.send_headers(sid, [(b"grpc-status", b"0")], end_stream=True)
+
+
+async def test_a_request_the_plugin_took_is_never_sent_again(sock: Path) -> None:
+    """The plugin reads the second request and dies: Allocate is not idempotent, so the call
+    fails saying its outcome is unknown, instead of being sent again on a new connection."""
+    taken: list[int] = []
+
+    def behave(n: int, c: Any, sid: int) -> str | None:
+        taken.append(n)
+        if n == 2:
+            return "die"
+        _ok(c, sid)
+        return None
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(_raw_server, sock, behave)
+        ch = UnaryChannel(str(sock))
+        await call(ch, request("dev-1"))
+        with pytest.raises(CALL_ERRORS) as err:
+            await call(ch, request("dev-1"))
+        assert "not known" in why(err.value)
+        assert taken == [1, 2]  # not 3
+        await call(ch, request("dev-1"))  # the next call dials again
+        ch.close()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_that_dies_mid_call_is_a_call_error(sock: Path) -> None:
+    """Whatever the socket says when the peer is gone (EOF, EPIPE, ECONNRESET), the caller
+    gets one of CALL_ERRORS, which the admission handles, and never trio's own errors."""
+    def behave(n: int, c: Any, sid: int) -> str:
+        if n % 2:
+            return "die"  # EOF
+        c.update_settings({4: 1 << 20})  # a SETTINGS frame the client must acknowledge: into a closed socket (EPIPE)
+        return "close"
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(_raw_server, sock, behave)
+        ch = UnaryChannel(str(sock))
+        for _ in range(6):
+            with pytest.raises(CALL_ERRORS):
+                await call(ch, request("dev-1"))
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_answer_longer_than_it_announced_is_refused_unbuffered(sock: Path) -> None:
+    def behave(n: int, c: Any, sid: int) -> None:
+        c.send_headers(sid, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+        c.send_data(sid, b"\x00\x00\x00\x00\x0a" + b"\x00" * 10 + b"more than announced")
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(_raw_server, sock, behave)
+        ch = UnaryChannel(str(sock), max_message=1024)
+        with pytest.raises(GRPCError) as err:
+            await call(ch, request("dev-1"))
+        assert err.value.status == Status.INTERNAL and "more than one message" in str(err.value.message)
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_answer_that_comes_with_a_goaway_is_the_answer(sock: Path) -> None:
+    def behave(n: int, c: Any, sid: int) -> str:
+        _ok(c, sid)
+        c.close_connection()  # GOAWAY in the same write as the answer
+        return "close"
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(_raw_server, sock, behave)
+        ch = UnaryChannel(str(sock))
+        for _ in range(3):  # and the next call, on a connection the server closed, dials again
+            resp = await call(ch, request("dev-1"))
+            assert resp.container_responses[0].envs["IDS"] == "dev-1"
+        nursery.cancel_scope.cancel()
