@@ -197,8 +197,10 @@ class UnaryChannel:
                     ended = True
                 elif isinstance(e, h2.events.StreamReset):
                     raise StreamTerminatedError(f"{self.path} reset the stream (error code {e.error_code!r})")
+            if ended:
+                break  # what h2 queued meanwhile (window updates) goes out with the next call
             out = conn.data_to_send()
-            if out and not ended:
+            if out:
                 try:
                     await sock.send_all(out)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -323,3 +323,21 @@ async def test_an_answer_that_comes_with_a_goaway_is_the_answer(sock: Path) -> N
             resp = await call(ch, request("dev-1"))
             assert resp.container_responses[0].envs["IDS"] == "dev-1"
         nursery.cancel_scope.cancel()
+
+
+async def test_many_calls_on_one_connection_give_the_window_back(sock: Path) -> None:
+    """Answers on one connection add up past the connection's 64 KiB receive window: the
+    client must hand the window back (WINDOW_UPDATE) or the server stops sending."""
+
+    def behaviour(req: pb.AllocateRequest, ctx: Any) -> pb.AllocateResponse:
+        return pb.AllocateResponse(container_responses=[pb.ContainerAllocateResponse(envs={"PAD": "x" * 4000})])
+
+    server = Server(sock, behaviour).start()
+    try:
+        ch = UnaryChannel(str(sock))
+        for _ in range(100):  # about 400 KB of answers
+            resp = await call(ch, request("dev-1"), timeout=5)
+            assert len(resp.container_responses[0].envs["PAD"]) == 4000
+        ch.close()
+    finally:
+        server.stop()
