@@ -126,7 +126,6 @@ class Daemon:
         self._snapshot_seq = views.meta.last_seq
         self._snapshot_due = trio.Event()
         self._snapshot_lock = trio.Lock()  # one snapshot written at a time
-        self._written_seq = -1  # of the last snapshot this run wrote
         self.ready = False
         self.not_ready = "starting: the sockets are not served yet"  # /readyz's reason
         self.metrics = Metrics(
@@ -211,8 +210,8 @@ class Daemon:
         be written (a full or failing disk) is logged, and the daemon goes on."""
         async with self._snapshot_lock:
             seq = self.views.meta.last_seq
-            if seq == self._written_seq:
-                return  # already written at this sequence
+            if seq == self._snapshot_seq:
+                return  # taken at this sequence already (every start records events first)
             data = encode_snapshot(self.views, self.log.log_id())
             self._snapshot_seq = seq  # before the write: commits meanwhile do not ask again
             try:
@@ -220,7 +219,6 @@ class Daemon:
             except OSError as exc:
                 log.warning("snapshot not written; the next start replays more of the log", seq=seq, error=str(exc))
                 return
-            self._written_seq = seq
             log.info("snapshot written", seq=seq, path=path, bytes=len(data))
 
     async def snapshot_loop(self) -> None:

@@ -219,7 +219,10 @@ async def _serve_connection(mapping: Mapping[str, Any], sock: trio.SocketStream)
             await sock.aclose()
 
 
-def _refusal(headers: dict[bytes, bytes]) -> tuple[bytes, Status | None, str | None] | None:
+_Answer = tuple[bytes, Status | None, str | None]  # HTTP status, gRPC status, message
+
+
+def _refusal(headers: dict[bytes, bytes]) -> _Answer | None:
     """What grpclib's server answers a request that is not gRPC: (HTTP status, gRPC
     status, message), or None for a gRPC request."""
     if headers.get(b":method") != b"POST":
@@ -236,15 +239,22 @@ def _refusal(headers: dict[bytes, bytes]) -> tuple[bytes, Status | None, str | N
 
 async def _handle(conn: _Connection, mapping: Mapping[str, Any], sid: int, req: _Request, requests: dict[int, _Request]) -> None:
     stream = Stream(conn, sid, None)
-    refusal = _refusal(req.headers)
-    if refusal is not None:
+    try:
+        answer = _refusal(req.headers) or await _call(stream, mapping, req)
+    finally:
         requests.pop(sid, None)
-        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError, *_GONE):
-            await stream.finish(refusal[1], refusal[2], http_status=refusal[0])
-        return
+    if req.reset or answer is None:
+        return  # the client reset the stream or went away: nobody to answer
+    # The client may have gone away first.
+    with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError, *_GONE):
+        await stream.finish(answer[1], answer[2], http_status=answer[0])
+
+
+async def _call(stream: Stream, mapping: Mapping[str, Any], req: _Request) -> _Answer | None:
+    """Run the request's handler under its deadline; how to end the call (None: the
+    client is gone)."""
     path = req.headers.get(b":path", b"").decode(errors="replace")
     handler = mapping.get(path)
-    status, message = Status.OK, None
     try:
         with req.scope:
             timeout = parse_timeout(req.headers.get(b"grpc-timeout"))
@@ -254,21 +264,15 @@ async def _handle(conn: _Connection, mapping: Mapping[str, Any], sid: int, req: 
                 stream._request = _decode(req, handler.request_type)
                 await handler.func(stream)
             if deadline.cancelled_caught:
-                status, message = Status.DEADLINE_EXCEEDED, "Deadline exceeded"
+                return b"200", Status.DEADLINE_EXCEEDED, "Deadline exceeded"
     except GRPCError as exc:
-        status, message = exc.status, exc.message
+        return b"200", exc.status, exc.message
     except (*_GONE, h2.exceptions.StreamClosedError):
-        return  # the client went away or reset the stream: nobody to answer
+        return None
     except Exception:
         log.exception("node API handler failed", method=path)
-        status, message = Status.UNKNOWN, "Internal Server Error"
-    finally:
-        requests.pop(sid, None)
-    if req.reset:
-        return
-    # The client may have gone away first.
-    with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError, *_GONE):
-        await stream.finish(status, message)
+        return b"200", Status.UNKNOWN, "Internal Server Error"
+    return b"200", Status.OK, None
 
 
 def _decode(req: _Request, message_type: Any) -> Any:

@@ -109,22 +109,19 @@ class GroupCommitter:
                     self._idle = current_task()
                     await wait_task_rescheduled(self._abort_idle)
                 await self._commit_queued()
+        except trio.Cancelled:
+            raise  # a shutdown: what is queued is still committed, below
         except BaseException as exc:
             failure = exc
             raise
         finally:
             self._closed = True
-            if failure is None or isinstance(failure, trio.Cancelled):
-                with trio.CancelScope(shield=True):
-                    try:
+            try:
+                if failure is None:
+                    with trio.CancelScope(shield=True):
                         await self._commit_queued()
-                    except BaseException as exc:
-                        failure = exc
-                        raise
-                    finally:
-                        self._fail_queued(failure)
-            else:
-                self._fail_queued(failure)
+            finally:
+                self._fail_queued(failure)  # whatever could not be committed
 
     def _fail_queued(self, failure: BaseException | None) -> None:
         """Wake every appender still queued with an error (the committer has stopped)."""
