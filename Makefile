@@ -28,10 +28,10 @@ pytest: $(STAMP)
 	$(PY) -m pytest
 
 schemas: $(STAMP)
-	$(PY) -m eventsrc.schema --write
+	$(PY) -m eventsrc.codegen.schema --write
 
 protos: $(STAMP)
-	$(PY) -m eventsrc.protos --write
+	$(PY) -m eventsrc.codegen.protos --write
 
 bench: $(STAMP)
 	$(VENV)/bin/eventsrc bench log

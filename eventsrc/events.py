@@ -156,7 +156,7 @@ class PolicyConfigurationChanged(_Event, frozen=True):
 
 class ConfigurationChanged(_Event, frozen=True):
     """This start's effective configuration (the config file's fields, after flags and
-    defaults: eventsrc.config) differs from the one the previous start recorded."""
+    defaults: eventsrc.inputs.config) differs from the one the previous start recorded."""
 
     old: dict[str, Any] = {}
     new: dict[str, Any] = {}
@@ -404,9 +404,7 @@ Event = (
     | PodReferenceRemoved
 )
 
-EVENT_TYPES: Final[dict[str, type[_Event]]] = {
-    t.__name__: t for t in _Event.__subclasses__()
-}
+EVENT_TYPES: Final[dict[str, type[_Event]]] = {t.__name__: t for t in _Event.__subclasses__()}
 
 
 class Record(Struct, frozen=True, gc=False):
@@ -606,5 +604,3 @@ def decode_record(seq: int, value: bytes) -> Record:
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, KeyError) as exc:
         raise CorruptRecordError(seq, f"undecodable: {exc}") from None
     return Record(seq=seq, ts_ns=env.ts, correlation_id=env.cid, version=env.v, event=event)  # type: ignore[arg-type]
-
-

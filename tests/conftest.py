@@ -15,7 +15,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_cli(*args: str, root: Path | None = None, check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, root: Path | None = None, check: bool = False, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "eventsrc"]
     if root is not None:
         cmd += ["--root-dir", str(root)]

@@ -159,8 +159,7 @@ def serve_grpclib_trio(path: str, call_trio: bool, label: str) -> None:
             elapsed = trio.current_time() - started
         expected = elapsed / HEARTBEAT_S
         print(
-            f"{label}: stopped; trio heartbeat ticked {ticks} times "
-            f"(at most ~{expected:.0f} possible)",
+            f"{label}: stopped; trio heartbeat ticked {ticks} times (at most ~{expected:.0f} possible)",
             flush=True,
         )
 
@@ -208,9 +207,7 @@ def connect(path: str, timeout: float = 20.0):
         if time.monotonic() > deadline:
             raise RuntimeError(f"server socket {path} never appeared")
         time.sleep(0.02)
-    channel = grpc.insecure_channel(
-        "unix:" + path, options=[("grpc.default_authority", "localhost")]
-    )
+    channel = grpc.insecure_channel("unix:" + path, options=[("grpc.default_authority", "localhost")])
     grpc.channel_ready_future(channel).result(timeout=timeout)
     return channel, echo_pb2_grpc.EchoStub(channel)
 
@@ -291,8 +288,7 @@ def bench(calls: int, rounds: int, warmup: int, payload: int, kinds: list[str]) 
                     rates[kind].append(rate)
                     lats[kind].extend(lat)
                 print(
-                    f"  round {r + 1}/{rounds}: "
-                    + "  ".join(f"{k} {rates[k][-1]:.0f}/s" for k in kinds),
+                    f"  round {r + 1}/{rounds}: " + "  ".join(f"{k} {rates[k][-1]:.0f}/s" for k in kinds),
                     flush=True,
                 )
         finally:
@@ -339,13 +335,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=3000, help="unary calls per round (default 3000)")
     ap.add_argument("--rounds", type=int, default=7, help="rounds per server (default 7)")
-    ap.add_argument(
-        "--warmup", type=int, default=300, help="warm-up calls per server (default 300)"
-    )
+    ap.add_argument("--warmup", type=int, default=300, help="warm-up calls per server (default 300)")
     ap.add_argument("--payload", type=int, default=64, help="payload bytes (default 64)")
-    ap.add_argument(
-        "--only", action="append", choices=KINDS, help="measure only this server kind (repeatable)"
-    )
+    ap.add_argument("--only", action="append", choices=KINDS, help="measure only this server kind (repeatable)")
     ap.add_argument("--serve", choices=KINDS, help=argparse.SUPPRESS)
     ap.add_argument("--socket", help=argparse.SUPPRESS)
     args = ap.parse_args()

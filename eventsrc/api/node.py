@@ -1,6 +1,6 @@
 """The node API (``eventsrc.node.v1.Node``): how pods reach the daemon.
 
-Handlers run as trio tasks (``eventsrc.grpc_server``, ADR 0011); anything that changes
+Handlers run as trio tasks (``eventsrc.rpc.native_server``, ADR 0011); anything that changes
 state goes through the admission shell, which records events.
 """
 
@@ -21,7 +21,7 @@ from eventsrc.errors import EventsrcError
 from eventsrc.events import CorruptRecordError, Record
 from eventsrc.gen.node.v1 import node_pb2 as pb
 from eventsrc.gen.node.v1.node_grpc import NodeBase
-from eventsrc.manifest import PodClaim, PodSpec
+from eventsrc.inputs.manifest import PodClaim, PodSpec
 from eventsrc.state.views import PodView, Views
 
 
@@ -84,7 +84,9 @@ def pod_from_proto(p: pb.Pod, claims: list[pb.ResourceClaim] | None = None) -> P
             except QuantityError:
                 raise BadRequest(f"container {c.name!r}: {name}: {value!r} is not a quantity") from None
         containers.append(
-            ev.ContainerSpec(name=c.name, kind=c.kind, requests=dict(c.requests), limits=dict(c.limits), claims=list(c.claims))
+            ev.ContainerSpec(
+                name=c.name, kind=c.kind, requests=dict(c.requests), limits=dict(c.limits), claims=list(c.claims)
+            )
         )
     ref = ev.PodRef(uid=p.uid, namespace=p.namespace or "default", name=p.name)
     pod_claims = claims_from_proto(ref, list(claims or []))
@@ -109,7 +111,11 @@ def pod_to_proto(spec: PodSpec) -> pb.Pod:
 
 
 def pod_info(
-    pod: PodView, state: str | None = None, correlation_id: str = "", shared: list[int] | None = None, views: Views | None = None
+    pod: PodView,
+    state: str | None = None,
+    correlation_id: str = "",
+    shared: list[int] | None = None,
+    views: Views | None = None,
 ) -> pb.PodInfo:
     info = pb.PodInfo(
         uid=pod.uid,
@@ -133,9 +139,13 @@ def pod_info(
             if a is not None:
                 ra.envs.update(a.envs)
                 ra.annotations.update(a.annotations)
-                ra.mounts.extend(pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only) for m in a.mounts)
+                ra.mounts.extend(
+                    pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+                    for m in a.mounts
+                )
                 ra.devices.extend(
-                    pb.DeviceSpec(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions) for d in a.devices
+                    pb.DeviceSpec(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions)
+                    for d in a.devices
                 )
                 ra.cdi_devices.extend(a.cdi_devices)
             ci.resources.append(ra)
@@ -222,7 +232,9 @@ class NodeService(NodeBase):
         await stream.recv_message()
         views = self._views()
         await stream.send_message(
-            pb.ListPodsResponse(pods=[pod_info(p, shared=views.cpus.shared, views=views) for p in views.pods.pods.values()])
+            pb.ListPodsResponse(
+                pods=[pod_info(p, shared=views.cpus.shared, views=views) for p in views.pods.pods.values()]
+            )
         )
 
     async def GetPod(self, stream: Stream[pb.PodSelector, pb.PodInfo]) -> None:
@@ -249,4 +261,6 @@ def watch_event(item: Record | CorruptRecordError) -> pb.WatchEvent:
 
 
 def status_response(ready: bool, instance_id: str, last_seq: int, sockets: list[str], pid: int) -> pb.StatusResponse:
-    return pb.StatusResponse(ready=ready, version=__version__, instance_id=instance_id, last_seq=last_seq, sockets=sockets, pid=pid)
+    return pb.StatusResponse(
+        ready=ready, version=__version__, instance_id=instance_id, last_seq=last_seq, sockets=sockets, pid=pid
+    )

@@ -15,11 +15,11 @@ from grpclib.server import Stream
 
 from eventsrc.gen.podresources.v1 import api_pb2 as pb
 from eventsrc.gen.podresources.v1.api_grpc import PodResourcesListerBase
-from eventsrc.ratelimit import TokenBucket
+from eventsrc.rpc.ratelimit import TokenBucket
 from eventsrc.state.views import DeviceView, PodView, Views
 
 if TYPE_CHECKING:
-    from eventsrc.metrics import Metrics
+    from eventsrc.obs.metrics import Metrics
 
 NO_TOPOLOGY = -1
 

@@ -56,7 +56,9 @@ def call(layout: Layout, fn: Callable[[NodeStub], Awaitable[T]], timeout: float 
     except (ConnectionRefusedError, FileNotFoundError):
         raise NotRunningError(f"eventsrc is not running on {layout.root} ({sock} does not answer)") from None
     except PermissionError:
-        raise EventsrcError(f"permission denied on {sock} (the node API socket is mode 0600: run as its owner)") from None
+        raise EventsrcError(
+            f"permission denied on {sock} (the node API socket is mode 0600: run as its owner)"
+        ) from None
     except TimeoutError:
         raise EventsrcError(f"no answer from the daemon on {sock} within {timeout:g} s") from None
     except OSError as exc:

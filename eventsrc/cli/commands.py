@@ -19,13 +19,13 @@ from eventsrc.layout import Layout
 from eventsrc.log.store import DirLock, EventLog
 
 if TYPE_CHECKING:
-    from eventsrc.config import Configuration
+    from eventsrc.inputs.config import Configuration
 
 
 def effective_config(args: argparse.Namespace) -> Configuration:
     """The configuration serve runs with: --config FILE, then the flags given, then the
     defaults; its values checked (short of the machine). Sets ``args.layout`` to its root."""
-    from eventsrc import config
+    from eventsrc.inputs import config
 
     cfg = config.load(args.config) if args.config is not None else config.Configuration()
     overrides: dict[str, Any] = {}
@@ -40,7 +40,7 @@ def effective_config(args: argparse.Namespace) -> Configuration:
         elif isinstance(value, Path):
             value = str(value.absolute())
         elif name == "metricsAddress" and value is True:  # the flag without a value
-            from eventsrc.metrics import DEFAULT_METRICS_ADDRESS
+            from eventsrc.obs.metrics import DEFAULT_METRICS_ADDRESS
 
             value = DEFAULT_METRICS_ADDRESS
         overrides[name] = value
@@ -55,10 +55,11 @@ def effective_config(args: argparse.Namespace) -> Configuration:
 def serve(args: argparse.Namespace) -> int:
     import trio
 
-    from eventsrc import config, logs
     from eventsrc.core.topology_manager import parse_topology_manager
-    from eventsrc.cpu_config import load_cpu_config, load_topology
-    from eventsrc.daemon import serve as run
+    from eventsrc.inputs import config
+    from eventsrc.inputs.cpu_config import load_cpu_config, load_topology
+    from eventsrc.node.daemon import serve as run
+    from eventsrc.obs import logger as logs
 
     cfg = effective_config(args)
     machine = load_topology(Path(cfg.topology_file) if cfg.topology_file else None, Path(cfg.sysfs_root))
@@ -94,7 +95,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def config_print(args: argparse.Namespace) -> int:
-    from eventsrc import config
+    from eventsrc.inputs import config
 
     fields = config.to_builtins(effective_config(args))
     if args.output == "json":
@@ -115,7 +116,14 @@ def status(args: argparse.Namespace) -> int:
     reason = ""
     try:
         st = call(layout, unary("Status", node_pb2.StatusRequest()), timeout=10)
-        info.update(ready=st.ready, pid=st.pid, version=st.version, instance_id=st.instance_id, last_seq=st.last_seq, sockets=list(st.sockets))
+        info.update(
+            ready=st.ready,
+            pid=st.pid,
+            version=st.version,
+            instance_id=st.instance_id,
+            last_seq=st.last_seq,
+            sockets=list(st.sockets),
+        )
         if not st.ready:
             reason = f"eventsrc (pid {st.pid}) on {layout.root} is not ready yet"
     except EventsrcError as err:
@@ -125,7 +133,9 @@ def status(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps({**info, "reason": reason}))
     elif not reason:
-        print(f"eventsrc is running and ready on {layout.root} (pid {info['pid']}, version {info['version']}, last sequence {info['last_seq']})")
+        print(
+            f"eventsrc is running and ready on {layout.root} (pid {info['pid']}, version {info['version']}, last sequence {info['last_seq']})"
+        )
     if reason:
         print(f"eventsrc: {reason}", file=sys.stderr)
         return 1
@@ -136,11 +146,11 @@ def admit(args: argparse.Namespace) -> int:
     import uuid
 
     from eventsrc.api.node import pod_to_proto
-    from eventsrc.claim_manifest import check_claims, parse_claims, pod_claims
     from eventsrc.cli import render
     from eventsrc.cli.client import call, unary
     from eventsrc.gen.node.v1 import node_pb2
-    from eventsrc.manifest import ManifestError, parse_pod
+    from eventsrc.inputs.claim_manifest import check_claims, parse_claims, pod_claims
+    from eventsrc.inputs.manifest import ManifestError, parse_pod
 
     def read(path: Path) -> bytes:
         try:
@@ -168,8 +178,13 @@ def admit(args: argparse.Namespace) -> int:
                     uid=c.uid,
                     namespace=c.namespace,
                     name=c.name,
-                    results=[node_pb2.ClaimResult(request=r.request, driver=r.driver, pool=r.pool, device=r.device) for r in c.results],
-                    reserved_for=[node_pb2.ClaimConsumer(resource=p.resource, name=p.name, uid=p.uid) for p in c.reserved_for],
+                    results=[
+                        node_pb2.ClaimResult(request=r.request, driver=r.driver, pool=r.pool, device=r.device)
+                        for r in c.results
+                    ],
+                    reserved_for=[
+                        node_pb2.ClaimConsumer(resource=p.resource, name=p.name, uid=p.uid) for p in c.reserved_for
+                    ],
                 )
             )
     generated = not spec.pod.uid
@@ -207,7 +222,7 @@ def pods(args: argparse.Namespace) -> int:
 
 
 def sample_plugin(args: argparse.Namespace) -> int:
-    from eventsrc.core.names import is_extended_resource_name
+    from eventsrc.core.devices.names import is_extended_resource_name
     from eventsrc.samples.device_plugin import main as run
 
     if not is_extended_resource_name(args.resource):
@@ -223,7 +238,9 @@ def sample_dra_driver(args: argparse.Namespace) -> int:
     from eventsrc.samples.dra_driver import main as run
 
     # A driver name is a DNS subdomain (it names directories and sockets too).
-    if len(args.driver) > 253 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", args.driver):
+    if len(args.driver) > 253 or not re.fullmatch(
+        r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", args.driver
+    ):
         raise EventsrcError(f"--driver {args.driver!r} is not a DNS subdomain (like gpu.example.com)")
     if args.devices_per_claim < 0:
         raise EventsrcError("--devices-per-claim must not be negative")
@@ -272,9 +289,15 @@ def log(args: argparse.Namespace) -> int:
     newer = [str(c.seq) for c in corrupt if isinstance(c, FutureRecordError)]
     bad = [str(c.seq) for c in corrupt if not isinstance(c, FutureRecordError)]
     if newer:
-        print(f"eventsrc: error: record(s) {', '.join(newer)} were written by a newer eventsrc (shown raw; docs/adr/0010)", file=sys.stderr)
+        print(
+            f"eventsrc: error: record(s) {', '.join(newer)} were written by a newer eventsrc (shown raw; docs/adr/0010)",
+            file=sys.stderr,
+        )
     if bad:
-        print(f"eventsrc: error: corrupt record(s) at sequence {', '.join(bad)}; every other record was printed", file=sys.stderr)
+        print(
+            f"eventsrc: error: corrupt record(s) at sequence {', '.join(bad)}; every other record was printed",
+            file=sys.stderr,
+        )
     return 1 if corrupt else 0
 
 
@@ -301,7 +324,9 @@ def state(args: argparse.Namespace) -> int:
             console.print(table)
     if views.meta.corrupt:
         seqs = ", ".join(str(s) for s in sorted(views.meta.corrupt))
-        print(f"eventsrc: error: corrupt record(s) at sequence {seqs}; the views hold every other record", file=sys.stderr)
+        print(
+            f"eventsrc: error: corrupt record(s) at sequence {seqs}; the views hold every other record", file=sys.stderr
+        )
         return 1
     return 0
 
@@ -320,7 +345,7 @@ def _progress(what: str, total: int) -> Iterator[Callable[[int], None] | None]:
 
 
 def bench_log(args: argparse.Namespace) -> int:
-    from eventsrc import bench
+    from eventsrc.bench import log as bench
 
     if args.events < 1 or args.writers < 1 or args.rounds < 1:
         raise EventsrcError("--events, --writers and --rounds must be at least 1")
@@ -337,12 +362,16 @@ def bench_log(args: argparse.Namespace) -> int:
 
 
 def bench_devices(args: argparse.Namespace) -> int:
-    from eventsrc.bench_devices import run_devices_bench
+    from eventsrc.bench.devices import run_devices_bench
 
     if min(args.devices, args.clients, args.admissions, args.rounds, args.rtt_calls) < 1:
         raise EventsrcError("--devices, --clients, --admissions, --rounds and --rtt-calls must be at least 1")
     run_devices_bench(
-        devices=args.devices, clients=args.clients, admissions=args.admissions, rounds=args.rounds, rtt_calls=args.rtt_calls
+        devices=args.devices,
+        clients=args.clients,
+        admissions=args.admissions,
+        rounds=args.rounds,
+        rtt_calls=args.rtt_calls,
     )
     return 0
 
@@ -350,8 +379,8 @@ def bench_devices(args: argparse.Namespace) -> int:
 def cpu_topology(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from eventsrc.core.topology import decode_topology_file, encode_topology_file, summary_lines
-    from eventsrc.plugins.sysfs_topology import discover_topology
+    from eventsrc.core.cpu.topology import decode_topology_file, encode_topology_file, summary_lines
+    from eventsrc.inputs.sysfs_topology import discover_topology
 
     if args.topology_file is not None:
         name = str(args.topology_file)
@@ -370,13 +399,13 @@ def cpu_topology(args: argparse.Namespace) -> int:
 
 
 def cpu_take(args: argparse.Namespace) -> int:
-    from eventsrc.core.cpu_assignment import (
+    from eventsrc.core.cpu.assignment import (
         check_smt_alignment,
         parse_policy_options,
         take_by_topology,
     )
-    from eventsrc.core.cpuset import parse as parse_cpuset
-    from eventsrc.core.topology import TopologyError, decode_topology_file
+    from eventsrc.core.cpu.cpuset import parse as parse_cpuset
+    from eventsrc.core.cpu.topology import TopologyError, decode_topology_file
 
     def bad(message: str) -> EventsrcError:
         err = EventsrcError(message)
@@ -412,7 +441,7 @@ def cpu_take(args: argparse.Namespace) -> int:
 
 
 def bench_cpu(args: argparse.Namespace) -> int:
-    from eventsrc.bench_cpu import run_cpu_bench
+    from eventsrc.bench.cpu import run_cpu_bench
 
     if args.repetitions < 1:
         raise EventsrcError("--repetitions must be at least 1")
@@ -435,13 +464,15 @@ def claims(args: argparse.Namespace) -> int:
         table.add_column(col)
     for uid, c in sorted(views.claims.claims.items()):
         cdi = " ".join(i for d in c.devices for i in d.cdi_device_ids)
-        table.add_row(f"{c.namespace}/{c.name}", uid, c.driver, c.state, ",".join(c.pods) or "-", cdi or "-", c.error or "-")
+        table.add_row(
+            f"{c.namespace}/{c.name}", uid, c.driver, c.state, ",".join(c.pods) or "-", cdi or "-", c.error or "-"
+        )
     render.console().print(table)
     return 0
 
 
 def replay(args: argparse.Namespace) -> int:
-    from eventsrc.replay import run
+    from eventsrc.offline.replay import run
 
     if args.path is None:
         args.path = args.layout.root
@@ -452,11 +483,11 @@ def import_kubelet(args: argparse.Namespace) -> int:
     import time
     import uuid
 
-    from eventsrc import kubelet_import as ki
     from eventsrc.cli import render
     from eventsrc.errors import AlreadyRunningError
     from eventsrc.events import Record
     from eventsrc.log.snapshots import load_views
+    from eventsrc.offline import kubelet_import as ki
 
     if args.device_checkpoint is None and args.cpu_state is None and args.dra_state is None:
         raise EventsrcError("nothing to import: give --device-checkpoint, --cpu-state and/or --dra-state")
@@ -533,14 +564,14 @@ def import_kubelet(args: argparse.Namespace) -> int:
 
 
 def audit(args: argparse.Namespace) -> int:
-    from eventsrc import audit as queries
+    from eventsrc.offline import audit as queries
 
     # audit verify (the hash chain) is its own command; device, pod and claim are queries.
     return queries.run(args, _open_reader(args.layout))
 
 
 def bench_audit(args: argparse.Namespace) -> int:
-    from eventsrc.bench_audit import run_audit_bench
+    from eventsrc.bench.audit import run_audit_bench
 
     if args.events < 1000 or args.runs < 1:
         raise EventsrcError("--events must be at least 1000 and --runs at least 1")
@@ -567,11 +598,20 @@ def audit_verify(args: argparse.Namespace) -> int:
 
 
 def backup(args: argparse.Namespace) -> int:
-    from eventsrc.backup import backup as copy
+    from eventsrc.log.backup import backup as copy
 
     info = copy(args.layout, args.dest.absolute())
     if args.output == "json":
-        print(json.dumps({"dest": str(info.dest), "last_seq": info.last_seq, "log_bytes": info.log_bytes, "snapshots": [str(p) for p in info.snapshots]}))
+        print(
+            json.dumps(
+                {
+                    "dest": str(info.dest),
+                    "last_seq": info.last_seq,
+                    "log_bytes": info.log_bytes,
+                    "snapshots": [str(p) for p in info.snapshots],
+                }
+            )
+        )
     else:
         print(
             f"backed up the log up to sequence {info.last_seq} ({info.log_bytes} bytes) and {len(info.snapshots)} "

@@ -13,9 +13,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from eventsrc import __version__, logs
+from eventsrc import __version__
 from eventsrc.errors import EventsrcError
 from eventsrc.layout import DEFAULT_ROOT, Layout
+from eventsrc.obs import logger as logs
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -28,8 +29,7 @@ def _root_parent() -> argparse.ArgumentParser:
         type=Path,
         default=argparse.SUPPRESS,
         metavar="DIR",
-        help=f"the kubelet root directory to work under (default {DEFAULT_ROOT}; "
-        "the log lives in DIR/eventsrc/)",
+        help=f"the kubelet root directory to work under (default {DEFAULT_ROOT}; the log lives in DIR/eventsrc/)",
     )
     return p
 
@@ -42,18 +42,22 @@ def _logging_parent() -> argparse.ArgumentParser:
     # Like --root-dir: accepted before or after the command name.
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error"], default=argparse.SUPPRESS,
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=argparse.SUPPRESS,
         help="log level (default info; config logLevel)",
     )
     p.add_argument(
-        "--log-format", choices=["text", "json"], default=argparse.SUPPRESS,
+        "--log-format",
+        choices=["text", "json"],
+        default=argparse.SUPPRESS,
         help="text (key=value, the default) or json (one object per line); config logFormat",
     )
     return p
 
 
 def _duration(text: str) -> Any:
-    from eventsrc.config import parse_seconds_or_duration
+    from eventsrc.inputs.config import parse_seconds_or_duration
 
     try:
         return parse_seconds_or_duration(text)
@@ -63,50 +67,93 @@ def _duration(text: str) -> Any:
 
 def _serve_flags(p: argparse.ArgumentParser) -> None:
     """The daemon's configuration flags (serve, config print). Every default is None: a flag
-    overrides the config file only when given; the defaults are eventsrc.config's."""
+    overrides the config file only when given; the defaults are eventsrc.inputs.config's."""
     p.add_argument(
-        "--config", type=Path, default=None, metavar="FILE",
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
         help="the configuration file (YAML, or TOML when FILE ends in .toml); see examples/eventsrc-config.yaml",
     )
-    p.add_argument("--snapshot-every", type=int, default=None, metavar="N", help="write a snapshot every N records (default 10000)")
     p.add_argument(
-        "--admission-wait", type=_duration, default=None, metavar="SECONDS|DURATION",
+        "--snapshot-every", type=int, default=None, metavar="N", help="write a snapshot every N records (default 10000)"
+    )
+    p.add_argument(
+        "--admission-wait",
+        type=_duration,
+        default=None,
+        metavar="SECONDS|DURATION",
         help="how long an admission waits for a known plugin that has not registered (again) yet (default 30s)",
     )
     p.add_argument(
-        "--plugin-grace", type=_duration, default=None, metavar="SECONDS|DURATION",
+        "--plugin-grace",
+        type=_duration,
+        default=None,
+        metavar="SECONDS|DURATION",
         help="how long a resource is kept after its plugin went away, before it is dropped (default 5m)",
     )
     p.add_argument(
-        "--metrics-address", nargs="?", const=True, default=None, metavar="HOST:PORT",
+        "--metrics-address",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="HOST:PORT",
         help="serve /metrics, /healthz and /readyz over HTTP there (127.0.0.1:10266 when given without a value; "
         "port 0 picks one; default: no server)",
     )
     cpu = p.add_argument_group("CPU manager (the kubelet's flags)")
     cpu.add_argument("--cpu-manager-policy", choices=["none", "static"], default=None, help="none (default) or static")
     cpu.add_argument(
-        "--cpu-manager-policy-options", default=None, metavar="K=V,...",
+        "--cpu-manager-policy-options",
+        default=None,
+        metavar="K=V,...",
         help="static policy options, e.g. full-pcpus-only=true,distribute-cpus-across-numa=true",
     )
-    cpu.add_argument("--reserved-cpus", default=None, metavar="CPUSET", help="CPUs reserved for the system, in list form (e.g. 0-1,32-33)")
     cpu.add_argument(
-        "--reserved-cpu-count", type=int, default=None, metavar="N",
+        "--reserved-cpus",
+        default=None,
+        metavar="CPUSET",
+        help="CPUs reserved for the system, in list form (e.g. 0-1,32-33)",
+    )
+    cpu.add_argument(
+        "--reserved-cpu-count",
+        type=int,
+        default=None,
+        metavar="N",
         help="reserve N CPUs, chosen as the kubelet chooses them (kube-reserved + system-reserved cpu), when --reserved-cpus is not given",
     )
-    cpu.add_argument("--topology-file", type=Path, default=None, metavar="FILE", help="read the CPU topology from FILE (JSON, as 'eventsrc cpu topology -o json' prints it) instead of sysfs")
-    cpu.add_argument("--sysfs-root", type=Path, default=None, metavar="DIR", help="root of the sysfs tree to discover the CPU topology from (default /)")
+    cpu.add_argument(
+        "--topology-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="read the CPU topology from FILE (JSON, as 'eventsrc cpu topology -o json' prints it) instead of sysfs",
+    )
+    cpu.add_argument(
+        "--sysfs-root",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="root of the sysfs tree to discover the CPU topology from (default /)",
+    )
     tm = p.add_argument_group("topology manager (the kubelet's flags)")
     tm.add_argument(
-        "--topology-manager-policy", default=None, metavar="POLICY",
+        "--topology-manager-policy",
+        default=None,
+        metavar="POLICY",
         help="none (default), best-effort, restricted or single-numa-node",
     )
     tm.add_argument("--topology-manager-scope", default=None, metavar="SCOPE", help="container (default) or pod")
     tm.add_argument(
-        "--topology-manager-policy-options", default=None, metavar="K=V,...",
+        "--topology-manager-policy-options",
+        default=None,
+        metavar="K=V,...",
         help="prefer-closest-numa-nodes=true, max-allowable-numa-nodes=N",
     )
     cpu.add_argument(
-        "--feature-gates", default=None, metavar="K=V,...",
+        "--feature-gates",
+        default=None,
+        metavar="K=V,...",
         help="CPUManagerPolicyAlphaOptions=true enables the alpha policy options (align-by-socket, distribute-cpus-across-cores)",
     )
 
@@ -154,7 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the machine's topology; starts nothing.",
     )
     _serve_flags(c)
-    c.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml", help="output format (default %(default)s)")
+    c.add_argument(
+        "-o", "--output", choices=["yaml", "json"], default="yaml", help="output format (default %(default)s)"
+    )
     c.set_defaults(func=_cmd("config_print"))
 
     p = sub.add_parser(
@@ -167,7 +216,13 @@ def build_parser() -> argparse.ArgumentParser:
         "printed. Exits 1 with the reason on stderr when the pod is refused, 2 when the manifest is malformed.",
     )
     p.add_argument(
-        "-f", "--filename", dest="files", action="append", required=True, type=Path, metavar="FILE",
+        "-f",
+        "--filename",
+        dest="files",
+        action="append",
+        required=True,
+        type=Path,
+        metavar="FILE",
         help="the pod manifest first ('-' for stdin), then the ResourceClaims it uses (resource.k8s.io v1 or v1beta1, "
         "as the scheduler left them: allocated, reserved for the pod)",
     )
@@ -195,7 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
     _output(p)
     p.set_defaults(func=_cmd("claims"))
 
-    p = sub.add_parser("pods", parents=[root], help="list the pods and what they hold", description="List the daemon's pods and what each container holds.")
+    p = sub.add_parser(
+        "pods",
+        parents=[root],
+        help="list the pods and what they hold",
+        description="List the daemon's pods and what each container holds.",
+    )
     _output(p)
     p.set_defaults(func=_cmd("pods"))
 
@@ -206,16 +266,41 @@ def build_parser() -> argparse.ArgumentParser:
         description="A real v1beta1 device plugin for demos and tests: serves its own socket in DIR/device-plugins, "
         "registers with kubelet.sock, lists N devices (dev-0..dev-N-1) spread over K NUMA nodes, answers Allocate "
         "with envs, device nodes, annotations and CDI names, and registers again when the kubelet (or eventsrc) "
-        "restarts. Mark devices unhealthy at runtime by writing {\"dev-3\": \"Unhealthy\"} to the health file.",
+        'restarts. Mark devices unhealthy at runtime by writing {"dev-3": "Unhealthy"} to the health file.',
     )
     p.add_argument("--resource", default="example.com/dev", help="extended resource name (default %(default)s)")
     p.add_argument("--devices", type=int, default=8, metavar="N", help="number of devices (default %(default)s)")
-    p.add_argument("--numa-nodes", type=int, default=2, metavar="K", help="NUMA nodes to spread them over; 0 for no topology (default %(default)s)")
-    p.add_argument("--preferred", action="store_true", help="offer GetPreferredAllocation (packs devices on one NUMA node)")
+    p.add_argument(
+        "--numa-nodes",
+        type=int,
+        default=2,
+        metavar="K",
+        help="NUMA nodes to spread them over; 0 for no topology (default %(default)s)",
+    )
+    p.add_argument(
+        "--preferred", action="store_true", help="offer GetPreferredAllocation (packs devices on one NUMA node)"
+    )
     p.add_argument("--pre-start", action="store_true", help="ask for PreStartContainer before every container start")
-    p.add_argument("--socket-name", default=None, metavar="NAME", help="socket file name in DIR/device-plugins (default sample-<resource>.sock)")
-    p.add_argument("--health-file", type=Path, default=None, metavar="FILE", help="JSON map of device id to health, read every 0.2 s (default DIR/plugins/sample-<resource>/health.json)")
-    p.add_argument("--calls-log", type=Path, default=None, metavar="FILE", help="append every Allocate / GetPreferredAllocation / PreStartContainer call to FILE as JSON lines")
+    p.add_argument(
+        "--socket-name",
+        default=None,
+        metavar="NAME",
+        help="socket file name in DIR/device-plugins (default sample-<resource>.sock)",
+    )
+    p.add_argument(
+        "--health-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="JSON map of device id to health, read every 0.2 s (default DIR/plugins/sample-<resource>/health.json)",
+    )
+    p.add_argument(
+        "--calls-log",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="append every Allocate / GetPreferredAllocation / PreStartContainer call to FILE as JSON lines",
+    )
     p.set_defaults(func=_cmd("sample_plugin"))
 
     p = sub.add_parser(
@@ -227,16 +312,51 @@ def build_parser() -> argparse.ArgumentParser:
         "DIR/plugins/<driver>/dra.sock, answers NodePrepareResources with devices named after each claim "
         "(CDI ids <driver>/device=<claim-name>-<n>), keeps the prepared claims in a JSON state file, and serves "
         "and registers again when its registration socket is removed. Failures are injected through a control "
-        "file read on every call: {\"fail_prepare\": [uid], \"fail_unprepare\": [uid], \"omit\": [uid], \"down\": true}.",
+        'file read on every call: {"fail_prepare": [uid], "fail_unprepare": [uid], "omit": [uid], "down": true}.',
     )
-    p.add_argument("--driver", required=True, metavar="NAME", help="the driver name (a DNS subdomain, e.g. gpu.example.com)")
-    p.add_argument("--state", type=Path, default=None, metavar="FILE", help="the prepared claims, as JSON (default DIR/plugins/<driver>/state.json)")
-    p.add_argument("--control-file", type=Path, default=None, metavar="FILE", help="failure injection, re-read on every call (default DIR/plugins/<driver>/control.json)")
-    p.add_argument("--fail-prepare", default="", metavar="UID,...", help="claim uids whose NodePrepareResources always fails")
-    p.add_argument("--versions", default="v1,v1beta1", metavar="V,...", help="DRA APIs to serve and advertise: v1, v1beta1 (default %(default)s)")
-    p.add_argument("--devices-per-claim", type=int, default=1, metavar="N", help="devices prepared for each claim (default %(default)s)")
-    p.add_argument("--pool", default="sample", metavar="NAME", help="pool name of the prepared devices (default %(default)s)")
-    p.add_argument("--calls-log", type=Path, default=None, metavar="FILE", help="append every call (GetInfo, NotifyRegistrationStatus, NodePrepareResources, NodeUnprepareResources) to FILE as JSON lines")
+    p.add_argument(
+        "--driver", required=True, metavar="NAME", help="the driver name (a DNS subdomain, e.g. gpu.example.com)"
+    )
+    p.add_argument(
+        "--state",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the prepared claims, as JSON (default DIR/plugins/<driver>/state.json)",
+    )
+    p.add_argument(
+        "--control-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="failure injection, re-read on every call (default DIR/plugins/<driver>/control.json)",
+    )
+    p.add_argument(
+        "--fail-prepare", default="", metavar="UID,...", help="claim uids whose NodePrepareResources always fails"
+    )
+    p.add_argument(
+        "--versions",
+        default="v1,v1beta1",
+        metavar="V,...",
+        help="DRA APIs to serve and advertise: v1, v1beta1 (default %(default)s)",
+    )
+    p.add_argument(
+        "--devices-per-claim",
+        type=int,
+        default=1,
+        metavar="N",
+        help="devices prepared for each claim (default %(default)s)",
+    )
+    p.add_argument(
+        "--pool", default="sample", metavar="NAME", help="pool name of the prepared devices (default %(default)s)"
+    )
+    p.add_argument(
+        "--calls-log",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="append every call (GetInfo, NotifyRegistrationStatus, NodePrepareResources, NodeUnprepareResources) to FILE as JSON lines",
+    )
     p.set_defaults(func=_cmd("sample_dra_driver"))
 
     p = sub.add_parser(
@@ -256,7 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print the records of the event log, oldest first. A corrupt record is "
         "named by its sequence and the rest are printed; the exit status is then 1.",
     )
-    p.add_argument("--from", dest="from_seq", type=int, default=1, metavar="SEQ", help="first sequence to print (default 1)")
+    p.add_argument(
+        "--from", dest="from_seq", type=int, default=1, metavar="SEQ", help="first sequence to print (default 1)"
+    )
     p.add_argument("--until", dest="until_seq", type=int, default=None, metavar="SEQ", help="last sequence to print")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new records as they are appended")
     _output(p)
@@ -284,8 +406,19 @@ def build_parser() -> argparse.ArgumentParser:
         "(the truth; snapshots are not trusted here unless --use-snapshot) and print them. "
         "Corrupt records are named; the exit status is then 1.",
     )
-    p.add_argument("--until", dest="until_seq", type=int, default=None, metavar="SEQ", help="the views as they were after record SEQ")
-    p.add_argument("--use-snapshot", action="store_true", help="start from the newest valid snapshot (faster; skips checking older records)")
+    p.add_argument(
+        "--until",
+        dest="until_seq",
+        type=int,
+        default=None,
+        metavar="SEQ",
+        help="the views as they were after record SEQ",
+    )
+    p.add_argument(
+        "--use-snapshot",
+        action="store_true",
+        help="start from the newest valid snapshot (faster; skips checking older records)",
+    )
     _output(p)
     p.set_defaults(func=_cmd("state"))
 
@@ -298,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(--step), or the invariants checked at every event (--check: stops at the first event that breaks one "
         "and prints it with the events sharing its correlation id; exit 1). Same as tools/replay/replay.py.",
     )
-    from eventsrc.replay import add_arguments as replay_arguments
+    from eventsrc.offline.replay import add_arguments as replay_arguments
 
     replay_arguments(p, path_required=False)
     p.set_defaults(func=_cmd("replay"))
@@ -319,7 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the topology file format, so a capture can be replayed elsewhere with --topology-file.",
     )
     src = c.add_mutually_exclusive_group()
-    src.add_argument("--sysfs-root", type=Path, default=None, metavar="DIR", help="the directory holding sys/ (default /)")
+    src.add_argument(
+        "--sysfs-root", type=Path, default=None, metavar="DIR", help="the directory holding sys/ (default /)"
+    )
     src.add_argument("--topology-file", type=Path, default=None, metavar="FILE", help="a topology file ('-' for stdin)")
     _output(c)
     c.set_defaults(func=_cmd("cpu_topology"))
@@ -337,7 +472,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--available", required=True, metavar="CPUSET", help="the free CPUs, in list form (e.g. 0-3,8)")
     c.add_argument("--count", type=int, required=True, metavar="N", help="how many CPUs to take")
     c.add_argument(
-        "--option", action="append", default=[], metavar="NAME=VALUE",
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
         help="a CPU manager policy option, e.g. full-pcpus-only=true (repeatable)",
     )
     c.set_defaults(func=_cmd("cpu_take"))
@@ -352,7 +490,13 @@ def build_parser() -> argparse.ArgumentParser:
         "runs on --root-dir, and when the log already has pods (unless --force). The checkpoints record no "
         "pod names or namespaces: imported pods have none.",
     )
-    p.add_argument("--device-checkpoint", type=Path, default=None, metavar="FILE", help="the device manager's kubelet_internal_checkpoint")
+    p.add_argument(
+        "--device-checkpoint",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the device manager's kubelet_internal_checkpoint",
+    )
     p.add_argument("--cpu-state", type=Path, default=None, metavar="FILE", help="the CPU manager's cpu_manager_state")
     p.add_argument("--dra-state", type=Path, default=None, metavar="FILE", help="the DRA manager's dra_manager_state")
     p.add_argument("--dry-run", action="store_true", help="print the events without writing anything")
@@ -378,7 +522,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("resource", metavar="RESOURCE", help="the extended resource name, e.g. example.com/gpu")
     a.add_argument("device_id", metavar="DEVICE_ID", help="the device id as its plugin lists it")
-    a.add_argument("--since", default=None, metavar="SEQ|TIME", help="from record SEQ, or from TIME (RFC 3339, e.g. 2026-11-21T23:40:00Z)")
+    a.add_argument(
+        "--since",
+        default=None,
+        metavar="SEQ|TIME",
+        help="from record SEQ, or from TIME (RFC 3339, e.g. 2026-11-21T23:40:00Z)",
+    )
     a.add_argument("--until", default=None, metavar="SEQ|TIME", help="up to record SEQ, or up to TIME (RFC 3339)")
     _output(a)
     a.set_defaults(func=_cmd("audit"))
@@ -444,9 +593,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--events", type=int, default=1_000_000, help="size of the replay log (default %(default)s)")
     b.add_argument("--writers", type=int, default=64, help="concurrent writers (default %(default)s)")
-    b.add_argument("--seconds", type=float, default=2.0, help="duration of each append measurement (default %(default)s)")
+    b.add_argument(
+        "--seconds", type=float, default=2.0, help="duration of each append measurement (default %(default)s)"
+    )
     b.add_argument("--rounds", type=int, default=3, help="rounds per figure; medians are printed (default %(default)s)")
-    b.add_argument("--snapshot-every", type=int, default=10_000, metavar="N", help="snapshot interval the restart figure assumes")
+    b.add_argument(
+        "--snapshot-every", type=int, default=10_000, metavar="N", help="snapshot interval the restart figure assumes"
+    )
     b.set_defaults(func=_cmd("bench_log"))
     b = bsub.add_parser(
         "devices",
@@ -458,7 +611,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--devices", type=int, default=256, help="devices of the sample plugin (default %(default)s)")
     b.add_argument("--clients", type=int, default=32, help="concurrent clients (default %(default)s)")
-    b.add_argument("--admissions", type=int, default=256, help="admissions per round with N clients (default %(default)s)")
+    b.add_argument(
+        "--admissions", type=int, default=256, help="admissions per round with N clients (default %(default)s)"
+    )
     b.add_argument("--rounds", type=int, default=3, help="rounds; medians are printed (default %(default)s)")
     b.add_argument("--rtt-calls", type=int, default=1000, help="round trips measured per round (default %(default)s)")
     b.set_defaults(func=_cmd("bench_devices"))
@@ -501,7 +656,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     # Where the root came from: serve takes a config file's rootDir only over the default.
-    args.root_dir_from = "flag" if hasattr(args, "root_dir") else "env" if "EVENTSRC_ROOT_DIR" in os.environ else "default"
+    args.root_dir_from = (
+        "flag" if hasattr(args, "root_dir") else "env" if "EVENTSRC_ROOT_DIR" in os.environ else "default"
+    )
     if not hasattr(args, "root_dir"):
         args.root_dir = Path(os.environ.get("EVENTSRC_ROOT_DIR", str(DEFAULT_ROOT)))
     args.root_dir = args.root_dir.absolute()

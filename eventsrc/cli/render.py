@@ -131,7 +131,12 @@ def views_tables(views: Views) -> list[Any]:
         claims.add_column(col)
     for uid, claim in views.claims.claims.items():
         claims.add_row(
-            f"{claim.namespace}/{claim.name}", uid, claim.driver, claim.state, ",".join(claim.pods) or "-", claim.error or "-"
+            f"{claim.namespace}/{claim.name}",
+            uid,
+            claim.driver,
+            claim.state,
+            ",".join(claim.pods) or "-",
+            claim.error or "-",
         )
     out.append(claims)
     return out
@@ -139,7 +144,7 @@ def views_tables(views: Views) -> list[Any]:
 
 def _cpus(ids: list[int]) -> str:
     """Kubelet list format: 0-3,8,10-11 ("-" when empty)."""
-    from eventsrc.core.cpuset import CPUSet
+    from eventsrc.core.cpu.cpuset import CPUSet
 
     return str(CPUSet(ids)) or "-"
 
@@ -147,12 +152,17 @@ def _cpus(ids: list[int]) -> str:
 def pod_json(info: Any) -> dict[str, Any]:
     from google.protobuf.json_format import MessageToDict
 
-    out: dict[str, Any] = MessageToDict(info, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    out: dict[str, Any] = MessageToDict(
+        info, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
     return out
 
 
 def pod_lines(info: Any) -> list[str]:
-    lines = [f"pod {info.namespace}/{info.name}  uid {info.uid}  {info.state}" + (f"  (seq {info.admitted_seq})" if info.admitted_seq else "")]
+    lines = [
+        f"pod {info.namespace}/{info.name}  uid {info.uid}  {info.state}"
+        + (f"  (seq {info.admitted_seq})" if info.admitted_seq else "")
+    ]
     for c in info.containers:
         got = []
         for r in c.resources:
@@ -171,7 +181,9 @@ def pod_lines(info: Any) -> list[str]:
             got.append("    claims (cdi): " + " ".join(c.claim_cdi_devices))
         if c.cpu_ids:
             got.append(f"    cpus: {_cpus(list(c.cpu_ids))} ({'exclusive' if c.exclusive_cpus else 'shared pool'})")
-        lines.append(f"  container {c.name} ({c.kind})" + ("" if got else ": nothing from the device, CPU or DRA managers"))
+        lines.append(
+            f"  container {c.name} ({c.kind})" + ("" if got else ": nothing from the device, CPU or DRA managers")
+        )
         lines.extend(got)
     return lines
 

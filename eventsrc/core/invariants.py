@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eventsrc import events as ev
-from eventsrc.core.cpuset import CPUSet, CPUSetParseError
+from eventsrc.core.cpu.cpuset import CPUSet, CPUSetParseError
 from eventsrc.events import CorruptRecordError, Record
 from eventsrc.state.apply import apply
 from eventsrc.state.views import Views
@@ -206,7 +206,14 @@ def shared_pool_violations(views: Views, group: list[Record]) -> list[Violation]
     for r in reversed(group):
         if isinstance(r.event, ev.SharedPoolChanged) and CPUSet(r.event.cpus) & both:
             owners = _owners(views, both)
-            return [_v("exclusive-in-shared-pool", f"shared pool {CPUSet(r.event.cpus)} holds cpus {both}, exclusive to {owners}", r, last)]
+            return [
+                _v(
+                    "exclusive-in-shared-pool",
+                    f"shared pool {CPUSet(r.event.cpus)} holds cpus {both}, exclusive to {owners}",
+                    r,
+                    last,
+                )
+            ]
     for r in reversed(group):
         if isinstance(r.event, ev.CPUsAssigned) and CPUSet(r.event.cpus) & both:
             e = r.event

@@ -37,7 +37,9 @@ def parse_quantity(text: str) -> Fraction:
     """A quantity ("2", "500m", "1.5", "1Gi", "1e3") as an exact number."""
     m = _QUANTITY.match(text.strip())
     if m is None:
-        raise QuantityError(f"quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {text!r}")
+        raise QuantityError(
+            f"quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {text!r}"
+        )
     sign, number, exponent, suffix = m.groups()
     value = Fraction(number)
     if exponent:

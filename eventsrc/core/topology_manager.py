@@ -49,7 +49,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from eventsrc.core.names import go_quote
+from eventsrc.core.devices.names import go_quote
 from eventsrc.errors import EventsrcError
 
 # --------------------------------------------------------------------------- names and messages
@@ -295,8 +295,7 @@ def new_policy_options(policy_options: Mapping[str, str] | None) -> PolicyOption
                 ) from None
             if n < DEFAULT_MAX_ALLOWABLE_NUMA_NODES:
                 raise TopologyManagerError(
-                    f"the minimum value of {go_quote(name)} should not be less than "
-                    f"{DEFAULT_MAX_ALLOWABLE_NUMA_NODES}"
+                    f"the minimum value of {go_quote(name)} should not be less than {DEFAULT_MAX_ALLOWABLE_NUMA_NODES}"
                 )
             # Above 8 the kubelet only logs a warning; admission may get slow.
             max_allowable = n
@@ -524,9 +523,7 @@ def none_scope_admit(container_names: Iterable[str]) -> Admission:
     return Admission(admit=True, hints={name: TopologyHint(None, False) for name in container_names})
 
 
-def container_scope_admit(
-    policy: Policy, containers: Iterable[tuple[str, Sequence[ProviderHints]]]
-) -> Admission:
+def container_scope_admit(policy: Policy, containers: Iterable[tuple[str, Sequence[ProviderHints]]]) -> Admission:
     """``containerScope.Admit``: one merge per container, init containers first.
 
     ``containers`` yields (name, that container's provider hints) in the kubelet's order; it
@@ -589,9 +586,7 @@ def new_numa_info(
         for node in numa_nodes:
             row = None if distances is None else distances.get(node)
             if row is None:
-                raise TopologyManagerError(
-                    "cannot discover NUMA topology: error getting NUMA distances from cadvisor"
-                )
+                raise TopologyManagerError("cannot discover NUMA topology: error getting NUMA distances from cadvisor")
             if len(row) <= max(numa_nodes):  # eventsrc's own check: Go would index out of range
                 raise TopologyManagerError(
                     f"NUMA distance row of node {node} has {len(row)} entries; "
@@ -614,9 +609,7 @@ def new_manager(
     opts = new_policy_options(options)
     numa_info = new_numa_info(numa_nodes, distances, opts)
     if len(numa_info.nodes) > opts.max_allowable_numa_nodes:
-        raise TopologyManagerError(
-            f"unsupported on machines with more than {opts.max_allowable_numa_nodes} NUMA Nodes"
-        )
+        raise TopologyManagerError(f"unsupported on machines with more than {opts.max_allowable_numa_nodes} NUMA Nodes")
     chosen: Policy
     if policy == POLICY_BEST_EFFORT:
         chosen = BestEffortPolicy(numa_info, opts)

@@ -42,7 +42,7 @@ class GroupCommitter:
         log: EventLog,
         on_commit: Callable[[list[Record]], None] | None = None,
     ) -> None:
-        self.log = log
+        self.event_log = log
         self._queue: list[PendingAppend] = []
         self._idle: Task | None = None  # the committer, parked while the queue is empty
         self._appended = trio.Event()
@@ -126,7 +126,11 @@ class GroupCommitter:
     def _fail_queued(self, failure: BaseException | None) -> None:
         """Wake every appender still queued with an error (the committer has stopped)."""
         batch, self._queue = self._queue, []
-        error = LogClosedError(f"the event log stopped before this append was committed: {failure!r}" if failure else "the event log is closed")
+        error = LogClosedError(
+            f"the event log stopped before this append was committed: {failure!r}"
+            if failure
+            else "the event log is closed"
+        )
         self._finish(batch, error)
 
     @staticmethod
@@ -148,7 +152,7 @@ class GroupCommitter:
                 # to this task, and the thread cannot be abandoned (its appenders must learn
                 # the outcome).
                 with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(self.log.commit, batch)
+                    await trio.to_thread.run_sync(self.event_log.commit, batch)
                 self.batches += 1
                 committed = [r for req in batch for r in req.records]
                 self.appended += len(committed)
@@ -156,7 +160,9 @@ class GroupCommitter:
                     # Before any appender resumes: they see their events in the views.
                     self._on_commit(committed)
             except BaseException as exc:
-                self._finish(batch, LogClosedError(f"the event log failed while committing or applying this append: {exc!r}"))
+                self._finish(
+                    batch, LogClosedError(f"the event log failed while committing or applying this append: {exc!r}")
+                )
                 raise
             self._finish(batch)
             appended, self._appended = self._appended, trio.Event()

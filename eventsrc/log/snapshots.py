@@ -23,7 +23,7 @@ import msgspec
 
 from eventsrc.events import CorruptRecordError, Record
 from eventsrc.log.store import EventLog
-from eventsrc.logs import get_logger
+from eventsrc.obs.logger import get_logger
 from eventsrc.state.apply import apply_all
 from eventsrc.state.views import Views
 

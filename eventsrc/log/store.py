@@ -279,7 +279,9 @@ class EventLog:
         if self.index_db is None:
             raise EventsrcError(f"the log at {self.path} has no index yet: run 'eventsrc serve' on it once to build it")
         if self._index_newer:
-            raise NewerLogError(f"the log at {self.path} has an index from a newer eventsrc: run that version to query it")
+            raise NewerLogError(
+                f"the log at {self.path} has an index from a newer eventsrc: run that version to query it"
+            )
         out = []
         start = prefix + max(from_seq, 1).to_bytes(8, "big")
         with self._txn_lock, self.env.begin(db=self.index_db) as txn:
@@ -290,7 +292,7 @@ class EventLog:
                         if not k.startswith(prefix):
                             break
                         continue
-                    seq = key_seq(k[len(prefix):])
+                    seq = key_seq(k[len(prefix) :])
                     if until_seq is not None and seq > until_seq:
                         break
                     out.append(seq)
@@ -342,9 +344,7 @@ class EventLog:
                 return
             start = seq_key(key_seq(chunk[-1][0]) + 1)
 
-    def records(
-        self, from_seq: int = 1, until_seq: int | None = None
-    ) -> Iterator[Record | CorruptRecordError]:
+    def records(self, from_seq: int = 1, until_seq: int | None = None) -> Iterator[Record | CorruptRecordError]:
         """Every record from ``from_seq`` to ``until_seq`` (inclusive), in order.
 
         A corrupt record is *yielded* as a ``CorruptRecordError`` (never skipped, never
@@ -401,7 +401,7 @@ class EventLog:
                     records.append(Record(last, ts, cid, ev.VERSION, ev))  # type: ignore[arg-type]
             except Exception as exc:  # an event that cannot be encoded fails its own append only
                 last, prev = marks[0], marks[1]
-                del items[marks[2]:], index[marks[3]:]
+                del items[marks[2] :], index[marks[3] :]
                 req.records = []
                 req.error = EventsrcError(f"cannot encode an event of this append: {exc!r}")
                 continue
@@ -459,7 +459,9 @@ class EventLog:
             self.abandon()  # no gap and no broken hash link for the next batch
             raise
 
-    def append(self, events: Sequence[_Event], correlation_id: str, ts_ns: int, expect_last: int | None = None) -> list[Record]:
+    def append(
+        self, events: Sequence[_Event], correlation_id: str, ts_ns: int, expect_last: int | None = None
+    ) -> list[Record]:
         """Synchronous single append (one transaction, one sync)."""
         req = PendingAppend(events, correlation_id, ts_ns, expect_last)
         self.commit([req])

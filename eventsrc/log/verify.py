@@ -45,7 +45,9 @@ def verify(log: EventLog) -> tuple[int, list[Finding]]:
             checked += 1
             if seq != expected:
                 for missing in range(expected, seq):
-                    findings.append(Finding(missing, "removed", f"record {missing} was removed (the sequence jumps to {seq})"))
+                    findings.append(
+                        Finding(missing, "removed", f"record {missing} was removed (the sequence jumps to {seq})")
+                    )
                 window.clear()
                 pending = None
             expected = seq + 1
@@ -61,7 +63,12 @@ def verify(log: EventLog) -> tuple[int, list[Finding]]:
             if broken and (crc_bad or (seq - 1, "altered") in {(f.seq, f.what) for f in findings[-2:]}):
                 broken = False  # already named: the damage is in this record or the one before
             swapped_at = None
-            if broken and pending == seq - 1 and (seq - 2) in window and prev_hash_of(value) == chain_hash(window[seq - 2]):
+            if (
+                broken
+                and pending == seq - 1
+                and (seq - 2) in window
+                and prev_hash_of(value) == chain_hash(window[seq - 2])
+            ):
                 findings.append(Finding(seq - 1, "reordered", f"records {seq - 1} and {seq} were swapped"))
                 pending = None
                 swapped_at = seq
@@ -75,7 +82,9 @@ def verify(log: EventLog) -> tuple[int, list[Finding]]:
         findings.append(_altered(pending))
     if anchor and anchor_seq and digest.digest() != anchor[8:]:
         findings.append(
-            Finding(anchor_seq, "anchor", f"a record written before the hash chain (1..{anchor_seq}) was altered or removed")
+            Finding(
+                anchor_seq, "anchor", f"a record written before the hash chain (1..{anchor_seq}) was altered or removed"
+            )
         )
     findings.sort(key=lambda f: f.seq)
     return checked, findings

@@ -138,15 +138,21 @@ class SamplePlugin(DevicePluginBase):
             responses.append(
                 pb.ContainerAllocateResponse(
                     envs={"SAMPLE_DEVICES": ",".join(ids), "SAMPLE_RESOURCE": self.resource},
-                    mounts=[pb.Mount(container_path="/var/run/sample", host_path=str(self.root / "plugins"), read_only=True)],
-                    devices=[pb.DeviceSpec(container_path=f"/dev/{d}", host_path="/dev/null", permissions="rw") for d in ids],
+                    mounts=[
+                        pb.Mount(container_path="/var/run/sample", host_path=str(self.root / "plugins"), read_only=True)
+                    ],
+                    devices=[
+                        pb.DeviceSpec(container_path=f"/dev/{d}", host_path="/dev/null", permissions="rw") for d in ids
+                    ],
                     annotations={f"{self.resource.split('/')[0]}/devices": ",".join(ids)},
                     cdi_devices=[pb.CDIDevice(name=f"{self.resource}={d}") for d in ids],
                 )
             )
         await stream.send_message(pb.AllocateResponse(container_responses=responses))
 
-    async def PreStartContainer(self, stream: Stream[pb.PreStartContainerRequest, pb.PreStartContainerResponse]) -> None:
+    async def PreStartContainer(
+        self, stream: Stream[pb.PreStartContainerRequest, pb.PreStartContainerResponse]
+    ) -> None:
         req = await stream.recv_message()
         assert req is not None
         self._record("PreStartContainer", device_ids=list(req.devices_ids))
@@ -212,7 +218,9 @@ class SamplePlugin(DevicePluginBase):
                     await asyncio.sleep(0.5)
                     continue
                 log.info("registered resource=%s socket=%s", self.resource, self.socket)
-                print(f"sample-plugin: registered {self.resource} ({len(self.numa)} devices) on {self.socket}", flush=True)
+                print(
+                    f"sample-plugin: registered {self.resource} ({len(self.numa)} devices) on {self.socket}", flush=True
+                )
                 while not stop.is_set():
                     if self._read_health():
                         changed, self._changed = self._changed, asyncio.Event()
@@ -233,10 +241,15 @@ class SamplePlugin(DevicePluginBase):
 
 
 def main(args: Any) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s", stream=sys.stderr
+    )
     root: Path = args.root_dir
     if not (root / "device-plugins").is_dir():
-        print(f"eventsrc: error: {root}/device-plugins does not exist (start the daemon, or give --root-dir)", file=sys.stderr)
+        print(
+            f"eventsrc: error: {root}/device-plugins does not exist (start the daemon, or give --root-dir)",
+            file=sys.stderr,
+        )
         return 1
     plugin = SamplePlugin(
         root,
@@ -251,7 +264,10 @@ def main(args: Any) -> int:
     )
     plugin.health_file.parent.mkdir(parents=True, exist_ok=True)
     if len(os.fsencode(plugin.socket)) > 107:
-        print(f"eventsrc: error: socket path {plugin.socket} is too long for a unix socket (use a shorter --root-dir)", file=sys.stderr)
+        print(
+            f"eventsrc: error: socket path {plugin.socket} is too long for a unix socket (use a shorter --root-dir)",
+            file=sys.stderr,
+        )
         return 1
 
     async def run() -> None:
@@ -263,4 +279,3 @@ def main(args: Any) -> int:
 
     asyncio.run(run())
     return 0
-

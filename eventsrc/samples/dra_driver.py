@@ -165,7 +165,9 @@ class SampleDriver:
         assert req is not None
         control = self._control()
         uids = [c.uid for c in req.claims]
-        self._record("NodePrepareResources", version=pb.__name__.split(".")[-2], claims=uids, down=bool(control.get("down")))
+        self._record(
+            "NodePrepareResources", version=pb.__name__.split(".")[-2], claims=uids, down=bool(control.get("down"))
+        )
         if control.get("down"):
             log.info("NodePrepareResources claims=%s answer=UNAVAILABLE (down)", ",".join(uids))
             raise GRPCError(Status.UNAVAILABLE, f"driver {self.driver} is down")
@@ -179,7 +181,9 @@ class SampleDriver:
                 outcome.append(f"{claim.uid}:omitted")
                 continue
             if claim.uid in fail:
-                resp.claims[claim.uid].error = f"injected failure preparing claim {claim.namespace}/{claim.name} ({claim.uid})"
+                resp.claims[
+                    claim.uid
+                ].error = f"injected failure preparing claim {claim.namespace}/{claim.name} ({claim.uid})"
                 outcome.append(f"{claim.uid}:failed")
                 continue
             devices = self.devices_for(claim.name)
@@ -188,7 +192,9 @@ class SampleDriver:
                 self.prepared[claim.uid] = entry
                 changed = True
             for device, cdi in devices:
-                resp.claims[claim.uid].devices.append(pb.Device(pool_name=self.pool, device_name=device, cdi_device_ids=[cdi]))
+                resp.claims[claim.uid].devices.append(
+                    pb.Device(pool_name=self.pool, device_name=device, cdi_device_ids=[cdi])
+                )
             outcome.append(f"{claim.uid}:prepared")
         if changed:
             self._save_state()
@@ -200,7 +206,9 @@ class SampleDriver:
         assert req is not None
         control = self._control()
         uids = [c.uid for c in req.claims]
-        self._record("NodeUnprepareResources", version=pb.__name__.split(".")[-2], claims=uids, down=bool(control.get("down")))
+        self._record(
+            "NodeUnprepareResources", version=pb.__name__.split(".")[-2], claims=uids, down=bool(control.get("down"))
+        )
         if control.get("down"):
             log.info("NodeUnprepareResources claims=%s answer=UNAVAILABLE (down)", ",".join(uids))
             raise GRPCError(Status.UNAVAILABLE, f"driver {self.driver} is down")
@@ -214,7 +222,9 @@ class SampleDriver:
                 outcome.append(f"{claim.uid}:omitted")
                 continue
             if claim.uid in fail:
-                resp.claims[claim.uid].error = f"injected failure unpreparing claim {claim.namespace}/{claim.name} ({claim.uid})"
+                resp.claims[
+                    claim.uid
+                ].error = f"injected failure unpreparing claim {claim.namespace}/{claim.name} ({claim.uid})"
                 outcome.append(f"{claim.uid}:failed")
                 continue
             if self.prepared.pop(claim.uid, None) is not None:
@@ -240,7 +250,10 @@ class SampleDriver:
         self._record("NotifyRegistrationStatus", registered=status.plugin_registered, error=status.error)
         if status.plugin_registered:
             log.info("NotifyRegistrationStatus registered=true")
-            print(f"sample-dra-driver: registered {self.driver} ({','.join(service_name(v) for v in self.versions)})", flush=True)
+            print(
+                f"sample-dra-driver: registered {self.driver} ({','.join(service_name(v) for v in self.versions)})",
+                flush=True,
+            )
         else:
             log.warning("NotifyRegistrationStatus registered=false error=%r", status.error)
 
@@ -352,7 +365,9 @@ def parse_versions(text: str) -> list[str]:
 
 
 def main(args: Any) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s", stream=sys.stderr
+    )
     try:
         versions = parse_versions(args.versions)
     except ValueError as exc:
@@ -371,7 +386,10 @@ def main(args: Any) -> int:
     )
     for sock in (driver.reg_socket, driver.dra_socket):
         if len(os.fsencode(sock)) > MAX_SOCKET_PATH:
-            print(f"eventsrc: error: socket path {sock} is too long for a unix socket (use a shorter --root-dir)", file=sys.stderr)
+            print(
+                f"eventsrc: error: socket path {sock} is too long for a unix socket (use a shorter --root-dir)",
+                file=sys.stderr,
+            )
             return 1
 
     async def run() -> None:

@@ -1,0 +1,337 @@
+"""``eventsrc bench devices``: one-device admissions through the node API, Allocate included.
+
+A daemon and the sample plugin run as their own processes under a temporary root; the
+clients (grpclib on asyncio) run here. Printed beside the figures, from the same run:
+a bare gRPC round trip to the same plugin (GetDevicePluginOptions) and one durable
+LMDB commit, the floor an admission cannot beat (it needs two round trips, CLI to
+daemon and daemon to plugin, and its intent must be durable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from grpclib.client import Channel
+
+from eventsrc.bench.log import lmdb_commits_per_second
+from eventsrc.errors import EventsrcError
+from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as dp
+from eventsrc.gen.deviceplugin.v1beta1.api_grpc import DevicePluginStub
+from eventsrc.gen.node.v1 import node_pb2 as pb
+from eventsrc.gen.node.v1.node_grpc import NodeStub
+from eventsrc.gen.podresources.v1 import api_pb2 as pr
+from eventsrc.gen.podresources.v1.api_grpc import PodResourcesListerStub
+
+RESOURCE = "example.com/bench"
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def _pod(i: int) -> pb.Pod:
+    return pb.Pod(
+        uid=str(uuid.uuid4()),
+        namespace="bench",
+        name=f"p{i}",
+        containers=[pb.Container(name="main", kind="app", limits={RESOURCE: "1"}, requests={RESOURCE: "1"})],
+    )
+
+
+async def _wait_devices(root: Path, n: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        channel = Channel(path=str(root / "pod-resources" / "kubelet.sock"))
+        try:
+            resp = await PodResourcesListerStub(channel).GetAllocatableResources(
+                pr.AllocatableResourcesRequest(), timeout=2
+            )
+            if sum(len(d.device_ids) for d in resp.devices) >= n:
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        finally:
+            channel.close()
+        await asyncio.sleep(0.1)
+    raise EventsrcError(f"the sample plugin's {n} devices did not show up within {timeout:g} s")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (all threads) a process has used so far: its POSIX CPU clock, as
+    ``clock_getcpuclockid(pid)`` would name it on Linux (exact, unlike /proc's ticks)."""
+    return time.clock_gettime(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
+
+
+class _CPU:
+    """CPU used per operation by the bench client (this process), the daemon and the
+    plugin over one measured phase: with one client the three work one after the other,
+    so a request's latency is about the sum (plus waits on the disk)."""
+
+    def __init__(self, daemon: int, plugin: int) -> None:
+        self.pids = {"daemon": daemon, "plugin": plugin}
+        self.used: dict[str, list[float]] = {"client": [], "daemon": [], "plugin": []}
+
+    @contextlib.contextmanager
+    def measure(self, ops: int) -> Iterator[None]:
+        before = {k: _cpu_seconds(p) for k, p in self.pids.items()}
+        client = time.process_time()
+        yield
+        n = max(ops, 1)
+        self.used["client"].append((time.process_time() - client) / n)
+        for k, p in self.pids.items():
+            self.used[k].append((_cpu_seconds(p) - before[k]) / n)
+
+    def median(self, who: str) -> float:
+        return statistics.median(self.used[who]) if self.used[who] else 0.0
+
+
+async def _round_trips(sock: Path, calls: int) -> list[float]:
+    channel = Channel(path=str(sock))
+    stub = DevicePluginStub(channel)
+    out = []
+    try:
+        for _ in range(50):
+            await stub.GetDevicePluginOptions(dp.Empty())
+        for _ in range(calls):
+            t = time.perf_counter()
+            await stub.GetDevicePluginOptions(dp.Empty())
+            out.append(time.perf_counter() - t)
+    finally:
+        channel.close()
+    return out
+
+
+async def _status_calls(api: Path, calls: int) -> None:
+    """Bare node API calls: what serving one request costs the daemon, with no work in it."""
+    channel = Channel(path=str(api))
+    stub = NodeStub(channel)
+    try:
+        for _ in range(calls):
+            await stub.Status(pb.StatusRequest())
+    finally:
+        channel.close()
+
+
+async def _admissions(api: Path, clients: int, per_client: int, start: int) -> tuple[list[float], float, list[str]]:
+    channels = [Channel(path=str(api)) for _ in range(clients)]
+    latencies: list[float] = []
+    uids: list[str] = []
+
+    async def client(k: int) -> None:
+        stub = NodeStub(channels[k])
+        for j in range(per_client):
+            p = _pod(start + k * per_client + j)
+            t = time.perf_counter()
+            await stub.Admit(pb.AdmitRequest(pod=p), timeout=30)
+            latencies.append(time.perf_counter() - t)
+            uids.append(p.uid)
+
+    try:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(k) for k in range(clients)))
+        wall = time.perf_counter() - t0
+    finally:
+        for c in channels:
+            c.close()
+    return latencies, wall, uids
+
+
+async def _open_loop(
+    api: Path, clients: int, rate: float, total: int, start: int
+) -> tuple[list[float], float, list[str]]:
+    """``clients`` clients sending ``rate`` admissions/s between them, evenly spaced
+    (latency counts from the moment each admission was due, so a lagging client shows)."""
+    channels = [Channel(path=str(api)) for _ in range(clients)]
+    latencies: list[float] = []
+    uids: list[str] = []
+    per_client = max(1, total // clients)
+    gap = clients / rate
+
+    async def client(k: int, t0: float) -> None:
+        stub = NodeStub(channels[k])
+        for j in range(per_client):
+            due = t0 + (k / clients + j) * gap
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            p = _pod(start + k * per_client + j)
+            await stub.Admit(pb.AdmitRequest(pod=p), timeout=30)
+            latencies.append(time.perf_counter() - due)
+            uids.append(p.uid)
+
+    try:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(k, t0) for k in range(clients)))
+        wall = time.perf_counter() - t0
+    finally:
+        for c in channels:
+            c.close()
+    return latencies, wall, uids
+
+
+async def _remove(api: Path, uids: list[str]) -> None:
+    channel = Channel(path=str(api))
+    stub = NodeStub(channel)
+    try:
+        sem = asyncio.Semaphore(16)
+
+        async def one(uid: str) -> None:
+            async with sem:
+                await stub.Remove(pb.RemoveRequest(pod=pb.PodSelector(uid=uid)), timeout=30)
+
+        await asyncio.gather(*(one(u) for u in uids))
+    finally:
+        channel.close()
+
+
+def run_devices_bench(
+    *, devices: int, clients: int, admissions: int, rounds: int, rtt_calls: int, offered: float = 500.0
+) -> None:
+    out = sys.stdout
+    tmp = Path(tempfile.mkdtemp(prefix="esb-", dir="/tmp"))
+    root = tmp / "r"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        log = open(tmp / "daemon.log", "wb")  # noqa: SIM115
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "eventsrc", "--log-level", "warning", "--root-dir", str(root), "serve"],
+                stdout=log,
+                stderr=log,
+            )
+        )
+        deadline = time.monotonic() + 30
+        while not (root / "device-plugins" / "kubelet.sock").exists():
+            if time.monotonic() > deadline or procs[0].poll() is not None:
+                raise EventsrcError(f"the daemon did not start; see {tmp / 'daemon.log'}")
+            time.sleep(0.05)
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "eventsrc",
+                    "--root-dir",
+                    str(root),
+                    "sample-plugin",
+                    "--resource",
+                    RESOURCE,
+                    "--devices",
+                    str(devices),
+                    "--numa-nodes",
+                    "2",
+                    "--socket-name",
+                    "bench.sock",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+        )
+        asyncio.run(_wait_devices(root, devices))
+        api = root / "eventsrc" / "api.sock"
+        out.write(
+            f"eventsrc bench devices: {os.cpu_count()} cpus, Python {sys.version.split()[0]}; daemon and sample plugin "
+            f"in their own processes; {devices} devices on 2 NUMA nodes; one-device pods; medians of {rounds} rounds\n\n"
+        )
+        rtts: list[float] = []
+        syncs: list[float] = []
+        rtt_cpu = _CPU(procs[0].pid, procs[1].pid)
+        one_cpu = _CPU(procs[0].pid, procs[1].pid)
+        status_cpu = _CPU(procs[0].pid, procs[1].pid)
+        one: dict[str, list[float]] = {"p50": [], "p99": [], "rate": []}
+        many: dict[str, list[float]] = {"p50": [], "p99": [], "rate": []}
+        paced: dict[str, list[float]] = {"p50": [], "p99": [], "rate": []}
+        per_client = max(1, min(admissions, devices) // clients)
+        for r in range(rounds):
+            with rtt_cpu.measure(rtt_calls):
+                trips = asyncio.run(_round_trips(root / "device-plugins" / "bench.sock", rtt_calls))
+            rtts.append(statistics.median(trips))
+            syncs.append(1.0 / lmdb_commits_per_second(tmp, 0.5))
+            with status_cpu.measure(rtt_calls):
+                asyncio.run(_status_calls(api, rtt_calls))
+            n_one = min(admissions, devices, 300)
+            with one_cpu.measure(n_one):
+                lat, wall, uids = asyncio.run(_admissions(api, 1, n_one, r * 100_000))
+            one["p50"].append(_pct(lat, 0.5))
+            one["p99"].append(_pct(lat, 0.99))
+            one["rate"].append(len(lat) / wall)
+            asyncio.run(_remove(api, uids))
+            lat, wall, uids = asyncio.run(_admissions(api, clients, per_client, r * 100_000 + 50_000))
+            many["p50"].append(_pct(lat, 0.5))
+            many["p99"].append(_pct(lat, 0.99))
+            many["rate"].append(len(lat) / wall)
+            asyncio.run(_remove(api, uids))
+            lat, wall, uids = asyncio.run(
+                _open_loop(api, clients, offered, min(admissions, devices), r * 100_000 + 80_000)
+            )
+            paced["p50"].append(_pct(lat, 0.5))
+            paced["p99"].append(_pct(lat, 0.99))
+            paced["rate"].append(len(lat) / wall)
+            asyncio.run(_remove(api, uids))
+
+        def med(xs: list[float]) -> float:
+            return statistics.median(xs)
+
+        rtt, sync = med(rtts), med(syncs)
+        floor = 2 * rtt + sync
+        out.write("floors (same run)\n")
+        out.write(f"  bare gRPC round trip to the plugin (p50)   {rtt * 1e6:8.0f} us\n")
+        out.write(f"  one durable LMDB commit                    {sync * 1e6:8.0f} us\n")
+        out.write(f"  2 round trips + 1 sync                     {floor * 1e6:8.0f} us\n")
+        out.write("admissions through the node API (Allocate included)\n")
+        p50 = med(one["p50"])
+        verdict = "ok" if p50 <= floor else f"{p50 / floor:.1f} x"
+        # The goal read literally: within (2 round trips + 1 sync) of the bare round trip.
+        beside = rtt + floor
+        verdict_beside = "ok" if p50 <= beside else f"{p50 / beside:.1f} x"
+        out.write(
+            f"  1 client    p50 {p50 * 1e6:7.0f} us  p99 {med(one['p99']) * 1e6:7.0f} us  "
+            f"{med(one['rate']):7.0f} admissions/s   (p50 <= 2 RTT + 1 sync = {floor * 1e6:.0f} us: {verdict}; "
+            f"p50 <= RTT + 2 RTT + 1 sync = {beside * 1e6:.0f} us: {verdict_beside})\n"
+        )
+        c, d, pl = (one_cpu.median(k) for k in ("client", "daemon", "plugin"))
+        out.write(
+            f"  where a 1-client admission's time goes (CPU per admission; the three work in turn):\n"
+            f"    bench client (grpclib)   {c * 1e6:6.0f} us   (per bare round trip: {rtt_cpu.median('client') * 1e6:.0f} us)\n"
+            f"    sample plugin            {pl * 1e6:6.0f} us   (per bare round trip: {rtt_cpu.median('plugin') * 1e6:.0f} us)\n"
+            f"    daemon                   {d * 1e6:6.0f} us   (node API call, plan, 2 durable appends, Allocate call; "
+            f"a bare node API call costs it {status_cpu.median('daemon') * 1e6:.0f} us)\n"
+            f"    sum                      {(c + d + pl) * 1e6:6.0f} us   beside p50 {p50 * 1e6:.0f} us\n"
+            f"    what the goal leaves the daemon: {floor * 1e6:.0f} - client - plugin = {(floor - c - pl) * 1e6:.0f} us "
+            f"(strict), {(beside - c - pl) * 1e6:.0f} us (literal)\n"
+        )
+        ok_rate = "ok" if med(many["rate"]) >= 500 else "BELOW 500/s"
+        out.write(
+            f"  {clients} clients  p50 {med(many['p50']) * 1e6:7.0f} us  p99 {med(many['p99']) * 1e6:7.0f} us  "
+            f"{med(many['rate']):7.0f} admissions/s   (as fast as they can; >= 500/s: {ok_rate})\n"
+        )
+        ok_p99 = "ok" if med(paced["p99"]) < 0.010 else "ABOVE 10 ms"
+        out.write(
+            f"  {clients} clients  p50 {med(paced['p50']) * 1e6:7.0f} us  p99 {med(paced['p99']) * 1e6:7.0f} us  "
+            f"{med(paced['rate']):7.0f} admissions/s   (paced at {offered:g}/s between them; p99 < 10 ms: {ok_p99})\n"
+        )
+        out.write(
+            f"  (with {clients} clients always waiting, latency = {clients} / throughput (Little's law): "
+            f"p99 under 10 ms as fast as they can would take over {clients / 0.010:,.0f} admissions/s)\n"
+        )
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,95 @@
+"""Device manager decisions: what a ListAndWatch message changed, what a restart must
+finish, what a removal releases. Pure: views in, events out.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from eventsrc import events as ev
+from eventsrc.state.views import DeviceView, Views
+
+
+def list_and_watch_events(resource: str, known: dict[str, DeviceView], update: list[ev.DeviceInfo]) -> list[ev._Event]:
+    """The events that turn the known devices of ``resource`` into ``update`` (the whole list).
+
+    Held devices that vanish from the list are removed from the list of devices but stay
+    held by their containers (the device view keeps a held device until it is released).
+    """
+    out: list[ev._Event] = []
+    new = {d.id: d for d in update}
+    added = [d for d in update if d.id not in known]
+    if added:
+        out.append(ev.DevicesAdded(resource=resource, devices=added))
+    for device_id, d in new.items():
+        old = known.get(device_id)
+        if old is not None and (old.health != d.health or old.numa_nodes != list(d.numa_nodes)):
+            out.append(
+                ev.DeviceHealthChanged(
+                    resource=resource, device_id=device_id, health=d.health, numa_nodes=list(d.numa_nodes)
+                )
+            )
+    gone = [device_id for device_id in known if device_id not in new]
+    if gone:
+        out.append(ev.DevicesRemoved(resource=resource, device_ids=gone, reason="not in the plugin's list"))
+    return out
+
+
+def holdings(views: Views, pod_uid: str) -> dict[tuple[str, str], list[str]]:
+    """(container, resource) -> device ids that ``pod_uid`` holds, reserved or allocated."""
+    prefix = pod_uid + "/"
+    out: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for resource, table in views.devices.devices.items():
+        for device_id, d in table.items():
+            if d.holder.startswith(prefix):
+                out[(d.holder[len(prefix) :], resource)].append(device_id)
+    return dict(out)
+
+
+def release_events(views: Views, pod_uid: str, reason: str) -> list[ev._Event]:
+    """Release every device and exclusive CPU ``pod_uid`` holds."""
+    out: list[ev._Event] = []
+    for (container, resource), ids in sorted(holdings(views, pod_uid).items()):
+        out.append(
+            ev.DevicesReleased(
+                pod_uid=pod_uid, container=container, resource=resource, device_ids=sorted(ids), reason=reason
+            )
+        )
+    for container, cpus in sorted(views.cpus.assignments.get(pod_uid, {}).items()):
+        out.append(ev.CPUsReleased(pod_uid=pod_uid, container=container, cpus=cpus, reason=reason))
+    return out
+
+
+def remove_pod_events(views: Views, pod_uid: str, reason: str) -> list[ev._Event]:
+    return [*release_events(views, pod_uid, reason), ev.PodRemoved(pod_uid=pod_uid, reason=reason)]
+
+
+def restart_events(views: Views) -> list[ev._Event]:
+    """What a start must finish from the previous run, decided from the log alone.
+
+    * a pod whose admission had started but not ended was never acknowledged: its
+      reservations and allocations are released and the admission is refused;
+    * a device held by a pod the views do not know (never admitted) is released;
+    * plugins that were connected are not any more: they must register again.
+    """
+    out: list[ev._Event] = []
+    reason = "the daemon restarted during the admission"
+    holders = {
+        d.holder.split("/", 1)[0] for table in views.devices.devices.values() for d in table.values() if d.holder
+    }
+    for uid, pod in views.pods.pods.items():
+        if pod.state == "admitting":
+            out += release_events(views, uid, reason)
+            out.append(
+                ev.AdmissionRejected(pod=ev.PodRef(uid=uid, namespace=pod.namespace, name=pod.name), reason=reason)
+            )
+    for uid in sorted(holders - views.pods.pods.keys()):
+        out += release_events(views, uid, "held by a pod that was never admitted")
+    for plugin in [*views.devices.plugins.values(), *views.claims.drivers.values()]:
+        if plugin.connected:
+            out.append(
+                ev.PluginDisconnected(
+                    resource=plugin.resource, endpoint=plugin.endpoint, kind=plugin.kind, reason="the daemon restarted"
+                )
+            )
+    return out

@@ -1,0 +1,398 @@
+"""The daemon's configuration: the file's schema, flags over the file, and its checks.
+
+    eventsrc serve --config FILE [flags]
+
+``Configuration`` is the file (YAML, or TOML when the name ends in ``.toml``), decoded
+strictly: an unknown key or a value of the wrong type is one line naming the key. Fields
+that mean what a KubeletConfiguration field means have its name (``cpuManagerPolicy``,
+``reservedSystemCPUs``, ``featureGates``, ...); durations are Go durations ("30s", "5m").
+A flag given on the command line overrides the file; what neither sets has its default.
+The result, ``recorded(cfg)``, is what ``DaemonStarted`` records, and a difference from
+the previous start's is a ``ConfigurationChanged`` (``changes``).
+
+Everything here is pure but ``load`` (reads the file).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from eventsrc import events as ev
+from eventsrc.core.cpu.assignment import parse_policy_options
+from eventsrc.core.cpu.cpuset import CPUSet
+from eventsrc.core.topology_manager import new_policy_options, validate_config
+from eventsrc.errors import EventsrcError
+
+API_VERSION = "eventsrc/v1alpha1"
+KIND = "EventsrcConfiguration"
+
+
+class ConfigError(EventsrcError):
+    """A configuration file or value that cannot be used; the message names the key."""
+
+
+# --------------------------------------------------------------------------- durations
+
+
+_UNITS = {
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "μs": 1_000,
+    "ms": 1_000_000,
+    "s": 10**9,
+    "m": 60 * 10**9,
+    "h": 3600 * 10**9,
+}
+_DURATION = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+class Duration:
+    """A Go duration ("30s", "5m", "1m30s", "500ms"), as the kubelet's config files hold
+    them; whole nanoseconds. ``str()`` is Go's ``Duration.String()``."""
+
+    __slots__ = ("ns",)
+
+    def __init__(self, ns: int) -> None:
+        if ns < 0:
+            raise ValueError("a duration must not be negative")
+        self.ns = ns
+
+    @classmethod
+    def of_seconds(cls, seconds: float) -> Duration:
+        return cls(round(seconds * 10**9))
+
+    @classmethod
+    def parse(cls, text: str) -> Duration:
+        """Go's ``time.ParseDuration`` (without a sign: nothing here may be negative)."""
+        if text == "0":
+            return cls(0)
+        pos, ns = 0, 0.0
+        for m in _DURATION.finditer(text):
+            if m.start() != pos:
+                break
+            ns += float(m.group(1)) * _UNITS[m.group(2)]
+            pos = m.end()
+        if pos == 0 or pos != len(text):
+            raise ValueError(f'invalid duration "{text}" (expected e.g. "30s", "5m", "1m30s")')
+        return cls(round(ns))
+
+    @property
+    def seconds(self) -> float:
+        return self.ns / 10**9
+
+    def __str__(self) -> str:
+        ns = self.ns
+        if ns == 0:
+            return "0s"
+        if ns < 1_000:
+            return f"{ns}ns"
+        if ns < 1_000_000:
+            return _frac(ns, 1_000) + "µs"
+        if ns < 10**9:
+            return _frac(ns, 1_000_000) + "ms"
+        hours, rest = divmod(ns, 3600 * 10**9)
+        minutes, rest = divmod(rest, 60 * 10**9)
+        out = f"{hours}h" if hours else ""
+        if hours or minutes:
+            out += f"{minutes}m"
+        return out + _frac(rest, 10**9) + "s"
+
+    def __repr__(self) -> str:
+        return f"Duration({str(self)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Duration) and other.ns == self.ns
+
+    def __hash__(self) -> int:
+        return hash(self.ns)
+
+
+def _frac(value: int, unit: int) -> str:
+    whole, part = divmod(value, unit)
+    if not part:
+        return str(whole)
+    digits = str(part).rjust(len(str(unit)) - 1, "0").rstrip("0")
+    return f"{whole}.{digits}"
+
+
+def parse_seconds_or_duration(text: str) -> Duration:
+    """A flag's value: seconds ("30", "0.5") or a Go duration ("30s", "5m")."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        return Duration.parse(text)
+    if seconds < 0 or seconds != seconds or seconds == float("inf"):
+        raise ValueError(f"{text!r} is not a duration (seconds must be a finite number, not negative)")
+    return Duration.of_seconds(seconds)
+
+
+def _dec_hook(t: type, obj: Any) -> Any:
+    if t is Duration:
+        if isinstance(obj, Duration):
+            return obj
+        if not isinstance(obj, str):
+            raise TypeError(f'expected a duration string like "30s" or "5m", got {type(obj).__name__}')
+        return Duration.parse(obj)
+    raise NotImplementedError
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, Duration):
+        return str(obj)
+    raise NotImplementedError
+
+
+# --------------------------------------------------------------------------- the schema
+
+
+class Configuration(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    """The configuration file's fields; a missing one has the default shown here."""
+
+    api_version: str = ""  # optional; API_VERSION when given
+    kind: str = ""  # optional; KIND when given
+    root_dir: str = ""  # "" is --root-dir's default
+    # The kubelet's (KubeletConfiguration) fields, with its names and meanings.
+    cpu_manager_policy: Literal["none", "static"] = "none"
+    cpu_manager_policy_options: dict[str, str] = {}
+    reserved_system_cpus: str = msgspec.field(default="", name="reservedSystemCPUs")
+    feature_gates: dict[str, bool] = {}
+    topology_manager_policy: str = "none"
+    topology_manager_scope: str = "container"
+    topology_manager_policy_options: dict[str, str] = {}
+    # eventsrc's own.
+    reserved_cpu_count: Annotated[int, msgspec.Meta(ge=0)] = msgspec.field(default=0, name="reservedCPUCount")
+    topology_file: str = ""  # "" reads the topology from sysfs
+    sysfs_root: str = "/"
+    snapshot_every: Annotated[int, msgspec.Meta(ge=1)] = 10_000
+    admission_wait: Duration = Duration.of_seconds(30)
+    plugin_grace_period: Duration = Duration.of_seconds(300)
+    metrics_address: str = ""  # host:port; "" serves no metrics
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+#: Each field that a ``serve`` flag sets: the field's name in the file -> the flag.
+FLAGS: Mapping[str, str] = {
+    "rootDir": "--root-dir",
+    "cpuManagerPolicy": "--cpu-manager-policy",
+    "cpuManagerPolicyOptions": "--cpu-manager-policy-options",
+    "reservedSystemCPUs": "--reserved-cpus",
+    "featureGates": "--feature-gates",
+    "topologyManagerPolicy": "--topology-manager-policy",
+    "topologyManagerScope": "--topology-manager-scope",
+    "topologyManagerPolicyOptions": "--topology-manager-policy-options",
+    "reservedCPUCount": "--reserved-cpu-count",
+    "topologyFile": "--topology-file",
+    "sysfsRoot": "--sysfs-root",
+    "snapshotEvery": "--snapshot-every",
+    "admissionWait": "--admission-wait",
+    "pluginGracePeriod": "--plugin-grace",
+    "metricsAddress": "--metrics-address",
+    "logFormat": "--log-format",
+    "logLevel": "--log-level",
+}
+
+_FIELDS = {f.encode_name: f for f in msgspec.structs.fields(Configuration)}
+_PATH_FIELDS = ("rootDir", "topologyFile", "sysfsRoot")
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_UNKNOWN = re.compile(r"Object contains unknown field `(?P<key>[^`]*)`")
+
+
+def _explain(err: msgspec.ValidationError, data: Mapping[str, Any]) -> tuple[str, str, str]:
+    """msgspec's error as (field, key, what is wrong), naming the key (of a map, too)."""
+    text = str(err)
+    unknown = _UNKNOWN.search(text)
+    if unknown:
+        key = unknown.group("key")
+        close = difflib.get_close_matches(key, list(_FIELDS), n=1, cutoff=0.6)
+        return key, "", f"unknown field '{key}'" + (f"; did you mean '{close[0]}'?" if close else "")
+    if "`key` in" in text:
+        return "", "", "every key must be a string"
+    m = _AT.match(text)
+    assert m is not None
+    what, path = m.group("what").replace("`", ""), (m.group("path") or "").lstrip(".")
+    name = re.split(r"[.\[]", path, maxsplit=1)[0]
+    if path.endswith("[...]") and isinstance(data.get(name), Mapping):
+        # Name the map's key: msgspec says only that one of its values is wrong.
+        value_type = dict[str, bool] if name == "featureGates" else dict[str, str]
+        for key, value in data[name].items():
+            try:
+                msgspec.convert({key: value}, value_type)
+            except msgspec.ValidationError:
+                path = f"{name}[{key!r}]"
+                break
+    what = what.replace("Invalid enum value", "invalid value")
+    allowed = _choices(name)
+    if allowed and what.startswith("invalid value"):
+        what += f" (expected one of: {', '.join(allowed)})"
+    return name, path, what[:1].lower() + what[1:]
+
+
+def _choices(name: str) -> tuple[str, ...]:
+    f = _FIELDS.get(name)
+    if f is None or getattr(f.type, "__origin__", None) is not Literal:
+        return ()
+    return tuple(a for a in f.type.__args__ if isinstance(a, str))
+
+
+def decode(data: bytes, name: str) -> Configuration:
+    """The configuration in ``data`` (TOML when ``name`` ends in .toml, else YAML)."""
+    if name.endswith(".toml"):
+        import tomllib
+
+        try:
+            obj: Any = tomllib.loads(data.decode("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {name}: not valid TOML: {exc}") from None
+    else:
+        import yaml
+
+        try:
+            obj = yaml.safe_load(data)
+        except yaml.YAMLError as exc:
+            where = ""
+            mark = getattr(exc, "problem_mark", None)
+            if mark is not None:
+                where = f" at line {mark.line + 1} column {mark.column + 1}"
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ConfigError(f"config file {name}: not valid YAML: {problem}{where}") from None
+    if obj is None:
+        obj = {}
+    if not isinstance(obj, dict):
+        raise ConfigError(f"config file {name}: expected a mapping of fields, got {type(obj).__name__}")
+    try:
+        cfg = msgspec.convert(obj, Configuration, dec_hook=_dec_hook)
+    except msgspec.ValidationError as err:
+        _, key, what = _explain(err, obj)
+        raise ConfigError(f"config file {name}: {key}: {what}" if key else f"config file {name}: {what}") from None
+    if cfg.api_version and cfg.api_version != API_VERSION:
+        raise ConfigError(f"config file {name}: apiVersion: {cfg.api_version!r} is not {API_VERSION!r}")
+    if cfg.kind and cfg.kind != KIND:
+        raise ConfigError(f"config file {name}: kind: {cfg.kind!r} is not {KIND!r}")
+    return cfg
+
+
+def resolve_paths(cfg: Configuration, base: Path) -> Configuration:
+    """Relative paths in a file are relative to the file's directory, as in the kubelet's."""
+    changes = {}
+    for name in _PATH_FIELDS:
+        attr = _FIELDS[name].name
+        value = getattr(cfg, attr)
+        if value and not Path(value).is_absolute():
+            changes[attr] = str(base / value)
+    return msgspec.structs.replace(cfg, **changes) if changes else cfg
+
+
+def load(path: Path) -> Configuration:
+    """Read and decode the configuration file at ``path``."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+    return resolve_paths(decode(data, str(path)), path.absolute().parent)
+
+
+def merge(base: Configuration, overrides: Mapping[str, Any]) -> Configuration:
+    """``base`` with the fields in ``overrides`` (file names, flag values) replaced."""
+    if not overrides:
+        return base
+    fields = msgspec.to_builtins(base, enc_hook=_enc_hook)
+    for name, value in overrides.items():
+        fields[name] = str(value) if isinstance(value, Duration) else value
+    try:
+        return msgspec.convert(fields, Configuration, dec_hook=_dec_hook)
+    except msgspec.ValidationError as err:
+        name, _, what = _explain(err, fields)
+        raise ConfigError(f"{FLAGS.get(name, name)}: {what}") from None
+
+
+_GO_BOOL = {"1": True, "t": True, "T": True, "TRUE": True, "true": True, "True": True} | {
+    "0": False,
+    "f": False,
+    "F": False,
+    "FALSE": False,
+    "false": False,
+    "False": False,
+}
+
+
+def parse_map(text: str, flag: str) -> dict[str, str]:
+    """``k=v,k=v``, as the kubelet's map flags take it."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{flag}: {part!r} is not KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def parse_feature_gates(text: str, flag: str = "--feature-gates") -> dict[str, bool]:
+    """``Name=true,Other=false``; the values as Go's ``strconv.ParseBool`` reads them."""
+    out = {}
+    for key, value in parse_map(text, flag).items():
+        if value not in _GO_BOOL:
+            raise ConfigError(f"{flag}: invalid value of {key}={value}: expected true or false")
+        out[key] = _GO_BOOL[value]
+    return out
+
+
+def check(cfg: Configuration) -> None:
+    """What the kubelet checks before it starts, short of the machine (serve checks the
+    rest against the topology): the policy names, their options, the reserved CPU list."""
+
+    def wrap(name: str, err: Exception) -> ConfigError:
+        return ConfigError(f"invalid configuration: {name} ({FLAGS[name]}): {err}")
+
+    validate_config(cfg.topology_manager_policy, cfg.topology_manager_scope)
+    if cfg.topology_manager_policy != "none":
+        try:
+            new_policy_options(cfg.topology_manager_policy_options)
+        except EventsrcError as err:
+            raise wrap("topologyManagerPolicyOptions", err) from None
+    try:
+        parse_policy_options(
+            cfg.cpu_manager_policy_options,
+            alpha_enabled=cfg.feature_gates.get("CPUManagerPolicyAlphaOptions", False),
+            beta_enabled=cfg.feature_gates.get("CPUManagerPolicyBetaOptions", True),
+        )
+    except EventsrcError as err:
+        raise wrap("cpuManagerPolicyOptions", err) from None
+    if cfg.reserved_system_cpus:
+        try:
+            CPUSet.parse(cfg.reserved_system_cpus)
+        except ValueError as err:
+            raise wrap("reservedSystemCPUs", err) from None
+
+
+# --------------------------------------------------------------------------- printing and recording
+
+
+def to_builtins(cfg: Configuration) -> dict[str, Any]:
+    """Every field by its name in the file, durations as strings: what ``config print`` shows."""
+    out: dict[str, Any] = msgspec.to_builtins(cfg, enc_hook=_enc_hook)
+    out["apiVersion"], out["kind"] = API_VERSION, KIND
+    return {"apiVersion": out.pop("apiVersion"), "kind": out.pop("kind"), **out}
+
+
+def recorded(cfg: Configuration) -> dict[str, Any]:
+    """What a start records (``DaemonStarted.config``) and compares with the previous one's."""
+    out = to_builtins(cfg)
+    del out["apiVersion"], out["kind"]
+    return out
+
+
+def changes(previous: Mapping[str, Any], current: Mapping[str, Any]) -> ev.ConfigurationChanged | None:
+    """The event for a start whose configuration differs from the one last recorded
+    (none for the first start: there is nothing to differ from)."""
+    if not previous or dict(previous) == dict(current):
+        return None
+    changed = sorted(k for k in previous.keys() | current.keys() if previous.get(k) != current.get(k))
+    return ev.ConfigurationChanged(old=dict(previous), new=dict(current), changed=changed)

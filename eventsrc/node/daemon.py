@@ -1,0 +1,436 @@
+"""The daemon: one trio task tree that wires the edges to the log and the views.
+
+    serve()                        (inside one trio-asyncio loop, for grpclib)
+      ├─ GroupCommitter.run      appends; applies each committed batch to the views
+      ├─ serve_http(HealthApp)   --metrics-address: /metrics, /healthz, /readyz (eventsrc/obs/metrics.py)
+      ├─ DeviceManager.run       device-plugins/kubelet.sock, one task per plugin endpoint
+      ├─ serve_unix_trio(Node)   eventsrc/api.sock: admit, remove, list pods (trio-native)
+      ├─ serve_unix(PodResources) pod-resources/kubelet.sock
+      ├─ Daemon.scrub            checks every record written before this start
+      ├─ Daemon.snapshot_loop    writes a snapshot every ``snapshot_every`` records
+      └─ (waits for SIGTERM / SIGINT, records DaemonStopped, writes a snapshot)
+
+State changes only through ``Daemon.record``: append, and once the commit is durable,
+apply to the views. At start, before any socket is served, the daemon records what the
+previous run left unfinished (``core.devices.restart_events``).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio_asyncio
+
+from eventsrc import __version__
+from eventsrc import events as ev
+from eventsrc.api.node import NodeService, status_response
+from eventsrc.api.podresources import PodResourcesService
+from eventsrc.core.cpu.assignment import StaticPolicyOptions
+from eventsrc.core.cpu.cpuset import CPUSet
+from eventsrc.core.cpu.static import CPUManagerConfig, allocatable_cpus, pool_events, startup_events
+from eventsrc.core.cpu.topology import single_cpu_topology
+from eventsrc.core.devices.holds import restart_events
+from eventsrc.core.topology_manager import TopologyManager, parse_topology_manager
+from eventsrc.errors import NewerLogError
+from eventsrc.events import CorruptRecordError, FutureRecordError, Record, newer_unreadable
+from eventsrc.gen.node.v1 import node_pb2
+from eventsrc.inputs.config import Configuration, Duration
+from eventsrc.inputs.config import changes as configuration_changes
+from eventsrc.inputs.config import recorded as recorded_config
+from eventsrc.layout import Layout
+from eventsrc.log.commit import GroupCommitter
+from eventsrc.log.snapshots import (
+    encode_snapshot,
+    load_views,
+    remove_stale_temporaries,
+    write_snapshot,
+)
+from eventsrc.log.store import DirLock, EventLog
+from eventsrc.node.admission import DEFAULT_ADMISSION_WAIT, Admission
+from eventsrc.node.device_manager import DEFAULT_GRACE, DeviceManager, RegistryHandler
+from eventsrc.node.dra_manager import DRAManager
+from eventsrc.node.plugin_watcher import PluginWatcher
+from eventsrc.obs import systemd
+from eventsrc.obs.logger import current_correlation_id, get_logger
+from eventsrc.obs.metrics import (
+    STALL_SECONDS,
+    HealthApp,
+    Metrics,
+    check_address,
+    parse_address,
+    serve_http,
+)
+from eventsrc.rpc.bridge import (
+    MAX_MESSAGE_BYTES,
+    check_socket_path,
+    limit_received_messages,
+    serve_unix,
+)
+from eventsrc.rpc.native_server import serve_unix_trio
+from eventsrc.state.apply import apply_all
+from eventsrc.state.views import Views
+
+log = get_logger("eventsrc.node.daemon")
+
+DEFAULT_SNAPSHOT_EVERY = 10_000
+
+
+def machine_boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def refuse_newer_records(event_log: EventLog, views: Views) -> None:
+    """Raise NewerLogError when the log holds records of a newer eventsrc that this one cannot
+    read (docs/adr/0010). The restart rules and every decision would work on views that
+    miss them, and what this daemon wrote next (releases, refusals) would contradict that
+    version's history. Read-only commands still show them, raw."""
+    found = event_log.read_many(sorted(views.meta.corrupt))
+    newer = [r for r in found if newer_unreadable(r)]
+    if newer:
+        first = newer[0]
+        raise NewerLogError(
+            f"{len(newer)} record(s) of the log were written by a newer eventsrc (the first: {first.seq}, "
+            f"{first.type_name} v{first.version}; the last daemon started here was {views.meta.version or 'unknown'}, "
+            f"this is {__version__}): this daemon does not write on a log it cannot read; run the newer version "
+            "('eventsrc log', 'state', 'audit' and 'backup' still work)"
+        )
+
+
+class Daemon:
+    def __init__(
+        self,
+        layout: Layout,
+        log_: EventLog,
+        views: Views,
+        snapshot_every: int,
+        admission_wait: float = DEFAULT_ADMISSION_WAIT,
+        grace: float = DEFAULT_GRACE,
+        cpus: CPUManagerConfig | None = None,
+        topology: TopologyManager | None = None,
+    ) -> None:
+        self.layout = layout
+        self.cpus = cpus or CPUManagerConfig("none", single_cpu_topology(), CPUSet(), StaticPolicyOptions())
+        self.topology = topology or parse_topology_manager(
+            "none", "container", {}, self.cpus.topology.cpu_details.numa_nodes().sorted_list()
+        )
+        self.event_log = log_
+        self.views = views
+        self.snapshot_every = snapshot_every
+        self.committer = GroupCommitter(log_, on_commit=self._applied)
+        self.boot_id = machine_boot_id()
+        self.instance_id = uuid.uuid4().hex
+        self._snapshot_seq = views.meta.last_seq
+        self._snapshot_due = trio.Event()
+        self._snapshot_lock = trio.Lock()  # one snapshot written at a time
+        self.ready = False
+        self.not_ready = "starting: the sockets are not served yet"  # /readyz's reason
+        self.metrics = Metrics(
+            log_bytes=log_.disk_bytes,
+            last_seq=lambda: self.views.meta.last_seq,
+            corrupt_records=lambda: len(self.views.meta.corrupt),
+        )
+        self.metrics_address: str | None = None  # as bound (port 0 resolved)
+        # For /healthz: appends in flight, since when, and when the last commit landed.
+        self._appending = 0
+        self._appending_since = self._last_commit = time.monotonic()
+        self.devices = DeviceManager(self, grace=grace)
+        self.dra = DRAManager(self)
+        self.admission = Admission(self, self.devices, wait=admission_wait)
+
+    def node_service(self) -> NodeService:
+        def status() -> node_pb2.StatusResponse:
+            sockets = [str(p) for p in (self.layout.api_socket, self.devices.socket, self.layout.pod_resources_socket)]
+            return status_response(self.ready, self.instance_id, self.views.meta.last_seq, sockets, os.getpid())
+
+        return NodeService(lambda: self.views, self.admission, status, self.records_from)
+
+    async def records_from(self, seq: int, limit: int = 512, wait: float = 1.0) -> list[Record | CorruptRecordError]:
+        """Up to ``limit`` records from ``seq``; when there are none yet, waits up to ``wait``
+        seconds for an append (an empty list then: the watcher asks again)."""
+        items = list(self.event_log.records(seq, seq + limit - 1))
+        if not items:
+            with trio.move_on_after(wait):
+                await self.committer.wait_appended()
+            items = list(self.event_log.records(seq, seq + limit - 1))
+        return items
+
+    async def apply_cpu_config(self) -> None:
+        """Record what this start's CPU manager configuration changes (never refuses)."""
+        views = self.views
+        events = startup_events(self.cpus, views.cpus.policy, views.cpus.assignments)
+        for e in events:
+            if isinstance(e, ev.PolicyConfigurationChanged):
+                log.warning("cpu manager configuration changed", old=e.old, new=e.new)
+        if events:
+            await self.record(events)
+        pool = pool_events(self.cpus, self.views.cpus.shared, self.views.cpus.assignments, "cpu manager started")
+        if pool:
+            await self.record(pool)
+
+    def _applied(self, records: list[Record]) -> None:
+        apply_all(self.views, records)
+        self.metrics.committed(records)
+        self._last_commit = time.monotonic()
+        if self.views.meta.last_seq - self._snapshot_seq >= self.snapshot_every:
+            self._snapshot_due.set()
+
+    async def record(self, events: Sequence[ev._Event], correlation_id: str | None = None) -> list[Record]:
+        """Append ``events`` as one unit; they are in the views when this returns. Without
+        ``correlation_id``, the records carry the current request's (``logs.correlation``)."""
+        correlation_id = correlation_id or current_correlation_id() or None
+        start = time.monotonic()
+        if not self._appending:
+            self._appending_since = start
+        self._appending += 1
+        try:
+            records = await self.committer.append(events, correlation_id)
+        finally:
+            self._appending -= 1
+        self.metrics.append_observed(time.monotonic() - start)
+        return records
+
+    def liveness(self) -> str:
+        """/healthz: "" while alive, else why not. It answers from the trio loop, so an answer
+        says the loop runs; appends waiting ``STALL_SECONDS`` with no commit say the committer
+        does not (a disk that stopped syncing)."""
+        if self._appending:
+            waited = time.monotonic() - max(self._appending_since, self._last_commit)
+            if waited > STALL_SECONDS:
+                return f"committer stalled: {self._appending} append(s) waiting, no commit for {waited:.0f} s"
+        return ""
+
+    def readiness(self) -> str:
+        """/readyz: "" once every socket is served, else why not."""
+        return "" if self.ready else self.not_ready
+
+    async def write_snapshot(self) -> None:
+        """A snapshot of the views as they are now. Snapshots are a cache: one that cannot
+        be written (a full or failing disk) is logged, and the daemon goes on."""
+        async with self._snapshot_lock:
+            seq = self.views.meta.last_seq
+            if seq == self._snapshot_seq:
+                return  # taken at this sequence already (every start records events first)
+            data = encode_snapshot(self.views, self.event_log.log_id())
+            self._snapshot_seq = seq  # before the write: commits meanwhile do not ask again
+            try:
+                path = await trio.to_thread.run_sync(write_snapshot, self.layout.snapshots, data, seq)
+            except OSError as exc:
+                log.warning("snapshot not written; the next start replays more of the log", seq=seq, error=str(exc))
+                return
+            log.info("snapshot written", seq=seq, path=path, bytes=len(data))
+
+    async def snapshot_loop(self) -> None:
+        while True:
+            await self._snapshot_due.wait()
+            self._snapshot_due = trio.Event()
+            await self.write_snapshot()
+
+    async def scrub(self, until_seq: int) -> None:
+        """Check every record up to ``until_seq`` (those the snapshot vouched for) in a thread;
+        record each corrupt one not yet on record, so that it is never skipped silently."""
+
+        def find() -> list[CorruptRecordError]:
+            return [r for r in self.event_log.records(1, until_seq) if isinstance(r, CorruptRecordError)]
+
+        corrupt = await trio.to_thread.run_sync(find)
+        # A newer eventsrc's record is not corrupt: it may be ignored, or the snapshot this
+        # start used was made by code that read it (docs/adr/0010).
+        for c in corrupt:
+            if newer_unreadable(c):
+                log.warning("record from a newer eventsrc (the snapshot holds its effect)", seq=c.seq, reason=c.reason)
+        corrupt = [c for c in corrupt if not isinstance(c, FutureRecordError)]
+        corrupt += [
+            CorruptRecordError(seq, reason) for seq, reason in self.views.meta.corrupt.items() if seq > until_seq
+        ]
+        new = [c for c in corrupt if c.seq not in self.views.meta.corrupt_reported]
+        for c in corrupt:
+            log.error("corrupt record (left in place; see docs/adr/0005)", seq=c.seq, reason=c.reason)
+        if new:
+            await self.record([ev.CorruptRecordFound(seq=c.seq, reason=c.reason) for c in new])
+        log.info("scrub done", records=until_seq, corrupt=len(corrupt))
+
+    def write_status(self, ready: bool) -> None:
+        status: dict[str, Any] = {
+            "pid": os.getpid(),
+            "instance_id": self.instance_id,
+            "version": __version__,
+            "ready": ready,
+            "last_seq": self.views.meta.last_seq,
+        }
+        if self.metrics_address is not None:
+            status["metrics_address"] = self.metrics_address
+        tmp = self.layout.status.with_suffix(".tmp")
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "w") as f:
+            f.write(json.dumps(status))
+        os.replace(tmp, self.layout.status)
+
+
+async def serve(
+    layout: Layout,
+    *,
+    snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+    admission_wait: float = DEFAULT_ADMISSION_WAIT,
+    grace: float = DEFAULT_GRACE,
+    cpus: CPUManagerConfig | None = None,
+    topology: TopologyManager | None = None,
+    config: dict[str, Any] | None = None,
+    metrics_address: str | None = None,
+    task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the daemon until SIGTERM or SIGINT (or until cancelled).
+
+    ``metrics_address`` (HOST:PORT, port 0 picks one): serve /metrics, /healthz and /readyz
+    there; the address bound is logged and written to the status file.
+    Raises AlreadyRunningError when another process holds the state directory.
+    """
+    if metrics_address is not None:
+        parse_address(metrics_address)  # a malformed address is refused before anything starts
+    layout.create()
+    for sock in (layout.api_socket, layout.device_plugins / "kubelet.sock", layout.pod_resources_socket):
+        check_socket_path(sock)
+    limit_received_messages(MAX_MESSAGE_BYTES)
+    lock = DirLock(layout.lock)
+    lock.acquire()
+    event_log: EventLog | None = None
+    try:
+        if metrics_address is not None:
+            check_address(metrics_address)
+        event_log = EventLog(layout.log)
+        remove_stale_temporaries(layout.snapshots)
+        views, info = load_views(event_log, layout.snapshots)
+        refuse_newer_records(event_log, views)
+        if info.snapshot_seq is None:
+            log.info(
+                "full replay",
+                reason=info.reason or "no snapshot",
+                records=info.tail_records,
+                seconds=round(info.seconds, 3),
+            )
+        else:
+            log.info(
+                "views rebuilt", snapshot_seq=info.snapshot_seq, tail=info.tail_records, seconds=round(info.seconds, 3)
+            )
+        daemon = Daemon(
+            layout,
+            event_log,
+            views,
+            snapshot_every,
+            admission_wait=admission_wait,
+            grace=grace,
+            cpus=cpus,
+            topology=topology,
+        )
+        daemon.metrics.replayed(info.seconds, info.tail_records)
+        start_seq = views.meta.last_seq
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+                await nursery.start(daemon.committer.run)
+                if metrics_address is not None:
+                    app = HealthApp(daemon.metrics, live=daemon.liveness, ready=daemon.readiness)
+                    daemon.metrics_address = await nursery.start(serve_http, app, metrics_address)
+                    daemon.write_status(ready=False)
+                if config is None:  # the CLI passes the whole configuration; a bare caller, what it set
+                    config = recorded_config(
+                        Configuration(
+                            root_dir=str(layout.root),
+                            snapshot_every=snapshot_every,
+                            admission_wait=Duration.of_seconds(admission_wait),
+                            plugin_grace_period=Duration.of_seconds(grace),
+                            metrics_address=metrics_address or "",
+                        )
+                    )
+                if views.meta.running:
+                    log.warning("previous run did not stop cleanly", instance_id=views.meta.instance_id)
+                started = ev.DaemonStarted(
+                    boot_id=daemon.boot_id,
+                    instance_id=daemon.instance_id,
+                    version=__version__,
+                    config=config,
+                    pid=os.getpid(),
+                )
+                changed = configuration_changes(views.meta.config, config)
+                # What the previous run left unfinished is finished now, from the log alone.
+                (first, *_) = await daemon.record(
+                    [started, *([changed] if changed else []), *restart_events(daemon.views)]
+                )
+                cid = first.correlation_id
+                log.info(
+                    "daemon started",
+                    version=__version__,
+                    instance_id=daemon.instance_id,
+                    pid=os.getpid(),
+                    boot_id=daemon.boot_id,
+                    cid=cid,
+                )
+                if changed:
+                    log.warning(
+                        "configuration changed",
+                        changed=changed.changed,
+                        old={k: changed.old.get(k) for k in changed.changed},
+                        new={k: changed.new.get(k) for k in changed.changed},
+                        cid=cid,
+                    )
+                await daemon.apply_cpu_config()
+                await nursery.start(daemon.devices.run)
+                await nursery.start(daemon.dra.run)
+                watcher = PluginWatcher(
+                    layout.plugins_registry, {"DRAPlugin": daemon.dra, "DevicePlugin": RegistryHandler(daemon.devices)}
+                )
+                await nursery.start(watcher.run)
+                await nursery.start(serve_unix_trio, [daemon.node_service()], layout.api_socket, 0o600)
+                await nursery.start(
+                    serve_unix,
+                    [
+                        PodResourcesService(
+                            lambda: daemon.views,
+                            cpus=lambda: allocatable_cpus(daemon.cpus).sorted_list(),
+                            metrics=daemon.metrics,
+                        )
+                    ],
+                    layout.pod_resources_socket,
+                    0o755,  # as the kubelet's, under the usual umask 022: only its owner connects
+                )
+                nursery.start_soon(daemon.scrub, start_seq)
+                nursery.start_soon(daemon.snapshot_loop)
+                # What the start built (modules, classes, the rebuilt views) lives as long as
+                # the process: out of the collector's sight, a full collection no longer walks
+                # it (one took 11-20 ms under load, stalling every admission in flight).
+                gc.collect()
+                gc.freeze()
+                daemon.ready = True
+                daemon.write_status(ready=True)
+                log.info("ready", root=layout.root, last_seq=daemon.views.meta.last_seq, instance_id=daemon.instance_id)
+                systemd.notify(
+                    f"READY=1\nMAINPID={os.getpid()}\nSTATUS=ready, last sequence {daemon.views.meta.last_seq}"
+                )
+                task_status.started(daemon)
+                async for signum in signals:
+                    reason = signal.Signals(signum).name
+                    log.info("stopping", signal=reason)
+                    systemd.notify("STOPPING=1")
+                    break
+                daemon.ready = False
+                daemon.not_ready = f"stopping: {reason}"
+                await daemon.record(
+                    [ev.DaemonStopped(boot_id=daemon.boot_id, instance_id=daemon.instance_id, reason=reason)]
+                )
+                await daemon.write_snapshot()
+                nursery.cancel_scope.cancel()
+        log.info("stopped", last_seq=daemon.views.meta.last_seq)
+    finally:
+        layout.status.unlink(missing_ok=True)
+        if event_log is not None:
+            event_log.close()
+        lock.release()

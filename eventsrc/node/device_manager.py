@@ -1,0 +1,506 @@
+"""Edge to device plugins: the v1beta1 Registration server and one endpoint per plugin.
+
+    DeviceManager.run
+      ├─ serve_unix(Registration) on ROOT/device-plugins/kubelet.sock
+      ├─ Endpoint tasks, one per registered plugin:
+      │    ├─ ListAndWatch: each list checked against the limits, kept as the newest
+      │    └─ recorder: records the newest list, at most LIST_RATE a second
+      └─ grace timers: a resource whose plugin stays away is dropped after ``grace``
+
+Decisions (what a device list changed, which devices to give) live in eventsrc.core;
+this module dials, streams and records. What a plugin may send is bounded here (the
+kubelet bounds none of it); docs/security.md gives the reasons.
+"""
+
+from __future__ import annotations
+
+import math
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import trio
+from grpclib import GRPCError, Status
+from grpclib.client import Channel
+from grpclib.server import Stream
+
+from eventsrc import events as ev
+from eventsrc.core.devices.holds import list_and_watch_events
+from eventsrc.core.devices.names import endpoint_error, registration_error
+from eventsrc.errors import EventsrcError
+from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as pb
+from eventsrc.gen.deviceplugin.v1beta1.api_grpc import DevicePluginStub, RegistrationBase
+from eventsrc.log.commit import new_correlation_id
+from eventsrc.obs.logger import correlation, current_correlation_id, get_logger
+from eventsrc.rpc.bridge import (
+    CALL_ERRORS,
+    endpoint_socket_error,
+    max_received,
+    serve_unix,
+    to_aio,
+    to_trio,
+    why,
+)
+from eventsrc.rpc.native_client import UnaryChannel
+from eventsrc.rpc.ratelimit import TokenBucket
+
+if TYPE_CHECKING:
+    from eventsrc.node.daemon import Daemon
+
+log = get_logger("eventsrc.devices")
+
+DIAL_TIMEOUT = 10.0
+PREFERRED_TIMEOUT = 10.0  # GetPreferredAllocation (the kubelet waits for ever, under its lock)
+PRE_START_TIMEOUT = 30.0  # KubeletPreStartContainerRPCTimeoutInSecs
+DEFAULT_GRACE = 300.0  # endpointStopGracePeriod
+# kubelet.sock: the mode the kubelet's net.Listen gets under the usual umask 022 (only its
+# owner may connect: connect(2) needs write permission), whatever this process's umask.
+SOCKET_MODE = 0o755
+
+# What a plugin may send.
+MAX_RESOURCES = 256  # resource names known at once; a new one beyond is refused
+MAX_DEVICES = 10_000  # devices in one ListAndWatch list (the whole of a resource)
+MAX_ID_BYTES = 1024  # a device ID or health string (the API asks for IDs of at most 63)
+MAX_NUMA_NODES = 64  # NUMA nodes of one device
+MAX_ENV_BYTES = 128 * 1024  # one "KEY=value" of an Allocate answer: execve's MAX_ARG_STRLEN
+MAX_ALLOCATION_BYTES = 1024 * 1024  # one container's Allocate answer, encoded
+# ListAndWatch lists recorded per second and plugin, after a burst. Lists that come faster
+# are coalesced: each replaces the whole previous one, so recording the newest loses no state.
+LIST_RATE = 10.0
+LIST_BURST = 20
+# Register calls per second, all plugins together, after a burst (each is recorded, taken or not).
+REGISTER_RATE = 10.0
+REGISTER_BURST = 32
+# A Register request longer than this cannot be valid (a resource name has at most 317 bytes,
+# an endpoint 107); it is refused unrecorded, so that no caller can write big records.
+MAX_REGISTER_BYTES = 4096
+
+
+class RegistrationRejected(EventsrcError):
+    pass
+
+
+class PluginCallFailed(EventsrcError):
+    pass
+
+
+class PluginCutOff(EventsrcError):
+    """A plugin sent what the daemon does not take; its stream is ended (the message says why)."""
+
+
+@dataclass(eq=False)
+class Endpoint:
+    resource: str
+    endpoint: str  # file name in the device-plugin directory, or an absolute path (plugins_registry)
+    path: Path
+    channel: Channel
+    stub: DevicePluginStub
+    options: ev.PluginOptions
+    listed: trio.Event = field(default_factory=trio.Event)  # first ListAndWatch message handled
+    cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
+    # ListAndWatch lists received and not recorded yet: only the newest is kept.
+    latest: list[ev.DeviceInfo] | None = None
+    unrecorded: int = 0
+    arrived: trio.Event = field(default_factory=trio.Event)  # a list arrived, or the stream ended
+    ended: bool = False
+    coalesced: int = 0  # lists never recorded, since the last log line saying so
+    coalesced_logged: float = -math.inf
+    # The admission path's calls (Allocate, GetPreferredAllocation, PreStartContainer) go
+    # through a trio-native client; ListAndWatch stays on grpclib (ADR 0011).
+    unary: UnaryChannel = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.unary = UnaryChannel(str(self.path), max_received())
+
+    def close(self) -> None:
+        self.channel.close()
+        self.unary.close()
+
+    async def allocate(self, device_ids: list[str], timeout: float | None) -> pb.ContainerAllocateResponse:
+        req = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=device_ids)])
+        resp = await self.unary.call("/v1beta1.DevicePlugin/Allocate", req, pb.AllocateResponse, timeout)
+        if not resp.container_responses:
+            raise PluginCallFailed(f"the {self.resource} plugin's Allocate answer has no container response")
+        reason = allocation_error(resp.container_responses[0])
+        if reason:
+            raise PluginCallFailed(f"the {self.resource} plugin's Allocate answer {reason}")
+        return resp.container_responses[0]
+
+    async def preferred(self, available: list[str], must_include: list[str], size: int) -> list[str]:
+        req = pb.PreferredAllocationRequest(
+            container_requests=[
+                pb.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=available, must_include_deviceIDs=must_include, allocation_size=size
+                )
+            ]
+        )
+        resp = await self.unary.call(
+            "/v1beta1.DevicePlugin/GetPreferredAllocation", req, pb.PreferredAllocationResponse, PREFERRED_TIMEOUT
+        )
+        if not resp.container_responses:
+            return []
+        return list(resp.container_responses[0].deviceIDs)
+
+    async def pre_start(self, device_ids: list[str]) -> None:
+        await self.unary.call(
+            "/v1beta1.DevicePlugin/PreStartContainer",
+            pb.PreStartContainerRequest(devices_ids=device_ids),
+            pb.PreStartContainerResponse,
+            PRE_START_TIMEOUT,
+        )
+
+
+def list_and_watch_error(msg: pb.ListAndWatchResponse) -> str:
+    """Why a ListAndWatch message cuts its plugin off ("" when it is taken)."""
+    if len(msg.devices) > MAX_DEVICES:
+        return f"lists {len(msg.devices)} devices; at most {MAX_DEVICES} are taken"
+    for d in msg.devices:
+        if len(d.ID.encode()) > MAX_ID_BYTES or len(d.health.encode()) > MAX_ID_BYTES:
+            return f"lists a device whose ID or health is longer than {MAX_ID_BYTES} bytes (ID {d.ID[:64]!r}...)"
+        if len(d.topology.nodes) > MAX_NUMA_NODES:
+            return f"gives device {d.ID!r} {len(d.topology.nodes)} NUMA nodes; at most {MAX_NUMA_NODES} are taken"
+    return ""
+
+
+def allocation_error(r: pb.ContainerAllocateResponse) -> str:
+    """Why an Allocate answer is refused ("" when it is taken as it is: envs, mounts,
+    device nodes and annotations are passed on unchecked, as the kubelet does)."""
+    size = r.ByteSize()
+    if size > MAX_ALLOCATION_BYTES:
+        return f"is {size} bytes long; at most {MAX_ALLOCATION_BYTES} are taken"
+    for key, value in r.envs.items():
+        n = len(key.encode()) + 1 + len(value.encode())
+        if n > MAX_ENV_BYTES:
+            return f"sets {key[:64]!r} to {n} bytes; at most {MAX_ENV_BYTES} can reach a process (execve's limit)"
+    return ""
+
+
+def allocation_from_proto(r: pb.ContainerAllocateResponse) -> ev.ContainerAllocation:
+    return ev.ContainerAllocation(
+        envs=dict(r.envs),
+        mounts=[
+            ev.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only) for m in r.mounts
+        ],
+        devices=[
+            ev.DeviceSpec(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions)
+            for d in r.devices
+        ],
+        annotations=dict(r.annotations),
+        cdi_devices=[c.name for c in r.cdi_devices],
+    )
+
+
+def remove_stale_sockets(directory: Path) -> list[str]:
+    """Delete every unix socket in ``directory`` (as the kubelet does on start), so that
+    running plugins notice and register again. Regular files and directories stay."""
+    removed = []
+    for entry in directory.iterdir():
+        try:
+            if stat.S_ISSOCK(entry.lstat().st_mode):
+                entry.unlink()
+                removed.append(entry.name)
+        except FileNotFoundError:
+            continue
+    return removed
+
+
+class RegistrationService(RegistrationBase):
+    def __init__(self, manager: DeviceManager) -> None:
+        self._manager = manager
+        # Every Register is recorded (PluginRegistered or PluginRegistrationRejected): a
+        # process calling it in a loop must not fill the log.
+        self._limiter = TokenBucket(REGISTER_RATE, REGISTER_BURST)
+        self._limited = 0
+        self._limited_logged = -math.inf
+
+    def _rate_limited(self) -> GRPCError:
+        self._limited += 1
+        now = time.monotonic()
+        if now - self._limited_logged >= 10.0:
+            log.warning(
+                "registrations refused by the rate limit, not recorded",
+                count=self._limited,
+                rate_per_second=REGISTER_RATE,
+                burst=REGISTER_BURST,
+            )
+            self._limited, self._limited_logged = 0, now
+        return GRPCError(Status.RESOURCE_EXHAUSTED, "rejected by rate limit")
+
+    async def Register(self, stream: Stream[pb.RegisterRequest, pb.Empty]) -> None:
+        req = await stream.recv_message()
+        assert req is not None
+        if not self._limiter.allow():
+            raise self._rate_limited()
+        size = req.ByteSize()
+        if size > MAX_REGISTER_BYTES:
+            log.warning("registration refused, not recorded", request_bytes=size, max_bytes=MAX_REGISTER_BYTES)
+            raise GRPCError(
+                Status.UNKNOWN, f"the registration request is {size} bytes long; at most {MAX_REGISTER_BYTES} are taken"
+            )
+        try:
+            await to_trio(self._manager.register)(req.version, req.resource_name, req.endpoint)
+        except RegistrationRejected as err:
+            # The kubelet returns a plain Go error: gRPC code Unknown with the message.
+            raise GRPCError(Status.UNKNOWN, str(err)) from None
+        await stream.send_message(pb.Empty())
+
+
+def _log_listed(events: list[ev._Event]) -> None:
+    """One line per change a plugin's ListAndWatch made: devices added, removed, health."""
+    for e in events:
+        if isinstance(e, ev.DeviceHealthChanged):
+            (log.info if e.health == "Healthy" else log.warning)(
+                "device health changed", resource=e.resource, device=e.device_id, health=e.health
+            )
+        elif isinstance(e, ev.DevicesAdded):
+            log.info("devices added", resource=e.resource, count=len(e.devices))
+        elif isinstance(e, ev.DevicesRemoved):
+            log.info("devices removed", resource=e.resource, devices=e.device_ids, reason=e.reason)
+
+
+class DeviceManager:
+    def __init__(self, daemon: Daemon, grace: float = DEFAULT_GRACE) -> None:
+        self.daemon = daemon
+        self.directory = daemon.layout.device_plugins
+        self.socket = self.directory / "kubelet.sock"
+        self.grace = grace
+        self.endpoints: dict[str, Endpoint] = {}
+        self._changed = trio.Event()  # set whenever an endpoint lists devices or goes away
+        self._nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        removed = remove_stale_sockets(self.directory)
+        if removed:
+            log.info("removed stale sockets so that plugins register again", sockets=sorted(removed))
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for plugin in self.daemon.views.devices.plugins.values():
+                if not plugin.connected:
+                    nursery.start_soon(self._expire, plugin.resource, plugin.disconnected_seq)
+            await nursery.start(serve_unix, [RegistrationService(self)], self.socket, SOCKET_MODE)
+            task_status.started()
+            await trio.sleep_forever()
+
+    # ------------------------------------------------------------------ registration
+
+    async def register(self, version: str, resource: str, endpoint: str, path: Path | None = None) -> None:
+        """The kubelet's Register: check, dial, GetDevicePluginOptions, then start streaming.
+
+        Raises RegistrationRejected with the reason; every outcome is an event.
+        """
+        with correlation(current_correlation_id() or new_correlation_id()):
+            await self._register(version, resource, endpoint, path)
+
+    async def _register(self, version: str, resource: str, endpoint: str, path: Path | None) -> None:
+        reason = registration_error(version, resource) or (endpoint_error(endpoint) if path is None else "")
+        target = path if path is not None else self.directory / endpoint
+        # A file name is taken relative to the directory; a path from plugins_registry must be absolute.
+        reason = reason or endpoint_socket_error(str(target if path is not None else target.absolute()))
+        reason = reason or self._capacity_error(resource)
+        if not reason:
+            channel = Channel(path=str(target))
+            stub = DevicePluginStub(channel)
+            try:
+                with trio.fail_after(DIAL_TIMEOUT):
+                    opts = await to_aio(stub.GetDevicePluginOptions)(pb.Empty(), timeout=DIAL_TIMEOUT)
+            except CALL_ERRORS as exc:
+                channel.close()
+                reason = f"cannot dial the endpoint {target}: {why(exc)}"
+        if reason:
+            await self.daemon.record(
+                [
+                    ev.PluginRegistrationRejected(
+                        resource=resource, endpoint=endpoint, api_version=version, reason=reason
+                    )
+                ]
+            )
+            log.warning("plugin registration rejected", resource=resource, endpoint=endpoint, reason=reason)
+            raise RegistrationRejected(reason)
+        options = ev.PluginOptions(
+            pre_start_required=opts.pre_start_required,
+            get_preferred_allocation_available=opts.get_preferred_allocation_available,
+        )
+        ep = Endpoint(resource, endpoint, target, channel, stub, options)
+        old = self.endpoints.get(resource)
+        self.endpoints[resource] = ep
+        if old is not None:
+            old.cancel.cancel()  # the newest registration wins; its list replaces the old one's
+        await self.daemon.record(
+            [ev.PluginRegistered(resource=resource, endpoint=endpoint, api_version=version, options=options)]
+        )
+        log.info("plugin registered", resource=resource, endpoint=endpoint, api_version=version)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run_endpoint, ep)
+
+    def _capacity_error(self, resource: str) -> str:
+        known = self.daemon.views.devices.plugins
+        if resource in known or len(known) < MAX_RESOURCES:
+            return ""
+        return (
+            f"{len(known)} resources are known, the most the daemon takes (a plugin of one of them may register again)"
+        )
+
+    # ------------------------------------------------------------------ ListAndWatch
+
+    async def _run_endpoint(self, ep: Endpoint) -> None:
+        """Stream the plugin's lists until the stream ends, the plugin is cut off, or a newer
+        registration cancels ``ep.cancel``; then record the disconnection."""
+        reason = "ListAndWatch stream ended"
+        with ep.cancel:
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._record_lists, ep)
+                    try:
+                        await to_aio(self._list_and_watch)(ep)
+                    except PluginCutOff as exc:
+                        reason = f"cut off: {exc}"
+                        log.warning("plugin cut off", resource=ep.resource, endpoint=ep.endpoint, reason=str(exc))
+                    except CALL_ERRORS as exc:
+                        reason = f"ListAndWatch failed: {why(exc)}"
+                    except Exception as exc:  # a plugin must never take the daemon down
+                        log.exception("ListAndWatch failed unexpectedly", resource=ep.resource)
+                        reason = f"ListAndWatch failed: {type(exc).__name__}: {exc}"
+                    ep.ended = True  # the recorder records the newest list, then returns
+                    ep.arrived.set()
+            except Exception as exc:  # the recorder failed: recording the plugin's list did
+                log.exception("recording a ListAndWatch list failed", resource=ep.resource)
+                while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                    exc = exc.exceptions[0]
+                reason = f"recording its list failed: {type(exc).__name__}: {exc}"
+        ep.close()
+        if self.endpoints.get(ep.resource) is not ep:
+            return  # replaced by a newer registration: nothing was lost
+        del self.endpoints[ep.resource]
+        with correlation(new_correlation_id()):
+            (rec,) = await self.daemon.record(
+                [ev.PluginDisconnected(resource=ep.resource, endpoint=ep.endpoint, reason=reason)]
+            )
+            log.warning("plugin disconnected", resource=ep.resource, reason=reason, grace_seconds=self.grace)
+        self._notify()
+        assert self._nursery is not None
+        self._nursery.start_soon(self._expire, ep.resource, rec.seq)
+
+    async def _list_and_watch(self, ep: Endpoint) -> None:  # runs on asyncio
+        async with ep.stub.ListAndWatch.open() as stream:
+            await stream.send_message(pb.Empty(), end=True)
+            async for msg in stream:
+                await to_trio(self._devices_received)(ep, msg)
+
+    async def _devices_received(self, ep: Endpoint, msg: pb.ListAndWatchResponse) -> None:
+        """Check one list and keep it as the newest, for the recorder; raises PluginCutOff
+        when it breaks a limit."""
+        reason = list_and_watch_error(msg)
+        if reason:
+            raise PluginCutOff(f"its ListAndWatch message {reason}")
+        ep.latest = [
+            ev.DeviceInfo(id=d.ID, health=d.health, numa_nodes=[n.ID for n in d.topology.nodes]) for d in msg.devices
+        ]
+        ep.unrecorded += 1
+        ep.arrived.set()
+
+    async def _record_lists(self, ep: Endpoint) -> None:
+        """Record the newest list of ``ep`` whenever one arrives, at most LIST_RATE times a
+        second after a burst of LIST_BURST; lists that arrive meanwhile are coalesced into the
+        newest. Returns once the stream has ended and its newest list is recorded."""
+        bucket = TokenBucket(LIST_RATE, LIST_BURST, clock=trio.current_time)
+        while True:
+            await ep.arrived.wait()
+            ep.arrived = trio.Event()
+            if ep.latest is not None:
+                if not ep.ended and (delay := bucket.delay()) > 0:
+                    await trio.sleep(delay)  # lists arriving meanwhile replace ep.latest
+                bucket.spend()  # the stream's last list is recorded at once
+                update, count = ep.latest, ep.unrecorded
+                ep.latest, ep.unrecorded = None, 0
+                await self._devices_listed(ep, update, count)
+            if ep.ended and ep.latest is None:
+                return
+
+    async def _devices_listed(self, ep: Endpoint, update: list[ev.DeviceInfo], count: int = 1) -> None:
+        """Record what ``update``, the newest of ``count`` lists, changed."""
+        if self.endpoints.get(ep.resource) is not ep:
+            return
+        ep.coalesced += count - 1
+        now = trio.current_time()
+        if ep.coalesced and now - ep.coalesced_logged >= 60.0:
+            log.warning(
+                "ListAndWatch lists coalesced, the newest recorded",
+                resource=ep.resource,
+                endpoint=ep.endpoint,
+                lists=ep.coalesced,
+                recorded_per_second=LIST_RATE,
+            )
+            ep.coalesced, ep.coalesced_logged = 0, now
+        known = self.daemon.views.devices.devices.get(ep.resource, {})
+        events = list_and_watch_events(ep.resource, {k: d for k, d in known.items() if not d.removed}, update)
+        if events:
+            with correlation(new_correlation_id()):  # one update of the plugin's list
+                await self.daemon.record(events)
+                _log_listed(events)
+        if not ep.listed.is_set():
+            ep.listed.set()
+        self._notify()
+
+    async def _expire(self, resource: str, since_seq: int) -> None:
+        await trio.sleep(self.grace)
+        plugin = self.daemon.views.devices.plugins.get(resource)
+        if plugin is None or plugin.connected or resource in self.endpoints or plugin.disconnected_seq != since_seq:
+            return
+        with correlation(new_correlation_id()):
+            await self.daemon.record(
+                [ev.ResourceDropped(resource=resource, reason=f"plugin away for {self.grace:g} s")]
+            )
+            log.warning("resource dropped", resource=resource, reason=f"plugin away for {self.grace:g} s")
+        self._notify()
+
+    # ------------------------------------------------------------------ for admission
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
+    async def wait_listed(self, resource: str, timeout: float) -> Endpoint | None:
+        """The resource's endpoint once it has listed its devices, waiting up to ``timeout``
+        while the resource is known but its plugin is away (after a restart, say)."""
+        with trio.move_on_after(timeout if math.isfinite(timeout) else math.inf):
+            while True:
+                ep = self.endpoints.get(resource)
+                if ep is not None and ep.listed.is_set():
+                    return ep
+                if resource not in self.daemon.views.devices.plugins:
+                    return None
+                await self._changed.wait()
+        return None
+
+
+class RegistryHandler:
+    """Device plugins that register through plugins_registry (type DevicePlugin), as the
+    kubelet accepts them: the same checks, the endpoint is an absolute socket path."""
+
+    def __init__(self, manager: DeviceManager) -> None:
+        self.manager = manager
+
+    async def validate(self, name: str, endpoint: str, versions: list[str]) -> None:
+        if "v1beta1" not in versions:
+            raise RegistrationRejected(f"manager version, v1beta1, is not among plugin supported versions {versions}")
+        reason = registration_error("v1beta1", name)
+        if reason:
+            raise RegistrationRejected(f"invalid name of device plugin socket: {reason}")
+        reason = endpoint_socket_error(endpoint)
+        if reason:
+            raise RegistrationRejected(reason)
+
+    async def register(self, name: str, endpoint: str, versions: list[str], socket_path: Path | None = None) -> None:
+        deprecation = self.manager.directory / "DEPRECATION"
+        if not deprecation.exists():
+            deprecation.touch()
+        await self.manager.register("v1beta1", name, endpoint, path=Path(endpoint))
+
+    async def deregister(self, name: str, endpoint: str, socket_path: Path | None = None) -> None:
+        ep = self.manager.endpoints.get(name)
+        if ep is not None and ep.path == Path(endpoint):
+            ep.cancel.cancel()  # its stream ends; the endpoint task records the disconnection

@@ -1,0 +1,779 @@
+"""Audit queries: who held a device and when, what a pod asked for and got, a claim's life.
+
+    eventsrc audit device RESOURCE DEVICE_ID [--since T] [--until T] [-o table|json]
+    eventsrc audit pod UID|NAMESPACE/NAME [-o table|json]
+    eventsrc audit claim UID [-o table|json]
+
+Every answer comes from the log's secondary index (``eventsrc.log.index``: written in the
+same LMDB transaction as the records it points at), never from a scan: a query reads the
+sequences under one prefix (``EventLog.index_seqs``) and then only those records
+(``EventLog.read_many``). A device's holders are named through each pod's own index (the
+first admission record of that uid), a pod's claims through each claim's index.
+
+Times are the records' own (the time the log stamped them); every item carries its
+sequence number too, so that ``eventsrc log --from SEQ`` shows the record itself.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from msgspec import Struct
+
+from eventsrc import events as ev
+from eventsrc.errors import EventsrcError
+from eventsrc.log.index import claim_prefix, device_prefix, name_prefix, pod_prefix
+
+if TYPE_CHECKING:
+    from eventsrc.log.store import EventLog
+
+
+class UsageError(EventsrcError):
+    """A malformed argument (a bad time): exit 2, as argparse does."""
+
+    exit_code = 2
+
+
+class NotInLogError(EventsrcError):
+    """The device, pod or claim asked about never appears in the log."""
+
+
+# --------------------------------------------------------------------------- values
+
+
+def iso(ts_ns: int) -> str:
+    return dt.datetime.fromtimestamp(ts_ns / 1e9, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class At(Struct, frozen=True, kw_only=True, gc=False):
+    """Where in the log something happened: the record's sequence and time."""
+
+    seq: int
+    ts_ns: int
+    time: str
+
+
+def at(rec: ev.Record) -> At:
+    return At(seq=rec.seq, ts_ns=rec.ts_ns, time=iso(rec.ts_ns))
+
+
+class PodName(Struct, frozen=True, kw_only=True, gc=False):
+    uid: str
+    namespace: str = ""
+    name: str = ""
+
+
+# device ---------------------------------------------------------------------
+
+
+class DeviceChange(Struct, kw_only=True, gc=False):
+    """The device was listed by its plugin, changed health, or was removed."""
+
+    at: At
+    what: str  # "listed", "health" or "removed"
+    health: str = ""
+    numa_nodes: list[int] = []
+    reason: str = ""
+
+
+class Holding(Struct, kw_only=True, gc=False):
+    """One container's hold on the device, from its reservation to its release."""
+
+    pod: PodName
+    container: str
+    device_ids: list[str]  # the whole grant the device was part of
+    start: At | None  # first DevicesReserved or DevicesAllocated (None: before the retained log)
+    reserved: At | None = None
+    allocated: At | None = None
+    choice: str = ""
+    note: str = ""
+    end: At | None = None  # None: still held (at the end of the window)
+    still_held: bool = True
+    released_by: str = ""  # "DevicesReleased" or "AllocationFailed"
+    reason: str = ""
+
+
+class DeviceTimeline(Struct, kw_only=True, gc=False):
+    resource: str
+    device_id: str
+    since: At | None = None  # the window asked for, as given (seq and/or time)
+    until: At | None = None
+    health: str = ""  # as of the end of the window
+    numa_nodes: list[int] = []
+    listed: bool = False  # listed by its plugin at the end of the window
+    changes: list[DeviceChange] = []
+    holders: list[Holding] = []
+    corrupt: list[int] = []
+
+
+# pod ------------------------------------------------------------------------
+
+
+class Asked(Struct, kw_only=True, gc=False):
+    at: At
+    type: str  # PodAdmissionStarted (or PodAdmitted when the log has no intent, e.g. an import)
+    containers: list[ev.ContainerSpec]
+
+
+class Admitted(Struct, kw_only=True, gc=False):
+    at: At
+    qos_class: str = ""
+
+
+class Refusal(Struct, kw_only=True, gc=False):
+    at: At
+    reason: str
+    container: str = ""
+    topology_hint: str = ""
+
+
+class DeviceGrant(Struct, kw_only=True, gc=False):
+    container: str
+    resource: str
+    device_ids: list[str]
+    reserved: At | None = None
+    choice: str = ""
+    note: str = ""
+    allocated: At | None = None
+    response: ev.ContainerAllocation | None = None  # the plugin's Allocate response
+    failed: At | None = None  # AllocationFailed
+    released: At | None = None
+    reason: str = ""  # why released, or why the allocation failed
+
+
+class CPUGrant(Struct, kw_only=True, gc=False):
+    container: str
+    cpus: list[int]
+    assigned: At
+    released: At | None = None
+    reason: str = ""
+
+
+class ClaimUse(Struct, kw_only=True, gc=False):
+    uid: str
+    namespace: str = ""
+    name: str = ""
+    driver: str = ""
+    referenced: At | None = None
+    unreferenced: At | None = None
+    state: str = ""  # the claim's state when the pod let go of it (or now)
+    cdi_devices: list[str] = []
+    error: str = ""
+
+
+class Removal(Struct, kw_only=True, gc=False):
+    at: At
+    reason: str = ""
+
+
+class Line(Struct, kw_only=True, gc=False):
+    """One record, as ``eventsrc log`` summarizes it."""
+
+    at: At
+    type: str
+    summary: str
+
+
+class PodHistory(Struct, kw_only=True, gc=False):
+    uid: str
+    namespace: str = ""
+    name: str = ""
+    resolved: str = ""  # how NAMESPACE/NAME was resolved to this uid ("" when asked by uid)
+    other_uids: list[str] = []  # older pods with the same namespace/name
+    asked: list[Asked] = []
+    admitted: list[Admitted] = []
+    refused: list[Refusal] = []
+    devices: list[DeviceGrant] = []
+    cpus: list[CPUGrant] = []
+    claims: list[ClaimUse] = []
+    removed: list[Removal] = []
+    events: list[Line] = []
+    corrupt: list[int] = []
+
+
+# claim ----------------------------------------------------------------------
+
+
+class ClaimStep(Struct, kw_only=True, gc=False):
+    at: At
+    type: str
+    state: str  # the claim's state after this step
+    driver: str = ""
+    pod_uid: str = ""  # ClaimPrepareStarted: the pod it was prepared for
+    reason: str = ""
+    devices: list[ev.PreparedDevice] = []
+
+
+class ClaimPod(Struct, kw_only=True, gc=False):
+    pod: PodName
+    referenced: At | None = None
+    unreferenced: At | None = None
+
+
+class ClaimHistory(Struct, kw_only=True, gc=False):
+    uid: str
+    namespace: str = ""
+    name: str = ""
+    driver: str = ""
+    state: str = ""
+    lifecycle: list[ClaimStep] = []
+    pods: list[ClaimPod] = []
+    cdi_devices: list[str] = []  # of the latest preparation
+    devices: list[ev.PreparedDevice] = []
+    errors: list[ClaimStep] = []
+    corrupt: list[int] = []
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _read(
+    log: EventLog, prefix: bytes, corrupt: list[int], from_seq: int = 1, until_seq: int | None = None
+) -> list[ev.Record]:
+    seqs = log.index_seqs(prefix, from_seq, until_seq)
+    out: list[ev.Record] = []
+    for item in log.read_many(seqs):
+        if isinstance(item, ev.CorruptRecordError):
+            corrupt.append(item.seq)
+        else:
+            out.append(item)
+    return out
+
+
+_NAMED = (ev.PodAdmissionStarted, ev.PodAdmitted, ev.AdmissionRejected)
+
+
+def pod_name(log: EventLog, uid: str, cache: dict[str, PodName] | None = None) -> PodName:
+    """The pod's namespace and name: from the first admission record in its own index."""
+    if cache is not None and uid in cache:
+        return cache[uid]
+    found = PodName(uid=uid)
+    seqs = log.index_seqs(pod_prefix(uid))
+    # The admission record is nearly always the pod's first: read that one, then more.
+    i, n = 0, 1
+    while i < len(seqs):
+        batch, i, n = seqs[i : i + n], i + n, 8
+        hit = next(
+            (r.event.pod for r in log.read_many(batch) if isinstance(r, ev.Record) and isinstance(r.event, _NAMED)),
+            None,
+        )
+        if hit is not None:
+            found = PodName(uid=uid, namespace=hit.namespace, name=hit.name)
+            break
+    if cache is not None:
+        cache[uid] = found
+    return found
+
+
+# --------------------------------------------------------------------------- windows
+
+
+@dataclass(frozen=True)
+class Point:
+    """A point of the log given on the command line: a sequence or a time."""
+
+    seq: int | None = None
+    ts_ns: int | None = None
+
+
+def parse_point(text: str | None, flag: str) -> Point:
+    """``SEQ`` (digits) or an RFC 3339 time (``2026-11-21T23:40:00Z``; no zone: UTC)."""
+    if text is None:
+        return Point()
+    text = text.strip()
+    if text.isdigit():
+        return Point(seq=int(text))
+    try:
+        when = dt.datetime.fromisoformat(text.replace("z", "Z"))
+    except ValueError:
+        raise UsageError(
+            f"{flag} {text!r}: expected a sequence number or an RFC 3339 time like 2026-11-21T23:40:00Z"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    delta = when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)  # exact integer nanoseconds
+    return Point(ts_ns=(delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000)
+
+
+def _window_at(seq: int | None, ts_ns: int | None) -> At | None:
+    if seq is None and ts_ns is None:
+        return None
+    return At(seq=seq or 0, ts_ns=ts_ns or 0, time=iso(ts_ns) if ts_ns is not None else "")
+
+
+# --------------------------------------------------------------------------- device
+
+
+def device_timeline(
+    log: EventLog,
+    resource: str,
+    device_id: str,
+    since_ns: int | None = None,
+    until_ns: int | None = None,
+    *,
+    since_seq: int | None = None,
+    until_seq: int | None = None,
+) -> DeviceTimeline:
+    """The device's health changes and holders within the window (inclusive bounds).
+
+    A holding is shown when it overlaps the window; one that ends after the window is
+    "still held" as of its end. Records after the window are never read.
+    """
+    corrupt: list[int] = []
+    recs = _read(log, device_prefix(resource, device_id), corrupt, 1, until_seq)
+    if not recs and not corrupt:
+        raise NotInLogError(f"no device {device_id} of {resource} in the log")
+    if until_ns is not None:
+        recs = [r for r in recs if r.ts_ns <= until_ns]
+
+    def before(r: ev.Record) -> bool:
+        return (since_seq is not None and r.seq < since_seq) or (since_ns is not None and r.ts_ns < since_ns)
+
+    out = DeviceTimeline(
+        resource=resource,
+        device_id=device_id,
+        since=_window_at(since_seq, since_ns),
+        until=_window_at(until_seq, until_ns),
+        corrupt=corrupt,
+    )
+    holdings: list[Holding] = []
+    open_: dict[tuple[str, str], Holding] = {}
+    for r in recs:
+        e = r.event
+        a = at(r)
+        change: DeviceChange | None = None
+        if isinstance(e, ev.DevicesAdded):
+            info = next((d for d in e.devices if d.id == device_id), None)
+            if info is not None:
+                out.health, out.numa_nodes, out.listed = info.health, list(info.numa_nodes), True
+                change = DeviceChange(at=a, what="listed", health=info.health, numa_nodes=list(info.numa_nodes))
+        elif isinstance(e, ev.DeviceHealthChanged):
+            out.health, out.numa_nodes = e.health, list(e.numa_nodes)
+            change = DeviceChange(at=a, what="health", health=e.health, numa_nodes=list(e.numa_nodes))
+        elif isinstance(e, ev.DevicesRemoved):
+            out.listed = False
+            change = DeviceChange(at=a, what="removed", health=out.health, reason=e.reason)
+        elif isinstance(e, (ev.DevicesReserved, ev.DevicesAllocated)):
+            key = (e.pod_uid, e.container)
+            h = open_.get(key)
+            if h is None:
+                h = Holding(pod=PodName(uid=e.pod_uid), container=e.container, device_ids=list(e.device_ids), start=a)
+                open_[key] = h
+                holdings.append(h)
+            h.device_ids = list(e.device_ids)
+            if isinstance(e, ev.DevicesReserved):
+                h.reserved, h.choice, h.note = a, e.choice, e.note
+            else:
+                h.allocated = a
+        elif isinstance(e, (ev.DevicesReleased, ev.AllocationFailed)):
+            key = (e.pod_uid, e.container)
+            h = open_.pop(key, None)
+            if h is None:  # its start is older than the log (retention) or was corrupt
+                h = Holding(
+                    pod=PodName(uid=e.pod_uid), container=e.container, device_ids=list(e.device_ids), start=None
+                )
+                holdings.append(h)
+            h.end, h.still_held, h.released_by, h.reason = a, False, type(e).__name__, e.reason
+        if change is not None and not before(r):
+            out.changes.append(change)
+    names: dict[str, PodName] = {}
+    for h in holdings:
+        if h.end is not None and before_end(h.end, since_seq, since_ns):
+            continue
+        h.pod = pod_name(log, h.pod.uid, names)
+        out.holders.append(h)
+    return out
+
+
+def before_end(end: At, since_seq: int | None, since_ns: int | None) -> bool:
+    """A holding that ended before the window starts is outside it."""
+    return (since_seq is not None and end.seq < since_seq) or (since_ns is not None and end.ts_ns < since_ns)
+
+
+# --------------------------------------------------------------------------- pod
+
+
+def resolve_pod(log: EventLog, target: str) -> tuple[str, str, list[str]]:
+    """(uid, how it was resolved, other uids with that name) for ``UID`` or ``NAMESPACE/NAME``."""
+    if "/" not in target:
+        return target, "", []
+    namespace, name = target.split("/", 1)
+    uids: list[str] = []
+    for r in log.read_many(log.index_seqs(name_prefix(namespace, name))):
+        if isinstance(r, ev.Record) and isinstance(r.event, _NAMED):
+            uid = r.event.pod.uid
+            if uid in uids:
+                uids.remove(uid)
+            uids.append(uid)  # ordered by each uid's newest record
+    if not uids:
+        raise NotInLogError(f"no pod {namespace}/{name} in the log")
+    newest = uids[-1]
+    how = f"{namespace}/{name} is pod {newest}" + (
+        f" (the newest of {len(uids)} pods with that name)" if len(uids) > 1 else ""
+    )
+    return newest, how, [u for u in reversed(uids[:-1])]
+
+
+def pod_history(log: EventLog, uid_or_ns_name: str) -> PodHistory:
+    """Everything the pod asked for, got, was refused and released, with times and sequences."""
+    from eventsrc.cli.render import record_summary
+
+    uid, how, others = resolve_pod(log, uid_or_ns_name)
+    corrupt: list[int] = []
+    recs = _read(log, pod_prefix(uid), corrupt)
+    if not recs and not corrupt:
+        raise NotInLogError(f"no pod with uid {uid} in the log")
+    out = PodHistory(uid=uid, resolved=how, other_uids=others, corrupt=corrupt)
+    grants: dict[tuple[str, str], DeviceGrant] = {}
+    cpus: dict[str, CPUGrant] = {}
+    claims: dict[str, ClaimUse] = {}
+    for r in recs:
+        e = r.event
+        a = at(r)
+        out.events.append(Line(at=a, type=r.type, summary=record_summary(r)))
+        if isinstance(e, _NAMED) and not out.name:
+            out.namespace, out.name = e.pod.namespace, e.pod.name
+        if isinstance(e, ev.PodAdmissionStarted):
+            out.asked.append(Asked(at=a, type=r.type, containers=list(e.containers)))
+        elif isinstance(e, ev.PodAdmitted):
+            if not out.asked or (out.admitted and out.asked[-1].at.seq < out.admitted[-1].at.seq):
+                out.asked.append(Asked(at=a, type=r.type, containers=list(e.containers)))
+            out.admitted.append(Admitted(at=a, qos_class=e.qos_class))
+        elif isinstance(e, ev.AdmissionRejected):
+            out.refused.append(Refusal(at=a, reason=e.reason, container=e.container, topology_hint=e.topology_hint))
+        elif isinstance(e, ev.PodRemoved):
+            out.removed.append(Removal(at=a, reason=e.reason))
+        elif isinstance(e, (ev.DevicesReserved, ev.DevicesAllocated)):
+            g = grants.get((e.container, e.resource))
+            if g is None:
+                g = DeviceGrant(container=e.container, resource=e.resource, device_ids=list(e.device_ids))
+                grants[(e.container, e.resource)] = g
+                out.devices.append(g)
+            g.device_ids = list(e.device_ids)
+            if isinstance(e, ev.DevicesReserved):
+                g.reserved, g.choice, g.note = a, e.choice, e.note
+            else:
+                g.allocated, g.response = a, e.response
+        elif isinstance(e, (ev.DevicesReleased, ev.AllocationFailed)):
+            g = grants.pop((e.container, e.resource), None)
+            if g is None:
+                g = DeviceGrant(container=e.container, resource=e.resource, device_ids=list(e.device_ids))
+                out.devices.append(g)
+            if isinstance(e, ev.AllocationFailed):
+                g.failed = a
+            else:
+                g.released = a
+            g.reason = e.reason
+        elif isinstance(e, ev.CPUsAssigned):
+            c = CPUGrant(container=e.container, cpus=list(e.cpus), assigned=a)
+            cpus[e.container] = c
+            out.cpus.append(c)
+        elif isinstance(e, ev.CPUsReleased):
+            c2 = cpus.pop(e.container, None)
+            if c2 is not None:
+                c2.released, c2.reason = a, e.reason
+        elif isinstance(e, ev.PodReferenceAdded):
+            u = ClaimUse(uid=e.claim_uid, referenced=a)
+            claims[e.claim_uid] = u
+            out.claims.append(u)
+        elif isinstance(e, ev.PodReferenceRemoved):
+            u2 = claims.pop(e.claim_uid, None)
+            if u2 is None:
+                u2 = ClaimUse(uid=e.claim_uid)
+                out.claims.append(u2)
+            u2.unreferenced = a
+    for use in out.claims:
+        _fill_claim_use(log, use, out.corrupt)
+    return out
+
+
+def _fill_claim_use(log: EventLog, use: ClaimUse, corrupt: list[int]) -> None:
+    """The claim as it was while the pod used it: its name, driver, CDI devices, error."""
+    until = use.unreferenced.seq if use.unreferenced is not None else None
+    for r in _read(log, claim_prefix(use.uid), corrupt, 1, until):
+        e = r.event
+        if not isinstance(e, _CLAIM_EVENTS):
+            continue
+        use.namespace, use.name, use.driver = e.claim.namespace or use.namespace, e.claim.name or use.name, e.driver
+        use.state = _CLAIM_STATES[type(e)]
+        if isinstance(e, ev.ClaimPrepared):
+            use.cdi_devices = [i for d in e.devices for i in d.cdi_device_ids]
+            use.error = ""
+        elif isinstance(e, (ev.ClaimPrepareFailed, ev.ClaimUnprepareFailed)):
+            use.error = e.reason
+
+
+# --------------------------------------------------------------------------- claim
+
+_CLAIM_EVENTS = (
+    ev.ClaimPrepareStarted,
+    ev.ClaimPrepared,
+    ev.ClaimPrepareFailed,
+    ev.ClaimUnprepareStarted,
+    ev.ClaimUnprepared,
+    ev.ClaimUnprepareFailed,
+)
+_CLAIM_STATES: dict[type[ev._Event], str] = {
+    ev.ClaimPrepareStarted: "preparing",
+    ev.ClaimPrepared: "prepared",
+    ev.ClaimPrepareFailed: "prepare-failed",
+    ev.ClaimUnprepareStarted: "unpreparing",
+    ev.ClaimUnprepared: "unprepared",
+    ev.ClaimUnprepareFailed: "unprepare-failed",
+}
+
+
+def claim_history(log: EventLog, uid: str) -> ClaimHistory:
+    """The claim's prepare/unprepare lifecycle, the pods that referenced it, its devices, its errors."""
+    corrupt: list[int] = []
+    recs = _read(log, claim_prefix(uid), corrupt)
+    if not recs and not corrupt:
+        raise NotInLogError(f"no claim with uid {uid} in the log")
+    out = ClaimHistory(uid=uid, corrupt=corrupt)
+    pods: dict[str, ClaimPod] = {}
+    for r in recs:
+        e = r.event
+        a = at(r)
+        if isinstance(e, ev.PodReferenceAdded):
+            p = ClaimPod(pod=PodName(uid=e.pod_uid), referenced=a)
+            pods[e.pod_uid] = p
+            out.pods.append(p)
+        elif isinstance(e, ev.PodReferenceRemoved):
+            p2 = pods.pop(e.pod_uid, None)
+            if p2 is None:
+                p2 = ClaimPod(pod=PodName(uid=e.pod_uid))
+                out.pods.append(p2)
+            p2.unreferenced = a
+        elif isinstance(e, _CLAIM_EVENTS):
+            state = _CLAIM_STATES[type(e)]
+            out.namespace = e.claim.namespace or out.namespace
+            out.name = e.claim.name or out.name
+            out.driver = e.driver or out.driver
+            out.state = state
+            step = ClaimStep(at=a, type=r.type, state=state, driver=e.driver)
+            if isinstance(e, ev.ClaimPrepareStarted):
+                step.pod_uid = e.pod_uid
+            elif isinstance(e, ev.ClaimPrepared):
+                step.devices = list(e.devices)
+                out.devices = list(e.devices)
+                out.cdi_devices = [i for d in e.devices for i in d.cdi_device_ids]
+            elif isinstance(e, (ev.ClaimPrepareFailed, ev.ClaimUnprepareFailed)):
+                step.reason = e.reason
+                out.errors.append(step)
+            out.lifecycle.append(step)
+    names: dict[str, PodName] = {}
+    for p in out.pods:
+        p.pod = pod_name(log, p.pod.uid, names)
+    return out
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def to_json(answer: Struct) -> bytes:
+    return msgspec.json.encode(answer)
+
+
+def _when(a: At | None, none: str = "-") -> str:
+    return f"{a.time} (seq {a.seq})" if a is not None else none
+
+
+def _pod(p: PodName) -> str:
+    return f"{p.namespace}/{p.name} ({p.uid})" if p.name else f"? ({p.uid})"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+    return [
+        "  " + "  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]
+    ]
+
+
+def device_lines(t: DeviceTimeline) -> list[str]:
+    head = (
+        f"device {t.resource} {t.device_id}: {t.health or '?'}"
+        + (f", NUMA {','.join(map(str, t.numa_nodes))}" if t.numa_nodes else "")
+        + ("" if t.listed else ", not listed")
+    )
+    lines = [head]
+    if t.since or t.until:
+        lines.append(f"window: since {_point(t.since)}, until {_point(t.until)}")
+    lines.append(f"listing and health ({len(t.changes)})")
+    if t.changes:
+        rows = [
+            [str(c.at.seq), c.at.time, c.what, c.health, ",".join(map(str, c.numa_nodes)) or "-", c.reason or "-"]
+            for c in t.changes
+        ]
+        lines += _table(["SEQ", "TIME", "WHAT", "HEALTH", "NUMA", "REASON"], rows)
+    lines.append(f"holders ({len(t.holders)})")
+    if t.holders:
+        rows = [
+            [
+                f"{h.pod.namespace}/{h.pod.name}" if h.pod.name else "?",
+                h.pod.uid,
+                h.container,
+                _when(h.start, "(before the log)"),
+                _when(h.end, "still held"),
+                (f"{h.released_by}: {h.reason}" if h.reason else h.released_by) if h.end else "-",
+            ]
+            for h in t.holders
+        ]
+        lines += _table(["POD", "UID", "CONTAINER", "FROM", "UNTIL", "WHY RELEASED"], rows)
+    return lines
+
+
+def _point(a: At | None) -> str:
+    if a is None:
+        return "-"
+    return a.time if a.time else f"seq {a.seq}"
+
+
+def pod_lines(h: PodHistory) -> list[str]:
+    lines = [f"pod {h.namespace}/{h.name}  uid {h.uid}"]
+    if h.resolved:
+        lines.append(h.resolved + (f"; older: {', '.join(h.other_uids)}" if h.other_uids else ""))
+    lines.append("asked for")
+    for a in h.asked:
+        lines.append(f"  {_when(a.at)} {a.type}")
+        for c in a.containers:
+            req = " ".join(f"{k}={v}" for k, v in sorted(c.requests.items())) or "-"
+            lim = " ".join(f"{k}={v}" for k, v in sorted(c.limits.items())) or "-"
+            lines.append(
+                f"    container {c.name} ({c.kind}): requests {req}; limits {lim}"
+                + (f"; claims {','.join(c.claims)}" if c.claims else "")
+            )
+    for ad in h.admitted:
+        lines.append(f"admitted {_when(ad.at)}" + (f", QoS {ad.qos_class}" if ad.qos_class else ""))
+    for rf in h.refused:
+        lines.append(
+            f"refused {_when(rf.at)}: {rf.reason}"
+            + (f" (container {rf.container})" if rf.container else "")
+            + (f" (topology hint {rf.topology_hint})" if rf.topology_hint else "")
+        )
+    lines.append(f"devices ({len(h.devices)})")
+    for g in h.devices:
+        lines.append(f"  {g.container}: {g.resource} {','.join(g.device_ids)}")
+        if g.reserved:
+            lines.append(
+                f"    reserved  {_when(g.reserved)}"
+                + (f" chosen by {g.choice}" if g.choice else "")
+                + (f" ({g.note})" if g.note else "")
+            )
+        if g.allocated:
+            lines.append(f"    allocated {_when(g.allocated)}")
+            if g.response is not None:
+                lines += [f"      {x}" for x in _response_lines(g.response)]
+        if g.failed:
+            lines.append(f"    failed    {_when(g.failed)}: {g.reason}")
+        lines.append(
+            f"    released  {_when(g.released)}: {g.reason}"
+            if g.released
+            else ("    still held" if not g.failed else "")
+        )
+    lines = [x for x in lines if x]
+    lines.append(f"exclusive cpus ({len(h.cpus)})")
+    for cg in h.cpus:
+        lines.append(
+            f"  {cg.container}: {','.join(map(str, cg.cpus))} assigned {_when(cg.assigned)}; "
+            + (f"released {_when(cg.released)}: {cg.reason}" if cg.released else "still held")
+        )
+    lines.append(f"claims ({len(h.claims)})")
+    for u in h.claims:
+        lines.append(
+            f"  {u.namespace}/{u.name} ({u.uid}) driver {u.driver or '?'}, {u.state or '?'}; referenced {_when(u.referenced)}; "
+            + (f"let go {_when(u.unreferenced)}" if u.unreferenced else "still referenced")
+        )
+        if u.cdi_devices:
+            lines.append(f"    cdi: {' '.join(u.cdi_devices)}")
+        if u.error:
+            lines.append(f"    error: {u.error}")
+    for rm in h.removed:
+        lines.append(f"removed {_when(rm.at)}" + (f": {rm.reason}" if rm.reason else ""))
+    lines.append(f"records ({len(h.events)})")
+    lines += _table(["SEQ", "TIME", "TYPE", "EVENT"], [[str(x.at.seq), x.at.time, x.type, x.summary] for x in h.events])
+    return lines
+
+
+def _response_lines(r: ev.ContainerAllocation) -> list[str]:
+    out: list[str] = []
+    if r.envs:
+        out.append("envs: " + " ".join(f"{k}={v}" for k, v in sorted(r.envs.items())))
+    out += [f"mount: {m.host_path} -> {m.container_path}{' (ro)' if m.read_only else ''}" for m in r.mounts]
+    out += [f"device: {d.host_path} -> {d.container_path} ({d.permissions or '-'})" for d in r.devices]
+    if r.annotations:
+        out.append("annotations: " + " ".join(f"{k}={v}" for k, v in sorted(r.annotations.items())))
+    if r.cdi_devices:
+        out.append("cdi: " + " ".join(r.cdi_devices))
+    return out
+
+
+def claim_lines(c: ClaimHistory) -> list[str]:
+    lines = [f"claim {c.namespace}/{c.name}  uid {c.uid}  driver {c.driver or '?'}  {c.state or '?'}"]
+    if c.cdi_devices:
+        lines.append("cdi devices: " + " ".join(c.cdi_devices))
+    lines.append(f"lifecycle ({len(c.lifecycle)})")
+    rows = [
+        [
+            str(s.at.seq),
+            s.at.time,
+            s.type,
+            s.state,
+            (f"pod {s.pod_uid}" if s.pod_uid else "")
+            + " ".join(i for d in s.devices for i in d.cdi_device_ids)
+            + (s.reason or ""),
+        ]
+        for s in c.lifecycle
+    ]
+    if rows:
+        lines += _table(["SEQ", "TIME", "STEP", "STATE", "DETAIL"], rows)
+    lines.append(f"pods ({len(c.pods)})")
+    for p in c.pods:
+        lines.append(
+            f"  {_pod(p.pod)}: referenced {_when(p.referenced)}; "
+            + (f"let go {_when(p.unreferenced)}" if p.unreferenced else "still referenced")
+        )
+    lines.append(f"errors ({len(c.errors)})")
+    for s in c.errors:
+        lines.append(f"  {_when(s.at)} {s.type}: {s.reason}")
+    return lines
+
+
+# --------------------------------------------------------------------------- command
+
+
+def run(args: Any, log: EventLog) -> int:
+    """``eventsrc audit device|pod|claim``: print the answer; 1 when records were corrupt."""
+    import sys
+
+    what = args.audit
+    answer: DeviceTimeline | PodHistory | ClaimHistory
+    if what == "device":
+        since, until = parse_point(args.since, "--since"), parse_point(args.until, "--until")
+        timeline = device_timeline(
+            log, args.resource, args.device_id, since.ts_ns, until.ts_ns, since_seq=since.seq, until_seq=until.seq
+        )
+        answer, lines = timeline, device_lines(timeline)
+    elif what == "pod":
+        history = pod_history(log, args.pod)
+        answer, lines = history, pod_lines(history)
+    elif what == "claim":
+        claim = claim_history(log, args.claim)
+        answer, lines = claim, claim_lines(claim)
+    else:
+        raise UsageError(f"unknown audit query {what!r}")
+    if args.output == "json":
+        sys.stdout.buffer.write(to_json(answer) + b"\n")
+    else:
+        sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
+    if answer.corrupt:
+        seqs = ", ".join(str(s) for s in sorted(set(answer.corrupt)))
+        print(
+            f"eventsrc: error: corrupt record(s) at sequence {seqs}; the answer holds every other record",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

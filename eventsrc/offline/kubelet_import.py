@@ -1,0 +1,764 @@
+"""Read the kubelet's checkpoint files and turn them into the events that reproduce them.
+
+A node moves from the kubelet's managers to eventsrc without draining: ``eventsrc
+import-kubelet`` reads
+
+* the device manager's ``/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint``,
+* the CPU manager's ``/var/lib/kubelet/cpu_manager_state``,
+* the DRA manager's ``dra_manager_state``,
+
+verifies each checksum exactly as the kubelet does (a mismatch is an error naming the
+file and both checksums: report, never guess), and returns events for the log.
+
+The checksum schemes (``../shared/kubelet-api.md`` section 5):
+
+* **spew-FNV** (device manager, CPU manager): FNV-1a-32 of go-spew's ``%#v`` rendering of
+  the *parsed Go struct* (sorted map keys, no methods), so the text is rebuilt here from
+  the parsed values, with Go's type names and field order. The rendering depends on how
+  Go's ``encoding/json`` fills the struct: a missing key keeps the value the kubelet put
+  there before unmarshalling (an empty map or slice), ``null`` sets it to nil (``<nil>``).
+* **CRC32** (DRA, current): CRC-32/IEEE of the exact bytes of the ``Data`` string.
+
+Formats read:
+
+====================  ===============================================================
+device checkpoint     V2 (``DeviceIDs`` per NUMA node, 1.20+), with or without the
+                      ``BootID`` outside ``Data``; V1 (flat ``DeviceIDs``, <= 1.19).
+cpu_manager_state     V2 (entries pod -> container -> cpuset, 1.18+); V1 (entries keyed by
+                      container id: verified, but not importable, see ``events_from``).
+                      A checksum of 0 is accepted unverified, as the kubelet does.
+dra_manager_state     the CRC32 form (``{"Data": "<json>", "Checksum": crc}``), with or
+                      without ``ShareID``.
+====================  ===============================================================
+
+Refused with a clear message (their checksum rules are not established in the facts
+file, so they cannot be verified): the CPU manager's unreleased V3 (``podEntries``) and
+V4 (``data`` + ``checksum``) forms, and the old spew-FNV DRA form (``version``/``entries``
+with ``ResourceHandles``).
+
+Nothing here does I/O apart from the ``read_*`` helpers that read one file.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import zlib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from msgspec import Struct
+
+from eventsrc import events as ev
+from eventsrc.core.cpu.cpuset import CPUSet, CPUSetParseError
+from eventsrc.errors import EventsrcError
+
+__all__ = [
+    "CPUCheckpoint",
+    "CheckpointError",
+    "ChecksumMismatchError",
+    "DRACheckpoint",
+    "DeviceCheckpoint",
+    "ImportSummary",
+    "events_from",
+    "parse_cpu_state",
+    "parse_device_checkpoint",
+    "parse_dra_state",
+    "summarize",
+]
+
+DEVICE_CHECKPOINT = "kubelet_internal_checkpoint"
+CPU_STATE = "cpu_manager_state"
+DRA_STATE = "dra_manager_state"
+DRA_KIND = "DRACheckpoint"
+DRA_API_VERSION = "checkpoint.dra.kubelet.k8s.io/v1"
+IMPORT_REASON = "imported from the kubelet's checkpoint"
+
+
+class CheckpointError(EventsrcError):
+    """A checkpoint file that cannot be read or imported. The message names the file."""
+
+
+class ChecksumMismatchError(CheckpointError):
+    def __init__(self, source: str, stored: int, computed: int, scheme: str) -> None:
+        super().__init__(
+            f"{source}: checkpoint is corrupted: the file's checksum is {stored} but its content "
+            f"gives {computed} ({scheme})"
+        )
+        self.source = source
+        self.stored = stored
+        self.computed = computed
+
+
+# --------------------------------------------------------------------------- checksums
+
+
+def fnv32a(text: str) -> int:
+    """FNV-1a, 32 bits, over the UTF-8 bytes of ``text`` (Go's ``hash/fnv.New32a``)."""
+    h = 0x811C9DC5
+    for b in text.encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+def crc32(data: str) -> int:
+    """CRC-32/IEEE of the UTF-8 bytes of ``data`` (Go's ``hash/crc32.ChecksumIEEE``)."""
+    return zlib.crc32(data.encode()) & 0xFFFFFFFF
+
+
+# go-spew renderings of the values that occur in checkpoints. ``None`` is Go's nil.
+
+
+def _spew_strings(items: list[str] | None) -> str:
+    return "<nil>" if items is None else "[" + " ".join(items) + "]"
+
+
+def _spew_bytes(data: bytes | None) -> str:
+    return "<nil>" if data is None else "[" + " ".join(str(b) for b in data) + "]"
+
+
+def _spew_map(m: Mapping[Any, str] | None) -> str:
+    """``m`` maps keys (already sorted as Go sorts them: give ints for int keys) to the
+    rendered values."""
+    if m is None:
+        return "<nil>"
+    return "map[" + " ".join(f"{k}:{m[k]}" for k in sorted(m)) + "]"
+
+
+# --------------------------------------------------------------------------- JSON helpers
+
+
+def _decode_json(data: bytes | str, source: str) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{source}: not valid JSON: {exc}") from None
+
+
+def _field(obj: Mapping[str, Any], name: str, default: Any = ...) -> Any:
+    """Go's encoding/json key matching: the exact name first, then case-insensitively."""
+    if name in obj:
+        return obj[name]
+    lower = name.lower()
+    for k, v in obj.items():
+        if k.lower() == lower:
+            return v
+    return default
+
+
+def _has(obj: Mapping[str, Any], name: str) -> bool:
+    return _field(obj, name, _MISSING) is not _MISSING
+
+
+_MISSING = object()
+
+
+def _object(value: Any, what: str, source: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{source}: {what} must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _string(value: Any, what: str, source: str) -> str:
+    if value is None:
+        return ""  # Go: null leaves a string empty
+    if not isinstance(value, str):
+        raise CheckpointError(f"{source}: {what} must be a string, not {type(value).__name__}")
+    return value
+
+
+def _strings(value: Any, what: str, source: str) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise CheckpointError(f"{source}: {what} must be a list of strings")
+    return list(value)
+
+
+def _uint(value: Any, what: str, source: str, bits: int = 64) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < (1 << bits):
+        raise CheckpointError(f"{source}: {what} must be an unsigned {bits}-bit integer, not {value!r}")
+    return value
+
+
+def _cpuset(text: str, what: str, source: str) -> CPUSet:
+    try:
+        return CPUSet.parse(text)
+    except CPUSetParseError as exc:
+        raise CheckpointError(f"{source}: could not parse {what} {text!r}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- device manager
+
+
+class PodDevicesEntry(Struct, frozen=True, kw_only=True):
+    pod_uid: str
+    container_name: str
+    resource_name: str
+    # NUMA node -> device ids (-1: no topology). V1 files have one list, kept under ``None``
+    # in ``flat_device_ids``; ``None`` here is a JSON null (Go nil).
+    device_ids: dict[int, list[str] | None] | None = None
+    flat_device_ids: list[str] | None = None
+    alloc_resp: bytes | None = None
+
+    def all_device_ids(self) -> list[str]:
+        ids: list[str] = list(self.flat_device_ids or [])
+        for node in sorted(self.device_ids or {}):
+            ids.extend((self.device_ids or {})[node] or [])
+        return sorted(set(ids))
+
+    def numa_of(self) -> dict[str, list[int]]:
+        """Device id -> the NUMA nodes this entry places it on (none for -1 and for V1)."""
+        out: dict[str, list[int]] = {}
+        for node, ids in sorted((self.device_ids or {}).items()):
+            for i in ids or []:
+                nodes = out.setdefault(i, [])
+                if node >= 0 and node not in nodes:
+                    nodes.append(node)
+        return out
+
+
+class DeviceCheckpoint(Struct, frozen=True, kw_only=True):
+    source: str
+    version: str  # "v2" or "v1"
+    entries: list[PodDevicesEntry] | None  # None: "PodDeviceEntries": null
+    registered_devices: dict[str, list[str] | None] | None
+    checksum: int
+    boot_id: str = ""
+
+
+def device_checksum_text(cp: DeviceCheckpoint) -> str:
+    """The text the kubelet hashes: ``Data`` as a value of type ``checkpoint.checkpointData``
+    (V1 files: ``checkpointDataV1``/``PodDevicesEntryV1`` renamed to those names)."""
+    if cp.entries is None:
+        entries = "<nil>"
+    else:
+        parts = []
+        for e in cp.entries:
+            if cp.version == "v1":
+                ids = f"([]string){_spew_strings(e.flat_device_ids)}"
+            else:
+                per_numa = None if e.device_ids is None else {k: _spew_strings(v) for k, v in e.device_ids.items()}
+                ids = f"(checkpoint.DevicesPerNUMA){_spew_map(per_numa)}"
+            parts.append(
+                f"{{PodUID:(string){e.pod_uid} ContainerName:(string){e.container_name} "
+                f"ResourceName:(string){e.resource_name} DeviceIDs:{ids} AllocResp:([]uint8){_spew_bytes(e.alloc_resp)}}}"
+            )
+        entries = "[" + " ".join(parts) + "]"
+    reg = None if cp.registered_devices is None else {k: _spew_strings(v) for k, v in cp.registered_devices.items()}
+    return (
+        f"(checkpoint.checkpointData){{PodDeviceEntries:([]checkpoint.PodDevicesEntry){entries} "
+        f"RegisteredDevices:(map[string][]string){_spew_map(reg)}}}"
+    )
+
+
+def parse_device_checkpoint(data: bytes | str, source: str = DEVICE_CHECKPOINT) -> DeviceCheckpoint:
+    """Parse and verify the device manager's checkpoint (V2 or V1, with or without BootID)."""
+    top = _object(_decode_json(data, source), "the checkpoint", source)
+    body = _field(top, "Data", None)
+    # The kubelet unmarshals into checkpoint.New(make([]PodDevicesEntry, 0),
+    # make(map[string][]string)): a missing key keeps those empty values, null makes them nil.
+    raw_entries = _field(body, "PodDeviceEntries", []) if isinstance(body, dict) else []
+    raw_registered = _field(body, "RegisteredDevices", {}) if isinstance(body, dict) else {}
+    if body is not None and not isinstance(body, dict):
+        raise CheckpointError(f"{source}: Data must be a JSON object")
+    entries: list[PodDevicesEntry] | None = None
+    versions: set[str] = set()
+    if raw_entries is not None:
+        if not isinstance(raw_entries, list):
+            raise CheckpointError(f"{source}: Data.PodDeviceEntries must be a list")
+        entries = []
+        for n, raw in enumerate(raw_entries):
+            where = f"Data.PodDeviceEntries[{n}]"
+            e = _object(raw, where, source)
+            ids = _field(e, "DeviceIDs", None)
+            per_numa: dict[int, list[str] | None] | None = None
+            flat: list[str] | None = None
+            if isinstance(ids, list):
+                versions.add("v1")
+                flat = _strings(ids, f"{where}.DeviceIDs", source)
+            elif isinstance(ids, dict):
+                versions.add("v2")
+                per_numa = {}
+                for key, value in ids.items():
+                    try:
+                        node = int(key, 10)
+                    except ValueError:
+                        raise CheckpointError(
+                            f"{source}: {where}.DeviceIDs has a key that is not a NUMA node: {key!r}"
+                        ) from None
+                    per_numa[node] = _strings(value, f"{where}.DeviceIDs[{key}]", source)
+            elif ids is not None:
+                raise CheckpointError(f"{source}: {where}.DeviceIDs must be a map of NUMA node to device ids")
+            resp = _field(e, "AllocResp", None)
+            alloc: bytes | None = None
+            if resp is not None:
+                try:
+                    alloc = base64.b64decode(_string(resp, f"{where}.AllocResp", source), validate=True)
+                except binascii.Error as exc:
+                    raise CheckpointError(f"{source}: {where}.AllocResp is not base64: {exc}") from None
+            entries.append(
+                PodDevicesEntry(
+                    pod_uid=_string(_field(e, "PodUID", ""), f"{where}.PodUID", source),
+                    container_name=_string(_field(e, "ContainerName", ""), f"{where}.ContainerName", source),
+                    resource_name=_string(_field(e, "ResourceName", ""), f"{where}.ResourceName", source),
+                    device_ids=per_numa,
+                    flat_device_ids=flat,
+                    alloc_resp=alloc,
+                )
+            )
+    if len(versions) > 1:
+        raise CheckpointError(f"{source}: mixes V1 (flat) and V2 (per NUMA node) DeviceIDs")
+    registered: dict[str, list[str] | None] | None = None
+    if raw_registered is not None:
+        registered = {
+            k: _strings(v, f"Data.RegisteredDevices[{k}]", source)
+            for k, v in _object(raw_registered, "Data.RegisteredDevices", source).items()
+        }
+    cp = DeviceCheckpoint(
+        source=source,
+        version=versions.pop() if versions else "v2",  # without entries both render alike
+        entries=entries,
+        registered_devices=registered,
+        checksum=_uint(_field(top, "Checksum", 0), "Checksum", source),
+        boot_id=_string(_field(top, "BootID", ""), "BootID", source),
+    )
+    computed = fnv32a(device_checksum_text(cp))
+    if computed != cp.checksum:
+        raise ChecksumMismatchError(
+            source, cp.checksum, computed, f"spew-FNV-32a of the {cp.version.upper()} checkpointData"
+        )
+    return cp
+
+
+# --------------------------------------------------------------------------- CPU manager
+
+
+class CPUCheckpoint(Struct, frozen=True, kw_only=True):
+    source: str
+    version: str  # "v2" or "v1"
+    policy_name: str
+    default_cpu_set: str
+    # V2: pod uid -> container -> cpuset; None: "entries": null.
+    entries: dict[str, dict[str, str]] | None = None
+    # V1: container id -> cpuset.
+    container_entries: dict[str, str] | None = None
+    checksum: int = 0
+    verified: bool = True  # False: a checksum of 0, accepted unverified as the kubelet does
+
+
+def cpu_checksum_text(cp: CPUCheckpoint) -> str:
+    """``(*state.CPUManagerCheckpoint){...}`` with the checksum field set to 0 (V1 files:
+    ``CPUManagerCheckpointV1`` renamed to that name, entries typed ``map[string]string``)."""
+    if cp.version == "v1":
+        entries = f"(map[string]string){_spew_map(cp.container_entries)}"
+    else:
+        rendered = None if cp.entries is None else {p: _spew_map(c) for p, c in cp.entries.items()}
+        entries = f"(map[string]map[string]string){_spew_map(rendered)}"
+    return (
+        f"(*state.CPUManagerCheckpoint){{PolicyName:(string){cp.policy_name} "
+        f"DefaultCPUSet:(string){cp.default_cpu_set} Entries:{entries} Checksum:(checksum.Checksum)0}}"
+    )
+
+
+def parse_cpu_state(data: bytes | str, source: str = CPU_STATE) -> CPUCheckpoint:
+    """Parse and verify ``cpu_manager_state`` (V2, or V1 keyed by container id).
+
+    As the kubelet does, V1 is tried first and V2 next: a file both can read (no entries)
+    is whichever its checksum matches."""
+    top = _object(_decode_json(data, source), "the checkpoint", source)
+    if _has(top, "data") or _has(top, "podEntries"):
+        raise CheckpointError(
+            f"{source}: this is a newer CPU manager checkpoint format (with 'data' or 'podEntries', "
+            "written with the PodLevelResourceManagers feature); its checksum rules are not known to "
+            "eventsrc, so it cannot be verified and is not imported"
+        )
+    policy = _string(_field(top, "policyName", ""), "policyName", source)
+    default = _string(_field(top, "defaultCpuSet", ""), "defaultCpuSet", source)
+    checksum = _uint(_field(top, "checksum", 0), "checksum", source)
+    # new*Checkpoint() starts with an empty map: a missing key keeps it, null makes it nil.
+    raw = _field(top, "entries", {})
+    if raw is not None:
+        _object(raw, "entries", source)
+    candidates: list[CPUCheckpoint] = []
+    if raw is None or all(isinstance(v, str) for v in raw.values()):
+        candidates.append(
+            CPUCheckpoint(
+                source=source,
+                version="v1",
+                policy_name=policy,
+                default_cpu_set=default,
+                container_entries=None if raw is None else dict(raw),
+                checksum=checksum,
+            )
+        )
+    if raw is None or all(isinstance(v, dict) for v in raw.values()):
+        entries: dict[str, dict[str, str]] | None = None
+        if raw is not None:
+            entries = {}
+            for pod, containers in raw.items():
+                entries[pod] = {}
+                for name, cpus in containers.items():
+                    entries[pod][name] = _string(cpus, f"entries[{pod}][{name}]", source)
+        candidates.append(
+            CPUCheckpoint(
+                source=source,
+                version="v2",
+                policy_name=policy,
+                default_cpu_set=default,
+                entries=entries,
+                checksum=checksum,
+            )
+        )
+    if not candidates:
+        raise CheckpointError(
+            f"{source}: entries must map pod uids to containers (V2) or container ids to cpusets (V1)"
+        )
+    if checksum == 0:
+        # "compatibility with old file backend": the kubelet does not verify a zero checksum.
+        cp = msgspec.structs.replace(candidates[0], verified=False)
+    else:
+        computed = [fnv32a(cpu_checksum_text(c)) for c in candidates]
+        matching = [c for c, sum_ in zip(candidates, computed, strict=True) if sum_ == checksum]
+        if not matching:
+            scheme = f"spew-FNV-32a of the {candidates[-1].version.upper()} checkpoint"
+            if len(candidates) > 1:
+                scheme += f"; {computed[0]} read as {candidates[0].version.upper()}"
+            raise ChecksumMismatchError(source, checksum, computed[-1], scheme)
+        cp = matching[0]
+    _cpuset(cp.default_cpu_set, "the default cpu set", source)
+    for pod, containers in (cp.entries or {}).items():
+        for name, cpus in containers.items():
+            _cpuset(cpus, f"the cpuset of container {name!r} in pod {pod!r}", source)
+    for cid, cpus in (cp.container_entries or {}).items():
+        _cpuset(cpus, f"the cpuset of container id {cid!r}", source)
+    return cp
+
+
+# --------------------------------------------------------------------------- DRA manager
+
+
+class DRADevice(Struct, frozen=True, kw_only=True):
+    pool_name: str = ""
+    device_name: str = ""
+    share_id: str | None = None
+    request_names: list[str] | None = None
+    cdi_device_ids: list[str] | None = None
+
+
+class DRAClaim(Struct, frozen=True, kw_only=True):
+    claim_uid: str
+    claim_name: str = ""
+    namespace: str = ""
+    pod_uids: list[str] = []
+    # driver name -> its devices
+    driver_state: dict[str, list[DRADevice]] = {}
+
+
+class DRACheckpoint(Struct, frozen=True, kw_only=True):
+    source: str
+    entries: list[DRAClaim]
+    checksum: int
+
+
+def parse_dra_state(data: bytes | str, source: str = DRA_STATE) -> DRACheckpoint:
+    """Parse and verify ``dra_manager_state`` in its CRC32 form."""
+    top = _object(_decode_json(data, source), "the checkpoint", source)
+    if _has(top, "version") or (_has(top, "entries") and not _has(top, "Data")):
+        raise CheckpointError(
+            f"{source}: this is the old DRA checkpoint format (version/entries, a spew-FNV checksum over "
+            "alpha-API resource handles); its checksum rules are not known to eventsrc, so it cannot be "
+            "verified and is not imported"
+        )
+    inner = _string(_field(top, "Data", ""), "Data", source)
+    stored = _uint(_field(top, "Checksum", 0), "Checksum", source, bits=32)
+    computed = crc32(inner)
+    if computed != stored:
+        raise ChecksumMismatchError(source, stored, computed, "CRC-32/IEEE of the Data string")
+    body = _object(_decode_json(inner, f"{source}: Data"), "Data", source)
+    kind = _field(body, "kind", "")
+    api = _field(body, "apiVersion", "")
+    if kind != DRA_KIND or api != DRA_API_VERSION:
+        raise CheckpointError(
+            f"{source}: Data is kind {kind!r} apiVersion {api!r}; expected {DRA_KIND!r} {DRA_API_VERSION!r}"
+        )
+    claims = []
+    for n, raw in enumerate(_field(body, "Entries", None) or []):
+        where = f"Data.Entries[{n}]"
+        e = _object(raw, where, source)
+        drivers: dict[str, list[DRADevice]] = {}
+        for driver, state in (_object(_field(e, "DriverState", None) or {}, f"{where}.DriverState", source)).items():
+            devices = []
+            for m, d in enumerate(
+                _field(_object(state, f"{where}.DriverState[{driver}]", source), "Devices", None) or []
+            ):
+                dw = f"{where}.DriverState[{driver}].Devices[{m}]"
+                d = _object(d, dw, source)
+                share = _field(d, "ShareID", None)
+                devices.append(
+                    DRADevice(
+                        pool_name=_string(_field(d, "PoolName", ""), f"{dw}.PoolName", source),
+                        device_name=_string(_field(d, "DeviceName", ""), f"{dw}.DeviceName", source),
+                        share_id=None if share is None else _string(share, f"{dw}.ShareID", source),
+                        request_names=_strings(_field(d, "RequestNames", None), f"{dw}.RequestNames", source),
+                        cdi_device_ids=_strings(_field(d, "CDIDeviceIDs", None), f"{dw}.CDIDeviceIDs", source),
+                    )
+                )
+            drivers[driver] = devices
+        pods = _field(e, "PodUIDs", None) or {}
+        claims.append(
+            DRAClaim(
+                claim_uid=_string(_field(e, "ClaimUID", ""), f"{where}.ClaimUID", source),
+                claim_name=_string(_field(e, "ClaimName", ""), f"{where}.ClaimName", source),
+                namespace=_string(_field(e, "Namespace", ""), f"{where}.Namespace", source),
+                pod_uids=sorted(_object(pods, f"{where}.PodUIDs", source)),
+                driver_state=drivers,
+            )
+        )
+    return DRACheckpoint(source=source, entries=claims, checksum=stored)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def read_device_checkpoint(path: Path) -> DeviceCheckpoint:
+    return parse_device_checkpoint(_read(path), str(path))
+
+
+def read_cpu_state(path: Path) -> CPUCheckpoint:
+    return parse_cpu_state(_read(path), str(path))
+
+
+def read_dra_state(path: Path) -> DRACheckpoint:
+    return parse_dra_state(_read(path), str(path))
+
+
+# --------------------------------------------------------------------------- events
+
+
+def _allocation(entry: PodDevicesEntry, source: str) -> ev.ContainerAllocation:
+    """The plugin's ContainerAllocateResponse, stored proto-encoded in the checkpoint."""
+    from google.protobuf.message import DecodeError
+
+    from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as pb
+    from eventsrc.node.device_manager import allocation_from_proto
+
+    resp = pb.ContainerAllocateResponse()
+    try:
+        resp.ParseFromString(entry.alloc_resp or b"")
+    except DecodeError as exc:
+        raise CheckpointError(
+            f"{source}: the AllocResp of pod {entry.pod_uid} container {entry.container_name} "
+            f"resource {entry.resource_name} is not a ContainerAllocateResponse: {exc}"
+        ) from None
+    return allocation_from_proto(resp)
+
+
+class _Pod:
+    def __init__(self) -> None:
+        self.containers: dict[str, dict[str, str]] = {}  # name -> inferred requests (= limits)
+        self.exclusive_cpus = False
+
+
+def events_from(
+    device: DeviceCheckpoint | None = None,
+    cpu: CPUCheckpoint | None = None,
+    dra: DRACheckpoint | None = None,
+    *,
+    old_cpu_policy: Mapping[str, Any] | None = None,
+) -> list[ev._Event]:
+    """The events that reproduce the checkpoints' state, in the order a log would have them.
+
+    What the checkpoints say, and what is assumed:
+
+    * **Pods.** No checkpoint records a pod's namespace or name (only its uid), nor a
+      container's kind: every pod is admitted with an empty namespace and name, every
+      container as an app container. A pod's containers are the ones the device and CPU
+      checkpoints name (a pod only the DRA state knows gets no containers). Requests are
+      inferred where the kubelet's rules fix them: a container holding N devices of a
+      resource requested (and was limited to) N of it; a container with N exclusive CPUs
+      under the static policy was in a Guaranteed pod with an integer request of N CPUs.
+      Which container uses which claim is not recorded: containers get no claims.
+    * **Devices.** ``RegisteredDevices`` holds each resource's *healthy* device ids at write
+      time: they are added as Healthy, with the NUMA nodes an allocation entry places them
+      on (others' topology is unknown until the plugin lists them again). A held device
+      missing from that list was unhealthy or gone: it is not added, only held (health
+      Unknown). Each registered resource gets a PluginRegistered (the endpoint is not
+      recorded: left empty) followed by a PluginDisconnected, which is the kubelet's own
+      state after a restart: a stopped endpoint that the plugin must register again within
+      the grace period.
+    * **Allocations.** One DevicesAllocated per (pod, container, resource), with the
+      plugin's decoded ``AllocResp``. V1 device checkpoints carry no NUMA nodes.
+    * **CPUs.** PolicyConfigurationChanged(manager="cpu") with the policy name, one
+      CPUsAssigned per container, and (static policy) SharedPoolChanged with
+      ``defaultCpuSet``. The reserved CPUs are not in the file (they are in the shared
+      pool); the daemon records its own configuration when it starts. V1 files key their
+      entries by container id, which only the container runtime can map to pods: such a
+      file with entries is refused.
+    * **Claims.** PodReferenceAdded per (claim, pod) and ClaimPrepared with the devices and
+      CDI ids. A claim prepared by several drivers cannot be represented (eventsrc keeps one
+      driver per claim) and is refused.
+    """
+    pods: dict[str, _Pod] = {}
+    out: list[ev._Event] = []
+
+    def pod(uid: str) -> _Pod:
+        return pods.setdefault(uid, _Pod())
+
+    # ---- CPU manager: the policy first (it frames the assignments).
+    cpu_assignments: list[ev.CPUsAssigned] = []
+    if cpu is not None:
+        if cpu.version == "v1" and cpu.container_entries:
+            raise CheckpointError(
+                f"{cpu.source}: a V1 CPU manager checkpoint keys its {len(cpu.container_entries)} entries by "
+                "container id, which only the container runtime can map to pods; start a kubelet (1.18 or newer) "
+                "once to rewrite it in the V2 format, then import that"
+            )
+        new = {"policy": cpu.policy_name, "imported_from": cpu.source, "default_cpu_set": cpu.default_cpu_set}
+        out.append(ev.PolicyConfigurationChanged(manager="cpu", old=dict(old_cpu_policy or {}), new=new))
+        for uid, containers in sorted((cpu.entries or {}).items()):
+            p = pod(uid)
+            for name, text in sorted(containers.items()):
+                cpus = _cpuset(text, f"the cpuset of container {name!r} in pod {uid!r}", cpu.source)
+                requests = p.containers.setdefault(name, {})
+                if cpu.policy_name == "static" and cpus.size() > 0:
+                    requests["cpu"] = str(cpus.size())
+                    p.exclusive_cpus = True
+                cpu_assignments.append(ev.CPUsAssigned(pod_uid=uid, container=name, cpus=cpus.sorted_list()))
+
+    # ---- device manager: resources, their devices, then who holds what.
+    allocations: list[ev.DevicesAllocated] = []
+    if device is not None:
+        numa: dict[str, dict[str, list[int]]] = {}
+        for e in device.entries or []:
+            for i, nodes in e.numa_of().items():
+                numa.setdefault(e.resource_name, {})[i] = nodes
+        for resource, ids in sorted((device.registered_devices or {}).items()):
+            out.append(ev.PluginRegistered(resource=resource, endpoint=""))
+            listed = sorted(set(ids or []))
+            if listed:
+                known = numa.get(resource, {})
+                out.append(
+                    ev.DevicesAdded(
+                        resource=resource,
+                        devices=[ev.DeviceInfo(id=i, health="Healthy", numa_nodes=known.get(i, [])) for i in listed],
+                    )
+                )
+            out.append(
+                ev.PluginDisconnected(
+                    resource=resource, endpoint="", reason=f"{IMPORT_REASON}: the plugin must register again"
+                )
+            )
+        seen: set[tuple[str, str, str]] = set()
+        for e in device.entries or []:
+            key = (e.pod_uid, e.container_name, e.resource_name)
+            if key in seen:
+                raise CheckpointError(
+                    f"{device.source}: two entries for pod {e.pod_uid} container {e.container_name} "
+                    f"resource {e.resource_name}"
+                )
+            seen.add(key)
+            ids = e.all_device_ids()
+            pod(e.pod_uid).containers.setdefault(e.container_name, {})[e.resource_name] = str(len(ids))
+            allocations.append(
+                ev.DevicesAllocated(
+                    pod_uid=e.pod_uid,
+                    container=e.container_name,
+                    resource=e.resource_name,
+                    device_ids=ids,
+                    response=_allocation(e, device.source),
+                )
+            )
+
+    # ---- DRA manager: claims and the pods that reference them.
+    claims: list[ev._Event] = []
+    if dra is not None:
+        for c in dra.entries:
+            if len(c.driver_state) > 1:
+                raise CheckpointError(
+                    f"{dra.source}: claim {c.namespace}/{c.claim_name} ({c.claim_uid}) was prepared by "
+                    f"{len(c.driver_state)} drivers ({', '.join(sorted(c.driver_state))}); eventsrc keeps one "
+                    "driver per claim and cannot import it"
+                )
+            for uid in c.pod_uids:
+                pod(uid)
+                claims.append(ev.PodReferenceAdded(claim_uid=c.claim_uid, pod_uid=uid))
+            driver, devices = next(iter(c.driver_state.items()), ("", []))
+            claims.append(
+                ev.ClaimPrepared(
+                    claim=ev.ClaimRef(uid=c.claim_uid, namespace=c.namespace, name=c.claim_name),
+                    driver=driver,
+                    devices=[
+                        ev.PreparedDevice(
+                            request_names=list(d.request_names or []),
+                            pool_name=d.pool_name,
+                            device_name=d.device_name,
+                            cdi_device_ids=list(d.cdi_device_ids or []),
+                        )
+                        for d in devices
+                    ],
+                )
+            )
+
+    # ---- pods before what they hold (the views attach holdings to known pods only).
+    for uid, p in sorted(pods.items()):
+        specs = [
+            ev.ContainerSpec(name=name, kind="app", requests=dict(req), limits=dict(req))
+            for name, req in sorted(p.containers.items())
+        ]
+        out.append(
+            ev.PodAdmitted(pod=ev.PodRef(uid=uid), containers=specs, qos_class="Guaranteed" if p.exclusive_cpus else "")
+        )
+    out.extend(allocations)
+    out.extend(cpu_assignments)
+    if cpu is not None and cpu.policy_name == "static":
+        pool = _cpuset(cpu.default_cpu_set, "the default cpu set", cpu.source)
+        out.append(ev.SharedPoolChanged(cpus=pool.sorted_list(), reason=f"{IMPORT_REASON} ({cpu.source})"))
+    out.extend(claims)
+    return out
+
+
+class ImportSummary(Struct, kw_only=True):
+    events: int = 0
+    pods: int = 0
+    containers: int = 0
+    resources: int = 0
+    devices: int = 0
+    device_allocations: int = 0
+    cpu_assignments: int = 0
+    cpu_policy: str = ""
+    claims: int = 0
+
+
+def summarize(events: Iterable[ev._Event]) -> ImportSummary:
+    s = ImportSummary()
+    for e in events:
+        s.events += 1
+        if isinstance(e, ev.PodAdmitted):
+            s.pods += 1
+            s.containers += len(e.containers)
+        elif isinstance(e, ev.PluginRegistered):
+            s.resources += 1
+        elif isinstance(e, ev.DevicesAdded):
+            s.devices += len(e.devices)
+        elif isinstance(e, ev.DevicesAllocated):
+            s.device_allocations += 1
+        elif isinstance(e, ev.CPUsAssigned):
+            s.cpu_assignments += 1
+        elif isinstance(e, ev.PolicyConfigurationChanged):
+            s.cpu_policy = str(e.new.get("policy", ""))
+        elif isinstance(e, ev.ClaimPrepared):
+            s.claims += 1
+    return s

@@ -1,0 +1,615 @@
+"""Replay an eventsrc log, read-only: the views at a point, every event with its change,
+or a check of the invariants at every event.
+
+    eventsrc replay [PATH] [--until SEQ|TIME] [--from SEQ] [--step] [--check] [-o table|json]
+    tools/replay/replay.py PATH ...
+
+PATH is a kubelet root (with eventsrc/log/ inside), the log directory itself, or a
+directory holding a copied data.mdb (taken from another machine, say). The log is opened
+read-only and without LMDB's lock file, so nothing is ever written to what is read.
+Uses only eventsrc.log, eventsrc.state and eventsrc.core: never the daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import functools
+import json
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+from eventsrc.errors import EventsrcError
+
+if TYPE_CHECKING:
+    from eventsrc.core.invariants import Checker, Violation
+    from eventsrc.events import CorruptRecordError, Record
+    from eventsrc.log.store import EventLog
+    from eventsrc.state.views import DeviceView, Views
+
+# The heavy modules (lmdb, msgspec, the projections) are imported where they are used:
+# ``eventsrc`` builds this command's parser on every run.
+
+T = TypeVar("T")
+
+#: --reservation-timeout's default, as eventsrc.core.invariants has it.
+DEFAULT_RESERVATION_TIMEOUT = 120.0
+
+#: Replays shorter than this show no progress bar.
+PROGRESS_MIN = 20_000
+
+
+class UsageError(EventsrcError):
+    exit_code = 2
+
+
+def find_log(path: Path) -> Path:
+    for candidate in (path / "eventsrc" / "log", path / "log", path):
+        if (candidate / "data.mdb").is_file():
+            return candidate
+    if path.name == "data.mdb" and path.is_file():
+        return path.parent
+    raise EventsrcError(f"no eventsrc log at {path} (looked for eventsrc/log/data.mdb, log/data.mdb, data.mdb)")
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+@dataclass(frozen=True)
+class Until:
+    seq: int | None = None
+    ts_ns: int | None = None
+
+
+def parse_until(text: str | None) -> Until:
+    """``SEQ`` (digits) or an RFC 3339 time (``2026-11-21T23:40:00Z``; no zone: UTC)."""
+    if text is None:
+        return Until()
+    text = text.strip()
+    if text.isdigit():
+        return Until(seq=int(text))
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(
+            f"--until {text!r}: expected a sequence number or an RFC 3339 time like 2026-11-21T23:40:00Z"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    # Exact integer nanoseconds (a float would round).
+    delta = when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    ts_ns = (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
+    return Until(ts_ns=ts_ns)
+
+
+def add_arguments(p: argparse.ArgumentParser, path_required: bool = True) -> None:
+    path_help = "kubelet root, log directory, or directory with a copied data.mdb"
+    if path_required:
+        p.add_argument("path", type=Path, help=path_help)
+    else:
+        p.add_argument("path", type=Path, nargs="?", default=None, help=path_help + " (default: --root-dir)")
+    p.add_argument(
+        "--until",
+        default=None,
+        metavar="SEQ|TIME",
+        help="stop after record SEQ, or after the last record at or before TIME (RFC 3339, e.g. 2026-11-21T23:40:00Z)",
+    )
+    p.add_argument(
+        "--from",
+        dest="from_seq",
+        type=int,
+        default=1,
+        metavar="SEQ",
+        help="with --step or --check: the first event shown or checked (default 1)",
+    )
+    p.add_argument(
+        "--step", action="store_true", help="print every event with the change it made to the views, one line each"
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="evaluate the invariants at every event; stop at the first that breaks one and print it with the events sharing its correlation id (exit 1)",
+    )
+    p.add_argument(
+        "--reservation-timeout",
+        type=float,
+        default=DEFAULT_RESERVATION_TIMEOUT,
+        metavar="SECONDS",
+        help="with --check: how long a reservation may stay without an outcome (default %(default)g)",
+    )
+    p.add_argument(
+        "-o", "--output", choices=["table", "json"], default="table", help="output format (default %(default)s)"
+    )
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _records(log: EventLog, until: Until) -> Iterator[Record | CorruptRecordError]:
+    for item in log.records(1, until.seq):
+        if until.ts_ns is not None and not isinstance(item, Exception) and item.ts_ns > until.ts_ns:
+            return
+        yield item
+
+
+@contextlib.contextmanager
+def _progress(total: int, show: bool) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr for long replays, when a person is watching."""
+    if not show or total < PROGRESS_MIN or not sys.stderr.isatty():
+        yield lambda seq: None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(transient=True, console=Console(stderr=True)) as bar:
+        task = bar.add_task("replaying", total=total)
+        step = max(total // 200, 1)
+
+        def advance(seq: int) -> None:
+            if seq % step == 0:
+                bar.update(task, completed=seq)
+
+        yield advance
+
+
+# --------------------------------------------------------------------------- --step
+
+
+@dataclass(frozen=True)
+class Change:
+    what: str
+    before: str
+    after: str
+    #: devices of one resource are shown together: (resource, device id)
+    device: tuple[str, str] | None = None
+
+
+Probe = tuple[str, Callable[[], str], "tuple[str, str] | None"]
+
+
+def _holder(views: Views, holder: str) -> str:
+    from eventsrc.core.invariants import who
+
+    pod_uid, _, container = holder.partition("/")
+    return who(views, pod_uid, container)
+
+
+def _device_state(views: Views, d: DeviceView | None) -> str:
+    if d is None:
+        return "absent"
+    if not d.holder:
+        state = "free"
+    elif d.hold == "reserved":
+        state = f"reserved by {_holder(views, d.holder)}"
+    else:
+        state = f"allocated to {_holder(views, d.holder)}"
+    if d.removed:
+        return f"{state}, not listed"
+    return state if d.health == "Healthy" else f"{state} ({d.health})"
+
+
+def _cpus(ids: Iterable[int]) -> str:
+    from eventsrc.core.cpu.cpuset import CPUSet
+
+    s = str(CPUSet(ids))
+    return s or "none"
+
+
+def _probes(views: Views, rec: Record) -> list[Probe]:
+    """What ``rec`` may change, each with a function giving its state now (called before
+    and after the event is applied). Names are taken before, while the pod is known."""
+    from eventsrc import events as ev
+    from eventsrc.core.invariants import who
+
+    e = rec.event
+    out: list[Probe] = []
+
+    def device(resource: str, device_id: str) -> None:
+        def state() -> str:
+            return _device_state(views, views.devices.devices.get(resource, {}).get(device_id))
+
+        out.append((f"{device_id} {resource}", state, (resource, device_id)))
+
+    def pod(ref_uid: str, name: str) -> None:
+        def state() -> str:
+            p = views.pods.pods.get(ref_uid)
+            if p is not None:
+                return p.state
+            if isinstance(e, ev.AdmissionRejected) and ref_uid in views.pods.rejected:
+                return f"rejected ({views.pods.rejected[ref_uid]})"
+            return "removed" if isinstance(e, ev.PodRemoved) else "none"
+
+        out.append((f"pod {name}", state, None))
+
+    def cpus(pod_uid: str, container: str) -> None:
+        def state() -> str:
+            return _cpus(views.cpus.assignments.get(pod_uid, {}).get(container, []))
+
+        out.append((f"exclusive cpus of {who(views, pod_uid, container)}", state, None))
+
+    def claim(uid: str, namespace: str = "", name: str = "") -> None:
+        known = views.claims.claims.get(uid)
+        if not name and known is not None:
+            namespace, name = known.namespace, known.name
+        label = f"{namespace}/{name}" if name else uid
+
+        def state() -> str:
+            c = views.claims.claims.get(uid)
+            if c is None:
+                return "none"
+            pods = f" for {', '.join(who(views, p) for p in c.pods)}" if c.pods else ""
+            error = f" ({c.error})" if c.error and c.state.endswith("failed") else ""
+            return f"{c.state or 'referenced'}{error}{pods}"
+
+        out.append((f"claim {label}", state, None))
+
+    def plugin(resource: str, kind: str) -> None:
+        def state() -> str:
+            table = views.claims.drivers if kind == "DRAPlugin" else views.devices.plugins
+            p = table.get(resource)
+            if p is None:
+                return "none"
+            return f"connected at {p.endpoint}" if p.connected else "disconnected"
+
+        label = "DRA driver" if kind == "DRAPlugin" else "plugin"
+        out.append((f"{label} {resource}", state, None))
+
+    if isinstance(e, (ev.DaemonStarted, ev.DaemonStopped)):
+        m = views.meta
+        out.append(
+            (
+                "daemon",
+                lambda: f"running (instance {m.instance_id[:8]}, version {m.version})" if m.running else "stopped",
+                None,
+            )
+        )
+    elif isinstance(e, ev.CorruptRecordFound):
+        out.append(
+            (
+                f"record {e.seq}",
+                lambda: "reported corrupt" if e.seq in views.meta.corrupt_reported else "not reported",
+                None,
+            )
+        )
+    elif isinstance(e, ev.ConfigurationChanged):
+        out.append(
+            (
+                "configuration",
+                lambda: " ".join(f"{k}={_short(views.meta.config.get(k))}" for k in e.changed) or "-",
+                None,
+            )
+        )
+    elif isinstance(e, ev.PolicyConfigurationChanged):
+        if e.manager == "cpu":
+            out.append(
+                (
+                    "cpu policy",
+                    lambda: " ".join(f"{k}={_short(v)}" for k, v in views.cpus.policy.items()) or "none",
+                    None,
+                )
+            )
+    elif isinstance(e, (ev.PluginRegistered, ev.PluginDisconnected)):
+        plugin(e.resource, e.kind)
+    elif isinstance(e, ev.DevicesAdded):
+        for d in e.devices:
+            device(e.resource, d.id)
+    elif isinstance(
+        e, (ev.DevicesRemoved, ev.DevicesReserved, ev.DevicesAllocated, ev.AllocationFailed, ev.DevicesReleased)
+    ):
+        for device_id in e.device_ids:
+            device(e.resource, device_id)
+    elif isinstance(e, ev.ResourceDropped):
+        plugin(e.resource, "DevicePlugin")
+        for device_id in views.devices.devices.get(e.resource, {}):
+            device(e.resource, device_id)
+    elif isinstance(e, ev.DeviceHealthChanged):
+        device(e.resource, e.device_id)
+
+        def numa() -> str:
+            d = views.devices.devices.get(e.resource, {}).get(e.device_id)
+            return ",".join(map(str, d.numa_nodes)) or "none" if d is not None else "none"
+
+        out.append((f"NUMA nodes of {e.device_id} {e.resource}", numa, None))
+    elif isinstance(e, (ev.PodAdmissionStarted, ev.PodAdmitted, ev.AdmissionRejected)):
+        pod(e.pod.uid, f"{e.pod.namespace}/{e.pod.name}" if e.pod.name else e.pod.uid)
+    elif isinstance(e, ev.PodRemoved):
+        pod(e.pod_uid, who(views, e.pod_uid))
+    elif isinstance(e, (ev.CPUsAssigned, ev.CPUsReleased)):
+        cpus(e.pod_uid, e.container)
+    elif isinstance(e, ev.SharedPoolChanged):
+        out.append(("shared pool", lambda: _cpus(views.cpus.shared), None))
+    elif isinstance(
+        e,
+        (
+            ev.ClaimPrepareStarted,
+            ev.ClaimPrepared,
+            ev.ClaimPrepareFailed,
+            ev.ClaimUnprepareStarted,
+            ev.ClaimUnprepared,
+            ev.ClaimUnprepareFailed,
+        ),
+    ):
+        claim(e.claim.uid, e.claim.namespace, e.claim.name)
+    elif isinstance(e, (ev.PodReferenceAdded, ev.PodReferenceRemoved)):
+        claim(e.claim_uid)
+    return out
+
+
+def _short(value: Any) -> str:
+    from eventsrc.cli.render import _short as short
+
+    return short(value)
+
+
+def step(views: Views, item: Record | CorruptRecordError) -> list[Change]:
+    """Apply ``item`` to ``views`` and return what it changed."""
+    from eventsrc.state.apply import apply
+
+    return _tracked(views, item, lambda: apply(views, item))[1]
+
+
+def _tracked(views: Views, item: Record | CorruptRecordError, do: Callable[[], T]) -> tuple[T, list[Change]]:
+    """Run ``do`` (which applies ``item`` to ``views``) and return its result and what changed."""
+    if isinstance(item, Exception):
+        return do(), []
+    probes = _probes(views, item)
+    before = [state() for _, state, _ in probes]
+    result = do()
+    return result, [
+        Change(what, b, a, device)
+        for (what, state, device), b in zip(probes, before, strict=True)
+        if (a := state()) != b
+    ]
+
+
+def _ids(ids: list[str], limit: int = 8) -> str:
+    if len(ids) <= limit:
+        return ",".join(ids)
+    return ",".join(ids[:limit]) + f",… (+{len(ids) - limit})"
+
+
+def change_text(rec: Record, changes: list[Change]) -> str:
+    """The changes of one event as one readable line."""
+    if not changes:
+        from eventsrc.cli.render import record_summary
+
+        summary = record_summary(rec)
+        return "no change to the views" + (f" ({summary})" if summary else "")
+    parts: list[str] = []
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    for c in changes:
+        if c.device is None:
+            parts.append(f"{c.what}: {c.before} -> {c.after}")
+            continue
+        key = (c.device[0], c.before, c.after)
+        if key not in grouped:
+            grouped[key] = []
+            parts.append("")  # placeholder, filled below in order
+            grouped[key].append(str(len(parts) - 1))
+        grouped[key].append(c.device[1])
+    for (resource, before, after), (index, *ids) in grouped.items():
+        parts[int(index)] = f"{_ids(ids)} {resource}: {before} -> {after}"
+    reason = getattr(rec.event, "reason", "")
+    text = "; ".join(parts)
+    return f"{text} ({reason})" if reason and reason not in text else text
+
+
+def step_line(item: Record | CorruptRecordError, changes: list[Change]) -> str:
+    from eventsrc.cli.render import iso, raw_body
+    from eventsrc.events import FutureRecordError
+
+    if isinstance(item, FutureRecordError):  # shown raw: this code cannot say what it changed
+        return f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type_name + '?':<26}  {raw_body(item)} (v{item.version}, from a newer eventsrc; not applied)"
+    if isinstance(item, Exception):
+        return f"{item.seq:>8}  {'?':<27}  {'CORRUPT':<26}  {item.reason}"
+    return f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type:<26}  {change_text(item, changes)}"
+
+
+def step_json(item: Record | CorruptRecordError, changes: list[Change]) -> dict[str, Any]:
+    from eventsrc.cli.render import record_json
+
+    out = record_json(item)
+    if not isinstance(item, Exception):
+        out["changes"] = [{"what": c.what, "before": c.before, "after": c.after} for c in changes]
+        out["summary"] = change_text(item, changes)
+    return out
+
+
+# --------------------------------------------------------------------------- --check
+
+
+def correlated(log: EventLog, correlation_id: str) -> list[Record]:
+    """Every record of the log with ``correlation_id``, in order."""
+    if not correlation_id:
+        return []
+    return [r for r in log.records(1) if not isinstance(r, Exception) and r.correlation_id == correlation_id]
+
+
+def print_violation(v: Violation, related: list[Record], output: str) -> None:
+    from eventsrc.cli.render import RECORD_HEADER, record_json, record_line
+    from eventsrc.core.invariants import RULES
+
+    culprit = next((r for r in related if r.seq == v.seq), None)
+    if output == "json":
+        print(
+            json.dumps(
+                {
+                    "ok": False,
+                    "violation": {
+                        "rule": v.rule,
+                        "invariant": RULES.get(v.rule, ""),
+                        "message": v.message,
+                        "seq": v.seq,
+                        "detected_seq": v.detected_seq,
+                        "correlation_id": v.correlation_id,
+                    },
+                    "event": record_json(culprit) if culprit is not None else None,
+                    "correlated": [record_json(r) for r in related],
+                }
+            )
+        )
+        return
+    lines = [f"invariant broken at seq {v.seq}: {v.rule} ({RULES.get(v.rule, '')})", f"  {v.message}"]
+    if v.detected_seq != v.seq:
+        lines.append(f"  seen after seq {v.detected_seq}")
+    if culprit is not None:
+        lines += ["event:", "  " + record_line(culprit)]
+    lines.append(f"events with correlation id {v.correlation_id or '-'} ({len(related)}):")
+    lines.append("  " + RECORD_HEADER)
+    lines += [("> " if r.seq == v.seq else "  ") + record_line(r) for r in related]
+    print("\n".join(lines))
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def run(args: argparse.Namespace) -> int:
+    """The replay, from parsed arguments (``eventsrc replay`` and tools/replay share it)."""
+    from eventsrc.log.store import EventLog
+
+    until = parse_until(args.until)
+    if args.from_seq < 1:
+        raise UsageError("--from must be at least 1")
+    if args.reservation_timeout < 0:
+        raise UsageError("--reservation-timeout must not be negative")
+    path = args.path
+    if path is None:
+        root = getattr(args, "root_dir", None)
+        if root is None:
+            raise UsageError("no PATH given")
+        path = Path(root)
+    log = EventLog(find_log(path), readonly=True, lock=False)
+    try:
+        total = until.seq if until.seq is not None else log.last_seq()
+        if args.check:
+            return _check(log, until, args, total)
+        if args.step:
+            return _step(log, until, args, total)
+        return _views(log, until, args, total)
+    finally:
+        log.close()
+
+
+def _corrupt_note(views: Views, prog: str) -> int:
+    if views.meta.corrupt:
+        seqs = ", ".join(map(str, sorted(views.meta.corrupt)))
+        print(f"{prog}: corrupt record(s) at sequence {seqs}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _views(log: EventLog, until: Until, args: argparse.Namespace, total: int) -> int:
+    import msgspec
+
+    from eventsrc.state.apply import apply
+    from eventsrc.state.views import Views
+
+    views = Views()
+    with _progress(total, True) as advance:
+        for item in _records(log, until):
+            apply(views, item)
+            advance(item.seq)
+    if args.output == "json":
+        print(msgspec.json.encode(views).decode())
+    else:
+        from eventsrc.cli.render import console, views_tables
+
+        out = console()
+        for table in views_tables(views):
+            out.print(table)
+    return _corrupt_note(views, getattr(args, "prog", "eventsrc"))
+
+
+def _step(log: EventLog, until: Until, args: argparse.Namespace, total: int) -> int:
+    from eventsrc.state.views import Views
+
+    views = Views()
+    as_json = args.output == "json"
+    write = sys.stdout.write
+    with _progress(total, not sys.stdout.isatty()) as advance:
+        for item in _records(log, until):
+            changes = step(views, item)
+            advance(item.seq)
+            if item.seq < args.from_seq:
+                continue
+            if as_json:
+                write(json.dumps(step_json(item, changes)) + "\n")
+            else:
+                write(step_line(item, changes) + "\n")
+    sys.stdout.flush()
+    return _corrupt_note(views, getattr(args, "prog", "eventsrc"))
+
+
+def _group_complete(log: EventLog, checker: Checker) -> bool:
+    """Whether the replay's last run of records sharing a correlation id ends with it
+    (false when --until stopped inside it)."""
+    if not checker.group:
+        return True
+    last = checker.group[-1]
+    after = next(iter(log.records(last.seq + 1, last.seq + 1)), None)
+    return after is None or isinstance(after, Exception) or after.correlation_id != last.correlation_id
+
+
+def _check(log: EventLog, until: Until, args: argparse.Namespace, total: int) -> int:
+    from eventsrc.core.invariants import Checker
+
+    checker = Checker(reservation_timeout_ns=int(args.reservation_timeout * 1e9))
+    as_json = args.output == "json"
+    found: Violation | None = None
+    with _progress(total, not (args.step and sys.stdout.isatty())) as advance:
+        for item in _records(log, until):
+            if args.step:
+                # --step with --check: each line, and the check stops after the guilty one.
+                violations, changes = _tracked(checker.views, item, functools.partial(checker.feed, item))
+                if item.seq >= args.from_seq:
+                    line = json.dumps(step_json(item, changes)) if as_json else step_line(item, changes)
+                    sys.stdout.write(line + "\n")
+            else:
+                violations = checker.feed(item)
+            advance(item.seq)
+            violations = [v for v in violations if v.seq >= args.from_seq]
+            if violations:
+                found = violations[0]
+                break
+        else:
+            violations = [v for v in checker.finish(_group_complete(log, checker)) if v.seq >= args.from_seq]
+            found = violations[0] if violations else None
+    if found is not None:
+        print_violation(found, correlated(log, found.correlation_id), args.output)
+        return 1
+    if as_json:
+        print(json.dumps({"ok": True, "events": checker.events}))
+    else:
+        print(f"no invariant broken in {checker.events} events")
+    return _corrupt_note(checker.views, getattr(args, "prog", "eventsrc"))
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _Parser(prog="replay", description=(__doc__ or "").split("\n\n")[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    args.prog = "replay"
+    try:
+        return run(args)
+    except EventsrcError as err:
+        print(f"replay: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except BrokenPipeError:
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

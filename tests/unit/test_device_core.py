@@ -1,0 +1,375 @@
+"""The device manager's pure decisions: resource names and registration checks
+(eventsrc.core.devices.names), ListAndWatch diffs and what a restart must finish
+(eventsrc.core.devices.holds). Tables first, tests below.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from eventsrc import events as ev
+from eventsrc.core.devices.holds import list_and_watch_events, restart_events
+from eventsrc.core.devices.names import (
+    endpoint_error,
+    is_extended_resource_name,
+    registration_error,
+)
+from eventsrc.events import Record, decode_record, encode_payload
+from eventsrc.state.apply import apply, rebuild
+from eventsrc.state.views import Views
+
+# ============================================================= is_extended_resource_name
+# apimachinery/kubelet IsExtendedResourceName: has a "/", does not contain "kubernetes.io/",
+# does not start with "requests.", and "requests." + name is a qualified name (a DNS-1123
+# subdomain prefix of at most 253 characters, a 1-63 character name part).
+
+
+def _domain(*label_lengths: int) -> str:
+    return ".".join("a" * n for n in label_lengths)
+
+
+EXTENDED_RESOURCE_NAMES: list[tuple[str, bool]] = [
+    ("example.com/gpu", True),
+    ("vendor.example.com/a_b.c-1", True),
+    ("nvidia.com/gpu", True),
+    ("a/b", True),
+    ("example.com/GPU", True),  # the name part may be upper case
+    ("example.com/kubernetes.io", True),  # only "kubernetes.io/" is reserved
+    ("example.com/" + "a" * 63, True),
+    (_domain(61, 60, 60, 60) + "/x", True),  # "requests." + 244 = 253 characters
+    ("gpu", False),
+    ("", False),
+    ("kubernetes.io/gpu", False),
+    ("example.kubernetes.io/x", False),
+    ("requests.example.com/x", False),
+    ("Example.com/gpu", False),  # upper case domain
+    ("exa_mple.com/gpu", False),
+    ("example.com/", False),  # empty name part
+    ("/gpu", False),
+    ("example.com/-bad", False),
+    ("example.com/bad-", False),
+    ("example.com/g pu", False),
+    ("a/b/c", False),
+    ("example.com/" + "a" * 64, False),
+    (_domain(61, 61, 60, 60) + "/x", False),  # "requests." + 245 = 254 characters
+    ("example.com/gpu\n", False),  # Go's $ is the end of the text, not before a newline
+    ("example.com\n/gpu", False),
+]
+
+# ==================================================================== registration_error
+# The kubelet's Register: the version first, then the name; fmt's %q quoting.
+
+V1BETA1_ONLY = ' is not supported by kubelet. Supported version is ["v1beta1"]'
+REGISTRATIONS: list[tuple[str, str, str]] = [
+    ("v1beta1", "example.com/gpu", ""),
+    ("v1alpha", "example.com/gpu", 'requested API version "v1alpha"' + V1BETA1_ONLY),
+    ("", "example.com/gpu", 'requested API version ""' + V1BETA1_ONLY),
+    ("v1alpha", "gpu", 'requested API version "v1alpha"' + V1BETA1_ONLY),  # the version is checked first
+    ("v1\n", "example.com/gpu", 'requested API version "v1\\n"' + V1BETA1_ONLY),
+    ("v1beta1", "gpu", 'the ResourceName "gpu" is invalid'),
+    ("v1beta1", "kubernetes.io/gpu", 'the ResourceName "kubernetes.io/gpu" is invalid'),
+    ("v1beta1", "", 'the ResourceName "" is invalid'),
+    ("v1beta1", 'example.com/a"b', 'the ResourceName "example.com/a\\"b" is invalid'),
+    ("v1beta1", "example.com/a\\b\t", 'the ResourceName "example.com/a\\\\b\\t" is invalid'),
+]
+
+# ======================================================================== endpoint_error
+# eventsrc's rule: a plain file name inside the device-plugin directory.
+
+ENDPOINTS: list[tuple[str, bool]] = [
+    ("plugin.sock", True),
+    ("nvidia-gpu.sock", True),
+    ("", False),
+    ("a/b", False),
+    ("/var/lib/kubelet/device-plugins/x.sock", False),
+    ("../x", False),
+    ("..", False),
+    (".", False),
+    ("a\\b", False),
+    ("a\x00b", False),
+    ("kubelet.sock", False),
+]
+
+# ================================================================= list_and_watch_events
+# ``before``: the log so far; ``update``: the plugin's whole list; ``expected``: the events;
+# ``after``: every device of the resource once they are applied, as
+# id -> (health, numa nodes, holder, removed).
+
+GPU = "example.com/gpu"
+NIC = "example.com/nic"
+POD = ev.PodRef(uid="u1", namespace="ns", name="web")
+NOT_LISTED = "not in the plugin's list"
+
+
+def dev(device_id: str, health: str = "Healthy", numa: list[int] | None = None) -> ev.DeviceInfo:
+    return ev.DeviceInfo(id=device_id, health=health, numa_nodes=numa or [])
+
+
+LISTED = [
+    ev.PluginRegistered(resource=GPU, endpoint="gpu.sock"),
+    ev.DevicesAdded(resource=GPU, devices=[dev("d0", numa=[0]), dev("d1", numa=[1])]),
+]
+D1_HELD = [
+    *LISTED,
+    ev.PodAdmitted(pod=POD, containers=[ev.ContainerSpec(name="c", requests={GPU: "1"})]),
+    ev.DevicesAllocated(pod_uid="u1", container="c", resource=GPU, device_ids=["d1"]),
+]
+
+LIST_AND_WATCH: list[dict[str, Any]] = [
+    {
+        "id": "the first list adds every device",
+        "before": [ev.PluginRegistered(resource=GPU, endpoint="gpu.sock")],
+        "update": [dev("d0", numa=[0]), dev("d1", "Unhealthy")],
+        "expected": [ev.DevicesAdded(resource=GPU, devices=[dev("d0", numa=[0]), dev("d1", "Unhealthy")])],
+        "after": {"d0": ("Healthy", [0], "", False), "d1": ("Unhealthy", [], "", False)},
+    },
+    {
+        "id": "the same list changes nothing",
+        "before": LISTED,
+        "update": [dev("d1", numa=[1]), dev("d0", numa=[0])],
+        "expected": [],
+        "after": {"d0": ("Healthy", [0], "", False), "d1": ("Healthy", [1], "", False)},
+    },
+    {
+        "id": "a device becomes unhealthy",
+        "before": LISTED,
+        "update": [dev("d0", numa=[0]), dev("d1", "Unhealthy", [1])],
+        "expected": [ev.DeviceHealthChanged(resource=GPU, device_id="d1", health="Unhealthy", numa_nodes=[1])],
+        "after": {"d0": ("Healthy", [0], "", False), "d1": ("Unhealthy", [1], "", False)},
+    },
+    {
+        "id": "a device moves to another NUMA node",
+        "before": LISTED,
+        "update": [dev("d0", numa=[0, 1]), dev("d1", numa=[1])],
+        "expected": [ev.DeviceHealthChanged(resource=GPU, device_id="d0", health="Healthy", numa_nodes=[0, 1])],
+        "after": {"d0": ("Healthy", [0, 1], "", False), "d1": ("Healthy", [1], "", False)},
+    },
+    {
+        "id": "a device loses its topology",
+        "before": LISTED,
+        "update": [dev("d0"), dev("d1", numa=[1])],
+        "expected": [ev.DeviceHealthChanged(resource=GPU, device_id="d0", health="Healthy", numa_nodes=[])],
+        "after": {"d0": ("Healthy", [], "", False), "d1": ("Healthy", [1], "", False)},
+    },
+    {
+        "id": "added, changed and removed in one message",
+        "before": LISTED,
+        "update": [dev("d1", "Unhealthy", [1]), dev("d2", numa=[1])],
+        "expected": [
+            ev.DevicesAdded(resource=GPU, devices=[dev("d2", numa=[1])]),
+            ev.DeviceHealthChanged(resource=GPU, device_id="d1", health="Unhealthy", numa_nodes=[1]),
+            ev.DevicesRemoved(resource=GPU, device_ids=["d0"], reason=NOT_LISTED),
+        ],
+        "after": {"d1": ("Unhealthy", [1], "", False), "d2": ("Healthy", [1], "", False)},
+    },
+    {
+        "id": "an empty list removes every free device",
+        "before": LISTED,
+        "update": [],
+        "expected": [ev.DevicesRemoved(resource=GPU, device_ids=["d0", "d1"], reason=NOT_LISTED)],
+        "after": {},
+    },
+    {
+        "id": "a held device that vanishes stays with its holder, unhealthy",
+        "before": D1_HELD,
+        "update": [dev("d0", numa=[0])],
+        "expected": [ev.DevicesRemoved(resource=GPU, device_ids=["d1"], reason=NOT_LISTED)],
+        "after": {"d0": ("Healthy", [0], "", False), "d1": ("Unhealthy", [1], "u1/c", True)},
+    },
+    {
+        "id": "a vanished held device that comes back is listed again, still held",
+        "before": [*D1_HELD, ev.DevicesRemoved(resource=GPU, device_ids=["d1"], reason=NOT_LISTED)],
+        "update": [dev("d0", numa=[0]), dev("d1", numa=[1])],
+        "expected": [ev.DevicesAdded(resource=GPU, devices=[dev("d1", numa=[1])])],
+        "after": {"d0": ("Healthy", [0], "", False), "d1": ("Healthy", [1], "u1/c", False)},
+    },
+    {
+        "id": "a vanished held device that comes back unhealthy is listed again",
+        "before": [*D1_HELD, ev.DevicesRemoved(resource=GPU, device_ids=["d1"], reason=NOT_LISTED)],
+        "update": [dev("d0", numa=[0]), dev("d1", "Unhealthy", [1])],
+        "expected": [ev.DevicesAdded(resource=GPU, devices=[dev("d1", "Unhealthy", [1])])],
+        "after": {"d0": ("Healthy", [0], "", False), "d1": ("Unhealthy", [1], "u1/c", False)},
+    },
+    {
+        "id": "a device held before it was listed (health unknown) gets its health",
+        "before": [
+            ev.PodAdmitted(pod=POD, containers=[ev.ContainerSpec(name="c", requests={GPU: "1"})]),
+            ev.DevicesAllocated(pod_uid="u1", container="c", resource=GPU, device_ids=["d1"]),
+        ],
+        "update": [dev("d1", numa=[1])],
+        "expected": [ev.DeviceHealthChanged(resource=GPU, device_id="d1", health="Healthy", numa_nodes=[1])],
+        "after": {"d1": ("Healthy", [1], "u1/c", False)},
+    },
+    {
+        "id": "another resource's devices are not this one's",
+        "before": [*LISTED, ev.DevicesAdded(resource=NIC, devices=[dev("d0")])],
+        "update": [dev("d0", numa=[0]), dev("d1", numa=[1])],
+        "expected": [],
+        "after": {"d0": ("Healthy", [0], "", False), "d1": ("Healthy", [1], "", False)},
+    },
+]
+
+# ======================================================================== restart_events
+# ``before``: the log of the previous run; ``expected``: what the start records.
+
+RESTARTED = "the daemon restarted during the admission"
+NEVER_ADMITTED = "held by a pod that was never admitted"
+ADMITTING = [
+    *LISTED,
+    ev.DevicesAdded(resource=GPU, devices=[dev("d2", numa=[1])]),
+    ev.PodAdmissionStarted(
+        pod=POD,
+        containers=[
+            ev.ContainerSpec(name="main", requests={GPU: "2"}),
+            ev.ContainerSpec(name="side", kind="sidecar", requests={GPU: "1"}),
+        ],
+    ),
+    ev.DevicesReserved(pod_uid="u1", container="side", resource=GPU, device_ids=["d2"]),
+    ev.DevicesReserved(pod_uid="u1", container="main", resource=GPU, device_ids=["d1", "d0"]),
+    ev.CPUsAssigned(pod_uid="u1", container="main", cpus=[2, 3]),
+]
+
+RESTARTS: list[dict[str, Any]] = [
+    {"id": "an empty log: nothing to finish", "before": [], "expected": []},
+    {
+        "id": "a pod caught admitting gives its devices and CPUs back and is refused",
+        "before": ADMITTING,
+        "expected": [
+            ev.DevicesReleased(pod_uid="u1", container="main", resource=GPU, device_ids=["d0", "d1"], reason=RESTARTED),
+            ev.DevicesReleased(pod_uid="u1", container="side", resource=GPU, device_ids=["d2"], reason=RESTARTED),
+            ev.CPUsReleased(pod_uid="u1", container="main", cpus=[2, 3], reason=RESTARTED),
+            ev.AdmissionRejected(pod=POD, reason=RESTARTED),
+            ev.PluginDisconnected(
+                resource=GPU, endpoint="gpu.sock", kind="DevicePlugin", reason="the daemon restarted"
+            ),
+        ],
+    },
+    {
+        "id": "a pod caught admitting before it held anything is refused",
+        "before": [ev.PodAdmissionStarted(pod=POD, containers=[ev.ContainerSpec(name="c")])],
+        "expected": [ev.AdmissionRejected(pod=POD, reason=RESTARTED)],
+    },
+    {
+        "id": "an admitted pod keeps its devices; a disconnected plugin is left alone",
+        "before": [
+            *D1_HELD,
+            ev.PluginRegistered(resource=NIC, endpoint="nic.sock"),
+            ev.PluginDisconnected(resource=NIC, endpoint="nic.sock"),
+        ],
+        "expected": [
+            ev.PluginDisconnected(resource=GPU, endpoint="gpu.sock", kind="DevicePlugin", reason="the daemon restarted")
+        ],
+    },
+    {
+        "id": "every connected plugin must register again",
+        "before": [
+            ev.PluginRegistered(resource=GPU, endpoint="gpu.sock"),
+            ev.PluginRegistered(resource=NIC, endpoint="nic.sock"),
+        ],
+        "expected": [
+            ev.PluginDisconnected(
+                resource=GPU, endpoint="gpu.sock", kind="DevicePlugin", reason="the daemon restarted"
+            ),
+            ev.PluginDisconnected(
+                resource=NIC, endpoint="nic.sock", kind="DevicePlugin", reason="the daemon restarted"
+            ),
+        ],
+    },
+    {
+        "id": "a refusal recorded before the crash is not repeated",
+        "before": [*ADMITTING[:4], ev.AdmissionRejected(pod=POD, reason="no")],
+        "expected": [
+            ev.PluginDisconnected(resource=GPU, endpoint="gpu.sock", kind="DevicePlugin", reason="the daemon restarted")
+        ],
+    },
+    {
+        "id": "devices held by a pod the views never admitted are released",
+        "before": [
+            ev.DevicesAdded(resource=GPU, devices=[dev("d0"), dev("d1")]),
+            ev.DevicesReserved(pod_uid="ghost", container="c", resource=GPU, device_ids=["d1", "d0"]),
+        ],
+        "expected": [
+            ev.DevicesReleased(
+                pod_uid="ghost", container="c", resource=GPU, device_ids=["d0", "d1"], reason=NEVER_ADMITTED
+            )
+        ],
+    },
+]
+
+
+# =========================================================================== helpers
+
+
+def as_records(evs: list[ev._Event], start: int = 1) -> list[Record]:
+    return [decode_record(i, encode_payload(e, 1000 + i, f"c{i // 3}")) for i, e in enumerate(evs, start=start)]
+
+
+def record(views: Views, evs: list[ev._Event]) -> Views:
+    for r in as_records(evs, start=views.meta.last_seq + 1):
+        apply(views, r)
+    return views
+
+
+def known_to_the_shell(views: Views, resource: str) -> dict[str, Any]:
+    # What plugins/device_plugins.py passes: the resource's devices still in the plugin's list.
+    return {k: d for k, d in views.devices.devices.get(resource, {}).items() if not d.removed}
+
+
+# =========================================================================== tests
+
+
+@pytest.mark.parametrize(
+    ("name", "valid"), EXTENDED_RESOURCE_NAMES, ids=[repr(n)[:40] for n, _ in EXTENDED_RESOURCE_NAMES]
+)
+def test_is_extended_resource_name(name: str, valid: bool) -> None:
+    assert is_extended_resource_name(name) is valid
+
+
+@pytest.mark.parametrize(("version", "resource", "message"), REGISTRATIONS)
+def test_registration_error(version: str, resource: str, message: str) -> None:
+    assert registration_error(version, resource) == message
+
+
+@pytest.mark.parametrize(("endpoint", "ok"), ENDPOINTS, ids=[repr(e) for e, _ in ENDPOINTS])
+def test_endpoint_error(endpoint: str, ok: bool) -> None:
+    error = endpoint_error(endpoint)
+    assert (error == "") is ok
+    assert "\n" not in error
+
+
+@pytest.mark.parametrize("case", LIST_AND_WATCH, ids=lambda c: c["id"])
+def test_list_and_watch_events(case: dict[str, Any]) -> None:
+    views = rebuild(as_records(case["before"]))
+    others = {r: t for r, t in views.devices.devices.items() if r != GPU}
+    events = list_and_watch_events(GPU, known_to_the_shell(views, GPU), case["update"])
+    assert events == case["expected"]
+
+    record(views, events)
+    table = views.devices.devices.get(GPU, {})
+    after = {i: (d.health, d.numa_nodes, d.holder, d.removed) for i, d in table.items()}
+    assert after == case["after"]
+    assert {r: t for r, t in views.devices.devices.items() if r != GPU} == others
+    # The views now match the list: the same message again changes nothing.
+    assert list_and_watch_events(GPU, known_to_the_shell(views, GPU), case["update"]) == []
+
+
+@pytest.mark.parametrize("case", RESTARTS, ids=lambda c: c["id"])
+def test_restart_events(case: dict[str, Any]) -> None:
+    views = rebuild(as_records(case["before"]))
+    events = restart_events(views)
+    assert events == case["expected"]
+
+    record(views, events)
+    assert all(p.state != "admitting" for p in views.pods.pods.values())
+    assert not any(p.connected for p in views.devices.plugins.values())
+    for table in views.devices.devices.values():
+        for d in table.values():
+            assert not d.holder or d.holder.split("/", 1)[0] in views.pods.pods
+    assert all(uid in views.pods.pods for uid in views.cpus.assignments if views.cpus.assignments[uid])
+    for e in events:
+        if isinstance(e, ev.AdmissionRejected):
+            assert views.pods.rejected[e.pod.uid] == RESTARTED
+    # Everything is finished: a second start has nothing left to do.
+    assert restart_events(views) == []

@@ -1,0 +1,311 @@
+"""Projections: reducers are total and pure; full rebuild == incremental == snapshot + tail."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import msgspec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from eventsrc import events as ev
+from eventsrc.events import Record, decode_record, encode_payload
+from eventsrc.log.snapshots import encode_snapshot, load_views, write_snapshot
+from eventsrc.log.store import EventLog
+from eventsrc.state.apply import apply, apply_all, rebuild
+from eventsrc.state.views import Views
+
+# Small vocabularies so that random events collide on the same pods, devices and claims.
+pods = st.sampled_from(["p1", "p2", "p3"])
+containers = st.sampled_from(["main", "init", "side"])
+resources = st.sampled_from(["example.com/gpu", "example.com/nic"])
+device_ids = st.lists(st.sampled_from(["d0", "d1", "d2", "d3"]), max_size=3, unique=True)
+health = st.sampled_from(["Healthy", "Unhealthy"])
+numa = st.lists(st.integers(0, 3), max_size=2)
+cpus = st.lists(st.integers(0, 15), max_size=4, unique=True)
+claim_refs = st.builds(
+    ev.ClaimRef, uid=st.sampled_from(["c1", "c2"]), namespace=st.just("ns"), name=st.sampled_from(["a", "b"])
+)
+drivers = st.sampled_from(["gpu.example.com", "nic.example.com"])
+text = st.sampled_from(["", "why", "because"])
+pod_refs = st.builds(ev.PodRef, uid=pods, namespace=st.just("default"), name=st.sampled_from(["web", "job"]))
+container_specs = st.builds(
+    ev.ContainerSpec,
+    name=containers,
+    kind=st.sampled_from(["init", "sidecar", "app"]),
+    requests=st.dictionaries(resources, st.sampled_from(["1", "2"]), max_size=1),
+)
+allocation = st.builds(
+    ev.ContainerAllocation,
+    envs=st.dictionaries(st.sampled_from(["A", "B"]), st.sampled_from(["1", "2"]), max_size=2),
+    cdi_devices=st.lists(st.sampled_from(["v/x=1", "v/x=2"]), max_size=2),
+)
+
+STRATEGIES: dict[type, st.SearchStrategy] = {
+    ev.DaemonStarted: st.builds(
+        ev.DaemonStarted, boot_id=text, version=st.just("0.1.0"), instance_id=text, config=st.just({"k": 1})
+    ),
+    ev.DaemonStopped: st.builds(ev.DaemonStopped, boot_id=text, instance_id=text, reason=text),
+    ev.CorruptRecordFound: st.builds(ev.CorruptRecordFound, seq=st.integers(1, 50), reason=text),
+    ev.PolicyConfigurationChanged: st.builds(
+        ev.PolicyConfigurationChanged, manager=st.sampled_from(["cpu", "topology"]), new=st.just({"policy": "static"})
+    ),
+    ev.ConfigurationChanged: st.builds(
+        ev.ConfigurationChanged,
+        old=st.just({"k": 1}),
+        new=st.sampled_from([{"k": 2}, {"k": 1, "logLevel": "debug"}]),
+        changed=st.sampled_from([["k"], ["logLevel"]]),
+    ),
+    ev.PluginRegistered: st.builds(
+        ev.PluginRegistered,
+        resource=resources | drivers,
+        endpoint=st.sampled_from(["a.sock", "b.sock"]),
+        kind=st.sampled_from(["DevicePlugin", "DRAPlugin"]),
+    ),
+    ev.PluginRegistrationRejected: st.builds(
+        ev.PluginRegistrationRejected, resource=resources, endpoint=st.just("x.sock"), reason=text
+    ),
+    ev.PluginDisconnected: st.builds(
+        ev.PluginDisconnected,
+        resource=resources | drivers,
+        endpoint=st.sampled_from(["", "a.sock", "b.sock"]),
+        kind=st.sampled_from(["DevicePlugin", "DRAPlugin"]),
+    ),
+    ev.DevicesAdded: st.builds(
+        ev.DevicesAdded,
+        resource=resources,
+        devices=st.lists(
+            st.builds(ev.DeviceInfo, id=st.sampled_from(["d0", "d1", "d2", "d3"]), health=health, numa_nodes=numa),
+            max_size=3,
+        ),
+    ),
+    ev.DevicesRemoved: st.builds(ev.DevicesRemoved, resource=resources, device_ids=device_ids, reason=text),
+    ev.ResourceDropped: st.builds(ev.ResourceDropped, resource=resources, reason=text),
+    ev.DeviceHealthChanged: st.builds(
+        ev.DeviceHealthChanged,
+        resource=resources,
+        device_id=st.sampled_from(["d0", "d1", "d9"]),
+        health=health,
+        numa_nodes=numa,
+    ),
+    ev.PodAdmissionStarted: st.builds(
+        ev.PodAdmissionStarted, pod=pod_refs, containers=st.lists(container_specs, max_size=2)
+    ),
+    ev.PodAdmitted: st.builds(ev.PodAdmitted, pod=pod_refs, containers=st.lists(container_specs, max_size=2)),
+    ev.AdmissionRejected: st.builds(ev.AdmissionRejected, pod=pod_refs, reason=text),
+    ev.PodRemoved: st.builds(ev.PodRemoved, pod_uid=pods),
+    ev.DevicesReserved: st.builds(
+        ev.DevicesReserved,
+        pod_uid=pods,
+        container=containers,
+        resource=resources,
+        device_ids=device_ids,
+        choice=st.sampled_from(["", "kept", "plugin", "daemon"]),
+    ),
+    ev.DevicesAllocated: st.builds(
+        ev.DevicesAllocated,
+        pod_uid=pods,
+        container=containers,
+        resource=resources,
+        device_ids=device_ids,
+        response=allocation,
+    ),
+    ev.AllocationFailed: st.builds(
+        ev.AllocationFailed, pod_uid=pods, container=containers, resource=resources, device_ids=device_ids, reason=text
+    ),
+    ev.DevicesReleased: st.builds(
+        ev.DevicesReleased, pod_uid=pods, container=containers, resource=resources, device_ids=device_ids
+    ),
+    ev.CPUsAssigned: st.builds(ev.CPUsAssigned, pod_uid=pods, container=containers, cpus=cpus),
+    ev.CPUsReleased: st.builds(ev.CPUsReleased, pod_uid=pods, container=containers, cpus=cpus),
+    ev.SharedPoolChanged: st.builds(ev.SharedPoolChanged, cpus=cpus, reason=text),
+    ev.ClaimPrepareStarted: st.builds(ev.ClaimPrepareStarted, claim=claim_refs, driver=drivers, pod_uid=pods),
+    ev.ClaimPrepared: st.builds(
+        ev.ClaimPrepared,
+        claim=claim_refs,
+        driver=drivers,
+        devices=st.lists(
+            st.builds(ev.PreparedDevice, pool_name=st.just("pool"), device_name=st.sampled_from(["g0", "g1"])),
+            max_size=2,
+        ),
+    ),
+    ev.ClaimPrepareFailed: st.builds(ev.ClaimPrepareFailed, claim=claim_refs, driver=drivers, reason=text),
+    ev.ClaimUnprepareStarted: st.builds(ev.ClaimUnprepareStarted, claim=claim_refs, driver=drivers),
+    ev.ClaimUnprepared: st.builds(ev.ClaimUnprepared, claim=claim_refs, driver=drivers),
+    ev.ClaimUnprepareFailed: st.builds(ev.ClaimUnprepareFailed, claim=claim_refs, driver=drivers, reason=text),
+    ev.PodReferenceAdded: st.builds(ev.PodReferenceAdded, claim_uid=st.sampled_from(["c1", "c2"]), pod_uid=pods),
+    ev.PodReferenceRemoved: st.builds(ev.PodReferenceRemoved, claim_uid=st.sampled_from(["c1", "c2"]), pod_uid=pods),
+}
+events = st.one_of(*STRATEGIES.values())
+
+
+def test_the_strategy_covers_every_event_type() -> None:
+    assert {t.__name__ for t in STRATEGIES} == set(ev.EVENT_TYPES)
+
+
+def as_records(evs: list[ev._Event]) -> list[Record]:
+    return [decode_record(i, encode_payload(e, 1000 + i, f"c{i // 3}")) for i, e in enumerate(evs, start=1)]
+
+
+def canonical(v: Views) -> bytes:
+    # Through msgpack and back: what a snapshot would hold, with dict order kept.
+    return msgspec.msgpack.encode(v)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(events, max_size=60), st.data())
+def test_full_rebuild_equals_incremental_equals_snapshot_plus_tail(evs: list[ev._Event], data: st.DataObject) -> None:
+    records = as_records(evs)
+    full = rebuild(records)
+
+    # Incremental, as the daemon does it: the events it just appended, never decoded.
+    incremental = Views()
+    for i, e in enumerate(evs, start=1):
+        apply(incremental, Record(i, 1000 + i, f"c{i // 3}", e.VERSION, e))  # type: ignore[arg-type]
+    assert incremental == full
+
+    cut = data.draw(st.integers(0, len(records)))
+    head = rebuild(records[:cut])
+    snapshot = msgspec.msgpack.decode(msgspec.msgpack.encode(head), type=Views)
+    assert snapshot == head
+    resumed = apply_all(snapshot, records[cut:])
+    assert resumed == full
+    assert canonical(resumed) == canonical(full)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(events, max_size=40))
+def test_reducers_do_not_touch_their_event_or_depend_on_anything_else(evs: list[ev._Event]) -> None:
+    records = as_records(evs)
+    before = copy.deepcopy(records)
+    a = rebuild(records)
+    b = rebuild(records)
+    assert a == b
+    assert records == before
+
+
+def test_allocation_lifecycle_in_the_views() -> None:
+    gpu = "example.com/gpu"
+    records = as_records(
+        [
+            ev.PluginRegistered(resource=gpu, endpoint="gpu.sock"),
+            ev.DevicesAdded(resource=gpu, devices=[ev.DeviceInfo(id="g0", health="Healthy", numa_nodes=[0])]),
+            ev.PodAdmitted(
+                pod=ev.PodRef(uid="u1", namespace="ns", name="p"),
+                containers=[ev.ContainerSpec(name="c", requests={gpu: "1"})],
+            ),
+            ev.DevicesReserved(pod_uid="u1", container="c", resource=gpu, device_ids=["g0"]),
+        ]
+    )
+    v = rebuild(records)
+    assert (v.devices.devices[gpu]["g0"].holder, v.devices.devices[gpu]["g0"].hold) == ("u1/c", "reserved")
+    apply(
+        v,
+        as_records(
+            [
+                ev.DevicesAllocated(
+                    pod_uid="u1",
+                    container="c",
+                    resource=gpu,
+                    device_ids=["g0"],
+                    response=ev.ContainerAllocation(envs={"X": "1"}),
+                )
+            ]
+        )[0],
+    )
+    assert v.devices.devices[gpu]["g0"].hold == "allocated"
+    assert v.pods.pods["u1"].containers["c"].allocations[gpu].envs == {"X": "1"}
+    # A release by someone else does not free it.
+    apply(v, as_records([ev.DevicesReleased(pod_uid="u2", container="c", resource=gpu, device_ids=["g0"])])[0])
+    assert v.devices.devices[gpu]["g0"].holder == "u1/c"
+    apply(v, as_records([ev.DevicesReleased(pod_uid="u1", container="c", resource=gpu, device_ids=["g0"])])[0])
+    assert v.devices.devices[gpu]["g0"].holder == ""
+    assert v.pods.pods["u1"].containers["c"].devices == {}
+
+
+def test_claim_shared_by_two_pods_stays_until_both_are_gone() -> None:
+    claim = ev.ClaimRef(uid="c1", namespace="ns", name="shared")
+    v = rebuild(
+        as_records(
+            [
+                ev.PodReferenceAdded(claim_uid="c1", pod_uid="a"),
+                ev.ClaimPrepareStarted(claim=claim, driver="d", pod_uid="a"),
+                ev.ClaimPrepared(claim=claim, driver="d"),
+                ev.PodReferenceAdded(claim_uid="c1", pod_uid="b"),
+                ev.PodReferenceRemoved(claim_uid="c1", pod_uid="a"),
+            ]
+        )
+    )
+    assert v.claims.claims["c1"].state == "prepared" and v.claims.claims["c1"].pods == ["b"]
+
+
+def _fill(log: EventLog, n: int) -> None:
+    from eventsrc.bench.log import workload
+
+    log.append(list(workload(n)), "c", 1)
+
+
+def test_snapshots_are_only_a_cache(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    log = EventLog(tmp_path / "log")
+    _fill(log, 3000)
+    snapdir = tmp_path / "snapshots"
+    truth, info = load_views(log, snapdir)
+    assert info.snapshot_seq is None and info.reason == "no snapshot"
+
+    head = apply_all(Views(), log.records(1, 2000))
+    write_snapshot(snapdir, encode_snapshot(head, log.log_id()), 2000)
+    views, info = load_views(log, snapdir)
+    assert info.snapshot_seq == 2000 and info.tail_records == 1000
+    assert views == truth
+
+    # Unreadable newest snapshot: the older one is used; it is logged.
+    head2 = apply_all(Views(), log.records(1, 2500))
+    newest = write_snapshot(snapdir, encode_snapshot(head2, log.log_id()), 2500)
+    newest.write_bytes(newest.read_bytes()[:-7] + b"garbage")
+    views, info = load_views(log, snapdir)
+    assert info.snapshot_seq == 2000 and "ignored" in info.reason
+    assert views == truth
+    assert any("ignored" in r.message for r in caplog.records)
+
+    # Old version, another log, or every snapshot deleted: a full replay, same views.
+    for path in list(snapdir.iterdir()):
+        snap = msgspec.msgpack.decode(path.read_bytes())
+        snap["schema"] = "0ld"
+        path.write_bytes(msgspec.msgpack.encode(snap))
+    views, info = load_views(log, snapdir)
+    assert info.snapshot_seq is None and "old version" in info.reason
+    assert views == truth
+    write_snapshot(snapdir, encode_snapshot(head, "another-log"), 2000)
+    views, info = load_views(log, snapdir)
+    assert info.snapshot_seq is None and "another log" in info.reason
+    for path in snapdir.iterdir():
+        path.unlink()
+    views, info = load_views(log, snapdir)
+    assert info.snapshot_seq is None and views == truth
+
+
+def test_snapshot_writes_do_not_share_a_temporary_file_and_crash_leftovers_are_removed(tmp_path: Path) -> None:
+    import threading
+
+    from eventsrc.log.snapshots import remove_stale_temporaries, snapshot_files
+
+    snapdir = tmp_path / "snapshots"
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            write_snapshot(snapdir, b"x" * (1 << 20), 100)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    for _ in range(10):
+        threads = [threading.Thread(target=write) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == [] and [p.name for p in snapshot_files(snapdir)] == ["snapshot-00000000000000000100.msgpack"]
+    (snapdir / ".snapshot-00000000000000000200.msgpack.abc.tmp").write_bytes(b"half")  # a crash mid-write
+    remove_stale_temporaries(snapdir)
+    assert sorted(p.name for p in snapdir.iterdir()) == ["snapshot-00000000000000000100.msgpack"]
