@@ -22,9 +22,9 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCHEMAS_DIR = REPO / "schemas"
-GEN_DIR = Path(__file__).resolve().parent / "gen"
+GEN_DIR = Path(__file__).resolve().parents[1] / "gen"
 GEN_PACKAGE = "eventsrc.gen"
 PLUGIN = "protoc-gen-grpclib_python"
 

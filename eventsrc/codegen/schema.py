@@ -19,7 +19,7 @@ import msgspec
 
 from eventsrc.events import EVENT_TYPES
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "events.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "events.schema.json"
 
 
 def generate() -> str:

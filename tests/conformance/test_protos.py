@@ -17,7 +17,7 @@ import pytest
 from google.protobuf import descriptor as _descriptor
 
 from eventsrc.codegen import protos
-from tests import grpcio_stubs
+from tests.support import grpcio_stubs
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
