@@ -7,12 +7,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
+from tests.support.eventually import eventually
+
 REPO = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 
 def run_cli(
@@ -39,13 +43,17 @@ class Daemon:
             stdout=self._out,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
-        while run_cli("status", root=root).returncode != 0:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.output()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"daemon not ready after 30 s:\n{self.output()}")
-            time.sleep(0.05)
+        self.eventually(lambda: run_cli("status", root=root).returncode == 0, "the daemon to be ready")
+
+    def exited(self) -> str | None:
+        """Why waiting on this daemon is pointless (it has exited), or None."""
+        if self.proc.poll() is None:
+            return None
+        return f"daemon exited {self.proc.returncode}:\n{self.output()}"
+
+    def eventually(self, condition: Callable[[], T], what: str, timeout: float = 30.0) -> T:
+        """``eventually``, failing at once if this daemon exits, with its output on failure."""
+        return eventually(condition, what, timeout=timeout, stop=self.exited, context=self.output)
 
     def output(self) -> str:
         if not self._out.closed:

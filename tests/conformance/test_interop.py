@@ -49,16 +49,7 @@ def num(device_id: str) -> int:
 
 def wait_for(what: str, probe: Callable[[], Any], daemon: Daemon, timeout: float = 10.0) -> Any:
     """Poll ``probe`` until it returns something truthy; fail early if the daemon died."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = probe()
-        if got:
-            return got
-        if daemon.proc.poll() is not None:
-            raise AssertionError(f"daemon exited {daemon.proc.returncode} while waiting for {what}:\n{daemon.output()}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} after {timeout} s:\n{daemon.output()}")
-        time.sleep(0.05)
+    return daemon.eventually(probe, what, timeout=timeout)
 
 
 def events(root: Path, type_: str | None = None) -> list[dict[str, Any]]:
@@ -401,8 +392,15 @@ def test_pod_resources_rate_limit(daemon_factory: type[Daemon]) -> None:
         assert ok <= burst + math.ceil(elapsed * qps) + 1, (ok, elapsed)
         assert limited >= 1
 
-        time.sleep(0.05)  # refills a few tokens
-        client.List(prpb.ListPodResourcesRequest(), timeout=10)
+        def served() -> bool:
+            try:
+                client.List(prpb.ListPodResourcesRequest(), timeout=10)
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+                return False
+            return True
+
+        wait_for("a call served once tokens come back", served, daemon)
 
 
 # --------------------------------------------------------------------------- a plugin that goes away

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from eventsrc import events as ev
 from eventsrc.errors import AlreadyRunningError, ConcurrencyConflictError, EventsrcError, NoLogError
@@ -17,6 +18,7 @@ from eventsrc.events import CorruptRecordError
 from eventsrc.log.commit import GroupCommitter, follow
 from eventsrc.log.store import DirLock, EventLog, PendingAppend
 from eventsrc.log.verify import verify
+from tests.support.eventually import eventually_trio
 
 WRITER = Path(__file__).parent.parent / "support" / "writer_proc.py"
 
@@ -220,12 +222,12 @@ async def test_cancelling_the_committer_commits_what_it_took_and_what_is_queued(
     import threading
 
     log = EventLog(tmp_path / "log")
-    in_thread = threading.Event()
+    in_thread, release = threading.Event(), threading.Event()
     commit = log.commit
 
     def slow(batch: list) -> None:  # type: ignore[type-arg]
         in_thread.set()
-        time.sleep(0.2)  # a slow sync
+        release.wait()  # a sync that lasts until the test has cancelled the committer
         commit(batch)
 
     log.commit = slow  # type: ignore[method-assign]
@@ -239,17 +241,17 @@ async def test_cancelling_the_committer_commits_what_it_took_and_what_is_queued(
         async with trio.open_nursery() as nursery:
             scope = trio.CancelScope()
 
-            async def run() -> None:
+            async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
                 with scope:
-                    await committer.run()
+                    await committer.run(task_status=task_status)
 
-            nursery.start_soon(run)
-            await trio.sleep(0.05)
+            await nursery.start(run)
             nursery.start_soon(append, "a")
             await trio.to_thread.run_sync(in_thread.wait)
             nursery.start_soon(append, "b")
-            await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()  # b waits behind a's batch
             scope.cancel()
+            release.set()
     assert got == {"a": 1, "b": 2} and log.last_seq() == 2
 
 
@@ -359,12 +361,12 @@ async def test_follow_wakes_on_new_appends(tmp_path: Path) -> None:
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
             await nursery.start(committer.run)
-            nursery.start_soon(tail)
-            await trio.sleep(0.05)
-            await committer.append([removed(1)])
-            await committer.append([removed(2)])
-            while len(seen) < 3:
-                await trio.sleep(0.01)
+            async with trio.open_nursery() as tailing:  # until tail has seen three
+                tailing.start_soon(tail)
+                await trio.testing.wait_all_tasks_blocked()  # tail has read the log and waits
+                assert seen == [1]
+                await committer.append([removed(1)])
+                await committer.append([removed(2)])
             nursery.cancel_scope.cancel()
     assert seen == [1, 2, 3]
 
@@ -381,11 +383,11 @@ async def test_follow_polls_a_log_written_by_another_process(tmp_path: Path) -> 
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(tail)
-            await trio.sleep(0.05)
+            first = reader.last_seq()
+            await eventually_trio(lambda: len(seen) == first, "the tail to read what was there")
             acks = await trio.to_thread.run_sync(write_in_subprocess, tmp_path / "log", 5)
             total = reader.last_seq()
             assert len(acks) >= 5 and total > len(acks)
-            while len(seen) < total:
-                await trio.sleep(0.01)
+            await eventually_trio(lambda: len(seen) >= total, "the tail to read what was written since")
             nursery.cancel_scope.cancel()
     assert seen == list(range(1, total + 1))
