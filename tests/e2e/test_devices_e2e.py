@@ -9,10 +9,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import run_cli
+from tests.support.eventually import eventually
 
 RESOURCE = "example.com/dev"
 
@@ -49,18 +51,17 @@ class Plugin:
         )
 
     def wait_registered(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            out = run_cli("log", "-o", "json", root=self.root).stdout
-            if any(json.loads(line)["type"] == "PluginRegistered" for line in out.splitlines()):
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        if self.proc.poll() is None:
-            self.proc.kill()
-        out = self.proc.communicate()[0]
-        raise AssertionError(f"the sample plugin did not register:\n{out}")
+        try:
+            eventually(
+                lambda: any(r["type"] == "PluginRegistered" for r in log_records(self.root)),
+                "the sample plugin's registration",
+                timeout=timeout,
+                stop=lambda: None if self.proc.poll() is None else f"the sample plugin exited {self.proc.returncode}",
+            )
+        except AssertionError as err:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            raise AssertionError(f"{err}\n{self.proc.communicate()[0]}") from None
 
     def allocate_calls(self) -> list[list[str]]:
         if not self.calls.exists():
@@ -89,6 +90,18 @@ def plugins(root: Path):  # type: ignore[no-untyped-def]
         if p.proc.poll() is None:
             p.proc.kill()
             p.proc.wait()
+
+
+def log_records(root: Path, since: int = 1) -> list[dict[str, Any]]:
+    out = run_cli("log", "-o", "json", "--from", str(since), root=root, check=True).stdout
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def admissions_waiting(root: Path) -> float:
+    """The gauge of admissions waiting for a plugin (of a daemon run with --metrics-address)."""
+    from tests.e2e.test_metrics import metrics_address, scrape, value
+
+    return value(scrape(metrics_address(root))[2], "eventsrc_admissions_waiting_for_plugin")
 
 
 def admit(root: Path, path: Path) -> tuple[int, dict, str]:  # type: ignore[type-arg]
@@ -129,13 +142,12 @@ def test_unhealthy_devices_are_never_given(root: Path, tmp_path: Path, daemon_fa
     plugin.wait_registered()
     health = root / "plugins" / "sample-example-com-dev" / "health.json"
     health.write_text(json.dumps({"dev-1": "Unhealthy", "dev-2": "Unhealthy"}))
-    deadline = time.monotonic() + 10
-    while True:
-        records = [json.loads(line) for line in run_cli("log", "-o", "json", root=root).stdout.splitlines()]
-        changed = [r for r in records if r["type"] == "DeviceHealthChanged"]
-        if len(changed) == 2 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+
+    def health_changes() -> list[dict[str, Any]]:
+        changed = [r for r in log_records(root) if r["type"] == "DeviceHealthChanged"]
+        return changed if len(changed) >= 2 else []
+
+    changed = eventually(health_changes, "two health changes", timeout=10)
     assert {r["event"]["device_id"] for r in changed} == {"dev-1", "dev-2"}
     assert all(r["event"]["health"] == "Unhealthy" and r["ts_ns"] > 0 for r in changed)
     rc, info, err = admit(root, pod_yaml(tmp_path, "a", 2))
@@ -155,7 +167,7 @@ def test_restart_while_the_plugin_is_away(root: Path, tmp_path: Path, daemon_fac
     plugin.stop()
     d.stop(signal.SIGKILL)
 
-    d2 = daemon_factory("--admission-wait", "30")
+    d2 = daemon_factory("--admission-wait", "30", "--metrics-address", "127.0.0.1:0")
     # The running pod keeps its devices although its plugin is not there.
     pods = json.loads(run_cli("pods", "-o", "json", root=root, check=True).stdout)["pods"]
     assert [devices_of(p) for p in pods] == [held]
@@ -167,8 +179,8 @@ def test_restart_while_the_plugin_is_away(root: Path, tmp_path: Path, daemon_fac
 
     t = threading.Thread(target=admit_later)
     t.start()
-    time.sleep(1.0)
-    assert t.is_alive(), "the admission did not wait for the plugin"
+    d2.eventually(lambda: admissions_waiting(root) == 1, "the admission to wait for the plugin")
+    assert t.is_alive() and "out" not in result
     # ... and succeeds once the plugin is back.
     plugins("--devices", "4", "--numa-nodes", "2")
     t.join(40)
@@ -259,28 +271,26 @@ def test_new_registration_replaces_the_endpoint_without_losing_devices(
     assert rc == 0, err
     before = len(run_cli("log", "-o", "json", root=root).stdout.splitlines())
     second = plugins("--devices", "4", "--numa-nodes", "1", "--socket-name", "second.sock")
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        records = [
-            json.loads(line)
-            for line in run_cli("log", "-o", "json", "--from", str(before + 1), root=root).stdout.splitlines()
-        ]
-        if any(r["type"] == "PluginRegistered" and r["event"]["endpoint"] == "second.sock" for r in records):
-            break
-        time.sleep(0.1)
-    time.sleep(0.5)
-    records = [
-        json.loads(line)
-        for line in run_cli("log", "-o", "json", "--from", str(before + 1), root=root).stdout.splitlines()
-    ]
-    # The same devices from the new endpoint: no device event, nothing released.
-    assert [r["type"] for r in records] == ["PluginRegistered"], records
+    eventually(
+        lambda: any(
+            r["type"] == "PluginRegistered" and r["event"]["endpoint"] == "second.sock"
+            for r in log_records(root, before + 1)
+        ),
+        "the second registration",
+        timeout=20,
+    )
     state = json.loads(run_cli("state", "-o", "json", root=root, check=True).stdout)
     assert state["devices"]["plugins"][RESOURCE]["endpoint"] == "second.sock"
     held = sorted(i for i, d in state["devices"]["devices"][RESOURCE].items() if d["holder"])
     assert held == sorted(devices_of(info))
+    # An admission waits for the new endpoint's first list to be recorded, then records its
+    # intent: what the list changed stands before that intent.
     rc, info2, err = admit(root, pod_yaml(tmp_path, "next", 2))
     assert rc == 0, err
+    kinds = [r["type"] for r in log_records(root, before + 1)]
+    # The same devices from the new endpoint: no device event, nothing released.
+    assert kinds[: kinds.index("PodAdmissionStarted")] == ["PluginRegistered"], kinds
+    assert not {"DevicesAdded", "DevicesRemoved", "DeviceHealthChanged", "DevicesReleased"} & set(kinds), kinds
     assert second.allocate_calls() == [devices_of(info2)] and first.allocate_calls() == [devices_of(info)]
 
 
@@ -291,12 +301,12 @@ def test_a_resource_is_dropped_after_the_grace_period(root: Path, tmp_path: Path
     rc, info, err = admit(root, pod_yaml(tmp_path, "keeps", 1))
     assert rc == 0, err
     plugin.stop()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        types = [json.loads(line)["type"] for line in run_cli("log", "-o", "json", root=root).stdout.splitlines()]
-        if "ResourceDropped" in types:
-            break
-        time.sleep(0.1)
+
+    def dropped() -> list[str]:
+        types = [r["type"] for r in log_records(root)]
+        return types if "ResourceDropped" in types else []
+
+    types = eventually(dropped, "the resource to be dropped", timeout=10)
     assert types[-2:] == ["PluginDisconnected", "ResourceDropped"]
     state = json.loads(run_cli("state", "-o", "json", root=root, check=True).stdout)
     assert RESOURCE not in state["devices"]["plugins"]

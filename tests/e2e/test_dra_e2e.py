@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -14,6 +13,7 @@ import pytest
 
 from eventsrc.gen.podresources.v1 import api_pb2 as pr
 from tests.conftest import run_cli
+from tests.support.eventually import eventually
 from tests.support.grpcio_stubs import pod_resources_client, unix_target
 
 DRIVER = "gpu.example.com"
@@ -77,14 +77,6 @@ def driver(root: Path):  # type: ignore[no-untyped-def]
     d.stop()
 
 
-def wait_for(predicate, timeout: float = 20) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.1)
-
-
 def registered(root: Path) -> bool:
     return any(
         json.loads(line)["type"] == "PluginRegistered"
@@ -104,7 +96,7 @@ def admit(root: Path, *paths: Path) -> subprocess.CompletedProcess[str]:
 def test_single_and_shared_claims(root: Path, tmp_path: Path, daemon_factory, driver) -> None:  # type: ignore[no-untyped-def]
     daemon_factory()
     driver.start()
-    wait_for(lambda: registered(root))
+    eventually(lambda: registered(root), "the driver's registration")
     solo = claim_yaml(tmp_path, "solo", "c-solo", [("a", "u-a")])
     proc = admit(root, pod_yaml(tmp_path, "a", "u-a", "solo"), solo)
     assert proc.returncode == 0, proc.stderr
@@ -128,10 +120,10 @@ def test_single_and_shared_claims(root: Path, tmp_path: Path, daemon_factory, dr
     run_cli("remove", "u-b", root=root, check=True)
     assert driver.prepared() == {"c-solo", "c-shared"}
     run_cli("remove", "u-c", root=root, check=True)
-    wait_for(lambda: driver.prepared() == {"c-solo"})
-    wait_for(lambda: "c-shared" not in claims_view(root))
+    eventually(lambda: driver.prepared() == {"c-solo"}, "the driver to hold c-solo alone")
+    eventually(lambda: "c-shared" not in claims_view(root), "c-shared to leave the claims view")
     run_cli("remove", "u-a", root=root, check=True)
-    wait_for(lambda: driver.prepared() == set())
+    eventually(lambda: driver.prepared() == set(), "the driver to hold no claim")
 
 
 def test_driver_down_during_unprepare_keeps_the_claim_pending(
@@ -139,7 +131,7 @@ def test_driver_down_during_unprepare_keeps_the_claim_pending(
 ) -> None:  # type: ignore[no-untyped-def]
     daemon_factory()
     driver.start()
-    wait_for(lambda: registered(root))
+    eventually(lambda: registered(root), "the driver's registration")
     assert (
         admit(
             root, pod_yaml(tmp_path, "a", "u-a", "solo"), claim_yaml(tmp_path, "solo", "c-solo", [("a", "u-a")])
@@ -148,19 +140,21 @@ def test_driver_down_during_unprepare_keeps_the_claim_pending(
     )
     driver.control(down=True)
     run_cli("remove", "u-a", root=root, check=True)
-    wait_for(lambda: claims_view(root).get("c-solo", {}).get("state") == "unprepare-failed")
+    eventually(
+        lambda: claims_view(root).get("c-solo", {}).get("state") == "unprepare-failed", "c-solo's unprepare to fail"
+    )
     assert driver.prepared() == {"c-solo"}
     table = run_cli("claims", root=root, check=True).stdout
     assert "unprepare-failed" in table and "UNAVAILABLE" in table
     driver.control(down=False)
-    wait_for(lambda: driver.prepared() == set(), timeout=40)
-    wait_for(lambda: "c-solo" not in claims_view(root))
+    eventually(lambda: driver.prepared() == set(), "the driver to hold no claim", timeout=40)
+    eventually(lambda: "c-solo" not in claims_view(root), "c-solo to leave the claims view")
 
 
 def test_bad_claims_are_clear_errors_and_nothing_is_lost(root: Path, tmp_path: Path, daemon_factory, driver) -> None:  # type: ignore[no-untyped-def]
     d = daemon_factory()
     driver.start()
-    wait_for(lambda: registered(root))
+    eventually(lambda: registered(root), "the driver's registration")
     pod = pod_yaml(tmp_path, "a", "u-a", "solo")
     # The pod is not in the claim's reservedFor.
     proc = admit(root, pod, claim_yaml(tmp_path, "solo", "c-solo", [("other", "u-other")]))
@@ -188,7 +182,7 @@ def test_bad_claims_are_clear_errors_and_nothing_is_lost(root: Path, tmp_path: P
     assert driver.prepared() == set()
     # What the failed prepares may have left is unprepared once the driver answers again.
     driver.control()
-    wait_for(lambda: claims_view(root) == {}, timeout=40)
+    eventually(lambda: claims_view(root) == {}, "an empty claims view", timeout=40)
     # And then it works.
     proc = admit(root, pod, good)
     assert proc.returncode == 0, proc.stderr
@@ -215,7 +209,7 @@ def test_an_older_driver_is_spoken_to_in_v1beta1(root: Path, tmp_path: Path, dae
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(lambda: registered(root))
+        eventually(lambda: registered(root), "the driver's registration")
         records = [json.loads(line) for line in run_cli("log", "-o", "json", root=root).stdout.splitlines()]
         assert [r["event"]["api_version"] for r in records if r["type"] == "PluginRegistered"] == ["v1beta1.DRAPlugin"]
         proc = admit(

@@ -8,7 +8,6 @@ import json
 import shutil
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -34,8 +33,9 @@ from eventsrc.obs.metrics import (
 )
 from tests.conftest import REPO, run_cli
 from tests.e2e.test_devices_e2e import RESOURCE, Plugin
-from tests.e2e.test_dra_e2e import DRIVER, Driver, claim_yaml, registered, wait_for
+from tests.e2e.test_dra_e2e import DRIVER, Driver, claim_yaml, registered
 from tests.e2e.test_dra_e2e import pod_yaml as claim_pod_yaml
+from tests.support.eventually import eventually
 from tests.support.grpcio_stubs import pod_resources_client, unix_target
 
 STATIC = (
@@ -125,15 +125,12 @@ def test_kubelet_series_during_device_admission(root: Path, tmp_path: Path, daem
             client.Get(pr.GetPodResourcesRequest(pod_name="nope", pod_namespace="default"))
     (root / "plugins" / "sample-example-com-dev" / "health.json").write_text(json.dumps({"dev-3": "Unhealthy"}))
 
-    deadline = time.monotonic() + 10
-    while True:
-        text, types, samples = scrape(address)
-        if (
-            value(samples, "eventsrc_device_health_transitions_total", resource_name=RESOURCE, to="Unhealthy")
-            or time.monotonic() > deadline
-        ):
-            break
-        time.sleep(0.2)
+    def health_transition_counted() -> tuple[str, dict[str, str], Samples] | None:
+        scraped = scrape(address)
+        counted = value(scraped[2], "eventsrc_device_health_transitions_total", resource_name=RESOURCE, to="Unhealthy")
+        return scraped if counted else None
+
+    text, types, samples = eventually(health_transition_counted, "the health transition counted")
 
     # The kubelet's names, labels and types (parsed as Prometheus parses them).
     assert types["kubelet_device_plugin_registration"] == "counter"
@@ -195,12 +192,12 @@ def test_dra_series_and_a_network_address(root: Path, tmp_path: Path, daemon_fac
     assert "the metrics endpoint is reachable from the network" in d.output()
     port = metrics_address(root).rpartition(":")[2]
     driver.start()
-    wait_for(lambda: registered(root))
+    eventually(lambda: registered(root), "the driver's registration")
     claim = claim_yaml(tmp_path, "solo", "c-solo", [("a", "u-a")])
     proc = run_cli("admit", "-f", str(claim_pod_yaml(tmp_path, "a", "u-a", "solo")), "-f", str(claim), root=root)
     assert proc.returncode == 0, proc.stderr
     run_cli("remove", "u-a", root=root, check=True)
-    wait_for(lambda: driver.prepared() == set())
+    eventually(lambda: driver.prepared() == set(), "the driver to hold no claim")
     _, types, samples = scrape(f"127.0.0.1:{port}")
     assert types["dra_grpc_operations_duration_seconds"] == "histogram"
     for method in ("NodePrepareResources", "NodeUnprepareResources"):
