@@ -6,8 +6,9 @@ scheduler (``status.allocation.devices.results``) and reserved for the pod
 (``status.reservedFor``). This module decodes them (``resource.k8s.io`` v1, v1beta2 and
 v1beta1: the fields read here are the same in all three), reads which claims a pod
 references (``spec.resourceClaims``, ``status.resourceClaimStatuses`` for claims generated
-from templates, and each container's ``resources.claims``), and checks the two against each
-other. Only what the DRA manager needs is read; everything else is ignored.
+from templates, and each container's ``resources.claims``) from the pod as
+``manifest.read_pod`` decoded it, and checks the two against each other. Only what the DRA
+manager needs is read; everything else is ignored.
 
 Malformed manifests raise ``ManifestError`` (exit code 2) naming the field, in one line.
 A pod and claims that are well formed but do not fit together raise ``ClaimCheckError``
@@ -24,7 +25,7 @@ from msgspec import Struct
 
 from eventsrc import events as ev
 from eventsrc.errors import EventsrcError
-from eventsrc.inputs.manifest import ManifestError, yaml_error
+from eventsrc.inputs.manifest import ManifestError, PodManifest, yaml_error
 
 API_VERSIONS = ("resource.k8s.io/v1", "resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1")
 
@@ -304,95 +305,19 @@ class PodClaimRef(Struct, frozen=True):
     requests: dict[str, list[str]] = {}
 
 
-class _ClaimSource(Struct, rename="camel", frozen=True):
-    name: str = ""
-    resource_claim_name: str | None = None
-    resource_claim_template_name: str | None = None
-
-
-class _ContainerClaim(Struct, frozen=True):
-    name: str = ""
-    request: str | None = None
-
-
-class _Resources(Struct, frozen=True):
-    claims: list[_ContainerClaim] | None = None
-
-
-class _Container(Struct, frozen=True):
-    name: str = ""
-    resources: _Resources | None = None
-
-
-class _PodSpec(Struct, rename="camel", frozen=True):
-    containers: list[_Container] | None = None
-    init_containers: list[_Container] | None = None
-    resource_claims: list[_ClaimSource] | None = None
-
-
-class _ClaimStatusEntry(Struct, rename="camel", frozen=True):
-    name: str = ""
-    resource_claim_name: str | None = None
-
-
-class _PodStatus(Struct, rename="camel", frozen=True):
-    resource_claim_statuses: list[_ClaimStatusEntry] | None = None
-
-
-class _Pod(Struct, frozen=True):
-    spec: _PodSpec | None = None
-    status: _PodStatus | None = None
-
-
-def pod_claims(pod_manifest_data: bytes, source: str = "pod") -> list[PodClaimRef]:
+def pod_claims(pod: PodManifest, source: str = "pod") -> list[PodClaimRef]:
     """The pod's claim entries, in ``spec.resourceClaims`` order. Raises ManifestError."""
-    docs = _load_all(pod_manifest_data, source)
-    if len(docs) != 1:
-        raise ManifestError(f"{source}: expected one Pod, found {len(docs)} documents")
-    raw = docs[0]
-    if not isinstance(raw, dict):
-        raise ManifestError(f"{source}: expected a Pod object, got {_type_name(raw)}")
-    if raw.get("kind", "Pod") != "Pod":
-        raise ManifestError(f"{source}: kind is {raw.get('kind')!r}, expected 'Pod'")
-    pod: _Pod = _convert(raw, _Pod, source)
-    spec = pod.spec or _PodSpec()
-
-    generated: dict[str, str | None] = {}
-    for i, st in enumerate((pod.status.resource_claim_statuses if pod.status else None) or []):
-        if not st.name:
-            raise ManifestError(f"{source}: status.resourceClaimStatuses[{i}].name: required")
-        generated[st.name] = st.resource_claim_name
-
-    entries: list[tuple[str, str, str]] = []  # (pod claim name, claim name, template)
-    for i, src in enumerate(spec.resource_claims or []):
-        where = f"{source}: spec.resourceClaims[{i}]"
-        if not src.name:
-            raise ManifestError(f"{where}.name: required")
-        if any(e[0] == src.name for e in entries):
-            raise ManifestError(f"{where}.name: {src.name!r} is used twice")
-        direct, template = src.resource_claim_name or "", src.resource_claim_template_name or ""
-        if bool(direct) == bool(template):
-            raise ManifestError(f"{where}: exactly one of resourceClaimName and resourceClaimTemplateName is required")
-        if direct:
-            entries.append((src.name, direct, ""))
-            continue
-        if src.name not in generated:
-            raise ManifestError(
-                f"{source}: claim {src.name} from template {template} has no generated name "
-                "in status.resourceClaimStatuses"
-            )
-        entries.append((src.name, generated[src.name] or "", template))
-
+    entries = _claim_entries(pod, source)
     names = {e[0] for e in entries}
     users: dict[str, list[str]] = {n: [] for n in names}
     requests: dict[str, dict[str, list[str]]] = {n: {} for n in names}
     whole: dict[str, set[str]] = {n: set() for n in names}  # containers using every request
     for field, containers in (
-        ("initContainers", spec.init_containers),
-        ("containers", spec.containers),
+        ("initContainers", pod.spec.init_containers),
+        ("containers", pod.spec.containers),
     ):
-        for ci, c in enumerate(containers or []):
-            for ri, ref in enumerate((c.resources.claims if c.resources else None) or []):
+        for ci, c in enumerate(containers):
+            for ri, ref in enumerate(c.resources.claims):
                 where = f"{source}: spec.{field}[{ci}].resources.claims[{ri}]"
                 if not ref.name:
                     raise ManifestError(f"{where}.name: required")
@@ -415,6 +340,37 @@ def pod_claims(pod_manifest_data: bytes, source: str = "pod") -> list[PodClaimRe
         limited = {c: r for c, r in requests[name].items() if c not in whole[name]}
         out.append(PodClaimRef(name, claim_name, users[name], template, limited))
     return out
+
+
+def _claim_entries(pod: PodManifest, source: str) -> list[tuple[str, str, str]]:
+    """``spec.resourceClaims`` as (pod claim name, claim name, template name), the names of
+    claims generated from templates taken from ``status.resourceClaimStatuses``."""
+    generated: dict[str, str | None] = {}
+    for i, st in enumerate((pod.status.resource_claim_statuses if pod.status else None) or []):
+        if not st.name:
+            raise ManifestError(f"{source}: status.resourceClaimStatuses[{i}].name: required")
+        generated[st.name] = st.resource_claim_name
+
+    entries: list[tuple[str, str, str]] = []
+    for i, src in enumerate(pod.spec.resource_claims):
+        where = f"{source}: spec.resourceClaims[{i}]"
+        if not src.name:
+            raise ManifestError(f"{where}.name: required")
+        if any(e[0] == src.name for e in entries):
+            raise ManifestError(f"{where}.name: {src.name!r} is used twice")
+        direct, template = src.resource_claim_name, src.resource_claim_template_name
+        if bool(direct) == bool(template):
+            raise ManifestError(f"{where}: exactly one of resourceClaimName and resourceClaimTemplateName is required")
+        if direct:
+            entries.append((src.name, direct, ""))
+            continue
+        if src.name not in generated:
+            raise ManifestError(
+                f"{source}: claim {src.name} from template {template} has no generated name "
+                "in status.resourceClaimStatuses"
+            )
+        entries.append((src.name, generated[src.name] or "", template))
+    return entries
 
 
 # --------------------------------------------------------------------------- admission

@@ -1,8 +1,11 @@
 """Pod manifests as ``kubectl get pod -o yaml`` prints them, decoded and checked.
 
 Only what the node's resource managers need is read (metadata, init containers with
-their restart policy, containers, resources, resource claims); everything else in the
-manifest is ignored. Errors name the field, in one line. Pure: bytes in, Struct out.
+their restart policy, containers, resources, resource claims and the claims generated for
+the pod); everything else in the manifest is ignored. There is one model of a Pod manifest
+(``PodManifest``): ``pod_spec`` turns it into the pod eventsrc admits, and
+``claim_manifest.pod_claims`` reads the ResourceClaims it references from it. Errors name
+the field, in one line. Pure: bytes in, Struct out.
 """
 
 from __future__ import annotations
@@ -25,41 +28,74 @@ class ManifestError(EventsrcError):
     exit_code = 2
 
 
-class _Resources(Struct, rename="camel", frozen=True):
+# --------------------------------------------------------------------------- the manifest
+# One model of a Pod manifest, read by the resource managers (parse_pod) and by the DRA
+# manager (claim_manifest.pod_claims). A field the manifest leaves out takes the default
+# here; a field given as null is refused, except where Kubernetes itself writes null.
+
+
+class ContainerClaim(Struct, frozen=True):
+    """An entry of a container's ``resources.claims``: a pod claim, or one of its requests."""
+
+    name: str = ""
+    request: str | None = None
+
+
+class ContainerResources(Struct, frozen=True):
     limits: dict[str, Quantity] = {}
     requests: dict[str, Quantity] = {}
-    claims: list[dict[str, Any]] = []
+    claims: list[ContainerClaim] = []
 
 
-class _Container(Struct, rename="camel", frozen=True):
+class ContainerManifest(Struct, rename="camel", frozen=True):
     name: str = ""
     restart_policy: str = ""
-    resources: _Resources = _Resources()
+    resources: ContainerResources = ContainerResources()
 
 
-class _ClaimSource(Struct, rename="camel", frozen=True):
+class PodClaimSource(Struct, rename="camel", frozen=True):
+    """An entry of ``spec.resourceClaims``: a ResourceClaim by name, or a template."""
+
     name: str = ""
     resource_claim_name: str = ""
     resource_claim_template_name: str = ""
 
 
-class _Spec(Struct, rename="camel", frozen=True):
-    containers: list[_Container] = []
-    init_containers: list[_Container] = []
-    resource_claims: list[_ClaimSource] = []
+class PodManifestSpec(Struct, rename="camel", frozen=True):
+    containers: list[ContainerManifest] = []
+    init_containers: list[ContainerManifest] = []
+    resource_claims: list[PodClaimSource] = []
 
 
-class _Metadata(Struct, frozen=True):
+class ClaimStatusEntry(Struct, rename="camel", frozen=True):
+    """An entry of ``status.resourceClaimStatuses``: the claim generated from a template, or
+    null when none was needed."""
+
+    name: str = ""
+    resource_claim_name: str | None = None
+
+
+class PodManifestStatus(Struct, rename="camel", frozen=True):
+    resource_claim_statuses: list[ClaimStatusEntry] | None = None
+
+
+class PodMetadata(Struct, frozen=True):
     name: str = ""
     namespace: str = ""
     uid: str = ""
 
 
-class _Pod(Struct):
+class PodManifest(Struct, frozen=True):
+    """A Pod manifest as decoded, before the checks that make it a PodSpec."""
+
     apiVersion: str = "v1"  # noqa: N815
     kind: str = "Pod"
-    metadata: _Metadata = _Metadata()
-    spec: _Spec = _Spec()
+    metadata: PodMetadata = PodMetadata()
+    spec: PodManifestSpec = PodManifestSpec()
+    status: PodManifestStatus | None = None
+
+
+# --------------------------------------------------------------------------- what eventsrc admits
 
 
 class PodClaim(Struct, frozen=True, kw_only=True):
@@ -106,7 +142,7 @@ def _quantity(value: Quantity) -> str:
     return str(value)
 
 
-def _container(c: _Container, index: int, field: str, kind: str, source: str) -> ev.ContainerSpec:
+def _container(c: ContainerManifest, index: int, field: str, kind: str, source: str) -> ev.ContainerSpec:
     where = f"{source}: spec.{field}[{index}]"
     if not c.name:
         raise ManifestError(f"{where}.name: required")
@@ -127,21 +163,26 @@ def _container(c: _Container, index: int, field: str, kind: str, source: str) ->
             # Extended resources cannot be overcommitted: requests default to limits.
             requests.setdefault(name, limits.get(name, value))
             limits.setdefault(name, requests[name])
-    claims = [str(cl.get("name", "")) for cl in c.resources.claims]
+    claims = [cl.name for cl in c.resources.claims]
     return ev.ContainerSpec(name=c.name, kind=kind, requests=requests, limits=limits, claims=claims)
 
 
-def parse_pod(data: bytes, source: str = "pod") -> PodSpec:
-    """Decode a Pod manifest (YAML or JSON). Raises ManifestError naming the field."""
+def read_pod(data: bytes, source: str = "pod") -> PodManifest:
+    """Decode a Pod manifest (YAML or JSON, one document). Raises ManifestError naming the field."""
     raw = _load(data, source)
     if not isinstance(raw, dict):
         raise ManifestError(f"{source}: expected a Pod object, got {type(raw).__name__}")
     try:
-        pod = msgspec.convert(raw, _Pod, strict=False)
+        pod = msgspec.convert(raw, PodManifest, strict=False)
     except msgspec.ValidationError as exc:
         raise ManifestError(f"{source}: {exc}".replace(" - at `$.", " at ").replace("`", "")) from None
     if pod.kind != "Pod":
         raise ManifestError(f"{source}: kind is {pod.kind!r}, expected 'Pod'")
+    return pod
+
+
+def pod_spec(pod: PodManifest, source: str = "pod") -> PodSpec:
+    """The pod as eventsrc admits it (without its claims). Raises ManifestError naming the field."""
     if not pod.metadata.name:
         raise ManifestError(f"{source}: metadata.name: required")
     if not pod.spec.containers:
@@ -159,6 +200,6 @@ def parse_pod(data: bytes, source: str = "pod") -> PodSpec:
     return PodSpec(pod=ref, containers=containers)
 
 
-def device_requests(container: ev.ContainerSpec) -> dict[str, int]:
-    """Extended resources the container asks for (limits, as the kubelet reads them)."""
-    return {k: int(v) for k, v in container.limits.items() if is_extended_resource_name(k) and int(v) > 0}
+def parse_pod(data: bytes, source: str = "pod") -> PodSpec:
+    """Decode and check a Pod manifest (YAML or JSON). Raises ManifestError naming the field."""
+    return pod_spec(read_pod(data, source), source)

@@ -22,7 +22,7 @@ from eventsrc.inputs.claim_manifest import (
     parse_claims,
     pod_claims,
 )
-from eventsrc.inputs.manifest import ManifestError
+from eventsrc.inputs.manifest import ManifestError, read_pod
 
 POD_A = "5d0b3b8e-6a43-4b8e-9d5e-1c2f3a4b5c6d"
 POD_B = "9f8e7d6c-5b4a-4321-8fed-cba987654321"
@@ -240,6 +240,10 @@ spec:
 """
 
 
+def _pod_claims(data: bytes, source: str = "pod") -> list[PodClaimRef]:
+    return pod_claims(read_pod(data, source), source)
+
+
 def _edit(text: str, change) -> bytes:  # type: ignore[no-untyped-def]
     obj = yaml.safe_load(text)
     change(obj)
@@ -420,21 +424,21 @@ def test_claim_not_yaml_or_object() -> None:
 
 
 def test_pod_claims() -> None:
-    refs = pod_claims(POD_A_YAML.encode(), "pod.yaml")
+    refs = _pod_claims(POD_A_YAML.encode(), "pod.yaml")
     assert refs == [
         PodClaimRef("gpus", "gpu-shared", ["train", "sidecar"]),
         # sidecar names the whole claim too, so only train is limited to a request.
         PodClaimRef("net", "nic", ["train", "sidecar"], requests={"train": ["nic"]}),
         PodClaimRef("scratch", "trainer-a-scratch-x7k2p", ["fetch"], template_name="scratch-gpu"),
     ]
-    assert pod_claims(b"kind: Pod\nspec:\n  containers:\n  - name: c\n") == []
+    assert _pod_claims(b"kind: Pod\nspec:\n  containers:\n  - name: c\n") == []
 
 
 def test_template_claim_needing_no_claim() -> None:
     def change(o):  # type: ignore[no-untyped-def]
         o["status"]["resourceClaimStatuses"][0]["resourceClaimName"] = None
 
-    refs = pod_claims(_edit(POD_A_YAML, change))
+    refs = _pod_claims(_edit(POD_A_YAML, change))
     assert refs[2] == PodClaimRef("scratch", "", ["fetch"], template_name="scratch-gpu")
 
 
@@ -443,7 +447,8 @@ def test_template_claim_needing_no_claim() -> None:
     [
         (
             lambda o: o.pop("status"),
-            r"^pod.yaml: claim scratch from template scratch-gpu has no generated name in status.resourceClaimStatuses$",
+            r"^pod.yaml: claim scratch from template scratch-gpu has no generated name"
+            r" in status.resourceClaimStatuses$",
         ),
         (
             lambda o: o["status"]["resourceClaimStatuses"][0].update(name="other"),
@@ -451,7 +456,8 @@ def test_template_claim_needing_no_claim() -> None:
         ),
         (
             lambda o: o["spec"]["containers"][1]["resources"]["claims"].append({"name": "tpu"}),
-            r"^pod.yaml: spec.containers\[1\].resources.claims\[3\].name: container 'sidecar' uses claim 'tpu', which is not in spec.resourceClaims$",
+            r"^pod.yaml: spec.containers\[1\].resources.claims\[3\].name: "
+            r"container 'sidecar' uses claim 'tpu', which is not in spec.resourceClaims$",
         ),
         (
             lambda o: o["spec"]["initContainers"][0]["resources"]["claims"][0].pop("name"),
@@ -467,19 +473,30 @@ def test_template_claim_needing_no_claim() -> None:
         ),
         (
             lambda o: o["spec"]["resourceClaims"][0].update(resourceClaimTemplateName="t"),
-            r"^pod.yaml: spec.resourceClaims\[0\]: exactly one of resourceClaimName and resourceClaimTemplateName is required$",
+            r"^pod.yaml: spec.resourceClaims\[0\]: "
+            r"exactly one of resourceClaimName and resourceClaimTemplateName is required$",
         ),
         (lambda o: o["spec"]["resourceClaims"][0].pop("resourceClaimName"), r"exactly one of"),
         (
             lambda o: o["spec"]["resourceClaims"][0].update(resourceClaimName=5),
-            r"^pod.yaml: spec.resourceClaims\[0\].resourceClaimName: expected str, got int$",
+            r"^pod.yaml: Expected str, got int at spec.resourceClaims\[0\].resourceClaimName$",
+        ),
+        # The one Pod model refuses null where `eventsrc admit` always has; only the
+        # status's resourceClaimName may be null (no claim was needed).
+        (
+            lambda o: o["spec"]["resourceClaims"][0].update(resourceClaimName=None),
+            r"^pod.yaml: Expected str, got null at spec.resourceClaims\[0\].resourceClaimName$",
+        ),
+        (
+            lambda o: o["spec"]["containers"][0].update(resources=None),
+            r"^pod.yaml: Expected object, got null at spec.containers\[0\].resources$",
         ),
         (lambda o: o.update(kind="Deployment"), r"kind is 'Deployment', expected 'Pod'"),
     ],
 )
 def test_pod_claim_errors(change, match) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ManifestError, match=match) as info:
-        pod_claims(_edit(POD_A_YAML, change), "pod.yaml")
+        _pod_claims(_edit(POD_A_YAML, change), "pod.yaml")
     assert "\n" not in str(info.value)
 
 
@@ -492,14 +509,14 @@ def _all_claims() -> list[ClaimSpec]:
 
 def test_check_claims_ok_and_shared() -> None:
     claims = _all_claims()
-    bound = check_claims(POD_A, "ml", "trainer-a", pod_claims(POD_A_YAML.encode()), claims)
+    bound = check_claims(POD_A, "ml", "trainer-a", _pod_claims(POD_A_YAML.encode()), claims)
     assert [(b.pod_claim.name, b.claim.name) for b in bound] == [
         ("gpus", "gpu-shared"),
         ("net", "nic"),
         ("scratch", "trainer-a-scratch-x7k2p"),
     ]
     # The second pod sharing the claim brings only that claim.
-    bound_b = check_claims(POD_B, "ml", "trainer-b", pod_claims(POD_B_YAML.encode()), claims[:1])
+    bound_b = check_claims(POD_B, "ml", "trainer-b", _pod_claims(POD_B_YAML.encode()), claims[:1])
     assert bound_b == [BoundClaim(PodClaimRef("gpus", "gpu-shared", ["train"]), claims[0])]
     assert bound_b[0].claim.uid == bound[0].claim.uid
 
@@ -511,7 +528,7 @@ def test_claim_needing_none_is_skipped() -> None:
 
 def _problem(pod_uid: str, name: str, pod: str, claims: list[ClaimSpec]) -> str:
     with pytest.raises(ClaimCheckError) as info:
-        check_claims(pod_uid, "ml", name, pod_claims(pod.encode()), claims)
+        check_claims(pod_uid, "ml", name, _pod_claims(pod.encode()), claims)
     assert info.value.exit_code == 1 and "\n" not in str(info.value)
     return str(info.value)
 
@@ -532,7 +549,7 @@ def test_pod_references_claim_it_did_not_bring() -> None:
     assert msg == "pod references claim ml/nic it did not bring"
     # Same name in another namespace is not the pod's claim.
     elsewhere = replace(nic, namespace="other")
-    _, problems = claim_problems(POD_A, "ml", "trainer-a", pod_claims(POD_A_YAML.encode()), [shared, elsewhere, gen])
+    _, problems = claim_problems(POD_A, "ml", "trainer-a", _pod_claims(POD_A_YAML.encode()), [shared, elsewhere, gen])
     assert problems == [
         "pod references claim ml/nic it did not bring",
         "claim other/nic was supplied but pod ml/trainer-a does not reference it",

@@ -1,0 +1,132 @@
+"""``eventsrc bench``: this machine's figures beside raw ceilings measured in the same run (a
+command, never a test)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from eventsrc.cli.options import Parents, Subparsers
+from eventsrc.errors import EventsrcError
+
+
+def add_parser(sub: Subparsers, parents: Parents) -> None:
+    p = sub.add_parser(
+        "bench",
+        parents=[parents.root],
+        help="measure this machine (a command, not a test)",
+        description="Benchmarks. Each prints its figures next to a raw ceiling measured in the same run.",
+    )
+    bsub = p.add_subparsers(dest="bench", metavar="WHAT", required=True)
+    b = bsub.add_parser(
+        "log",
+        parents=[parents.root],
+        help="append, group commit, replay and restart figures",
+        description="Durable appends/s (1 and N writers), full replay rate and restart time on a "
+        "large log, peak RSS; with the raw LMDB iteration rate and a bare file's syncs/s. "
+        "Works in a temporary directory unless --root-dir is given.",
+    )
+    b.add_argument("--events", type=int, default=1_000_000, help="size of the replay log (default %(default)s)")
+    b.add_argument("--writers", type=int, default=64, help="concurrent writers (default %(default)s)")
+    b.add_argument(
+        "--seconds", type=float, default=2.0, help="duration of each append measurement (default %(default)s)"
+    )
+    b.add_argument("--rounds", type=int, default=3, help="rounds per figure; medians are printed (default %(default)s)")
+    b.add_argument(
+        "--snapshot-every", type=int, default=10_000, metavar="N", help="snapshot interval the restart figure assumes"
+    )
+    b.set_defaults(func=bench_log)
+    b = bsub.add_parser(
+        "devices",
+        parents=[parents.root],
+        help="one-device admissions through the node API, with 1 and N clients",
+        description="Starts a daemon and the sample plugin in a temporary root and measures one-device admissions "
+        "through the node API (the plugin's Allocate included): admissions/s and p50/p99 latency with 1 and with "
+        "N concurrent clients, beside a bare gRPC round trip to the same plugin and one durable LMDB commit.",
+    )
+    b.add_argument("--devices", type=int, default=256, help="devices of the sample plugin (default %(default)s)")
+    b.add_argument("--clients", type=int, default=32, help="concurrent clients (default %(default)s)")
+    b.add_argument(
+        "--admissions", type=int, default=256, help="admissions per round with N clients (default %(default)s)"
+    )
+    b.add_argument("--rounds", type=int, default=3, help="rounds; medians are printed (default %(default)s)")
+    b.add_argument("--rtt-calls", type=int, default=1000, help="round trips measured per round (default %(default)s)")
+    b.set_defaults(func=bench_devices)
+    b = bsub.add_parser(
+        "cpu",
+        parents=[parents.root],
+        help="time of the kubelet's CPU picking on a 256-CPU machine",
+        description="Median and p99 time of a take of 1, 4, 16 and 64 CPUs (the static policy's take-by-topology) "
+        "on a simulated 2-socket, 4-NUMA-node, 128-core, 2-thread machine with half of its CPUs taken, "
+        "beside the goal of under 1 ms median.",
+    )
+    b.add_argument("--repetitions", type=int, default=2000, help="calls per figure (default %(default)s)")
+    b.set_defaults(func=bench_cpu)
+    b = bsub.add_parser(
+        "audit",
+        parents=[parents.root],
+        help="time of audit queries on a 1,000,000-event log",
+        description="Builds a log with the 'bench log' workload (through the log's commit, so the index is "
+        "written as the daemon writes it), then times 'audit device' for a busy device and 'audit pod' for a pod: "
+        "median and p99 over --runs, beside one LMDB point lookup and a raw index range read measured in the "
+        "same run; goal under 100 ms. Works in a temporary directory unless --root-dir is given.",
+    )
+    b.add_argument("--events", type=int, default=1_000_000, help="size of the log (default %(default)s)")
+    b.add_argument("--runs", type=int, default=200, help="timed runs per figure (default %(default)s)")
+    b.set_defaults(func=bench_audit)
+
+
+def _workdir(args: argparse.Namespace) -> Path | None:
+    """--root-dir when it was given on the command line (not from the environment), else None:
+    a temporary directory."""
+    return args.root_dir if "--root-dir" in " ".join(sys.argv) else None
+
+
+def bench_log(args: argparse.Namespace) -> int:
+    from eventsrc.bench import log as bench
+
+    if args.events < 1 or args.writers < 1 or args.rounds < 1:
+        raise EventsrcError("--events, --writers and --rounds must be at least 1")
+    bench.run_log_bench(
+        events=args.events,
+        writers=args.writers,
+        seconds=args.seconds,
+        rounds=args.rounds,
+        snapshot_every=args.snapshot_every,
+        workdir=_workdir(args),
+    )
+    return 0
+
+
+def bench_devices(args: argparse.Namespace) -> int:
+    from eventsrc.bench.devices import run_devices_bench
+
+    if min(args.devices, args.clients, args.admissions, args.rounds, args.rtt_calls) < 1:
+        raise EventsrcError("--devices, --clients, --admissions, --rounds and --rtt-calls must be at least 1")
+    run_devices_bench(
+        devices=args.devices,
+        clients=args.clients,
+        admissions=args.admissions,
+        rounds=args.rounds,
+        rtt_calls=args.rtt_calls,
+    )
+    return 0
+
+
+def bench_cpu(args: argparse.Namespace) -> int:
+    from eventsrc.bench.cpu import run_cpu_bench
+
+    if args.repetitions < 1:
+        raise EventsrcError("--repetitions must be at least 1")
+    run_cpu_bench(repetitions=args.repetitions)
+    return 0
+
+
+def bench_audit(args: argparse.Namespace) -> int:
+    from eventsrc.bench.audit import run_audit_bench
+
+    if args.events < 1000 or args.runs < 1:
+        raise EventsrcError("--events must be at least 1000 and --runs at least 1")
+    run_audit_bench(events=args.events, runs=args.runs, workdir=_workdir(args))
+    return 0

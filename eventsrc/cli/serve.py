@@ -1,0 +1,256 @@
+"""``eventsrc serve`` (the daemon) and ``eventsrc config print`` (the configuration it would run
+with): the configuration flags, and how the file, the flags and the defaults make one
+configuration."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eventsrc.cli.options import Parents, Subparsers
+from eventsrc.layout import Layout
+
+if TYPE_CHECKING:
+    from eventsrc.inputs.config import Configuration
+
+
+def add_parser(sub: Subparsers, parents: Parents) -> None:
+    p = sub.add_parser(
+        "serve",
+        parents=[parents.root, parents.logging],
+        help="run the daemon",
+        description="Run the daemon under --root-dir until SIGTERM or SIGINT. It rebuilds its "
+        "views from the log (newest snapshot plus the tail), records that it started, and "
+        "on a signal records that it stopped and writes a snapshot. Its configuration comes from "
+        "--config FILE, then the flags given here (a flag overrides the file), then the defaults; "
+        "'eventsrc config print' shows the result.",
+    )
+    serve_flags(p)
+    p.set_defaults(func=serve)
+
+    p = sub.add_parser(
+        "config",
+        parents=[parents.root],
+        help="the daemon's configuration (no daemon needed)",
+        description="The daemon's configuration, as 'eventsrc serve' would take it.",
+    )
+    csub = p.add_subparsers(dest="config_command", metavar="WHAT", required=True)
+    c = csub.add_parser(
+        "print",
+        parents=[parents.root, parents.logging],
+        help="print the effective configuration: file, flags, defaults",
+        description="Print the configuration 'eventsrc serve' would run with, given the same --config FILE "
+        "and flags: every field, by its name in the file (a flag overrides the file; the rest are the "
+        "defaults). The output is a valid configuration file. Checks the values as serve does, short of "
+        "the machine's topology; starts nothing.",
+    )
+    serve_flags(c)
+    c.add_argument(
+        "-o", "--output", choices=["yaml", "json"], default="yaml", help="output format (default %(default)s)"
+    )
+    c.set_defaults(func=config_print)
+
+
+def _duration(text: str) -> Any:
+    from eventsrc.inputs.config import parse_seconds_or_duration
+
+    try:
+        return parse_seconds_or_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def serve_flags(p: argparse.ArgumentParser) -> None:
+    """The daemon's configuration flags (serve, config print). Every default is None: a flag
+    overrides the config file only when given; the defaults are eventsrc.inputs.config's."""
+    _daemon_flags(p)
+    cpu = _cpu_manager_flags(p)
+    _topology_manager_flags(p)
+    cpu.add_argument(
+        "--feature-gates",
+        default=None,
+        metavar="K=V,...",
+        help="CPUManagerPolicyAlphaOptions=true enables the alpha policy options "
+        "(align-by-socket, distribute-cpus-across-cores)",
+    )
+
+
+def _daemon_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the configuration file (YAML, or TOML when FILE ends in .toml); see examples/eventsrc-config.yaml",
+    )
+    p.add_argument(
+        "--snapshot-every", type=int, default=None, metavar="N", help="write a snapshot every N records (default 10000)"
+    )
+    p.add_argument(
+        "--admission-wait",
+        type=_duration,
+        default=None,
+        metavar="SECONDS|DURATION",
+        help="how long an admission waits for a known plugin that has not registered (again) yet (default 30s)",
+    )
+    p.add_argument(
+        "--plugin-grace",
+        type=_duration,
+        default=None,
+        metavar="SECONDS|DURATION",
+        help="how long a resource is kept after its plugin went away, before it is dropped (default 5m)",
+    )
+    p.add_argument(
+        "--metrics-address",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="HOST:PORT",
+        help="serve /metrics, /healthz and /readyz over HTTP there (127.0.0.1:10266 when given without a value; "
+        "port 0 picks one; default: no server)",
+    )
+
+
+def _cpu_manager_flags(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    cpu = p.add_argument_group("CPU manager (the kubelet's flags)")
+    cpu.add_argument("--cpu-manager-policy", choices=["none", "static"], default=None, help="none (default) or static")
+    cpu.add_argument(
+        "--cpu-manager-policy-options",
+        default=None,
+        metavar="K=V,...",
+        help="static policy options, e.g. full-pcpus-only=true,distribute-cpus-across-numa=true",
+    )
+    cpu.add_argument(
+        "--reserved-cpus",
+        default=None,
+        metavar="CPUSET",
+        help="CPUs reserved for the system, in list form (e.g. 0-1,32-33)",
+    )
+    cpu.add_argument(
+        "--reserved-cpu-count",
+        type=int,
+        default=None,
+        metavar="N",
+        help="reserve N CPUs, chosen as the kubelet chooses them (kube-reserved + system-reserved cpu), "
+        "when --reserved-cpus is not given",
+    )
+    cpu.add_argument(
+        "--topology-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="read the CPU topology from FILE (JSON, as 'eventsrc cpu topology -o json' prints it) instead of sysfs",
+    )
+    cpu.add_argument(
+        "--sysfs-root",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="root of the sysfs tree to discover the CPU topology from (default /)",
+    )
+    return cpu
+
+
+def _topology_manager_flags(p: argparse.ArgumentParser) -> None:
+    tm = p.add_argument_group("topology manager (the kubelet's flags)")
+    tm.add_argument(
+        "--topology-manager-policy",
+        default=None,
+        metavar="POLICY",
+        help="none (default), best-effort, restricted or single-numa-node",
+    )
+    tm.add_argument("--topology-manager-scope", default=None, metavar="SCOPE", help="container (default) or pod")
+    tm.add_argument(
+        "--topology-manager-policy-options",
+        default=None,
+        metavar="K=V,...",
+        help="prefer-closest-numa-nodes=true, max-allowable-numa-nodes=N",
+    )
+
+
+def effective_config(args: argparse.Namespace) -> Configuration:
+    """The configuration serve runs with: --config FILE, then the flags given, then the
+    defaults; its values checked (short of the machine). Sets ``args.layout`` to its root."""
+    from eventsrc.inputs import config
+
+    cfg = config.load(args.config) if args.config is not None else config.Configuration()
+    overrides: dict[str, Any] = {}
+    for name, flag in config.FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is None or (name == "rootDir" and args.root_dir_from == "default"):
+            continue  # --root-dir, else EVENTSRC_ROOT_DIR, else the file's rootDir, else the default
+        if name in ("cpuManagerPolicyOptions", "topologyManagerPolicyOptions"):
+            value = config.parse_map(value, flag)
+        elif name == "featureGates":
+            value = config.parse_feature_gates(value, flag)
+        elif isinstance(value, Path):
+            value = str(value.absolute())
+        elif name == "metricsAddress" and value is True:  # the flag without a value
+            from eventsrc.obs.metrics import DEFAULT_METRICS_ADDRESS
+
+            value = DEFAULT_METRICS_ADDRESS
+        overrides[name] = value
+    cfg = config.merge(cfg, overrides)
+    if not cfg.root_dir:
+        cfg = config.merge(cfg, {"rootDir": str(args.root_dir)})
+    config.check(cfg)
+    args.layout = Layout(Path(cfg.root_dir))
+    return cfg
+
+
+def serve(args: argparse.Namespace) -> int:
+    import trio
+
+    from eventsrc.core.topology_manager import parse_topology_manager
+    from eventsrc.inputs import config
+    from eventsrc.inputs.cpu_config import load_cpu_config, load_topology
+    from eventsrc.node.daemon import serve as run
+    from eventsrc.obs import logger as logs
+
+    cfg = effective_config(args)
+    machine = load_topology(Path(cfg.topology_file) if cfg.topology_file else None, Path(cfg.sysfs_root))
+    cpus = load_cpu_config(
+        cfg.cpu_manager_policy,
+        cfg.cpu_manager_policy_options,
+        cfg.reserved_system_cpus,
+        cfg.reserved_cpu_count,
+        machine,
+        feature_gates=cfg.feature_gates,
+        topology_manager_policy=cfg.topology_manager_policy,
+    )
+    topology = parse_topology_manager(
+        cfg.topology_manager_policy,
+        cfg.topology_manager_scope,
+        cfg.topology_manager_policy_options,
+        machine.cpu_details.numa_nodes().sorted_list(),
+    )
+    logs.setup(cfg.log_level, cfg.log_format)
+    trio.run(
+        lambda: run(
+            args.layout,
+            snapshot_every=cfg.snapshot_every,
+            admission_wait=cfg.admission_wait.seconds,
+            grace=cfg.plugin_grace_period.seconds,
+            cpus=cpus,
+            topology=topology,
+            config=config.recorded(cfg),
+            metrics_address=cfg.metrics_address or None,  # "": no metrics server
+        )
+    )
+    return 0
+
+
+def config_print(args: argparse.Namespace) -> int:
+    from eventsrc.inputs import config
+
+    fields = config.to_builtins(effective_config(args))
+    if args.output == "json":
+        print(json.dumps(fields, indent=2, ensure_ascii=False))
+    else:
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(fields, sort_keys=False, allow_unicode=True, default_flow_style=False))
+    return 0

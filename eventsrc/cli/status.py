@@ -1,0 +1,61 @@
+"""``eventsrc status``: whether a daemon is running and ready on a root."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from eventsrc.cli.options import Parents, Subparsers, add_output
+from eventsrc.errors import EventsrcError
+from eventsrc.layout import Layout
+
+
+def add_parser(sub: Subparsers, parents: Parents) -> None:
+    p = sub.add_parser(
+        "status",
+        parents=[parents.root],
+        help="exit 0 if a daemon is running and ready on this root",
+        description="Exit 0 when an eventsrc daemon is running and ready on --root-dir; "
+        "otherwise print why not on stderr and exit 1.",
+    )
+    add_output(p)
+    p.set_defaults(func=status)
+
+
+def status(args: argparse.Namespace) -> int:
+    from eventsrc.cli.client import call, unary
+    from eventsrc.gen.node.v1 import node_pb2
+    from eventsrc.log.store import DirLock
+
+    layout: Layout = args.layout
+    info: dict[str, Any] = {"root_dir": str(layout.root), "ready": False}
+    reason = ""
+    try:
+        st = call(layout, unary("Status", node_pb2.StatusRequest()), timeout=10)
+        info.update(
+            ready=st.ready,
+            pid=st.pid,
+            version=st.version,
+            instance_id=st.instance_id,
+            last_seq=st.last_seq,
+            sockets=list(st.sockets),
+        )
+        if not st.ready:
+            reason = f"eventsrc (pid {st.pid}) on {layout.root} is not ready yet"
+    except EventsrcError as err:
+        pid = DirLock.holder(layout.lock) if layout.root.is_dir() else None
+        reason = f"eventsrc (pid {pid}) holds {layout.root} but is not ready yet" if pid else str(err)
+        info["pid"] = pid
+    if args.output == "json":
+        print(json.dumps({**info, "reason": reason}))
+    elif not reason:
+        print(
+            f"eventsrc is running and ready on {layout.root} "
+            f"(pid {info['pid']}, version {info['version']}, last sequence {info['last_seq']})"
+        )
+    if reason:
+        print(f"eventsrc: {reason}", file=sys.stderr)
+        return 1
+    return 0
