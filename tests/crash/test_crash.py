@@ -13,12 +13,15 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from eventsrc.events import CorruptRecordError
 from eventsrc.log.store import EventLog
 from tests.conftest import env_rounds
 
 WRITER = Path(__file__).parent.parent / "support" / "writer_proc.py"
 ROUNDS = env_rounds("EVENTSRC_CRASH_ROUNDS", 20)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 + 15 * ROUNDS)]
 
 
 def run_and_kill(path: Path, writers: int, map_size: int, rng: random.Random) -> list[tuple[int, str]]:

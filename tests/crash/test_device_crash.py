@@ -20,12 +20,15 @@ import uuid
 from pathlib import Path
 
 import grpc
+import pytest
 
 from eventsrc.gen.node.v1 import node_pb2
 from tests.conftest import env_rounds, run_cli
+from tests.support.eventually import eventually
 from tests.support.grpcio_stubs import stubs, unix_target
 
 ROUNDS = env_rounds("EVENTSRC_DAEMON_CRASH_ROUNDS", 50)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 + 20 * ROUNDS)]
 RESOURCE = "example.com/dev"
 
 
@@ -41,18 +44,17 @@ def start_daemon(root: Path, log: Path) -> subprocess.Popen[bytes]:
 
 
 def wait_ready(root: Path, proc: subprocess.Popen[bytes], node: object) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"daemon exited with {proc.returncode}")
+    def ready() -> bool:
         try:
-            st = node.Status(node_pb2.StatusRequest(), timeout=1)  # type: ignore[attr-defined]
-            if st.ready:
-                return
+            return bool(node.Status(node_pb2.StatusRequest(), timeout=1).ready)  # type: ignore[attr-defined]
         except grpc.RpcError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError("daemon not ready in 30 s")
+            return False
+
+    eventually(
+        ready,
+        "the daemon to be ready",
+        stop=lambda: None if proc.poll() is None else f"daemon exited with {proc.returncode}",
+    )
 
 
 def pod(n: int) -> node_pb2.Pod:
@@ -180,7 +182,7 @@ def test_sigkill_during_admissions_and_removals(tmp_path: Path) -> None:
             proc = start_daemon(root, log)
             wait_ready(root, proc, client.node)
             check(root, client, round_)
-        assert client.ops >= 200, f"only {client.ops} acknowledged operations in {ROUNDS} rounds"
+        assert client.ops >= 4 * ROUNDS, f"only {client.ops} acknowledged operations in {ROUNDS} rounds"
     finally:
         for p in (proc, plugin):
             if p is not None and p.poll() is None:

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from eventsrc.log.store import EventLog
 from eventsrc.offline import audit
 from tests.conftest import run_cli
 from tests.e2e.test_devices_e2e import Plugin, pod_yaml
+from tests.support.eventually import eventually
 from tests.support.grpcio_stubs import pod_resources_client, unix_target
 
 RES = "example.com/dev"
@@ -650,10 +650,11 @@ def test_audit_matches_what_pod_resources_showed(root: Path, tmp_path: Path, dae
         # One of a's devices turns unhealthy: it stays a's (the kubelet does not take it back).
         health = root / "plugins" / "sample-example-com-dev" / "health.json"
         health.write_text(json.dumps({a_devices[0]: "Unhealthy"}))
-        deadline = time.monotonic() + 15
-        while '"DeviceHealthChanged"' not in run_cli("log", "-o", "json", root=root).stdout:
-            assert time.monotonic() < deadline, "the health change was not recorded"
-            time.sleep(0.1)
+        eventually(
+            lambda: '"DeviceHealthChanged"' in run_cli("log", "-o", "json", root=root).stdout,
+            "the health change to be recorded",
+            timeout=15,
+        )
         snaps.append(("unhealthy", *pod_resources_snapshot(root)))
         run_cli("remove", "uid-a", root=root, check=True)
         snaps.append(("remove a", *pod_resources_snapshot(root)))

@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]  # the demo itself is bounded at 300 s
 
 
 def test_the_demo_runs_the_whole_story(root: Path) -> None:

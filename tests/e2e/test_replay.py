@@ -6,7 +6,6 @@ import datetime as dt
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from eventsrc import events as ev
 from eventsrc.log.store import EventLog
 from tests.conftest import REPO, run_cli
+from tests.support.eventually import eventually
 
 RES = "example.com/dev"
 T0 = dt.datetime(2026, 11, 21, 23, 0, tzinfo=dt.UTC)
@@ -173,10 +173,11 @@ def test_a_log_written_by_the_daemon_passes_the_check(root: Path, tmp_path: Path
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while "PluginRegistered" not in run_cli("log", root=root).stdout:
-            assert time.monotonic() < deadline and plugin.poll() is None, "the sample plugin did not register"
-            time.sleep(0.1)
+        eventually(
+            lambda: "PluginRegistered" in run_cli("log", root=root).stdout,
+            "the sample plugin's registration",
+            stop=lambda: None if plugin.poll() is None else f"the sample plugin exited {plugin.returncode}",
+        )
         for name, limits in [
             ("gpu", f"{RES}: 2, cpu: '4', memory: 1Gi"),
             ("burst", f"{RES}: 1, cpu: 500m"),
