@@ -165,6 +165,7 @@ class PluginWatcher:
         self.period = period
         self._slots: dict[Path, _Slot] = {}
         self._wake = trio.Event()
+        self.scans = 0  # directory scans reconciled so far: a test waits for the next ones
 
     @property
     def plugins(self) -> dict[Path, RegisteredPlugin]:
@@ -208,6 +209,7 @@ class PluginWatcher:
                 if now >= slot.retry_at:
                     slot.busy = True
                     nursery.start_soon(self._register, slot, key)
+        self.scans += 1
 
     def _done(self, slot: _Slot) -> None:
         slot.busy = False

@@ -52,6 +52,7 @@ from tests.conftest import Daemon, run_cli
 from tests.e2e.test_dra_e2e import claim_yaml
 from tests.e2e.test_dra_e2e import pod_yaml as claim_pod_yaml
 from tests.node.test_plugin_registry import GrpcioRegistration
+from tests.support.eventually import eventually_trio
 from tests.support.grpcio_stubs import registration_client, unix_target
 
 OK = grpc.StatusCode.OK
@@ -317,16 +318,8 @@ def state(root: Path) -> dict[str, Any]:
 
 
 def wait_for(what: str, probe: Callable[[], Any], daemon: Daemon, timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = probe()
-        if got:
-            return got
-        if daemon.proc.poll() is not None:
-            raise AssertionError(f"daemon exited {daemon.proc.returncode} while waiting for {what}:\n{daemon.output()}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} after {timeout} s:\n{daemon.output()}")
-        time.sleep(0.05)
+    """Poll ``probe`` until it returns something truthy; fail early if the daemon died."""
+    return daemon.eventually(probe, what, timeout=timeout)
 
 
 def alive(daemon: Daemon) -> bool:
@@ -390,11 +383,7 @@ async def in_process(root: Path) -> AsyncIterator[Any]:
 
 
 async def until(what: str, probe: Callable[[], Any], timeout: float = 10.0) -> None:
-    with trio.move_on_after(timeout):
-        while not probe():
-            await trio.sleep(0.02)
-        return
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    await eventually_trio(probe, what, timeout=timeout)
 
 
 async def admit_in_process(root: Path, pod: str, *more: Path) -> tuple[int, str, float]:
@@ -612,11 +601,13 @@ async def test_plugins_registry_follows_no_symlinks(root: Path, elsewhere: Path)
 
     try:
         async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
-            await nursery.start(PluginWatcher(registry, {"DRAPlugin": Handler()}, period=0.1).run)
+            watcher = PluginWatcher(registry, {"DRAPlugin": Handler()}, period=0.1)
+            await nursery.start(watcher.run)
             seen = GrpcioRegistration(registry / "seen.sock", type="DRAPlugin", name="seen.example.com")
             try:
                 await until("the plugin in the directory", lambda: seen.statuses)
-                await trio.sleep(0.5)  # several more scans
+                scans = watcher.scans
+                await until("several more scans", lambda: watcher.scans >= scans + 5)
             finally:
                 seen.stop()
             nursery.cancel_scope.cancel()
@@ -823,8 +814,12 @@ def test_register_flood_is_rate_limited_and_not_recorded(daemon_factory: type[Da
     rejected = records(daemon.root, "PluginRegistrationRejected")
     assert len(rejected) == calls - limited
     assert len(rejected) <= 32 + 10 * elapsed + 1  # a burst of 32, then 10 a second
-    time.sleep(0.3)  # a few tokens come back
-    code, details = plugin.register()
+
+    def served() -> tuple[Any, str] | None:
+        code, details = plugin.register()
+        return None if code == grpc.StatusCode.RESOURCE_EXHAUSTED else (code, details)
+
+    code, details = wait_for("a registration served once tokens come back", served, daemon)
     assert code == OK, details
 
 
@@ -968,11 +963,17 @@ def test_garbage_from_a_dra_driver_is_a_failed_call(
     driver.prepare = _prepared
     proc, pod_uid = admit_with_claim("p2")
     assert proc.returncode == 0, proc.stderr
-    driver.unprepare = lambda req: GARBAGE
+    unprepares: list[Any] = []
+
+    def garbage_unprepare(req: Any) -> bytes:
+        unprepares.append(req)
+        return GARBAGE
+
+    driver.unprepare = garbage_unprepare
     assert run_cli("remove", pod_uid, root=daemon.root).returncode == 0
     wait_for("a failed unprepare", lambda: records(daemon.root, "ClaimUnprepareFailed"), daemon)
     assert "cannot decode" in records(daemon.root, "ClaimUnprepareFailed")[0]["event"]["reason"]
-    time.sleep(0.5)
+    wait_for("the unprepare retried", lambda: len(unprepares) >= 2, daemon)
     assert alive(daemon)
 
 

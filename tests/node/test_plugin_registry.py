@@ -11,8 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,14 @@ import pytest
 import trio
 import trio_asyncio
 
+from eventsrc.node import plugin_watcher
 from eventsrc.node.plugin_watcher import (
     PluginWatcher,
     no_handler_message,
     registration_failed_message,
     validation_failed_message,
 )
+from tests.support.eventually import eventually, eventually_trio
 from tests.support.grpcio_stubs import (
     dra,
     plugin_registration,
@@ -69,14 +70,6 @@ class FakeHandler:
 
     def of(self, kind: str) -> list[tuple[Any, ...]]:
         return [c for c in self.calls if c[0] == kind]
-
-
-async def until(predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> None:
-    with trio.move_on_after(timeout):
-        while not predicate():
-            await trio.sleep(0.05)
-        return
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 class GrpcioRegistration:
@@ -159,27 +152,27 @@ async def test_sample_dra_driver_registers_and_deregisters(root: Path) -> None:
     try:
         async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
             await nursery.start(PluginWatcher(registry, {"DRAPlugin": handler}).run)
-            await until(lambda: handler.of("register"), what="the driver's registration")
+            await eventually_trio(lambda: handler.of("register"), "the driver's registration")
             versions = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
             assert handler.calls[:2] == [
                 ("validate", DRIVER, str(dra_sock), versions),
                 ("register", DRIVER, str(dra_sock), versions, reg_sock),
             ]
             notified = lambda: [c for c in read_calls(calls) if c["method"] == "NotifyRegistrationStatus"]  # noqa: E731
-            await until(notified, what="NotifyRegistrationStatus")
+            await eventually_trio(notified, "NotifyRegistrationStatus")
             assert notified() == [{"method": "NotifyRegistrationStatus", "registered": True, "error": ""}]
 
             # Its registration socket removed: deregistered; the driver serves again: registered again.
             reg_sock.unlink()
-            await until(lambda: len(handler.of("register")) == 2, what="registration again")
+            await eventually_trio(lambda: len(handler.of("register")) == 2, "registration again")
             assert handler.of("deregister") == [("deregister", DRIVER, str(dra_sock), reg_sock)]
-            await until(lambda: len(notified()) == 2, what="the second NotifyRegistrationStatus")
+            await eventually_trio(lambda: len(notified()) == 2, "the second NotifyRegistrationStatus")
 
             # SIGTERM: the driver removes its sockets, the watcher deregisters it.
             proc.send_signal(signal.SIGTERM)
             await trio.to_thread.run_sync(lambda: proc.wait(timeout=10))
             assert proc.returncode == 0
-            await until(lambda: len(handler.of("deregister")) == 2, what="deregistration")
+            await eventually_trio(lambda: len(handler.of("deregister")) == 2, "deregistration")
             assert not reg_sock.exists() and not dra_sock.exists()
             nursery.cancel_scope.cancel()
     finally:
@@ -193,11 +186,12 @@ def test_sample_dra_driver_prepares_and_unprepares(root: Path) -> None:
     state_file = root / "plugins" / DRIVER / "state.json"
     control = root / "plugins" / DRIVER / "control.json"
     try:
-        deadline = time.monotonic() + 15
-        while not (root / "plugins_registry" / f"{DRIVER}-reg.sock").exists():
-            assert proc.poll() is None, (root / "driver.log").read_text()
-            assert time.monotonic() < deadline, "driver did not start"
-            time.sleep(0.05)
+        eventually(
+            (root / "plugins_registry" / f"{DRIVER}-reg.sock").exists,
+            "the driver's registration socket",
+            timeout=15,
+            stop=lambda: None if proc.poll() is None else (root / "driver.log").read_text(),
+        )
         v1, v1beta1 = dra("v1"), dra("v1beta1")
         with grpc.insecure_channel(unix_target(dra_sock)) as channel:
             stub = v1.DRAPluginStub(channel)
@@ -272,7 +266,7 @@ async def test_unknown_type_is_notified_false_with_the_kubelets_message(root: Pa
     try:
         async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
             await nursery.start(PluginWatcher(registry, {"DRAPlugin": handler}).run)
-            await until(lambda: plugin.statuses, what="NotifyRegistrationStatus")
+            await eventually_trio(lambda: plugin.statuses, "NotifyRegistrationStatus")
             assert plugin.statuses[0] == (False, no_handler_message("CSIPlugin", sock))
             assert (
                 plugin.statuses[0][1]
@@ -292,8 +286,9 @@ async def test_validate_and_register_failures_are_notified(root: Path) -> None:
     dp_handler = FakeHandler(refuse_register="cannot dial")
     try:
         async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
-            await nursery.start(PluginWatcher(registry, {"DRAPlugin": dra_handler, "DevicePlugin": dp_handler}).run)
-            await until(lambda: a.statuses and b.statuses, what="both notified")
+            watcher = PluginWatcher(registry, {"DRAPlugin": dra_handler, "DevicePlugin": dp_handler})
+            await nursery.start(watcher.run)
+            await eventually_trio(lambda: a.statuses and b.statuses, "both notified")
             assert a.statuses[0] == (False, validation_failed_message("no supported DRA service"))
             assert (
                 a.statuses[0][1]
@@ -305,7 +300,8 @@ async def test_validate_and_register_failures_are_notified(root: Path) -> None:
             # Neither registered: a socket going away deregisters nothing.
             a.stop()
             b.stop()
-            await trio.sleep(1.2)
+            scans = watcher.scans
+            await eventually_trio(lambda: watcher.scans >= scans + 2, "two scans without the sockets")
             assert not dra_handler.of("deregister") and not dp_handler.of("deregister")
             nursery.cancel_scope.cancel()
     finally:
@@ -324,13 +320,13 @@ async def test_socket_that_disappears_is_deregistered(root: Path) -> None:
         await nursery.start(PluginWatcher(registry, {"DRAPlugin": handler}).run)
         plugin = GrpcioRegistration(sock, type="DRAPlugin", name="x.example.com", versions=("v1.DRAPlugin",))
         try:
-            await until(lambda: plugin.statuses, what="NotifyRegistrationStatus")
+            await eventually_trio(lambda: plugin.statuses, "NotifyRegistrationStatus")
             assert plugin.statuses == [(True, "")]
             # An empty endpoint means the registration socket itself.
             assert handler.of("register") == [("register", "x.example.com", str(sock), ["v1.DRAPlugin"], sock)]
         finally:
             plugin.stop()
-        await until(lambda: handler.of("deregister"), what="deregistration")
+        await eventually_trio(lambda: handler.of("deregister"), "deregistration")
         assert handler.of("deregister") == [("deregister", "x.example.com", str(sock), sock)]
         nursery.cancel_scope.cancel()
 
@@ -346,11 +342,13 @@ async def test_dot_names_and_regular_files_are_ignored(root: Path) -> None:
     handler = FakeHandler()
     try:
         async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
-            await nursery.start(PluginWatcher(registry, {"DRAPlugin": handler}).run)
+            watcher = PluginWatcher(registry, {"DRAPlugin": handler})
+            await nursery.start(watcher.run)
             seen = GrpcioRegistration(registry / "seen.sock", type="DRAPlugin", name="seen.example.com")
             try:
-                await until(lambda: seen.statuses, what="the visible plugin")
-                await trio.sleep(1.0)  # two more scans
+                await eventually_trio(lambda: seen.statuses, "the visible plugin")
+                scans = watcher.scans
+                await eventually_trio(lambda: watcher.scans >= scans + 2, "two more scans")
             finally:
                 seen.stop()
             assert [c[1] for c in handler.of("register")] == ["seen.example.com"]
@@ -364,8 +362,12 @@ async def test_dot_names_and_regular_files_are_ignored(root: Path) -> None:
 # ---------------------------------------------------------------------------- (e) a plugin that hangs
 
 
-async def test_hanging_get_info_times_out_and_others_register(root: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_hanging_get_info_times_out_and_others_register(
+    root: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     caplog.set_level(logging.INFO, logger="eventsrc.plugins")
+    # Longer than the kubelet's second, so that the good plugin surely registers meanwhile.
+    monkeypatch.setattr(plugin_watcher, "GET_INFO_TIMEOUT", 2.0)
     registry = root / "plugins_registry"
     registry.mkdir(parents=True)
     hung_path = registry / "hung.sock"
@@ -375,15 +377,8 @@ async def test_hanging_get_info_times_out_and_others_register(root: Path, caplog
     handler = FakeHandler()
     try:
         async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
-            started = trio.current_time()
+            # The first scan, before start returns, has started the hung socket's registration.
             await nursery.start(PluginWatcher(registry, {"DRAPlugin": handler}).run)
-            await trio.sleep(0.2)  # GetInfo on the hung socket is under way
-            good = GrpcioRegistration(registry / "good.sock", type="DRAPlugin", name="good.example.com")
-            try:
-                await until(lambda: good.statuses, what="the good plugin")
-                assert good.statuses == [(True, "")]
-            finally:
-                good.stop()
             timed_out = lambda: [  # noqa: E731
                 f
                 for r in caplog.records
@@ -391,10 +386,16 @@ async def test_hanging_get_info_times_out_and_others_register(root: Path, caplog
                 for f in [getattr(r, "fields", {})]
                 if "hung.sock" in str(f["socket"]) and "timed out" in f["reason"]
             ]
-            await until(timed_out, timeout=5, what="the hung plugin's GetInfo to time out")
-            assert trio.current_time() - started >= 1.0
+            good = GrpcioRegistration(registry / "good.sock", type="DRAPlugin", name="good.example.com")
+            try:
+                await eventually_trio(lambda: good.statuses, "the good plugin")
+                assert good.statuses == [(True, "")]
+                assert not timed_out(), "the good plugin waited for the hung one"
+            finally:
+                good.stop()
+            await eventually_trio(timed_out, "the hung plugin's GetInfo to time out")
             assert "GetInfo failed: timed out" in timed_out()[0]["reason"]
-            await until(lambda: handler.of("deregister"), what="the good plugin's deregistration")
+            await eventually_trio(lambda: handler.of("deregister"), "the good plugin's deregistration")
             assert [c[1] for c in handler.calls] == ["good.example.com"] * 3
             nursery.cancel_scope.cancel()
     finally:
