@@ -1,7 +1,8 @@
 """The node API (``eventsrc.node.v1.Node``): how pods reach the daemon.
 
-Handlers run as trio tasks (``eventsrc.rpc.native_server``, ADR 0011); anything that changes
-state goes through the admission shell, which records events.
+Handlers run on the asyncio side (grpclib, ``eventsrc.rpc.bridge.serve_unix``); anything
+that changes state crosses into trio once (``to_trio``) and goes through the admission
+shell, which records events.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from eventsrc.events import CorruptRecordError, Record
 from eventsrc.gen.node.v1 import node_pb2 as pb
 from eventsrc.gen.node.v1.node_grpc import NodeBase
 from eventsrc.inputs.manifest import PodClaim, PodSpec
+from eventsrc.rpc.bridge import to_trio
 from eventsrc.state.views import PodView, Views
 
 
@@ -198,7 +200,7 @@ class NodeService(NodeBase):
             raise GRPCError(Status.UNIMPLEMENTED, "this daemon does not serve its history")
         seq = max(1, req.from_seq)
         while True:
-            batch = await self._records(seq)
+            batch = await to_trio(self._records)(seq)
             for item in batch:
                 await stream.send_message(watch_event(item))
                 seq = item.seq + 1
@@ -212,7 +214,7 @@ class NodeService(NodeBase):
         assert req is not None
         try:
             spec = pod_from_proto(req.pod, list(req.claims))
-            pod, cid = await self._admitter.admit(spec)
+            pod, cid = await to_trio(self._admitter.admit)(spec)
         except EventsrcError as err:
             raise _grpc_error(err) from None
         views = self._views()
@@ -223,7 +225,7 @@ class NodeService(NodeBase):
         assert req is not None
         try:
             uid = find_pod(self._views(), req.pod).uid
-            pod, cid = await self._admitter.remove(uid)
+            pod, cid = await to_trio(self._admitter.remove)(uid)
         except EventsrcError as err:
             raise _grpc_error(err) from None
         await stream.send_message(pod_info(pod, state="removed", correlation_id=cid))

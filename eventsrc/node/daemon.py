@@ -4,7 +4,7 @@
       ├─ GroupCommitter.run      appends; applies each committed batch to the views
       ├─ serve_http(HealthApp)   --metrics-address: /metrics, /healthz, /readyz (eventsrc/obs/metrics.py)
       ├─ DeviceManager.run       device-plugins/kubelet.sock, one task per plugin endpoint
-      ├─ serve_unix_trio(Node)   eventsrc/api.sock: admit, remove, list pods (trio-native)
+      ├─ serve_unix(Node)        eventsrc/api.sock: admit, remove, list pods
       ├─ serve_unix(PodResources) pod-resources/kubelet.sock
       ├─ Daemon.scrub            checks every record written before this start
       ├─ Daemon.snapshot_loop    writes a snapshot every ``snapshot_every`` records
@@ -69,13 +69,7 @@ from eventsrc.obs.metrics import (
     parse_address,
     serve_http,
 )
-from eventsrc.rpc.bridge import (
-    MAX_MESSAGE_BYTES,
-    check_socket_path,
-    limit_received_messages,
-    serve_unix,
-)
-from eventsrc.rpc.native_server import serve_unix_trio
+from eventsrc.rpc.bridge import check_socket_path, serve_unix
 from eventsrc.state.apply import apply_all
 from eventsrc.state.views import Views
 
@@ -300,7 +294,6 @@ async def serve(
     layout.create()
     for sock in (layout.api_socket, layout.device_plugins / "kubelet.sock", layout.pod_resources_socket):
         check_socket_path(sock)
-    limit_received_messages(MAX_MESSAGE_BYTES)
     lock = DirLock(layout.lock)
     lock.acquire()
     event_log: EventLog | None = None
@@ -389,7 +382,7 @@ async def serve(
                     layout.plugins_registry, {"DRAPlugin": daemon.dra, "DevicePlugin": RegistryHandler(daemon.devices)}
                 )
                 await nursery.start(watcher.run)
-                await nursery.start(serve_unix_trio, [daemon.node_service()], layout.api_socket, 0o600)
+                await nursery.start(serve_unix, [daemon.node_service()], layout.api_socket, 0o600)
                 await nursery.start(
                     serve_unix,
                     [

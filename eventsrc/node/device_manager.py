@@ -37,13 +37,12 @@ from eventsrc.obs.logger import correlation, current_correlation_id, get_logger
 from eventsrc.rpc.bridge import (
     CALL_ERRORS,
     endpoint_socket_error,
-    max_received,
     serve_unix,
     to_aio,
     to_trio,
+    unix_channel,
     why,
 )
-from eventsrc.rpc.native_client import UnaryChannel
 from eventsrc.rpc.ratelimit import TokenBucket
 
 if TYPE_CHECKING:
@@ -107,20 +106,17 @@ class Endpoint:
     ended: bool = False
     coalesced: int = 0  # lists never recorded, since the last log line saying so
     coalesced_logged: float = -math.inf
-    # The admission path's calls (Allocate, GetPreferredAllocation, PreStartContainer) go
-    # through a trio-native client; ListAndWatch stays on grpclib (ADR 0011).
-    unary: UnaryChannel = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.unary = UnaryChannel(str(self.path), max_received())
 
     def close(self) -> None:
         self.channel.close()
-        self.unary.close()
+
+    # The calls below go through grpclib on ``channel`` (made by ``unix_channel``: answers
+    # over the received-message limit are refused). grpclib sends a request once and never
+    # again (Allocate is not idempotent): a connection lost after that fails the call.
 
     async def allocate(self, device_ids: list[str], timeout: float | None) -> pb.ContainerAllocateResponse:
         req = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=device_ids)])
-        resp = await self.unary.call("/v1beta1.DevicePlugin/Allocate", req, pb.AllocateResponse, timeout)
+        resp = await to_aio(self.stub.Allocate)(req, timeout=timeout)
         if not resp.container_responses:
             raise PluginCallFailed(f"the {self.resource} plugin's Allocate answer has no container response")
         reason = allocation_error(resp.container_responses[0])
@@ -136,20 +132,14 @@ class Endpoint:
                 )
             ]
         )
-        resp = await self.unary.call(
-            "/v1beta1.DevicePlugin/GetPreferredAllocation", req, pb.PreferredAllocationResponse, PREFERRED_TIMEOUT
-        )
+        resp = await to_aio(self.stub.GetPreferredAllocation)(req, timeout=PREFERRED_TIMEOUT)
         if not resp.container_responses:
             return []
         return list(resp.container_responses[0].deviceIDs)
 
     async def pre_start(self, device_ids: list[str]) -> None:
-        await self.unary.call(
-            "/v1beta1.DevicePlugin/PreStartContainer",
-            pb.PreStartContainerRequest(devices_ids=device_ids),
-            pb.PreStartContainerResponse,
-            PRE_START_TIMEOUT,
-        )
+        req = pb.PreStartContainerRequest(devices_ids=device_ids)
+        await to_aio(self.stub.PreStartContainer)(req, timeout=PRE_START_TIMEOUT)
 
 
 def list_and_watch_error(msg: pb.ListAndWatchResponse) -> str:
@@ -302,7 +292,7 @@ class DeviceManager:
         reason = reason or endpoint_socket_error(str(target if path is not None else target.absolute()))
         reason = reason or self._capacity_error(resource)
         if not reason:
-            channel = Channel(path=str(target))
+            channel = unix_channel(str(target))
             stub = DevicePluginStub(channel)
             try:
                 with trio.fail_after(DIAL_TIMEOUT):

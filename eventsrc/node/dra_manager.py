@@ -28,7 +28,7 @@ from eventsrc.gen.dra.v1beta1 import api_grpc as v1beta1_grpc
 from eventsrc.gen.dra.v1beta1 import api_pb2 as v1beta1
 from eventsrc.log.commit import new_correlation_id
 from eventsrc.obs.logger import correlation, get_logger
-from eventsrc.rpc.bridge import CALL_ERRORS, endpoint_socket_error, to_aio, why
+from eventsrc.rpc.bridge import CALL_ERRORS, endpoint_socket_error, to_aio, unix_channel, why
 
 if TYPE_CHECKING:
     from eventsrc.node.daemon import Daemon
@@ -160,7 +160,7 @@ class DRAManager:
             raise
         service = next(v for v in PREFERENCE if v in versions)
         pb, grpc_mod = SERVICES[service]
-        channel = Channel(path=endpoint)
+        channel = unix_channel(endpoint)
         stub = grpc_mod.DRAPluginStub(channel)
         old = self.clients.get(name)
         self.clients[name] = DRAClient(name, endpoint, service, channel, stub, pb)

@@ -49,14 +49,13 @@ from pathlib import Path
 from typing import Protocol
 
 import trio
-from grpclib.client import Channel
 
 from eventsrc.errors import EventsrcError
 from eventsrc.gen.pluginregistration.v1 import api_pb2 as pb
 from eventsrc.gen.pluginregistration.v1.api_grpc import RegistrationStub
 from eventsrc.log.commit import new_correlation_id
 from eventsrc.obs.logger import correlation, get_logger
-from eventsrc.rpc.bridge import CALL_ERRORS, to_aio, why
+from eventsrc.rpc.bridge import CALL_ERRORS, to_aio, unix_channel, why
 
 log = get_logger("eventsrc.plugins")
 
@@ -235,7 +234,7 @@ class PluginWatcher:
 
     async def _register_plugin(self, path: Path, key: SocketKey) -> RegisteredPlugin | None:
         """The kubelet's GenerateRegisterPluginFunc. Returns None when the plugin was refused."""
-        channel = Channel(path=str(path))
+        channel = unix_channel(str(path))
         try:
             stub = RegistrationStub(channel)
             try:

@@ -1,9 +1,11 @@
-"""gRPC inside trio: grpclib servers and clients on trio-asyncio's loop (docs/adr/0002).
+"""gRPC inside trio: grpclib servers and clients on trio-asyncio's loop (docs/adr/0002, 0012).
 
 grpclib is asyncio-only. The daemon opens one asyncio loop inside ``trio.run`` with
-``trio_asyncio.open_loop()``; servers are started and stopped from trio tasks here, and
-handlers (asyncio coroutines) reach trio code with ``to_trio``. Everything else in
-eventsrc stays trio.
+``trio_asyncio.open_loop()``; servers are started and stopped from trio tasks here
+(``serve_unix``), trio code calls a peer with ``to_aio`` on a channel from
+``unix_channel``, and handlers (asyncio coroutines) reach trio code with ``to_trio``.
+Every channel and server made here bounds what it receives (``rpc.limits``). Everything
+else in eventsrc stays trio.
 """
 
 from __future__ import annotations
@@ -11,29 +13,31 @@ from __future__ import annotations
 import os
 import socket
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import grpclib.client
-import grpclib.server
 import trio
 import trio_asyncio
 from google.protobuf.message import DecodeError
 from grpclib import Status
+from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.server import Server
 
 from eventsrc.errors import EventsrcError
-
-T = TypeVar("T")
+from eventsrc.rpc.limits import MAX_MESSAGE_BYTES, BoundedCodec
 
 #: Call a trio function from an asyncio handler: ``await to_trio(fn)(*args)``.
 to_trio = trio_asyncio.trio_as_aio
 #: Call an asyncio function (a grpclib call) from trio: ``await to_aio(fn)(*args)``.
 to_aio = trio_asyncio.aio_as_trio
 
-#: Everything a call to a peer can fail with: its status, a broken connection, a timeout.
+#: Everything a call to a peer can fail with: its status, a broken connection, a timeout, or
+#: what grpclib's reader lets escape from a malformed answer (AssertionError: the stream
+#: ended inside a message; NotImplementedError: a compressed message). Garbage and
+#: oversized messages are GRPCErrors (``rpc.limits.BoundedCodec``); DecodeError stays for a
+#: channel made without it.
 CALL_ERRORS: tuple[type[BaseException], ...] = (
     GRPCError,
     StreamTerminatedError,
@@ -41,7 +45,9 @@ CALL_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     trio.TooSlowError,
     TimeoutError,
-    DecodeError,  # a peer's garbage (received messages are decoded in _recv_message, see below)
+    DecodeError,
+    AssertionError,
+    NotImplementedError,
 )
 
 
@@ -54,109 +60,18 @@ def why(exc: BaseException) -> str:
         return f"{exc.status.name}: {exc.message}"
     if isinstance(exc, (trio.TooSlowError, TimeoutError)):
         return "timed out"
+    if isinstance(exc, AssertionError):
+        return "the peer ended the stream in the middle of a message"
+    if isinstance(exc, NotImplementedError):
+        return f"{Status.UNIMPLEMENTED.name}: compressed messages are not supported"
     return str(exc) or type(exc).__name__
 
 
-#: The largest message the daemon takes from a peer: grpc-go's default receive limit, which
-#: the kubelet keeps for its device-plugin client and its registration and PodResources
-#: servers (none of them sets MaxRecvMsgSize). grpclib has no limit of its own: it would
-#: buffer whatever a peer's 4-byte length prefix announces.
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-
-_max_received: int | None = None
-
-
-def limit_received_messages(max_bytes: int | None) -> None:
-    """Refuse, in this process, every received message longer than ``max_bytes`` (None: no
-    limit). The daemon sets it at start; the CLI reads its own daemon without one."""
-    global _max_received
-    _max_received = max_bytes
-
-
-def max_received() -> int | None:
-    """The received-message limit set in this process (None: no limit)."""
-    return _max_received
-
-
-# gRPC's message framing (a flag byte, a 4-byte big-endian length, the message), checked
-# the same way by grpclib's reader below and by the trio-native client and server.
-
-
-def frame(message: Any) -> bytes:
-    """``message`` as one uncompressed, length-prefixed gRPC message."""
-    body = message.SerializeToString()
-    return b"\x00" + len(body).to_bytes(4, "big") + body
-
-
-def send_some(conn: Any, stream_id: int, pending: bytes, *, end_stream: bool) -> bytes:
-    """Queue on the ``h2`` connection as much of ``pending`` as the stream's flow-control
-    window and the frame size allow; returns what is left. With ``end_stream``, the
-    frame carrying the last byte ends the stream."""
-    while pending:
-        n = min(conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size, len(pending))
-        if n <= 0:
-            break
-        conn.send_data(stream_id, pending[:n], end_stream=end_stream and n == len(pending))
-        pending = pending[n:]
-    return pending
-
-
-def check_prefix(prefix: bytes | bytearray, limit: int | None) -> int:
-    """The length a 5-byte message prefix announces. Raises GRPCError for a compressed
-    message, or one longer than ``limit`` (grpc-go's status and words)."""
-    if prefix[0]:
-        raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
-    length = int.from_bytes(prefix[1:5], "big")
-    if limit is not None and length > limit:
-        raise GRPCError(Status.RESOURCE_EXHAUSTED, f"received message larger than max ({length} vs. {limit})")
-    return length
-
-
-def decode_message(data: bytes, message_type: Any, decode: Callable[[bytes, Any], Any] | None = None) -> Any:
-    """``data`` as a ``message_type``; garbage is a GRPCError (INTERNAL)."""
-    try:
-        return decode(data, message_type) if decode is not None else message_type.FromString(data)
-    except Exception as exc:  # protobuf's DecodeError, or a codec's own complaint
-        name = getattr(message_type, "__name__", "message")
-        raise GRPCError(Status.INTERNAL, f"cannot decode the {name}: {exc}") from None
-
-
-def unframe(data: bytes | bytearray, message_type: Any, what: str, limit: int | None) -> Any:
-    """Exactly one length-prefixed message of ``message_type`` in ``data`` (a request or an
-    answer read whole). Raises GRPCError."""
-    if len(data) < 5:
-        raise GRPCError(Status.INTERNAL, f"the {what} has no message")
-    length = check_prefix(data[:5], limit)
-    if len(data) != 5 + length:
-        raise GRPCError(Status.INTERNAL, f"the {what} is not exactly one message")
-    return decode_message(bytes(data[5:]), message_type)
-
-
-async def _recv_message(stream: Any, codec: Any, message_type: Any) -> Any:
-    """grpclib's ``recv_message`` (grpclib/stream.py), made safe against a hostile peer.
-
-    - A message whose length prefix exceeds the limit is refused from its 5-byte header,
-      before its body is read, with grpc-go's status and words (RESOURCE_EXHAUSTED,
-      "received message larger than max"); HTTP/2 flow control keeps what the peer can push
-      meanwhile to one stream window (4 MiB).
-    - What grpclib lets escape from a malformed message (AssertionError for a truncated one,
-      NotImplementedError for a compressed one, protobuf's DecodeError for garbage) becomes
-      a GRPCError or ProtocolError, which every caller handles (``CALL_ERRORS``); on the
-      server side the peer gets that status.
-    """
-    try:
-        meta = await stream.recv_data(5)
-        if not meta:
-            return None
-        data = await stream.recv_data(check_prefix(meta, _max_received))
-    except AssertionError:  # grpclib's Buffer.read: the stream ended inside a message
-        raise ProtocolError("the peer ended the stream in the middle of a message") from None
-    return decode_message(data, message_type, codec.decode)
-
-
-# grpclib's client and server streams call the module-level name each imported.
-grpclib.client.recv_message = _recv_message  # type: ignore[assignment]
-grpclib.server.recv_message = _recv_message  # type: ignore[assignment]
+def unix_channel(path: str, max_message: int = MAX_MESSAGE_BYTES) -> Channel:
+    """A grpclib channel to the unix socket ``path`` that refuses answers longer than
+    ``max_message`` (it connects on its first call; close it when done)."""
+    # No status details codec: the daemon reads none, and a peer's cannot fail a call.
+    return Channel(path=path, codec=BoundedCodec(max_message), status_details_codec=None)
 
 
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
@@ -216,15 +131,18 @@ async def serve_unix(
     path: Path,
     mode: int | None = None,
     *,
+    max_message: int = MAX_MESSAGE_BYTES,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve grpclib ``handlers`` on the unix socket ``path`` until cancelled.
 
     A stale socket file at ``path`` is replaced. The socket is removed on the way out.
     ``mode`` (None: what the umask gives) is set between bind and listen, so that no
-    connection is ever accepted under another mode.
+    connection is ever accepted under another mode. A request longer than ``max_message``
+    is refused (RESOURCE_EXHAUSTED), one that does not decode too (INTERNAL); a request
+    that is not gRPC gets grpclib's answer (HTTP 405, 415 or 400).
     """
-    server = Server(list(handlers))
+    server = Server(list(handlers), codec=BoundedCodec(max_message), status_details_codec=None)
     sock = bind_unix(path, mode)
     try:
         await to_aio(server.start)(sock=sock)  # listens

@@ -47,7 +47,8 @@ from eventsrc.node import dra_manager as dra
 from eventsrc.node.device_manager import RegistrationRejected, RegistryHandler
 from eventsrc.node.dra_manager import DRAManager, DRARejected
 from eventsrc.node.plugin_watcher import PluginWatcher
-from eventsrc.rpc.bridge import MAX_MESSAGE_BYTES, limit_received_messages, serve_unix
+from eventsrc.rpc.bridge import serve_unix
+from eventsrc.rpc.limits import MAX_MESSAGE_BYTES
 from tests.conftest import Daemon, run_cli
 from tests.e2e.test_dra_e2e import claim_yaml
 from tests.e2e.test_dra_e2e import pod_yaml as claim_pod_yaml
@@ -371,15 +372,12 @@ async def in_process(root: Path) -> AsyncIterator[Any]:
     """The daemon in this process (so that its deadlines can be patched short)."""
     from eventsrc.node.daemon import serve
 
-    try:
-        async with trio.open_nursery() as nursery:
-            daemon = await nursery.start(partial(serve, Layout(root), admission_wait=2.0))
-            try:
-                yield daemon
-            finally:
-                nursery.cancel_scope.cancel()
-    finally:
-        limit_received_messages(None)
+    async with trio.open_nursery() as nursery:
+        daemon = await nursery.start(partial(serve, Layout(root), admission_wait=2.0))
+        try:
+            yield daemon
+        finally:
+            nursery.cancel_scope.cancel()
 
 
 async def until(what: str, probe: Callable[[], Any], timeout: float = 10.0) -> None:
@@ -451,40 +449,6 @@ async def test_socket_mode_is_set_before_the_socket_accepts(root: Path, monkeypa
     with umask(0):
         async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
             await nursery.start(serve_unix, [], root / "api.sock", 0o600)
-            nursery.cancel_scope.cancel()
-    assert seen == {"mode": 0o600, "connected": False}
-
-
-async def test_node_api_socket_mode_is_set_before_the_socket_accepts(
-    root: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The trio-native node API server (eventsrc.rpc.native_server) binds, sets the mode, then listens."""
-    from eventsrc.rpc import native_server as grpc_server
-
-    seen: dict[str, Any] = {}
-    bind = grpc_server.bind_unix
-
-    def bound(path: Path, mode: int | None) -> socket.socket:
-        sock = bind(path, mode)
-        seen["mode"] = stat.S_IMODE(os.stat(path).st_mode)
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(path))
-            seen["connected"] = True
-        except ConnectionRefusedError:
-            seen["connected"] = False
-        finally:
-            probe.close()
-        return sock
-
-    monkeypatch.setattr(grpc_server, "bind_unix", bound)
-    root.mkdir()
-    with umask(0):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(grpc_server.serve_unix_trio, [], root / "api.sock", 0o600)
-            accepting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            accepting.connect(str(root / "api.sock"))  # listening now
-            accepting.close()
             nursery.cancel_scope.cancel()
     assert seen == {"mode": 0o600, "connected": False}
 
@@ -681,7 +645,7 @@ def test_limits_are_the_documented_ones() -> None:
     assert (*deadlines, admission_module.ALLOCATE_TIMEOUT, dra.CALL_TIMEOUT) == (10.0, 10.0, 30.0, 60.0, 45.0)
 
 
-def test_oversized_register_request_is_refused_unread(shared: Daemon, hostile: list[Any]) -> None:
+def test_register_request_over_the_message_limit_is_refused(shared: Daemon, hostile: list[Any]) -> None:
     plugin = Hostile(shared.root, "unused.example.com/x", devices("o-0")).start()
     hostile.append(plugin)
     resource = "big.example.com/" + "x" * (MAX_MESSAGE_BYTES + 1024)
@@ -924,6 +888,31 @@ def test_garbage_from_a_plugin_is_a_failed_call(
         assert (
             state(shared.root)["devices"]["devices"][resource]["g-0"]["holder"] == ""
         )  # the pod is not left admitting
+    assert alive(shared)
+
+
+def test_a_plugin_dying_mid_allocate_settles_the_pod(shared: Daemon, hostile: list[Any], tmp_path: Path) -> None:
+    """The plugin goes away in the middle of Allocate (its server stops, dropping the call):
+    the call's failure is recorded, the pod is refused and its device released, never left
+    "admitting"; the request is not sent again."""
+    resource = resource_name("dies")
+    plugin = start(hostile, shared, resource, devices("z-0"))
+    listed(shared, resource, {"z-0"})
+
+    def die(req: Any) -> bytes:
+        assert plugin._server is not None
+        plugin._server.stop(0)  # connections dropped, in-flight calls cancelled: no answer
+        return b""
+
+    plugin.on["Allocate"] = die
+    rc, _, err = admit(shared, tmp_path, resource, 1)
+    assert rc == 1, err
+    assert len(plugin.called("Allocate")) == 1
+    (failed,) = records(shared.root, "AllocationFailed", resource)
+    assert failed["event"]["reason"], failed
+    pods = state(shared.root)["pods"]["pods"].values()
+    assert not [p for p in pods if p["state"] == "admitting"], pods
+    assert state(shared.root)["devices"]["devices"][resource]["z-0"]["holder"] == ""
     assert alive(shared)
 
 

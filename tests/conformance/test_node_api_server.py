@@ -1,15 +1,22 @@
-"""The daemon's trio-native gRPC server (the node API), spoken to with grpcio (C-core)."""
+"""The node API as the daemon serves it (grpclib, ``rpc.bridge.serve_unix``), spoken to with
+grpcio (C-core, an independent implementation) and over raw HTTP/2 for what grpcio never sends."""
 
 from __future__ import annotations
 
 import os
+import select
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 
 from eventsrc.gen.node.v1 import node_pb2 as pb
-from eventsrc.rpc.native_server import parse_timeout
+from tests.conftest import Daemon, run_cli
 from tests.support.grpcio_stubs import stubs, unix_target
 
 NODE = "/eventsrc.node.v1.Node/"
@@ -63,6 +70,7 @@ def test_a_request_over_the_limit_is_refused(channel: grpc.Channel) -> None:
     with pytest.raises(grpc.RpcError) as err:
         raw(channel, "GetPod")(big, timeout=10)
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert err.value.details() == f"received message larger than max ({len(big)} vs. {4 * 1024 * 1024})"
     assert raw(channel, "Status")(b"", timeout=5)
 
 
@@ -82,23 +90,6 @@ def test_a_large_answer_crosses_flow_control(channel: grpc.Channel) -> None:
     assert {p.uid for p in listed.pods} >= {p.uid for p in pods}
 
 
-@pytest.mark.parametrize(
-    ("header", "seconds"),
-    [
-        (b"30S", 30.0),
-        (b"250m", 0.25),
-        (b"5u", 5e-6),
-        (b"2M", 120.0),
-        (b"1H", 3600.0),
-        (b"x", None),
-        (b"", None),
-        (b"10x", None),
-    ],
-)
-def test_grpc_timeout_parsing(header: bytes, seconds: float | None) -> None:
-    assert parse_timeout(header) == (None if seconds is None else pytest.approx(seconds))
-
-
 def test_the_socket_is_private(root: Path, channel: grpc.Channel) -> None:
     assert os.stat(root / "eventsrc" / "api.sock").st_mode & 0o777 == 0o600
 
@@ -106,12 +97,6 @@ def test_the_socket_is_private(root: Path, channel: grpc.Channel) -> None:
 def _raw_h2(sock_path: Path, headers: list[tuple[str, str]]) -> dict[str, str]:
     """One request with ``headers`` and an empty message over a plain socket; the answer's
     headers (h2 validates both ends here: the request is well-formed HTTP/2)."""
-    import socket
-
-    import h2.config
-    import h2.connection
-    import h2.events
-
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
     conn.initiate_connection()
     with socket.socket(socket.AF_UNIX) as s:
@@ -162,51 +147,65 @@ def test_a_request_that_is_not_grpc_gets_grpclibs_answer(
     assert raw(channel, "Status")(b"", timeout=5)  # still serving
 
 
-def test_clients_that_vanish_do_not_stop_the_server(root: Path, channel: grpc.Channel) -> None:
-    """A client that closes while the server's bytes are unread (its reads and writes then
-    fail with ECONNRESET or EPIPE), one that leaves mid-request, one that leaves
-    mid-answer: the daemon serves on (these used to end it)."""
-    import socket
-    import time
+def _request_headers(method: str) -> list[tuple[str, str]]:
+    return [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":authority", "x"),
+        (":path", NODE + method),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]
 
-    import h2.config
-    import h2.connection
 
-    path = str(root / "eventsrc" / "api.sock")
-    for i in range(20):
+def _readable(s: socket.socket) -> None:
+    """Until the server's first bytes (its SETTINGS) wait unread on ``s``."""
+    ready, _, _ = select.select([s], [], [], 10)
+    assert ready, "the server sent nothing within 10 s"
+
+
+def _serving(daemon: Daemon, channel: grpc.Channel) -> None:
+    """The daemon runs, answers a call and says it is ready (``eventsrc status`` exits 0)."""
+    assert raw(channel, "Status")(b"", timeout=5)
+    proc = run_cli("status", root=daemon.root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert daemon.proc.poll() is None, daemon.output()
+
+
+@pytest.fixture
+def served(root: Path, daemon_factory: type[Daemon]) -> Iterator[tuple[Daemon, grpc.Channel, str]]:
+    daemon = daemon_factory()
+    ch = grpc.insecure_channel(unix_target(root / "eventsrc" / "api.sock"))
+    yield daemon, ch, str(root / "eventsrc" / "api.sock")
+    ch.close()
+
+
+def test_clients_that_connect_and_close_at_once_do_not_stop_the_daemon(
+    served: tuple[Daemon, grpc.Channel, str],
+) -> None:
+    daemon, channel, path = served
+    for _ in range(20):
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(path)
+    _serving(daemon, channel)
+
+
+def test_clients_that_vanish_do_not_stop_the_daemon(served: tuple[Daemon, grpc.Channel, str]) -> None:
+    """A client that closes while the server's bytes are unread (its reads and writes then
+    fail with ECONNRESET or EPIPE), one that leaves mid-request, one that leaves with its
+    answer unread: the daemon serves on."""
+    daemon, channel, path = served
+    for i in range(21):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(path)
+            c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            c.initiate_connection()
             if i % 3 == 1:  # a request's headers, never its end
-                c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-                c.initiate_connection()
-                c.send_headers(
-                    1,
-                    [
-                        (":method", "POST"),
-                        (":scheme", "http"),
-                        (":authority", "x"),
-                        (":path", NODE + "Status"),
-                        ("content-type", "application/grpc"),
-                        ("te", "trailers"),
-                    ],
-                )
-                s.sendall(c.data_to_send())
+                c.send_headers(1, _request_headers("Status"))
             elif i % 3 == 2:  # a whole request; gone before the answer is read
-                c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-                c.initiate_connection()
-                c.send_headers(
-                    1,
-                    [
-                        (":method", "POST"),
-                        (":scheme", "http"),
-                        (":authority", "x"),
-                        (":path", NODE + "ListPods"),
-                        ("content-type", "application/grpc"),
-                        ("te", "trailers"),
-                    ],
-                )
+                c.send_headers(1, _request_headers("ListPods"))
                 c.send_data(1, b"\x00\x00\x00\x00\x00", end_stream=True)
+            if i % 3:
                 s.sendall(c.data_to_send())
-            time.sleep(0.02)  # the server's SETTINGS (and answer) arrive, unread
-    time.sleep(0.2)
-    assert raw(channel, "Status")(b"", timeout=5)
+            _readable(s)
+    _serving(daemon, channel)
