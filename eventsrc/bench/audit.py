@@ -73,7 +73,8 @@ def run_audit_bench(*, events: int, runs: int, workdir: Path | None = None) -> N
         size = writer.disk_bytes()
         writer.close()
         out.write(
-            f"log: {events:,} events, built (with its index) in {time.perf_counter() - t0:.1f} s, {size / 1e6:,.0f} MB on disk\n"
+            f"log: {events:,} events, built (with its index) in {time.perf_counter() - t0:.1f} s, "
+            f"{size / 1e6:,.0f} MB on disk\n"
         )
 
         log = EventLog(d, readonly=True)

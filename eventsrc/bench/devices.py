@@ -242,8 +242,9 @@ def run_devices_bench(
         asyncio.run(_wait_devices(root, devices))
         api = root / "eventsrc" / "api.sock"
         out.write(
-            f"eventsrc bench devices: {os.cpu_count()} cpus, Python {sys.version.split()[0]}; daemon and sample plugin "
-            f"in their own processes; {devices} devices on 2 NUMA nodes; one-device pods; medians of {rounds} rounds\n\n"
+            f"eventsrc bench devices: {os.cpu_count()} cpus, Python {sys.version.split()[0]}; "
+            f"daemon and sample plugin in their own processes; {devices} devices on 2 NUMA nodes; "
+            f"one-device pods; medians of {rounds} rounds\n\n"
         )
         rtts: list[float] = []
         syncs: list[float] = []
@@ -304,12 +305,15 @@ def run_devices_bench(
         c, d, pl = (one_cpu.median(k) for k in ("client", "daemon", "plugin"))
         out.write(
             f"  where a 1-client admission's time goes (CPU per admission; the three work in turn):\n"
-            f"    bench client (grpclib)   {c * 1e6:6.0f} us   (per bare round trip: {rtt_cpu.median('client') * 1e6:.0f} us)\n"
-            f"    sample plugin            {pl * 1e6:6.0f} us   (per bare round trip: {rtt_cpu.median('plugin') * 1e6:.0f} us)\n"
+            f"    bench client (grpclib)   {c * 1e6:6.0f} us   "
+            f"(per bare round trip: {rtt_cpu.median('client') * 1e6:.0f} us)\n"
+            f"    sample plugin            {pl * 1e6:6.0f} us   "
+            f"(per bare round trip: {rtt_cpu.median('plugin') * 1e6:.0f} us)\n"
             f"    daemon                   {d * 1e6:6.0f} us   (node API call, plan, 2 durable appends, Allocate call; "
             f"a bare node API call costs it {status_cpu.median('daemon') * 1e6:.0f} us)\n"
             f"    sum                      {(c + d + pl) * 1e6:6.0f} us   beside p50 {p50 * 1e6:.0f} us\n"
-            f"    what the goal leaves the daemon: {floor * 1e6:.0f} - client - plugin = {(floor - c - pl) * 1e6:.0f} us "
+            f"    what the goal leaves the daemon: {floor * 1e6:.0f} - client - plugin = "
+            f"{(floor - c - pl) * 1e6:.0f} us "
             f"(strict), {(beside - c - pl) * 1e6:.0f} us (literal)\n"
         )
         ok_rate = "ok" if med(many["rate"]) >= 500 else "BELOW 500/s"

@@ -332,12 +332,14 @@ def run_log_bench(
         many = statistics.median(manys)
         ratio = statistics.median(m / o for m, o in zip(manys, ones, strict=True))
         out.write(
-            f"  1 writer                              {_fmt(one):>12} appends/s  ({one / commit:.2f} x bare LMDB commit)\n"
+            f"  1 writer                              {_fmt(one):>12} appends/s  "
+            f"({one / commit:.2f} x bare LMDB commit)\n"
         )
         verdict = "ok" if ratio >= 20 else "BELOW TARGET"
+        paired = ", ".join(f"{m / o:.1f}" for m, o in zip(manys, ones, strict=True))
         out.write(
             f"  {writers} writers                           {_fmt(many):>12} appends/s  "
-            f"= {ratio:.1f} x one writer (median of {len(ones)} paired runs: {', '.join(f'{m / o:.1f}' for m, o in zip(manys, ones, strict=True))}; "
+            f"= {ratio:.1f} x one writer (median of {len(ones)} paired runs: {paired}; "
             f"target >= 20 x: {verdict}); mean batch {statistics.median(batches):.1f}\n"
         )
         # Where the time of one append goes at many writers, against what the goal allows:
@@ -348,7 +350,8 @@ def run_log_bench(
         floor = med(lambda: trio_wake_floor(writers, 0.3))
         prep = prepare_cost(d / "prepare", writers)
         out.write(
-            f"  per append at {writers} writers: {1e6 / many:.2f} us = its share of a commit ({1e6 / one / writers:.2f} us) "
+            f"  per append at {writers} writers: {1e6 / many:.2f} us = "
+            f"its share of a commit ({1e6 / one / writers:.2f} us) "
             f"+ its own work {own * 1e6:.2f} us; 20 x one writer allows its own work {allowed * 1e6:.2f} us\n"
             f"    of which: trio waking a parked task (floor, no work) {floor * 1e6:.2f} us; encode, CRC, hash chain "
             f"and index keys {prep * 1e6:.2f} us; the rest (queueing, records to LMDB, their pages) "

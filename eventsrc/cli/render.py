@@ -40,7 +40,10 @@ def raw_body(item: FutureRecordError) -> str:
 
 def record_line(item: Record | CorruptRecordError) -> str:
     if isinstance(item, FutureRecordError):  # shown raw: this code cannot say what it means
-        return f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type_name + '?':<26}  {item.correlation_id[-8:]}  {raw_body(item)}  (v{item.version}, from a newer eventsrc)"
+        return (
+            f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type_name + '?':<26}  {item.correlation_id[-8:]}  "
+            f"{raw_body(item)}  (v{item.version}, from a newer eventsrc)"
+        )
     if isinstance(item, CorruptRecordError):
         return f"{item.seq:>8}  {'?':<27}  {'CORRUPT':<26}  {'':8}  {item.reason}"
     return f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type:<26}  {item.correlation_id[-8:]}  {record_summary(item)}"

@@ -339,13 +339,13 @@ class Metrics:
 
 
 _POD_RESOURCES_HELP = {
-    "kubelet_pod_resources_endpoint_requests_total": "Cumulative number of requests to the PodResource endpoint. Broken down by server api version.",
-    "kubelet_pod_resources_endpoint_requests_list": "Number of requests to the PodResource List endpoint. Broken down by server api version.",
-    "kubelet_pod_resources_endpoint_requests_get_allocatable": "Number of requests to the PodResource GetAllocatableResources endpoint. Broken down by server api version.",
-    "kubelet_pod_resources_endpoint_requests_get": "Number of requests to the PodResource Get endpoint. Broken down by server api version.",
-    "kubelet_pod_resources_endpoint_errors_list": "Number of requests to the PodResource List endpoint which returned error. Broken down by server api version.",
-    "kubelet_pod_resources_endpoint_errors_get_allocatable": "Number of requests to the PodResource GetAllocatableResources endpoint which returned error. Broken down by server api version.",
-    "kubelet_pod_resources_endpoint_errors_get": "Number of requests to the PodResource Get endpoint which returned error. Broken down by server api version.",
+    "kubelet_pod_resources_endpoint_requests_total": "Cumulative number of requests to the PodResource endpoint. Broken down by server api version.",  # noqa: E501
+    "kubelet_pod_resources_endpoint_requests_list": "Number of requests to the PodResource List endpoint. Broken down by server api version.",  # noqa: E501
+    "kubelet_pod_resources_endpoint_requests_get_allocatable": "Number of requests to the PodResource GetAllocatableResources endpoint. Broken down by server api version.",  # noqa: E501
+    "kubelet_pod_resources_endpoint_requests_get": "Number of requests to the PodResource Get endpoint. Broken down by server api version.",  # noqa: E501
+    "kubelet_pod_resources_endpoint_errors_list": "Number of requests to the PodResource List endpoint which returned error. Broken down by server api version.",  # noqa: E501
+    "kubelet_pod_resources_endpoint_errors_get_allocatable": "Number of requests to the PodResource GetAllocatableResources endpoint which returned error. Broken down by server api version.",  # noqa: E501
+    "kubelet_pod_resources_endpoint_errors_get": "Number of requests to the PodResource Get endpoint which returned error. Broken down by server api version.",  # noqa: E501
 }
 
 

@@ -247,7 +247,8 @@ def device_checksum_text(cp: DeviceCheckpoint) -> str:
                 ids = f"(checkpoint.DevicesPerNUMA){_spew_map(per_numa)}"
             parts.append(
                 f"{{PodUID:(string){e.pod_uid} ContainerName:(string){e.container_name} "
-                f"ResourceName:(string){e.resource_name} DeviceIDs:{ids} AllocResp:([]uint8){_spew_bytes(e.alloc_resp)}}}"
+                f"ResourceName:(string){e.resource_name} DeviceIDs:{ids} "
+                f"AllocResp:([]uint8){_spew_bytes(e.alloc_resp)}}}"
             )
         entries = "[" + " ".join(parts) + "]"
     reg = None if cp.registered_devices is None else {k: _spew_strings(v) for k, v in cp.registered_devices.items()}
@@ -613,120 +614,135 @@ def events_from(
     """
     pods: dict[str, _Pod] = {}
     out: list[ev._Event] = []
-
-    def pod(uid: str) -> _Pod:
-        return pods.setdefault(uid, _Pod())
-
-    # ---- CPU manager: the policy first (it frames the assignments).
     cpu_assignments: list[ev.CPUsAssigned] = []
-    if cpu is not None:
-        if cpu.version == "v1" and cpu.container_entries:
-            raise CheckpointError(
-                f"{cpu.source}: a V1 CPU manager checkpoint keys its {len(cpu.container_entries)} entries by "
-                "container id, which only the container runtime can map to pods; start a kubelet (1.18 or newer) "
-                "once to rewrite it in the V2 format, then import that"
-            )
-        new = {"policy": cpu.policy_name, "imported_from": cpu.source, "default_cpu_set": cpu.default_cpu_set}
-        out.append(ev.PolicyConfigurationChanged(manager="cpu", old=dict(old_cpu_policy or {}), new=new))
-        for uid, containers in sorted((cpu.entries or {}).items()):
-            p = pod(uid)
-            for name, text in sorted(containers.items()):
-                cpus = _cpuset(text, f"the cpuset of container {name!r} in pod {uid!r}", cpu.source)
-                requests = p.containers.setdefault(name, {})
-                if cpu.policy_name == "static" and cpus.size() > 0:
-                    requests["cpu"] = str(cpus.size())
-                    p.exclusive_cpus = True
-                cpu_assignments.append(ev.CPUsAssigned(pod_uid=uid, container=name, cpus=cpus.sorted_list()))
-
-    # ---- device manager: resources, their devices, then who holds what.
+    if cpu is not None:  # the policy first: it frames the assignments
+        out.append(_cpu_policy_changed(cpu, old_cpu_policy))
+        cpu_assignments = _cpu_assignments(cpu, pods)
     allocations: list[ev.DevicesAllocated] = []
-    if device is not None:
-        numa: dict[str, dict[str, list[int]]] = {}
-        for e in device.entries or []:
-            for i, nodes in e.numa_of().items():
-                numa.setdefault(e.resource_name, {})[i] = nodes
-        for resource, ids in sorted((device.registered_devices or {}).items()):
-            out.append(ev.PluginRegistered(resource=resource, endpoint=""))
-            listed = sorted(set(ids or []))
-            if listed:
-                known = numa.get(resource, {})
-                out.append(
-                    ev.DevicesAdded(
-                        resource=resource,
-                        devices=[ev.DeviceInfo(id=i, health="Healthy", numa_nodes=known.get(i, [])) for i in listed],
-                    )
-                )
-            out.append(
-                ev.PluginDisconnected(
-                    resource=resource, endpoint="", reason=f"{IMPORT_REASON}: the plugin must register again"
-                )
-            )
-        seen: set[tuple[str, str, str]] = set()
-        for e in device.entries or []:
-            key = (e.pod_uid, e.container_name, e.resource_name)
-            if key in seen:
-                raise CheckpointError(
-                    f"{device.source}: two entries for pod {e.pod_uid} container {e.container_name} "
-                    f"resource {e.resource_name}"
-                )
-            seen.add(key)
-            ids = e.all_device_ids()
-            pod(e.pod_uid).containers.setdefault(e.container_name, {})[e.resource_name] = str(len(ids))
-            allocations.append(
-                ev.DevicesAllocated(
-                    pod_uid=e.pod_uid,
-                    container=e.container_name,
-                    resource=e.resource_name,
-                    device_ids=ids,
-                    response=_allocation(e, device.source),
-                )
-            )
+    if device is not None:  # resources and their devices, then who holds what
+        out += _device_resources(device)
+        allocations = _device_allocations(device, pods)
+    claims = _claim_events(dra, pods) if dra is not None else []
+    out += _pods_admitted(pods)  # pods before what they hold: the views attach holdings to known pods only
+    out += allocations
+    out += cpu_assignments
+    if cpu is not None and cpu.policy_name == "static":
+        pool = _cpuset(cpu.default_cpu_set, "the default cpu set", cpu.source)
+        out.append(ev.SharedPoolChanged(cpus=pool.sorted_list(), reason=f"{IMPORT_REASON} ({cpu.source})"))
+    out += claims
+    return out
 
-    # ---- DRA manager: claims and the pods that reference them.
-    claims: list[ev._Event] = []
-    if dra is not None:
-        for c in dra.entries:
-            if len(c.driver_state) > 1:
-                raise CheckpointError(
-                    f"{dra.source}: claim {c.namespace}/{c.claim_name} ({c.claim_uid}) was prepared by "
-                    f"{len(c.driver_state)} drivers ({', '.join(sorted(c.driver_state))}); eventsrc keeps one "
-                    "driver per claim and cannot import it"
-                )
-            for uid in c.pod_uids:
-                pod(uid)
-                claims.append(ev.PodReferenceAdded(claim_uid=c.claim_uid, pod_uid=uid))
-            driver, devices = next(iter(c.driver_state.items()), ("", []))
-            claims.append(
-                ev.ClaimPrepared(
-                    claim=ev.ClaimRef(uid=c.claim_uid, namespace=c.namespace, name=c.claim_name),
-                    driver=driver,
-                    devices=[
-                        ev.PreparedDevice(
-                            request_names=list(d.request_names or []),
-                            pool_name=d.pool_name,
-                            device_name=d.device_name,
-                            cdi_device_ids=list(d.cdi_device_ids or []),
-                        )
-                        for d in devices
-                    ],
-                )
-            )
 
-    # ---- pods before what they hold (the views attach holdings to known pods only).
+def _cpu_policy_changed(cpu: CPUCheckpoint, old_cpu_policy: Mapping[str, Any] | None) -> ev.PolicyConfigurationChanged:
+    if cpu.version == "v1" and cpu.container_entries:
+        raise CheckpointError(
+            f"{cpu.source}: a V1 CPU manager checkpoint keys its {len(cpu.container_entries)} entries by "
+            "container id, which only the container runtime can map to pods; start a kubelet (1.18 or newer) "
+            "once to rewrite it in the V2 format, then import that"
+        )
+    new = {"policy": cpu.policy_name, "imported_from": cpu.source, "default_cpu_set": cpu.default_cpu_set}
+    return ev.PolicyConfigurationChanged(manager="cpu", old=dict(old_cpu_policy or {}), new=new)
+
+
+def _cpu_assignments(cpu: CPUCheckpoint, pods: dict[str, _Pod]) -> list[ev.CPUsAssigned]:
+    """One CPUsAssigned per container; the containers (and exclusive CPU requests) go to ``pods``."""
+    out: list[ev.CPUsAssigned] = []
+    for uid, containers in sorted((cpu.entries or {}).items()):
+        p = pods.setdefault(uid, _Pod())
+        for name, text in sorted(containers.items()):
+            cpus = _cpuset(text, f"the cpuset of container {name!r} in pod {uid!r}", cpu.source)
+            requests = p.containers.setdefault(name, {})
+            if cpu.policy_name == "static" and cpus.size() > 0:
+                requests["cpu"] = str(cpus.size())
+                p.exclusive_cpus = True
+            out.append(ev.CPUsAssigned(pod_uid=uid, container=name, cpus=cpus.sorted_list()))
+    return out
+
+
+def _device_resources(device: DeviceCheckpoint) -> list[ev._Event]:
+    """Each registered resource: registered, its healthy devices added, then disconnected."""
+    numa: dict[str, dict[str, list[int]]] = {}
+    for e in device.entries or []:
+        for i, nodes in e.numa_of().items():
+            numa.setdefault(e.resource_name, {})[i] = nodes
+    out: list[ev._Event] = []
+    for resource, ids in sorted((device.registered_devices or {}).items()):
+        out.append(ev.PluginRegistered(resource=resource, endpoint=""))
+        listed = sorted(set(ids or []))
+        if listed:
+            known = numa.get(resource, {})
+            devices = [ev.DeviceInfo(id=i, health="Healthy", numa_nodes=known.get(i, [])) for i in listed]
+            out.append(ev.DevicesAdded(resource=resource, devices=devices))
+        reason = f"{IMPORT_REASON}: the plugin must register again"
+        out.append(ev.PluginDisconnected(resource=resource, endpoint="", reason=reason))
+    return out
+
+
+def _device_allocations(device: DeviceCheckpoint, pods: dict[str, _Pod]) -> list[ev.DevicesAllocated]:
+    """One DevicesAllocated per (pod, container, resource); the device requests go to ``pods``."""
+    out: list[ev.DevicesAllocated] = []
+    seen: set[tuple[str, str, str]] = set()
+    for e in device.entries or []:
+        key = (e.pod_uid, e.container_name, e.resource_name)
+        if key in seen:
+            raise CheckpointError(
+                f"{device.source}: two entries for pod {e.pod_uid} container {e.container_name} "
+                f"resource {e.resource_name}"
+            )
+        seen.add(key)
+        ids = e.all_device_ids()
+        requests = pods.setdefault(e.pod_uid, _Pod()).containers.setdefault(e.container_name, {})
+        requests[e.resource_name] = str(len(ids))
+        response = _allocation(e, device.source)
+        out.append(
+            ev.DevicesAllocated(
+                pod_uid=e.pod_uid,
+                container=e.container_name,
+                resource=e.resource_name,
+                device_ids=ids,
+                response=response,
+            )
+        )
+    return out
+
+
+def _claim_events(dra: DRACheckpoint, pods: dict[str, _Pod]) -> list[ev._Event]:
+    """PodReferenceAdded per (claim, pod) and ClaimPrepared per claim; the pods go to ``pods``."""
+    out: list[ev._Event] = []
+    for c in dra.entries:
+        if len(c.driver_state) > 1:
+            raise CheckpointError(
+                f"{dra.source}: claim {c.namespace}/{c.claim_name} ({c.claim_uid}) was prepared by "
+                f"{len(c.driver_state)} drivers ({', '.join(sorted(c.driver_state))}); eventsrc keeps one "
+                "driver per claim and cannot import it"
+            )
+        for uid in c.pod_uids:
+            pods.setdefault(uid, _Pod())
+            out.append(ev.PodReferenceAdded(claim_uid=c.claim_uid, pod_uid=uid))
+        driver, devices = next(iter(c.driver_state.items()), ("", []))
+        prepared = [
+            ev.PreparedDevice(
+                request_names=list(d.request_names or []),
+                pool_name=d.pool_name,
+                device_name=d.device_name,
+                cdi_device_ids=list(d.cdi_device_ids or []),
+            )
+            for d in devices
+        ]
+        claim = ev.ClaimRef(uid=c.claim_uid, namespace=c.namespace, name=c.claim_name)
+        out.append(ev.ClaimPrepared(claim=claim, driver=driver, devices=prepared))
+    return out
+
+
+def _pods_admitted(pods: dict[str, _Pod]) -> list[ev._Event]:
+    out: list[ev._Event] = []
     for uid, p in sorted(pods.items()):
         specs = [
             ev.ContainerSpec(name=name, kind="app", requests=dict(req), limits=dict(req))
             for name, req in sorted(p.containers.items())
         ]
-        out.append(
-            ev.PodAdmitted(pod=ev.PodRef(uid=uid), containers=specs, qos_class="Guaranteed" if p.exclusive_cpus else "")
-        )
-    out.extend(allocations)
-    out.extend(cpu_assignments)
-    if cpu is not None and cpu.policy_name == "static":
-        pool = _cpuset(cpu.default_cpu_set, "the default cpu set", cpu.source)
-        out.append(ev.SharedPoolChanged(cpus=pool.sorted_list(), reason=f"{IMPORT_REASON} ({cpu.source})"))
-    out.extend(claims)
+        qos = "Guaranteed" if p.exclusive_cpus else ""
+        out.append(ev.PodAdmitted(pod=ev.PodRef(uid=uid), containers=specs, qos_class=qos))
     return out
 
 
