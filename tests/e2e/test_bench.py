@@ -1,17 +1,28 @@
-"""The benchmark's own measuring pieces (figures are never asserted: only that they are measured)."""
+"""The benchmarks run and print their figures. What the figures are (how fast anything is) is
+never asserted: only that each was measured and printed. `bench devices` is in test_cli.py."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 from eventsrc.bench.log import prepare_cost, trio_wake_floor
 from eventsrc.log.store import EventLog
+from tests.conftest import run_cli
+
+NUMBER = r"[\d,]+(?:\.\d+)?"
+
+
+def figures(out: str, *labels: str, lead: str = "") -> None:
+    """Each label is followed by a figure (after ``lead``, a pattern)."""
+    for label in labels:
+        assert re.search(re.escape(label) + rf"\s+{lead}{NUMBER}", out), (label, out)
 
 
 def test_trio_wake_floor_measures_and_every_task_leaves() -> None:
-    assert 0 < trio_wake_floor(8, 0.05) < 0.01
+    assert trio_wake_floor(8, 0.05) > 0
     # It returns only once the waker and every writer have left their loops, whichever
     # of them trio runs first after the stop: many short runs, in a process that may hang.
     code = (
@@ -22,6 +33,45 @@ def test_trio_wake_floor_measures_and_every_task_leaves() -> None:
 
 
 def test_prepare_cost_measures_without_writing(tmp_path: Path) -> None:
-    assert 0 < prepare_cost(tmp_path / "log", 16, rounds=5) < 0.01
+    assert prepare_cost(tmp_path / "log", 16, rounds=5) > 0
     with EventLog(tmp_path / "log", readonly=True) as log:
         assert log.last_seq() == 0  # prepared batches were abandoned, nothing written
+
+
+def test_bench_log_prints_its_figures(tmp_path: Path) -> None:
+    proc = run_cli(
+        "bench", "log", "--events", "2000", "--writers", "4", "--seconds", "0.2", "--rounds", "1", root=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    figures(
+        proc.stdout,
+        "bare file write+fdatasync",
+        "bare LMDB durable commit (1 put)",
+        "1 writer",
+        "4 writers",
+        "LMDB iteration, no decoding (ceiling)",
+        "full replay into all projections",
+        "restart: open + snapshot + tail",
+        "peak RSS",
+    )
+    assert "replay (2,000 events)" in proc.stdout
+
+
+def test_bench_cpu_prints_its_figures() -> None:
+    proc = run_cli("bench", "cpu", "--repetitions", "5")
+    assert proc.returncode == 0, proc.stderr
+    medians = re.findall(rf"take\s+(\d+): median\s+{NUMBER} ms\s+p99\s+{NUMBER} ms", proc.stdout)
+    assert {int(n) for n in medians} == {1, 4, 16, 64}, proc.stdout
+
+
+def test_bench_audit_prints_its_figures(tmp_path: Path) -> None:
+    proc = run_cli("bench", "audit", "--events", "1000", "--runs", "2", root=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    figures(
+        proc.stdout,
+        "one point lookup (events db)",
+        "audit device example.com/nic vf-0",
+        "audit pod (-o json)",
+        "eventsrc audit pod (new process)",
+        lead=r"median\s+",
+    )
