@@ -36,3 +36,17 @@ class NewerLogError(EventsrcError):
     manager can tell it from a crash and not restart in a loop."""
 
     exit_code = 3
+
+
+class AdmissionRefused(EventsrcError):
+    """The pod cannot be admitted (or removed now); the message is the reason."""
+
+
+class BadRequest(EventsrcError):
+    """A request the daemon cannot read (a field missing or malformed); the message names it."""
+
+    exit_code = 2
+
+
+class NotFound(EventsrcError):
+    """No such pod."""

@@ -18,7 +18,7 @@ from eventsrc import __version__
 from eventsrc import events as ev
 from eventsrc.core.claims import cdi_devices
 from eventsrc.core.resources import QuantityError, parse_quantity
-from eventsrc.errors import EventsrcError
+from eventsrc.errors import AdmissionRefused, BadRequest, EventsrcError, NotFound
 from eventsrc.events import CorruptRecordError, Record
 from eventsrc.gen.node.v1 import node_pb2 as pb
 from eventsrc.gen.node.v1.node_grpc import NodeBase
@@ -27,21 +27,19 @@ from eventsrc.rpc.bridge import to_trio
 from eventsrc.state.views import PodView, Views
 
 
-class AdmissionRefused(EventsrcError):
-    """The pod cannot be admitted; the message is the reason."""
-
-
-class BadRequest(EventsrcError):
-    exit_code = 2
-
-
-class NotFound(EventsrcError):
-    pass
-
-
 class Admitter(Protocol):
-    def admit(self, spec: PodSpec) -> Awaitable[tuple[PodView, str]]: ...
-    def remove(self, uid: str) -> Awaitable[tuple[PodView, str]]: ...
+    """Admission as the node API uses it (``eventsrc.node.admission.Admission``)."""
+
+    def admit(self, spec: PodSpec) -> Awaitable[tuple[PodView, str]]:
+        """Admit ``spec``, or keep it as it is when it is admitted already: the pod as admitted
+        and the correlation id of its records. Waits for the admission lock and for plugins
+        and drivers that are away. Raises AdmissionRefused with the reason."""
+        ...
+
+    def remove(self, uid: str) -> Awaitable[tuple[PodView, str]]:
+        """Release everything pod ``uid`` holds and forget it: the pod as it was and the
+        correlation id. Raises NotFound, or AdmissionRefused while its admission runs."""
+        ...
 
 
 def claims_from_proto(pod: ev.PodRef, claims: list[pb.ResourceClaim]) -> list[PodClaim]:

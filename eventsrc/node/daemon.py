@@ -34,6 +34,7 @@ from eventsrc import __version__
 from eventsrc import events as ev
 from eventsrc.api.node import NodeService, status_response
 from eventsrc.api.podresources import PodResourcesService
+from eventsrc.core.admission import AdmissionConfig
 from eventsrc.core.cpu.assignment import StaticPolicyOptions
 from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.core.cpu.static import CPUManagerConfig, allocatable_cpus, pool_events, startup_events
@@ -139,9 +140,12 @@ class Daemon:
         # For /healthz: appends in flight, since when, and when the last commit landed.
         self._appending = 0
         self._appending_since = self._last_commit = time.monotonic()
-        self.devices = DeviceManager(self, grace=grace)
+        # The one place the parts meet: each is handed what it uses (the daemon as a Recorder).
+        self.devices = DeviceManager(self, layout.device_plugins, grace=grace)
         self.dra = DRAManager(self)
-        self.admission = Admission(self, self.devices, wait=admission_wait)
+        self.admission = Admission(
+            self, AdmissionConfig(self.cpus, self.topology, admission_wait), self.devices, self.dra
+        )
 
     def node_service(self) -> NodeService:
         def status() -> node_pb2.StatusResponse:

@@ -19,7 +19,6 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import trio
 from grpclib import GRPCError, Status
@@ -33,6 +32,7 @@ from eventsrc.errors import EventsrcError
 from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as pb
 from eventsrc.gen.deviceplugin.v1beta1.api_grpc import DevicePluginStub, RegistrationBase
 from eventsrc.log.commit import new_correlation_id
+from eventsrc.node.interfaces import Recorder
 from eventsrc.obs.logger import correlation, current_correlation_id, get_logger
 from eventsrc.rpc.bridge import (
     CALL_ERRORS,
@@ -44,9 +44,6 @@ from eventsrc.rpc.bridge import (
     why,
 )
 from eventsrc.rpc.ratelimit import TokenBucket
-
-if TYPE_CHECKING:
-    from eventsrc.node.daemon import Daemon
 
 log = get_logger("eventsrc.devices")
 
@@ -251,9 +248,12 @@ def _log_listed(events: list[ev._Event]) -> None:
 
 
 class DeviceManager:
-    def __init__(self, daemon: Daemon, grace: float = DEFAULT_GRACE) -> None:
-        self.daemon = daemon
-        self.directory = daemon.layout.device_plugins
+    """The device manager (``eventsrc.node.interfaces.DevicePlugins``): plugins register in
+    ``directory`` (its ``kubelet.sock``) and through plugins_registry (``RegistryHandler``)."""
+
+    def __init__(self, recorder: Recorder, directory: Path, grace: float = DEFAULT_GRACE) -> None:
+        self.recorder = recorder
+        self.directory = directory
         self.socket = self.directory / "kubelet.sock"
         self.grace = grace
         self.endpoints: dict[str, Endpoint] = {}
@@ -268,7 +268,7 @@ class DeviceManager:
             log.info("removed stale sockets so that plugins register again", sockets=sorted(removed))
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            for plugin in self.daemon.views.devices.plugins.values():
+            for plugin in self.recorder.views.devices.plugins.values():
                 if not plugin.connected:
                     nursery.start_soon(self._expire, plugin.resource, plugin.disconnected_seq)
             await nursery.start(serve_unix, [RegistrationService(self)], self.socket, SOCKET_MODE)
@@ -301,7 +301,7 @@ class DeviceManager:
                 channel.close()
                 reason = f"cannot dial the endpoint {target}: {why(exc)}"
         if reason:
-            await self.daemon.record(
+            await self.recorder.record(
                 [
                     ev.PluginRegistrationRejected(
                         resource=resource, endpoint=endpoint, api_version=version, reason=reason
@@ -319,7 +319,7 @@ class DeviceManager:
         self.endpoints[resource] = ep
         if old is not None:
             old.cancel.cancel()  # the newest registration wins; its list replaces the old one's
-        await self.daemon.record(
+        await self.recorder.record(
             [ev.PluginRegistered(resource=resource, endpoint=endpoint, api_version=version, options=options)]
         )
         log.info("plugin registered", resource=resource, endpoint=endpoint, api_version=version)
@@ -327,7 +327,7 @@ class DeviceManager:
         self._nursery.start_soon(self._run_endpoint, ep)
 
     def _capacity_error(self, resource: str) -> str:
-        known = self.daemon.views.devices.plugins
+        known = self.recorder.views.devices.plugins
         if resource in known or len(known) < MAX_RESOURCES:
             return ""
         return (
@@ -366,7 +366,7 @@ class DeviceManager:
             return  # replaced by a newer registration: nothing was lost
         del self.endpoints[ep.resource]
         with correlation(new_correlation_id()):
-            (rec,) = await self.daemon.record(
+            (rec,) = await self.recorder.record(
                 [ev.PluginDisconnected(resource=ep.resource, endpoint=ep.endpoint, reason=reason)]
             )
             log.warning("plugin disconnected", resource=ep.resource, reason=reason, grace_seconds=self.grace)
@@ -425,11 +425,11 @@ class DeviceManager:
                 recorded_per_second=LIST_RATE,
             )
             ep.coalesced, ep.coalesced_logged = 0, now
-        known = self.daemon.views.devices.devices.get(ep.resource, {})
+        known = self.recorder.views.devices.devices.get(ep.resource, {})
         events = list_and_watch_events(ep.resource, {k: d for k, d in known.items() if not d.removed}, update)
         if events:
             with correlation(new_correlation_id()):  # one update of the plugin's list
-                await self.daemon.record(events)
+                await self.recorder.record(events)
                 _log_listed(events)
         if not ep.listed.is_set():
             ep.listed.set()
@@ -437,11 +437,11 @@ class DeviceManager:
 
     async def _expire(self, resource: str, since_seq: int) -> None:
         await trio.sleep(self.grace)
-        plugin = self.daemon.views.devices.plugins.get(resource)
+        plugin = self.recorder.views.devices.plugins.get(resource)
         if plugin is None or plugin.connected or resource in self.endpoints or plugin.disconnected_seq != since_seq:
             return
         with correlation(new_correlation_id()):
-            await self.daemon.record(
+            await self.recorder.record(
                 [ev.ResourceDropped(resource=resource, reason=f"plugin away for {self.grace:g} s")]
             )
             log.warning("resource dropped", resource=resource, reason=f"plugin away for {self.grace:g} s")
@@ -453,15 +453,20 @@ class DeviceManager:
         changed, self._changed = self._changed, trio.Event()
         changed.set()
 
+    def listed(self, resource: str) -> Endpoint | None:
+        """The resource's endpoint if it has listed its devices; never waits."""
+        ep = self.endpoints.get(resource)
+        return ep if ep is not None and ep.listed.is_set() else None
+
     async def wait_listed(self, resource: str, timeout: float) -> Endpoint | None:
         """The resource's endpoint once it has listed its devices, waiting up to ``timeout``
         while the resource is known but its plugin is away (after a restart, say)."""
         with trio.move_on_after(timeout if math.isfinite(timeout) else math.inf):
             while True:
-                ep = self.endpoints.get(resource)
-                if ep is not None and ep.listed.is_set():
+                ep = self.listed(resource)
+                if ep is not None:
                     return ep
-                if resource not in self.daemon.views.devices.plugins:
+                if resource not in self.recorder.views.devices.plugins:
                     return None
                 await self._changed.wait()
         return None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 from grpclib.client import Channel
@@ -27,11 +27,9 @@ from eventsrc.gen.dra.v1 import api_pb2 as v1
 from eventsrc.gen.dra.v1beta1 import api_grpc as v1beta1_grpc
 from eventsrc.gen.dra.v1beta1 import api_pb2 as v1beta1
 from eventsrc.log.commit import new_correlation_id
+from eventsrc.node.interfaces import Recorder
 from eventsrc.obs.logger import correlation, get_logger
 from eventsrc.rpc.bridge import CALL_ERRORS, endpoint_socket_error, to_aio, unix_channel, why
-
-if TYPE_CHECKING:
-    from eventsrc.node.daemon import Daemon
 
 log = get_logger("eventsrc.dra")
 
@@ -124,10 +122,11 @@ class DRAClient:
 
 
 class DRAManager:
-    """DRA drivers by name, and the claim work that goes with them."""
+    """DRA drivers by name, and the claim work that goes with them
+    (``eventsrc.node.interfaces.ClaimDrivers``)."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
         self.clients: dict[str, DRAClient] = {}
         self._kick = trio.Event()
         self._changed = trio.Event()
@@ -154,7 +153,7 @@ class DRAManager:
         try:
             await self.validate(name, endpoint, versions)
         except DRARejected as err:
-            await self.daemon.record(
+            await self.recorder.record(
                 [ev.PluginRegistrationRejected(resource=name, endpoint=endpoint, kind="DRAPlugin", reason=str(err))]
             )
             raise
@@ -166,7 +165,7 @@ class DRAManager:
         self.clients[name] = DRAClient(name, endpoint, service, channel, stub, pb)
         if old is not None:
             old.channel.close()
-        await self.daemon.record(
+        await self.recorder.record(
             [ev.PluginRegistered(resource=name, endpoint=endpoint, api_version=service, kind="DRAPlugin")]
         )
         log.info("dra driver registered", driver=name, endpoint=endpoint, service=service)
@@ -178,7 +177,7 @@ class DRAManager:
             return
         del self.clients[name]
         client.channel.close()
-        await self.daemon.record(
+        await self.recorder.record(
             [
                 ev.PluginDisconnected(
                     resource=name, endpoint=endpoint, kind="DRAPlugin", reason="registration socket removed"
@@ -199,6 +198,9 @@ class DRAManager:
         changed, self._changed = self._changed, trio.Event()
         changed.set()
 
+    def connected(self, driver: str) -> DRAClient | None:
+        return self.clients.get(driver)
+
     async def wait_driver(self, driver: str, timeout: float) -> DRAClient | None:
         with trio.move_on_after(timeout if math.isfinite(timeout) else math.inf):
             while driver not in self.clients:
@@ -212,7 +214,7 @@ class DRAManager:
 
     async def _prepare(self, client: DRAClient, claims: tuple[ev.ClaimRef, ...]) -> list[ev._Event]:
         try:
-            with self.daemon.metrics.dra_call(client.driver, client.stub.NodePrepareResources.name):
+            with self.recorder.metrics.dra_call(client.driver, client.stub.NodePrepareResources.name):
                 results = await client.prepare(claims)
         except CALL_ERRORS as exc:
             reason = f"NodePrepareResources of driver {client.driver} failed: {why(exc)}"
@@ -232,7 +234,7 @@ class DRAManager:
 
     async def _unprepare(self, client: DRAClient, claims: tuple[ev.ClaimRef, ...]) -> list[ev._Event]:
         try:
-            with self.daemon.metrics.dra_call(client.driver, client.stub.NodeUnprepareResources.name):
+            with self.recorder.metrics.dra_call(client.driver, client.stub.NodeUnprepareResources.name):
                 results = await client.unprepare(claims)
         except CALL_ERRORS as exc:
             reason = f"NodeUnprepareResources of driver {client.driver} failed: {why(exc)}"
@@ -246,9 +248,9 @@ class DRAManager:
 
     async def reconcile_once(self) -> bool:
         """Record what is unfinished and do the calls that can be done; True when all done."""
-        events, prepares, unprepares = pending_work(self.daemon.views)
+        events, prepares, unprepares = pending_work(self.recorder.views)
         if events:
-            await self.daemon.record(events)
+            await self.recorder.record(events)
         done = True
         work: list[tuple[ClaimWork, bool]] = [(w, False) for w in unprepares] + [(w, True) for w in prepares]
         for w, is_prepare in work:
@@ -260,9 +262,9 @@ class DRAManager:
                 if is_prepare:  # a pending prepare retried (not a pod's admission: not timed)
                     outcome = await self.prepare(client, w.claims)
                 else:
-                    with self.daemon.metrics.dra_operation("UnprepareResources") as outcome:
+                    with self.recorder.metrics.dra_operation("UnprepareResources") as outcome:
                         outcome += await self.unprepare(client, w.claims)
-                await self.daemon.record(outcome)
+                await self.recorder.record(outcome)
                 log_claim_outcomes(outcome)
             if any(isinstance(e, (ev.ClaimPrepareFailed, ev.ClaimUnprepareFailed)) for e in outcome):
                 done = False

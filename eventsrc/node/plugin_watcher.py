@@ -46,7 +46,6 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import trio
 
@@ -54,6 +53,7 @@ from eventsrc.errors import EventsrcError
 from eventsrc.gen.pluginregistration.v1 import api_pb2 as pb
 from eventsrc.gen.pluginregistration.v1.api_grpc import RegistrationStub
 from eventsrc.log.commit import new_correlation_id
+from eventsrc.node.interfaces import Handler
 from eventsrc.obs.logger import correlation, get_logger
 from eventsrc.rpc.bridge import CALL_ERRORS, to_aio, unix_channel, why
 
@@ -70,21 +70,6 @@ NOTIFY_TIMEOUT = 5.0  # notifyTimeoutDuration
 # goroutinemap/exponentialbackoff: initialDurationBeforeRetry, maxDurationBeforeRetry
 INITIAL_BACKOFF = 0.5
 MAX_BACKOFF = 122.0
-
-
-class Handler(Protocol):
-    """What a plugin consumer provides (the kubelet's ``cache.PluginHandler``).
-
-    ``validate`` and ``register`` refuse a plugin by raising; the exception's text is the
-    reason the plugin is told. ``endpoint`` is the plugin's service socket (the registration
-    socket when ``PluginInfo.endpoint`` is empty); ``socket_path`` is the registration socket.
-    """
-
-    async def validate(self, name: str, endpoint: str, versions: list[str]) -> None: ...
-
-    async def register(self, name: str, endpoint: str, versions: list[str], socket_path: Path) -> None: ...
-
-    async def deregister(self, name: str, endpoint: str, socket_path: Path) -> None: ...
 
 
 # The kubelet's messages (operation_generator.go), sent in RegistrationStatus.error.

@@ -1,0 +1,498 @@
+"""One pod's admission, decided without I/O: topology manager, CPU manager, device manager
+and DRA claims together, as the events to record and the calls to make.
+
+Theory of operation
+-------------------
+A ``PodAdmission`` is made from the views, the daemon's configuration (``AdmissionConfig``)
+and the pod. The shell (``eventsrc.node.admission``) walks it through four phases, in order:
+
+    known()          a pod the views hold already is kept as it is (a restarted kubelet
+                     admits its pods again) or refused, unrecorded (its admission has not
+                     ended, or its device request changed); None for a new pod
+    find()           yields PluginWanted and DriverWanted for each resource and DRA driver
+                     the pod needs; returns a Refused when one is unknown or stays away
+    plan()           the topology manager (container or pod scope) with the CPU and device
+                     managers as hint providers, container by container; yields PreferredAsk
+                     when a plugin's preference is wanted; returns a Refused, or the Intent:
+                     the events to record before any call, and the calls to make
+    settle(results)  given what the calls returned, yields the outcome events to record,
+                     batch by batch, and returns the Outcome: admitted, or refused after the
+                     one undo (release devices, CPUs and claims; reject with the reason)
+
+``removal`` gives a removal's events the same way.
+
+Rules:
+
+* Only the phases decide. The shell answers the questions, appends what it is given, makes
+  the calls it is given, counts metrics and logs; it chooses nothing.
+* ``views`` is the live views object: the shell applies every record it appends to it, so
+  each phase reads the views as they are when it runs (other admissions and plugins' lists
+  may have been recorded in between, as in the kubelet). A batch ``settle`` yields is in the
+  views when ``settle`` resumes; the next batch is computed from them.
+* A refusal that is recorded is a value (``Refused``, with its AdmissionRejected); one that is
+  not recorded (a pod already known, a removal) raises the user's error.
+* No clock, no randomness, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from eventsrc import events as ev
+from eventsrc.core.claims import ClaimWork
+from eventsrc.core.claims import admission_events as claim_admission_events
+from eventsrc.core.claims import release_events as claim_release_events
+from eventsrc.core.cpu.assignment import TakeError
+from eventsrc.core.cpu.static import CPUManagerConfig, CPUPlanner, pool_events, without_pod
+from eventsrc.core.devices.choice import (
+    Hint,
+    PreferredAsk,
+    PreferredFailed,
+    Refusal,
+    ResourceState,
+    container_hints,
+    plan_pod,
+)
+from eventsrc.core.devices.holds import holdings, release_events, remove_pod_events
+from eventsrc.core.devices.names import is_extended_resource_name
+from eventsrc.core.resources import qos_class
+from eventsrc.core.topology_manager import (
+    TOPOLOGY_AFFINITY_MESSAGE,
+    ProviderHints,
+    TopologyHint,
+    TopologyManager,
+)
+from eventsrc.errors import AdmissionRefused, NotFound
+from eventsrc.events import ContainerSpec
+from eventsrc.state.views import PodView, Views
+
+__all__ = [
+    "AdmissionConfig",
+    "AllocateCall",
+    "CallResults",
+    "DriverWanted",
+    "Intent",
+    "Outcome",
+    "PluginWanted",
+    "PodAdmission",
+    "PreferredAsk",
+    "PreferredFailed",
+    "Question",
+    "Refused",
+    "removal",
+]
+
+UNDO_REASON = "admission failed"  # the reason of every release an undo records
+
+
+# --------------------------------------------------------------------------- what goes in
+
+
+class PodClaim(Protocol):
+    """A ResourceClaim the pod brings (``eventsrc.inputs.manifest.PodClaim``)."""
+
+    @property
+    def ref(self) -> ev.ClaimRef: ...
+    @property
+    def driver(self) -> str: ...
+
+
+class Pod(Protocol):
+    """The pod to admit (``eventsrc.inputs.manifest.PodSpec``): its containers in admission
+    order (init containers first) and its claims."""
+
+    @property
+    def pod(self) -> ev.PodRef: ...
+    @property
+    def containers(self) -> list[ContainerSpec]: ...
+    @property
+    def claims(self) -> Sequence[PodClaim]: ...
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """The daemon's configuration, as admission decides with it."""
+
+    cpus: CPUManagerConfig
+    topology: TopologyManager
+    wait: float  # seconds the shell waits for a plugin or driver that is away (refusals name it)
+
+
+def device_requests(container: ContainerSpec) -> dict[str, int]:
+    """Extended resources the container asks for (limits, as the kubelet reads them)."""
+    return {k: int(v) for k, v in container.limits.items() if is_extended_resource_name(k) and int(v) > 0}
+
+
+def pod_request(containers: list[ContainerSpec], requests: Mapping[str, Mapping[str, int]], resource: str) -> int:
+    """The pod-level device count: the larger of the biggest init container and the rest."""
+    init = max((requests[c.name].get(resource, 0) for c in containers if c.kind == "init"), default=0)
+    rest = sum(requests[c.name].get(resource, 0) for c in containers if c.kind != "init")
+    return max(init, rest)
+
+
+# --------------------------------------------------------------------------- questions
+
+
+@dataclass(frozen=True)
+class PluginWanted:
+    """Is the device plugin of ``resource`` there? Answer with its options once it has listed
+    its devices (waiting up to ``AdmissionConfig.wait`` while it is away), or None."""
+
+    resource: str
+
+
+@dataclass(frozen=True)
+class DriverWanted:
+    """Is the DRA driver ``driver`` registered? Answer True, or False once
+    ``AdmissionConfig.wait`` has passed without it."""
+
+    driver: str
+
+
+Question = PluginWanted | DriverWanted
+Answer = ev.PluginOptions | bool | None
+
+# ``plan`` yields ``PreferredAsk`` (GetPreferredAllocation) and takes the plugin's answer: the
+# device ids it prefers, or ``PreferredFailed`` with the kubelet's message when the call failed.
+
+
+# --------------------------------------------------------------------------- what comes out
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The pod is refused before its intent: record ``event``, answer ``reason``."""
+
+    reason: str
+    event: ev.AdmissionRejected
+    cpu_pinning: tuple[bool, ...] = ()  # as in Intent: what the CPU manager did before the refusal
+
+
+@dataclass(frozen=True)
+class AllocateCall:
+    """Allocate ``device_ids`` for ``container`` with the plugin of ``resource``, then
+    PreStartContainer when ``pre_start`` (the plugin asked for it when it registered)."""
+
+    container: str
+    resource: str
+    device_ids: list[str]
+    pre_start: bool
+
+
+@dataclass(frozen=True)
+class Intent:
+    """The pod is admitted by the planner: record ``events`` (durably) before any call."""
+
+    events: list[ev._Event]
+    # In order, each once, until one fails (a step the container holds already is not called).
+    allocations: list[AllocateCall]
+    # After every Allocate succeeded: NodePrepareResources per driver (all of them outcome
+    # events). None when the pod brings no claims: there is no PrepareResources operation.
+    claim_prepares: list[ClaimWork] | None
+    # One entry per container that asked for exclusive CPUs: True when it could not get them.
+    cpu_pinning: tuple[bool, ...] = ()
+
+
+@dataclass
+class CallResults:
+    """What the shell's calls returned, in the order they were made."""
+
+    allocated: list[tuple[AllocateCall, ev.ContainerAllocation]] = field(default_factory=list)
+    failed: tuple[AllocateCall, str] | None = None  # the call that failed and why (its error)
+    claims: list[ev._Event] = field(default_factory=list)  # ClaimPrepared / ClaimPrepareFailed
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Whether the pod was admitted; when not, why, and the Allocate that failed (None when a
+    claim could not be prepared)."""
+
+    admitted: bool
+    reason: str = ""
+    failed: AllocateCall | None = None
+
+
+# --------------------------------------------------------------------------- topology manager
+
+
+class TopologyRefusal(Refusal):
+    """The topology manager's policy refused the merged hint (TopologyAffinityError)."""
+
+    def __init__(self, hint: TopologyHint, container: str) -> None:
+        super().__init__(TOPOLOGY_AFFINITY_MESSAGE)
+        self.hint = str(hint)
+        self.container = container
+
+
+def _cpu_provider(hints: list[tuple[list[int], bool]] | None) -> ProviderHints:
+    """The CPU manager as a hint provider: no exclusive CPUs, no preference (a nil map)."""
+    return None if hints is None else {"cpu": [TopologyHint.of(nodes, preferred) for nodes, preferred in hints]}
+
+
+def _device_provider(hints: dict[str, list[Hint] | None]) -> ProviderHints:
+    return {
+        r: None if h is None else [TopologyHint.of(sorted(x.nodes), x.preferred) for x in h] for r, h in hints.items()
+    }
+
+
+# --------------------------------------------------------------------------- one admission
+
+
+class PodAdmission:
+    """One pod's admission; its phases run once each, in order (see the module's header)."""
+
+    def __init__(self, views: Views, config: AdmissionConfig, pod: Pod) -> None:
+        self.views = views
+        self.config = config
+        self.pod = pod
+        self.uid = pod.pod.uid
+        self.requests = {c.name: device_requests(c) for c in pod.containers}
+        self._options: dict[str, ev.PluginOptions] = {}  # per resource, as find() got them
+
+    def _refused(self, reason: str, container: str = "", hint: str = "", pinning: Sequence[bool] = ()) -> Refused:
+        event = ev.AdmissionRejected(pod=self.pod.pod, reason=reason, container=container, topology_hint=hint)
+        return Refused(reason, event, tuple(pinning))
+
+    # ------------------------------------------------------------------ known
+
+    def known(self) -> PodView | None:
+        """The pod as the views hold it, kept as it is; None when it is new. Raises
+        AdmissionRefused (not recorded) while its admission runs, or when a container's
+        device count changed."""
+        pod = self.views.pods.pods.get(self.uid)
+        if pod is None:
+            return None
+        if pod.state != "admitted":
+            raise AdmissionRefused(f"pod {pod.namespace}/{pod.name} ({pod.uid}) is being admitted")
+        for container, reqs in self.requests.items():
+            have = pod.containers.get(container)
+            for resource, n in reqs.items():
+                got = len(have.devices.get(resource, [])) if have else 0
+                if got != n:
+                    raise AdmissionRefused(
+                        f'pod "{pod.uid}" container "{container}" changed request for resource "{resource}" '
+                        f"from {got} to {n}"
+                    )
+        return pod
+
+    # ------------------------------------------------------------------ find
+
+    def _needed(self) -> dict[str, int]:
+        """The pod's effective request per resource, as the kubelet counts it (init
+        containers hand theirs on), for the refusal's message."""
+        resources = {r for reqs in self.requests.values() for r in reqs}
+        needed = {r: pod_request(self.pod.containers, self.requests, r) for r in resources}
+        running: dict[str, int] = {}
+        for c in self.pod.containers:
+            if c.kind != "init":
+                for resource, n in self.requests[c.name].items():
+                    running[resource] = running.get(resource, 0) + n
+        for resource, n in running.items():
+            needed[resource] = max(needed.get(resource, 0), n)
+        return needed
+
+    def find(self) -> Generator[Question, Answer, Refused | None]:
+        """Every device plugin (by resource name), then every DRA driver the pod needs."""
+        needed = self._needed()
+        wait = self.config.wait
+        for resource in sorted(needed):
+            if resource not in self.views.devices.plugins:
+                return self._refused(
+                    f"Node didn't have enough resource: {resource}, requested: {needed[resource]}, used: 0, capacity: 0"
+                )
+            options = yield PluginWanted(resource)
+            if not isinstance(options, ev.PluginOptions):
+                return self._refused(
+                    f"no healthy devices present; cannot allocate unhealthy devices {resource} "
+                    f"(its plugin did not register within {wait:g} s)"
+                )
+            self._options[resource] = options
+        for driver in sorted({c.driver for c in self.pod.claims}):
+            if not (yield DriverWanted(driver)):
+                return self._refused(f"DRA driver {driver} is not registered (waited {wait:g} s)")
+        return None
+
+    # ------------------------------------------------------------------ plan
+
+    def plan(self) -> Generator[PreferredAsk, list[str] | PreferredFailed, Refused | Intent]:
+        """Devices and exclusive CPUs for every container, with the topology manager's say.
+
+        The device planner walks the containers; at each one it asks ``affinity_of``, which
+        merges the CPU and device hints (container scope), admits or rejects, and gives the
+        container its CPUs within the merged affinity, before its devices are chosen with
+        the same affinity, as the kubelet's providers allocate in order. The pod scope merges
+        the pod-level hints once, before the walk, and every container gets that affinity.
+        """
+        views = self.views
+        uid = self.uid
+        resources = {}
+        for resource, options in self._options.items():
+            table = views.devices.devices.get(resource, {})
+            in_use = {i for i, d in table.items() if d.holder}
+            resources[resource] = ResourceState(
+                table=table, in_use=in_use, offers_preferred=options.get_preferred_allocation_available
+            )
+        held = holdings(views, uid) if uid in views.pods.pods else {}
+        cpus = CPUPlanner(self.config.cpus, views.cpus.assignments, uid, qos_class(self.pod.containers))
+        tm = self.config.topology
+        pinning: list[bool] = []
+        try:
+            pod_affinity = self._pod_affinity(resources, held, cpus) if tm.scope == "pod" else None
+        except TopologyRefusal as refusal:
+            return self._refused(str(refusal), hint=refusal.hint)
+
+        def affinity_of(c: ContainerSpec, device_hints: dict[str, list[Hint] | None]) -> frozenset[int] | None:
+            nodes = pod_affinity
+            if tm.scope == "container":
+                best, admit = tm.policy.merge([_cpu_provider(cpus.hints(c)), _device_provider(device_hints)])
+                if not admit:
+                    raise TopologyRefusal(best, c.name)
+                nodes = best.nodes()
+            try:
+                step = cpus.allocate(c, nodes)
+            except TakeError as err:
+                pinning.append(True)
+                raise Refusal(str(err)) from None
+            if step is not None:  # the container asked for exclusive CPUs
+                pinning.append(False)
+            return frozenset(nodes) if nodes else None
+
+        try:
+            plan = yield from plan_pod(
+                self.pod.containers,
+                self.requests,
+                resources,
+                held=held,
+                pod_uid=uid,
+                affinity_of=affinity_of,
+                device_hints_needed=tm.scope == "container",
+            )
+        except TopologyRefusal as refusal:
+            return self._refused(str(refusal), container=refusal.container, hint=refusal.hint, pinning=pinning)
+        except Refusal as refusal:
+            return self._refused(str(refusal), pinning=pinning)
+
+        intent: list[ev._Event] = [ev.PodAdmissionStarted(pod=self.pod.pod, containers=self.pod.containers)]
+        intent += [
+            ev.DevicesReserved(
+                pod_uid=uid,
+                container=s.container,
+                resource=s.resource,
+                device_ids=s.device_ids,
+                choice=s.choice,
+                note=s.note,
+            )
+            for s in plan.steps
+        ]
+        # CPUs need no plugin call: their assignment is final with the intent.
+        intent += [
+            ev.CPUsAssigned(pod_uid=uid, container=s.container, cpus=s.cpus.sorted_list()) for s in cpus.steps if s.new
+        ]
+        if any(s.new for s in cpus.steps):
+            after = {**views.cpus.assignments, uid: {s.container: s.cpus.sorted_list() for s in cpus.steps}}
+            intent += pool_events(self.config.cpus, views.cpus.shared, after, f"exclusive CPUs for pod {uid}")
+        claims = claim_admission_events(views, uid, [(c.ref, c.driver) for c in self.pod.claims])
+        intent += claims.events
+        allocations = [
+            AllocateCall(s.container, s.resource, s.device_ids, self._options[s.resource].pre_start_required)
+            for s in plan.steps
+            if s.new
+        ]
+        return Intent(intent, allocations, claims.work() if self.pod.claims else None, tuple(pinning))
+
+    def _pod_affinity(
+        self,
+        resources: dict[str, ResourceState],
+        held: Mapping[tuple[str, str], list[str]],
+        cpus: CPUPlanner,
+    ) -> list[int] | None:
+        """The pod scope: one merge of the pod-level hints, for every container."""
+        containers = self.pod.containers
+        device_hints: dict[str, list[Hint] | None] = {}
+        for resource, state in resources.items():
+            n = pod_request(containers, self.requests, resource)
+            pod_held = [i for (_, r), ids in held.items() if r == resource for i in ids]
+            numa = sorted({x for d in state.table.values() for x in d.numa_nodes})
+            device_hints[resource] = container_hints(state.table, pod_held, state.in_use, [], n, numa)
+        best, admit = self.config.topology.policy.merge(
+            [_cpu_provider(cpus.pod_hints(containers)), _device_provider(device_hints)]
+        )
+        if not admit:
+            raise TopologyRefusal(best, "")
+        return best.nodes()
+
+    # ------------------------------------------------------------------ settle
+
+    def settle(self, results: CallResults) -> Generator[list[ev._Event], object, Outcome]:
+        """The outcome of the calls: PodAdmitted; or, when an Allocate failed, the failure and
+        the undo; or, when a claim could not be prepared, the drivers' answers first and then
+        the undo. Each batch yielded is to be recorded as one unit before resuming."""
+        uid = self.uid
+        outcome: list[ev._Event] = [
+            ev.DevicesAllocated(
+                pod_uid=uid, container=c.container, resource=c.resource, device_ids=c.device_ids, response=r
+            )
+            for c, r in results.allocated
+        ]
+        outcome += results.claims
+        if results.failed is not None:
+            call, error = results.failed
+            reason = f"Allocate failed for {call.resource} in container {call.container}: {error}"
+            failed = ev.AllocationFailed(
+                pod_uid=uid, container=call.container, resource=call.resource, device_ids=call.device_ids, reason=reason
+            )
+            # AllocationFailed frees the failed step's devices itself.
+            undo = self._undo(keep=(call.container, call.resource))
+            yield [
+                *outcome,
+                failed,
+                *undo,
+                ev.AdmissionRejected(pod=self.pod.pod, reason=reason, container=call.container),
+            ]
+            return Outcome(admitted=False, reason=reason, failed=call)
+        claim_failure = next((e for e in results.claims if isinstance(e, ev.ClaimPrepareFailed)), None)
+        if claim_failure is not None:
+            yield outcome  # what the drivers answered, claim by claim
+            yield [*self._undo(), ev.AdmissionRejected(pod=self.pod.pod, reason=claim_failure.reason)]
+            return Outcome(admitted=False, reason=claim_failure.reason)
+        containers = self.pod.containers
+        yield [*outcome, ev.PodAdmitted(pod=self.pod.pod, containers=containers, qos_class=qos_class(containers))]
+        return Outcome(admitted=True)
+
+    def _undo(self, keep: tuple[str, str] | None = None) -> list[ev._Event]:
+        """Release every device (but the (container, resource) step ``keep``), every exclusive
+        CPU and every claim reference of the pod, as the views hold them now."""
+        views = self.views
+        uid = self.uid
+        out: list[ev._Event] = [
+            e
+            for e in release_events(views, uid, UNDO_REASON)
+            if not (isinstance(e, ev.DevicesReleased) and (e.container, e.resource) == keep)
+        ]
+        out += pool_events(self.config.cpus, views.cpus.shared, without_pod(views.cpus.assignments, uid), UNDO_REASON)
+        out += claim_release_events(views, uid)[0]
+        return out
+
+
+# --------------------------------------------------------------------------- removal
+
+
+def removal(views: Views, cpus: CPUManagerConfig, uid: str, reason: str) -> list[ev._Event]:
+    """The events that release everything pod ``uid`` holds and forget it. Raises NotFound, or
+    AdmissionRefused while its admission runs (neither is recorded).
+
+    The claim references go just before the last event: before PodRemoved, or, when the
+    shared pool changes, between PodRemoved and SharedPoolChanged (the order logs hold).
+    The unprepare intents among them are carried out by the DRA manager.
+    """
+    pod = views.pods.pods.get(uid)
+    if pod is None:
+        raise NotFound(f"no pod with uid {uid}")
+    if pod.state != "admitted":
+        raise AdmissionRefused(f"pod {pod.namespace}/{pod.name} ({uid}) is being admitted; remove it once that ends")
+    events = remove_pod_events(views, uid, reason)
+    events += pool_events(cpus, views.cpus.shared, without_pod(views.cpus.assignments, uid), f"pod {uid} removed")
+    events[-1:-1] = claim_release_events(views, uid)[0]
+    return events

@@ -1,0 +1,583 @@
+"""The admission core (``eventsrc.core.admission``), driven in-process: no sockets, no log.
+
+The views are built as the daemon builds them, by applying records of events; every batch the
+core asks to record is applied the same way before the core goes on. The node: one device
+plugin (``example.com/gpu``: gpu-0 and gpu-1 on NUMA node 0, gpu-2 and gpu-3 on node 1), one
+DRA driver, and 8 CPUs on 2 NUMA nodes (0-3 and 4-7) with CPU 0 reserved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any, TypeVar
+
+import pytest
+
+from eventsrc import events as ev
+from eventsrc.core.admission import (
+    AdmissionConfig,
+    AllocateCall,
+    CallResults,
+    DriverWanted,
+    Intent,
+    PluginWanted,
+    PodAdmission,
+    PreferredAsk,
+    PreferredFailed,
+    Question,
+    Refused,
+    removal,
+)
+from eventsrc.core.claims import ClaimWork
+from eventsrc.core.cpu.assignment import StaticPolicyOptions
+from eventsrc.core.cpu.cpuset import CPUSet
+from eventsrc.core.cpu.static import CPUManagerConfig, pool_events
+from eventsrc.core.cpu.topology import Core, MachineInfo, discover
+from eventsrc.core.cpu.topology import Node as NUMANode
+from eventsrc.core.topology_manager import TOPOLOGY_AFFINITY_MESSAGE, parse_topology_manager
+from eventsrc.errors import AdmissionRefused, NotFound
+from eventsrc.events import Record
+from eventsrc.inputs.manifest import PodClaim, PodSpec
+from eventsrc.state.apply import apply
+from eventsrc.state.views import Views
+
+GPU = "example.com/gpu"
+DRIVER = "gpu.example.com"
+PLAIN = ev.PluginOptions()
+WAIT = 30.0
+
+MACHINE = discover(
+    MachineInfo(
+        num_cores=8,
+        num_sockets=2,
+        topology=(
+            NUMANode(0, tuple(Core(i, 0, (i,)) for i in range(4))),
+            NUMANode(1, tuple(Core(i, 1, (4 + i,)) for i in range(4))),
+        ),
+    )
+)
+STATIC = CPUManagerConfig("static", MACHINE, CPUSet([0]), StaticPolicyOptions())
+
+T = TypeVar("T")
+Q = TypeVar("Q")
+A = TypeVar("A")
+
+
+# --------------------------------------------------------------------------- the node
+
+
+class Log:
+    """Views built by applying records, as the daemon's committer does; the batches recorded."""
+
+    def __init__(self) -> None:
+        self.views = Views()
+        self.recorded: list[list[ev._Event]] = []
+
+    def record(self, events: list[ev._Event]) -> None:
+        self.recorded.append(list(events))
+        for e in events:
+            seq = self.views.meta.last_seq + 1
+            apply(self.views, Record(seq, 0, "", e.VERSION, e))  # type: ignore[arg-type]
+
+
+def node(options: ev.PluginOptions = PLAIN, driver: bool = True) -> Log:
+    n = Log()
+    events: list[ev._Event] = [
+        ev.PluginRegistered(resource=GPU, endpoint="gpu.sock", options=options),
+        ev.DevicesAdded(
+            resource=GPU,
+            devices=[ev.DeviceInfo(id=f"gpu-{i}", health="Healthy", numa_nodes=[i // 2]) for i in range(4)],
+        ),
+    ]
+    if driver:
+        events.append(ev.PluginRegistered(resource=DRIVER, endpoint="/dra.sock", api_version="v1", kind="DRAPlugin"))
+    events += pool_events(STATIC, [], {}, "cpu manager started")
+    n.record(events)
+    return n
+
+
+def config(policy: str = "none", scope: str = "container", cpus: CPUManagerConfig = STATIC) -> AdmissionConfig:
+    return AdmissionConfig(cpus, parse_topology_manager(policy, scope, {}, [0, 1]), WAIT)
+
+
+def container(
+    name: str, gpus: int = 0, cpus: int = 0, kind: str = "app", claims: tuple[str, ...] = ()
+) -> ev.ContainerSpec:
+    limits = {GPU: str(gpus)} if gpus else {}
+    if cpus:  # a Guaranteed container: limits only (requests default to them)
+        limits |= {"cpu": str(cpus), "memory": "1Gi"}
+    return ev.ContainerSpec(name=name, kind=kind, requests=dict(limits), limits=limits, claims=list(claims))
+
+
+def claim(uid: str = "claim-1") -> PodClaim:
+    return PodClaim(ref=ev.ClaimRef(uid=uid, namespace="default", name=uid), driver=DRIVER)
+
+
+def pod(*containers: ev.ContainerSpec, uid: str = "pod-1", claims: tuple[PodClaim, ...] = ()) -> PodSpec:
+    return PodSpec(
+        pod=ev.PodRef(uid=uid, namespace="default", name=uid), containers=list(containers), claims=list(claims)
+    )
+
+
+# --------------------------------------------------------------------------- driving the phases
+
+
+def run(phase: Generator[Q, A, T], answer: Callable[[Q], A]) -> tuple[T, list[Q]]:
+    """Run a phase to its end; what it returned and what it asked, in order."""
+    asked: list[Q] = []
+    try:
+        q = next(phase)
+        while True:
+            asked.append(q)
+            q = phase.send(answer(q))
+    except StopIteration as stop:
+        return stop.value, asked
+
+
+def everything_there(options: ev.PluginOptions = PLAIN) -> Callable[[Question], ev.PluginOptions | bool | None]:
+    return lambda q: options if isinstance(q, PluginWanted) else True
+
+
+def no_preference(ask: PreferredAsk) -> list[str] | PreferredFailed:
+    raise AssertionError(f"the plugin was asked {ask} though it offers no preference")
+
+
+def decide(
+    n: Log,
+    spec: PodSpec,
+    cfg: AdmissionConfig | None = None,
+    find: Callable[[Question], ev.PluginOptions | bool | None] | None = None,
+    preferred: Callable[[PreferredAsk], list[str] | PreferredFailed] = no_preference,
+) -> tuple[PodAdmission, Refused | Intent]:
+    """known, find and plan, as the shell runs them for a new pod."""
+    core = PodAdmission(n.views, cfg or config(), spec)
+    assert core.known() is None
+    refused, _ = run(core.find(), find or everything_there())
+    if refused is not None:
+        return core, refused
+    decision, _ = run(core.plan(), preferred)
+    return core, decision
+
+
+def intent(n: Log, spec: PodSpec, cfg: AdmissionConfig | None = None, **kw: Any) -> tuple[PodAdmission, Intent]:
+    core, decision = decide(n, spec, cfg, **kw)
+    assert isinstance(decision, Intent), decision
+    n.record(decision.events)
+    return core, decision
+
+
+def settle(n: Log, core: PodAdmission, results: CallResults) -> Any:
+    """Record each batch the core gives, before it goes on; the outcome."""
+    outcome, _ = run(core.settle(results), n.record)
+    return outcome
+
+
+def allocation(call: AllocateCall) -> ev.ContainerAllocation:
+    return ev.ContainerAllocation(envs={"DEVICES": ",".join(call.device_ids)})
+
+
+def all_allocated(decision: Intent) -> CallResults:
+    return CallResults(allocated=[(c, allocation(c)) for c in decision.allocations])
+
+
+def admitted(n: Log, spec: PodSpec) -> None:
+    """Admit ``spec``: every Allocate succeeds, every claim is prepared."""
+    core, decision = intent(n, spec)
+    results = all_allocated(decision)
+    results.claims += [ev.ClaimPrepared(claim=c.ref, driver=c.driver) for c in spec.claims]
+    assert settle(n, core, results).admitted
+
+
+def kinds(events: list[ev._Event]) -> list[str]:
+    return [type(e).__name__ for e in events]
+
+
+def holders(n: Log) -> dict[str, str]:
+    return {i: d.holder for i, d in n.views.devices.devices[GPU].items() if d.holder}
+
+
+# --------------------------------------------------------------------------- a new pod, admitted
+
+
+def test_a_new_pod_is_admitted_intent_first_then_outcome() -> None:
+    n = node(ev.PluginOptions(pre_start_required=True))
+    spec = pod(container("app", gpus=2, cpus=2))
+    core, decision = intent(
+        n, spec, config("single-numa-node"), find=everything_there(n.views.devices.plugins[GPU].options)
+    )
+    assert kinds(decision.events) == [
+        "PodAdmissionStarted",
+        "DevicesReserved",
+        "CPUsAssigned",
+        "SharedPoolChanged",
+    ]
+    reserved = decision.events[1]
+    assert isinstance(reserved, ev.DevicesReserved)
+    assert (reserved.container, reserved.device_ids, reserved.choice) == ("app", ["gpu-0", "gpu-1"], "daemon")
+    assigned = decision.events[2]
+    assert isinstance(assigned, ev.CPUsAssigned)
+    assert assigned.cpus == [1, 2]  # NUMA node 0 with the devices (CPU 0 is reserved)
+    assert decision.events[3] == ev.SharedPoolChanged(cpus=[0, 3, 4, 5, 6, 7], reason="exclusive CPUs for pod pod-1")
+    assert decision.allocations == [AllocateCall("app", GPU, ["gpu-0", "gpu-1"], pre_start=True)]
+    assert decision.claim_prepares is None
+    assert decision.cpu_pinning == (False,)
+    assert n.views.pods.pods["pod-1"].state == "admitting"
+
+    outcome = settle(n, core, all_allocated(decision))
+    assert outcome.admitted
+    (batch,) = n.recorded[-1:]
+    assert kinds(batch) == ["DevicesAllocated", "PodAdmitted"]
+    assert batch[-1] == ev.PodAdmitted(pod=spec.pod, containers=spec.containers, qos_class="Guaranteed")
+    assert n.views.pods.pods["pod-1"].state == "admitted"
+    assert holders(n) == {"gpu-0": "pod-1/app", "gpu-1": "pod-1/app"}
+
+
+def test_the_questions_come_in_order_plugins_by_name_then_drivers() -> None:
+    n = node()
+    n.record([ev.PluginRegistered(resource="example.com/a", endpoint="a.sock")])
+    spec = pod(ev.ContainerSpec(name="app", limits={GPU: "1", "example.com/a": "1"}), claims=(claim(),))
+    core = PodAdmission(n.views, config(), spec)
+    refused, asked = run(core.find(), everything_there())
+    assert refused is None
+    assert asked == [PluginWanted("example.com/a"), PluginWanted(GPU), DriverWanted(DRIVER)]
+
+
+# --------------------------------------------------------------------------- a known pod
+
+
+def test_a_known_pod_is_kept_as_it_is_without_a_question() -> None:
+    n = node()
+    spec = pod(container("app", gpus=1))
+    admitted(n, spec)
+    recorded = len(n.recorded)
+    again = PodAdmission(n.views, config(), spec)
+    assert again.known() is n.views.pods.pods["pod-1"]
+    assert len(n.recorded) == recorded
+
+
+def test_a_known_pod_with_a_changed_request_is_refused_unrecorded() -> None:
+    n = node()
+    admitted(n, pod(container("app", gpus=1)))
+    changed = PodAdmission(n.views, config(), pod(container("app", gpus=2)))
+    with pytest.raises(AdmissionRefused) as err:
+        changed.known()
+    assert str(err.value) == 'pod "pod-1" container "app" changed request for resource "example.com/gpu" from 1 to 2'
+
+
+def test_a_pod_whose_admission_runs_is_refused_unrecorded() -> None:
+    n = node()
+    intent(n, pod(container("app", gpus=1)))
+    with pytest.raises(AdmissionRefused, match=r"^pod default/pod-1 \(pod-1\) is being admitted$"):
+        PodAdmission(n.views, config(), pod(container("app", gpus=1))).known()
+
+
+# --------------------------------------------------------------------------- refused before the intent
+
+
+def test_an_unknown_resource_is_refused_with_the_pods_effective_request() -> None:
+    n = node()
+    fpga = "example.com/fpga"
+    spec = pod(
+        ev.ContainerSpec(name="init", kind="init", limits={fpga: "3"}),
+        ev.ContainerSpec(name="a", limits={fpga: "1"}),
+        ev.ContainerSpec(name="b", limits={fpga: "1"}),
+    )
+    core = PodAdmission(n.views, config(), spec)
+    refused, asked = run(core.find(), everything_there())
+    assert asked == []  # nothing is waited for
+    reason = f"Node didn't have enough resource: {fpga}, requested: 3, used: 0, capacity: 0"
+    assert refused == Refused(reason, ev.AdmissionRejected(pod=spec.pod, reason=reason))
+
+
+def test_a_plugin_that_stays_away_is_refused() -> None:
+    n = node()
+    spec = pod(container("app", gpus=1))
+    refused, asked = run(PodAdmission(n.views, config(), spec).find(), lambda q: None)
+    assert asked == [PluginWanted(GPU)]
+    assert isinstance(refused, Refused)
+    assert refused.reason == (
+        "no healthy devices present; cannot allocate unhealthy devices example.com/gpu "
+        "(its plugin did not register within 30 s)"
+    )
+    assert refused.event == ev.AdmissionRejected(pod=spec.pod, reason=refused.reason)
+
+
+def test_a_driver_that_stays_away_is_refused() -> None:
+    n = node(driver=False)
+    spec = pod(container("app", gpus=1), claims=(claim(),))
+    refused, asked = run(
+        PodAdmission(n.views, config(), spec).find(), lambda q: PLAIN if isinstance(q, PluginWanted) else False
+    )
+    assert asked == [PluginWanted(GPU), DriverWanted(DRIVER)]
+    assert isinstance(refused, Refused)
+    assert refused.reason == "DRA driver gpu.example.com is not registered (waited 30 s)"
+
+
+def test_too_few_devices_is_refused_with_the_kubelets_message() -> None:
+    n = node()
+    spec = pod(container("app", gpus=5))
+    _, refused = decide(n, spec)
+    assert isinstance(refused, Refused)
+    assert refused.reason == "requested number of devices unavailable for example.com/gpu. Requested: 5, Available: 4"
+    assert refused.event == ev.AdmissionRejected(pod=spec.pod, reason=refused.reason)
+    assert n.views.pods.pods == {}
+
+
+def test_cpus_that_cannot_be_taken_are_refused_and_counted_as_a_failed_pinning() -> None:
+    n = node()
+    spec = pod(container("a", cpus=4), container("b", cpus=4))  # 7 CPUs are not reserved
+    _, refused = decide(n, spec)
+    assert isinstance(refused, Refused)
+    assert refused.reason.startswith("not enough cpus available to satisfy request")
+    assert refused.cpu_pinning == (False, True)  # "a" got its CPUs, "b" could not
+
+
+# --------------------------------------------------------------------------- the topology manager
+
+
+def test_container_scope_refusal_names_the_container_and_the_merged_hint() -> None:
+    n = node()
+    spec = pod(container("small", gpus=1), container("big", gpus=3))  # no NUMA node holds 3
+    _, refused = decide(n, spec, config("single-numa-node", "container"))
+    assert isinstance(refused, Refused)
+    assert refused.reason == TOPOLOGY_AFFINITY_MESSAGE
+    assert (refused.event.container, refused.event.topology_hint) == ("big", "{<nil> false}")  # no single-node hint
+
+
+def test_container_scope_refuses_when_cpus_and_devices_disagree() -> None:
+    n = node()
+    # Node 0 has free devices and no free CPU; node 1 free CPUs and no free device.
+    n.record(
+        [
+            ev.DevicesReserved(pod_uid="other", container="c", resource=GPU, device_ids=["gpu-2", "gpu-3"]),
+            ev.CPUsAssigned(pod_uid="other", container="c", cpus=[1, 2, 3]),
+        ]
+    )
+    _, refused = decide(n, pod(container("app", gpus=1, cpus=1)), config("restricted", "container"))
+    assert isinstance(refused, Refused)
+    assert refused.reason == TOPOLOGY_AFFINITY_MESSAGE
+    assert (refused.event.container, refused.event.topology_hint) == ("app", "{01 false}")
+    _, admitted = decide(n, pod(container("app", gpus=1, cpus=1)), config("best-effort", "container"))
+    assert isinstance(admitted, Intent)  # best-effort takes the same merged hint
+
+
+def test_pod_scope_refusal_is_for_the_whole_pod() -> None:
+    n = node()
+    spec = pod(container("a", gpus=2), container("b", gpus=1))  # 3 for the pod: no single node
+    _, refused = decide(n, spec, config("single-numa-node", "pod"))
+    assert isinstance(refused, Refused)
+    assert refused.reason == TOPOLOGY_AFFINITY_MESSAGE
+    assert (refused.event.container, refused.event.topology_hint) == ("", "{<nil> false}")
+
+
+def test_pod_scope_puts_every_container_on_the_one_node() -> None:
+    n = node()
+    n.record([ev.DevicesReserved(pod_uid="other", container="c", resource=GPU, device_ids=["gpu-0"])])
+    spec = pod(container("a", gpus=1, cpus=1), container("b", gpus=1, cpus=1))
+    _, decision = decide(n, spec, config("single-numa-node", "pod"))
+    assert isinstance(decision, Intent)
+    devices = [e.device_ids for e in decision.events if isinstance(e, ev.DevicesReserved)]
+    cpus = [e.cpus for e in decision.events if isinstance(e, ev.CPUsAssigned)]
+    assert devices == [["gpu-2"], ["gpu-3"]]  # node 1: node 0 has one device left
+    assert cpus == [[4], [5]]
+
+
+# --------------------------------------------------------------------------- GetPreferredAllocation
+
+
+def test_the_plugins_preference_is_taken() -> None:
+    n = node(ev.PluginOptions(get_preferred_allocation_available=True))
+    asks: list[PreferredAsk] = []
+
+    def prefer(ask: PreferredAsk) -> list[str]:
+        asks.append(ask)
+        return ["gpu-3", "gpu-1"]
+
+    _, decision = decide(
+        n, pod(container("app", gpus=2)), find=everything_there(n.views.devices.plugins[GPU].options), preferred=prefer
+    )
+    assert asks == [PreferredAsk("app", GPU, ["gpu-0", "gpu-1", "gpu-2", "gpu-3"], [], 2)]
+    assert isinstance(decision, Intent)
+    reserved = decision.events[1]
+    assert isinstance(reserved, ev.DevicesReserved)
+    assert (sorted(reserved.device_ids), reserved.choice, reserved.note) == (["gpu-1", "gpu-3"], "plugin", "")
+
+
+def test_a_failed_get_preferred_allocation_falls_back_to_the_daemons_choice() -> None:
+    n = node(ev.PluginOptions(get_preferred_allocation_available=True))
+    failure = PreferredFailed("device plugin GetPreferredAllocation rpc failed with err: the plugin went away")
+    _, decision = decide(
+        n,
+        pod(container("app", gpus=2)),
+        find=everything_there(n.views.devices.plugins[GPU].options),
+        preferred=lambda ask: failure,
+    )
+    assert isinstance(decision, Intent)
+    reserved = decision.events[1]
+    assert isinstance(reserved, ev.DevicesReserved)
+    assert (reserved.device_ids, reserved.choice) == (["gpu-0", "gpu-1"], "daemon")
+    assert reserved.note == f"GetPreferredAllocation failed, the daemon chose instead: {failure.reason}"
+
+
+# --------------------------------------------------------------------------- calls that fail
+
+
+def test_an_allocate_failure_after_earlier_containers_undoes_all_but_the_failed_step() -> None:
+    n = node()
+    spec = pod(container("a", gpus=1, cpus=1), container("b", gpus=1, cpus=1), claims=(claim(),))
+    core, decision = intent(n, spec)
+    first, second = decision.allocations
+    assert (first.container, second.container) == ("a", "b")
+    results = CallResults(allocated=[(first, allocation(first))], failed=(second, "the plugin went away"))
+    outcome = settle(n, core, results)
+    reason = "Allocate failed for example.com/gpu in container b: the plugin went away"
+    assert (outcome.admitted, outcome.reason, outcome.failed) == (False, reason, second)
+    (batch,) = n.recorded[-1:]
+    assert kinds(batch) == [
+        "DevicesAllocated",  # what "a" got
+        "AllocationFailed",  # frees "b"'s devices itself
+        "DevicesReleased",  # "a" only
+        "CPUsReleased",
+        "CPUsReleased",
+        "SharedPoolChanged",
+        "PodReferenceRemoved",
+        "ClaimUnprepareStarted",
+        "AdmissionRejected",
+    ]
+    assert batch[1] == ev.AllocationFailed(
+        pod_uid="pod-1", container="b", resource=GPU, device_ids=second.device_ids, reason=reason
+    )
+    released = batch[2]
+    assert isinstance(released, ev.DevicesReleased)
+    assert (released.container, released.device_ids, released.reason) == ("a", first.device_ids, "admission failed")
+    assert batch[5] == ev.SharedPoolChanged(cpus=list(range(8)), reason="admission failed")
+    assert batch[-1] == ev.AdmissionRejected(pod=spec.pod, reason=reason, container="b")
+    assert n.views.pods.pods == {}
+    assert holders(n) == {}
+    assert n.views.cpus.assignments == {}
+    assert n.views.pods.rejected["pod-1"] == reason
+
+
+def test_a_claim_prepare_failure_records_the_answers_then_undoes_from_the_views_they_left() -> None:
+    n = node()
+    spec = pod(container("app", gpus=1, cpus=1, claims=("claim-1",)), claims=(claim(),))
+    core, decision = intent(n, spec)
+    assert decision.claim_prepares == [ClaimWork(DRIVER, (claim().ref,))]
+    failed = ev.ClaimPrepareFailed(claim=claim().ref, driver=DRIVER, reason="NodePrepareResources failed: no")
+    results = all_allocated(decision)
+    results.claims.append(failed)
+    settle_phase = core.settle(results)
+    answers = next(settle_phase)
+    assert kinds(answers) == ["DevicesAllocated", "ClaimPrepareFailed"]
+    n.record(answers)
+    # Another pod's CPUs are recorded before the undo is computed: the undo's pool keeps them.
+    n.record([ev.CPUsAssigned(pod_uid="other", container="c", cpus=[7])])
+    undo = settle_phase.send(None)
+    n.record(undo)
+    with pytest.raises(StopIteration) as stop:
+        settle_phase.send(None)
+    assert (stop.value.value.admitted, stop.value.value.reason, stop.value.value.failed) == (False, failed.reason, None)
+    assert kinds(undo) == [
+        "DevicesReleased",
+        "CPUsReleased",
+        "SharedPoolChanged",
+        "PodReferenceRemoved",
+        "ClaimUnprepareStarted",
+        "AdmissionRejected",
+    ]
+    assert undo[2] == ev.SharedPoolChanged(cpus=[0, 1, 2, 3, 4, 5, 6], reason="admission failed")
+    assert undo[-1] == ev.AdmissionRejected(pod=spec.pod, reason=failed.reason)
+    assert n.views.pods.pods == {}
+    assert holders(n) == {}
+    assert n.views.claims.claims["claim-1"].state == "unpreparing"
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def test_a_pod_with_claims_only_asks_for_its_driver_and_prepares_them() -> None:
+    n = node()
+    spec = pod(container("app", claims=("claim-1",)), claims=(claim(),))
+    core = PodAdmission(n.views, config(), spec)
+    refused, asked = run(core.find(), everything_there())
+    assert (refused, asked) == (None, [DriverWanted(DRIVER)])
+    decision, _ = run(core.plan(), no_preference)
+    assert isinstance(decision, Intent)
+    assert decision.events == [
+        ev.PodAdmissionStarted(pod=spec.pod, containers=spec.containers),
+        ev.PodReferenceAdded(claim_uid="claim-1", pod_uid="pod-1"),
+        ev.ClaimPrepareStarted(claim=claim().ref, driver=DRIVER, pod_uid="pod-1"),
+    ]
+    assert decision.allocations == []
+    assert decision.claim_prepares == [ClaimWork(DRIVER, (claim().ref,))]
+    n.record(decision.events)
+    prepared = ev.ClaimPrepared(claim=claim().ref, driver=DRIVER, devices=[ev.PreparedDevice(device_name="d0")])
+    outcome = settle(n, core, CallResults(claims=[prepared]))
+    assert outcome.admitted
+    assert n.recorded[-1] == [
+        prepared,
+        ev.PodAdmitted(pod=spec.pod, containers=spec.containers, qos_class="BestEffort"),
+    ]
+    assert n.views.claims.claims["claim-1"].state == "prepared"
+
+
+def test_a_pod_with_claims_and_devices_gets_both() -> None:
+    n = node()
+    spec = pod(container("app", gpus=1, claims=("claim-1",)), claims=(claim(),))
+    core, decision = intent(n, spec)
+    assert kinds(decision.events) == [
+        "PodAdmissionStarted",
+        "DevicesReserved",
+        "PodReferenceAdded",
+        "ClaimPrepareStarted",
+    ]
+    results = all_allocated(decision)
+    results.claims.append(ev.ClaimPrepared(claim=claim().ref, driver=DRIVER))
+    assert settle(n, core, results).admitted
+    assert kinds(n.recorded[-1]) == ["DevicesAllocated", "ClaimPrepared", "PodAdmitted"]
+
+
+def test_a_claim_prepared_for_another_pod_is_only_referenced() -> None:
+    n = node()
+    admitted(n, pod(container("app", claims=("claim-1",)), uid="pod-0", claims=(claim(),)))
+    _, shared = decide(n, pod(container("app", claims=("claim-1",)), claims=(claim(),)))
+    assert isinstance(shared, Intent)
+    assert kinds(shared.events) == ["PodAdmissionStarted", "PodReferenceAdded"]
+    assert shared.claim_prepares == []  # a PrepareResources operation with nothing to call
+
+
+# --------------------------------------------------------------------------- removal
+
+
+def test_removal_releases_everything_and_forgets_the_pod() -> None:
+    n = node()
+    admitted(n, pod(container("app", gpus=1, claims=("claim-1",)), claims=(claim(),)))
+    events = removal(n.views, STATIC, "pod-1", "pod removed")
+    assert kinds(events) == ["DevicesReleased", "PodReferenceRemoved", "ClaimUnprepareStarted", "PodRemoved"]
+    n.record(events)
+    assert n.views.pods.pods == {}
+    assert holders(n) == {}
+
+
+def test_removal_of_a_pod_with_exclusive_cpus_keeps_the_logs_order() -> None:
+    n = node()
+    admitted(n, pod(container("app", cpus=2, claims=("claim-1",)), claims=(claim(),)))
+    events = removal(n.views, STATIC, "pod-1", "pod removed")
+    # The claim references go just before the last event, here the shared pool's change.
+    assert kinds(events) == [
+        "CPUsReleased",
+        "PodRemoved",
+        "PodReferenceRemoved",
+        "ClaimUnprepareStarted",
+        "SharedPoolChanged",
+    ]
+    assert events[-1] == ev.SharedPoolChanged(cpus=list(range(8)), reason="pod pod-1 removed")
+
+
+def test_removal_of_an_unknown_pod_or_one_being_admitted_is_refused() -> None:
+    n = node()
+    with pytest.raises(NotFound, match="^no pod with uid pod-1$"):
+        removal(n.views, STATIC, "pod-1", "pod removed")
+    intent(n, pod(container("app", gpus=1)))
+    with pytest.raises(AdmissionRefused, match=r"is being admitted; remove it once that ends$"):
+        removal(n.views, STATIC, "pod-1", "pod removed")
