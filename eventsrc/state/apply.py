@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from eventsrc import events as ev
 from eventsrc.events import CorruptRecordError, Record, ignorable
 from eventsrc.state import claims, cpus, devices, pods
+from eventsrc.state.lifecycles import Step
 from eventsrc.state.types import Handlers, Reducer
 from eventsrc.state.views import Views
 
@@ -62,6 +63,12 @@ _META: Handlers = {
 HANDLERS: dict[type, tuple[Reducer, ...]] = _combine(
     _META, devices.HANDLERS, pods.HANDLERS, cpus.HANDLERS, claims.HANDLERS
 )
+
+
+def lifecycle_steps(views: Views, event: ev._Event) -> list[Step]:
+    """The lifecycle steps (pod, device hold, claim) ``event`` makes in ``views``, each with
+    the state it arrives in and whether that state's row of its table expects it."""
+    return [*pods.steps(views, event), *devices.steps(views, event), *claims.steps(views, event)]
 
 
 def apply(views: Views, item: Record | CorruptRecordError) -> Views:

@@ -3,6 +3,18 @@
 from __future__ import annotations
 
 from eventsrc import events as ev
+from eventsrc.state.lifecycles import (
+    DEVICE,
+    DEVICE_ABSENT,
+    DeviceState,
+    EventType,
+    Step,
+    device_state,
+    hold_of,
+    holder_text,
+    is_listed,
+    step,
+)
 from eventsrc.state.types import Handlers
 from eventsrc.state.views import DeviceView, PluginView, Views
 
@@ -31,21 +43,34 @@ def plugin_disconnected(v: Views, seq: int, e: ev.PluginDisconnected) -> None:
         plugin.disconnected_seq = seq
 
 
-def _upsert(table: dict[str, DeviceView], seq: int, device_id: str, health: str, numa_nodes: list[int]) -> None:
+def _state(d: DeviceView | None) -> DeviceState:
+    return DEVICE_ABSENT if d is None else device_state(d.hold, not d.removed)
+
+
+def _enter(d: DeviceView, state: DeviceState) -> None:
+    """Put ``d`` (in the views) in ``state``: its hold and whether its plugin lists it."""
+    d.hold = hold_of(state)
+    d.removed = not is_listed(state)
+
+
+def _upsert(
+    table: dict[str, DeviceView], seq: int, device_id: str, health: str, numa_nodes: list[int], event: EventType
+) -> None:
     """Add a device or update a known one; a known device keeps its holder."""
     known = table.get(device_id)
+    after = DEVICE.next(_state(known), event)
     if known is None:
-        table[device_id] = DeviceView(health=health, numa_nodes=list(numa_nodes), since_seq=seq)
+        known = table[device_id] = DeviceView(health=health, numa_nodes=list(numa_nodes), since_seq=seq)
     else:
         known.health = health
         known.numa_nodes = list(numa_nodes)
-        known.removed = False
+    _enter(known, after)
 
 
 def devices_added(v: Views, seq: int, e: ev.DevicesAdded) -> None:
     table = v.devices.devices.setdefault(e.resource, {})
     for d in e.devices:
-        _upsert(table, seq, d.id, d.health, d.numa_nodes)
+        _upsert(table, seq, d.id, d.health, d.numa_nodes, type(e))
 
 
 def devices_removed(v: Views, seq: int, e: ev.DevicesRemoved) -> None:
@@ -53,21 +78,22 @@ def devices_removed(v: Views, seq: int, e: ev.DevicesRemoved) -> None:
     if table is None:
         return
     for device_id in e.device_ids:
-        _remove(table, device_id)
+        _remove(table, device_id, type(e))
     if not table:
         del v.devices.devices[e.resource]
 
 
-def _remove(table: dict[str, DeviceView], device_id: str) -> None:
+def _remove(table: dict[str, DeviceView], device_id: str, event: EventType) -> None:
     """A free device goes; a held one stays with its holder until released."""
     d = table.get(device_id)
     if d is None:
         return
-    if d.holder:
-        d.removed = True
-        d.health = "Unhealthy"
-    else:
+    after = DEVICE.next(_state(d), event)
+    if after == DEVICE_ABSENT:
         del table[device_id]
+    else:
+        _enter(d, after)
+        d.health = "Unhealthy"
 
 
 def resource_dropped(v: Views, seq: int, e: ev.ResourceDropped) -> None:
@@ -76,58 +102,86 @@ def resource_dropped(v: Views, seq: int, e: ev.ResourceDropped) -> None:
     if table is None:
         return
     for device_id in list(table):
-        _remove(table, device_id)
+        _remove(table, device_id, type(e))
     if not table:
         del v.devices.devices[e.resource]
 
 
 def device_health_changed(v: Views, seq: int, e: ev.DeviceHealthChanged) -> None:
-    _upsert(v.devices.devices.setdefault(e.resource, {}), seq, e.device_id, e.health, e.numa_nodes)
+    _upsert(v.devices.devices.setdefault(e.resource, {}), seq, e.device_id, e.health, e.numa_nodes, type(e))
 
 
-def _hold(v: Views, seq: int, resource: str, ids: list[str], holder: str, hold: str) -> None:
-    table = v.devices.devices.setdefault(resource, {})
-    for device_id in ids:
+def _hold(v: Views, seq: int, e: ev.DevicesReserved | ev.DevicesAllocated) -> None:
+    table = v.devices.devices.setdefault(e.resource, {})
+    for device_id in e.device_ids:
         d = table.get(device_id)
+        after = DEVICE.next(_state(d), type(e))
         if d is None:
             # Allocated before (or without) being listed: keep the fact, health unknown.
             d = table[device_id] = DeviceView(health="Unknown")
-        d.holder = holder
-        d.hold = hold
+        d.holder = holder_text(e.pod_uid, e.container)
+        _enter(d, after)
         d.since_seq = seq
 
 
-def _free(v: Views, seq: int, resource: str, ids: list[str], holder: str) -> None:
-    table = v.devices.devices.get(resource)
+def _free(v: Views, seq: int, e: ev.AllocationFailed | ev.DevicesReleased) -> None:
+    """A release concerns only the devices its container holds."""
+    table = v.devices.devices.get(e.resource)
     if table is None:
         return
-    for device_id in ids:
+    holder = holder_text(e.pod_uid, e.container)
+    for device_id in e.device_ids:
         d = table.get(device_id)
         if d is not None and d.holder == holder:
-            if d.removed:
+            after = DEVICE.next(_state(d), type(e))
+            if after == DEVICE_ABSENT:
                 del table[device_id]
                 continue
             d.holder = ""
-            d.hold = ""
+            _enter(d, after)
             d.since_seq = seq
     if not table:
-        del v.devices.devices[resource]
+        del v.devices.devices[e.resource]
+
+
+def steps(v: Views, e: ev._Event) -> list[Step]:
+    """The device lifecycle steps ``e`` makes in ``v``, one per device it concerns."""
+    if isinstance(e, (ev.DevicesAdded, ev.DevicesRemoved, ev.ResourceDropped, ev.DeviceHealthChanged)):
+        table = v.devices.devices.get(e.resource, {})
+        if isinstance(e, ev.DevicesAdded):
+            ids = [d.id for d in e.devices]
+        elif isinstance(e, ev.DevicesRemoved):
+            ids = list(e.device_ids)
+        elif isinstance(e, ev.ResourceDropped):
+            ids = list(table)
+        else:
+            ids = [e.device_id]
+    elif isinstance(e, (ev.DevicesReserved, ev.DevicesAllocated)):
+        table = v.devices.devices.get(e.resource, {})
+        ids = list(e.device_ids)
+    elif isinstance(e, (ev.AllocationFailed, ev.DevicesReleased)):
+        table = v.devices.devices.get(e.resource, {})
+        holder = holder_text(e.pod_uid, e.container)
+        ids = [i for i in e.device_ids if i in table and table[i].holder == holder]
+    else:
+        return []
+    return [step(DEVICE, _state(table.get(i)), type(e), i, e.resource) for i in ids]
 
 
 def devices_reserved(v: Views, seq: int, e: ev.DevicesReserved) -> None:
-    _hold(v, seq, e.resource, e.device_ids, f"{e.pod_uid}/{e.container}", "reserved")
+    _hold(v, seq, e)
 
 
 def devices_allocated(v: Views, seq: int, e: ev.DevicesAllocated) -> None:
-    _hold(v, seq, e.resource, e.device_ids, f"{e.pod_uid}/{e.container}", "allocated")
+    _hold(v, seq, e)
 
 
 def allocation_failed(v: Views, seq: int, e: ev.AllocationFailed) -> None:
-    _free(v, seq, e.resource, e.device_ids, f"{e.pod_uid}/{e.container}")
+    _free(v, seq, e)
 
 
 def devices_released(v: Views, seq: int, e: ev.DevicesReleased) -> None:
-    _free(v, seq, e.resource, e.device_ids, f"{e.pod_uid}/{e.container}")
+    _free(v, seq, e)
 
 
 HANDLERS: Handlers = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from eventsrc import events as ev
+from eventsrc.state.lifecycles import POD, POD_ABSENT, PodLifecycleState, PodState, Step, pod_state, step
 from eventsrc.state.types import Handlers
 from eventsrc.state.views import ContainerView, PodView, Views
 
@@ -10,16 +11,32 @@ from eventsrc.state.views import ContainerView, PodView, Views
 MAX_REJECTED = 1024
 
 
+def _state(v: Views, uid: str) -> PodLifecycleState:
+    pod = v.pods.pods.get(uid)
+    return POD_ABSENT if pod is None else pod.state
+
+
+def steps(v: Views, e: ev._Event) -> list[Step]:
+    """The pod lifecycle step ``e`` makes in ``v`` (none when it is not a pod's event)."""
+    if isinstance(e, (ev.PodAdmissionStarted, ev.PodAdmitted, ev.AdmissionRejected)):
+        return [step(POD, _state(v, e.pod.uid), type(e), e.pod.uid)]
+    if isinstance(e, ev.PodRemoved):
+        return [step(POD, _state(v, e.pod_uid), type(e), e.pod_uid)]
+    return []
+
+
 def admission_started(v: Views, seq: int, e: ev.PodAdmissionStarted) -> None:
-    v.pods.pods[e.pod.uid] = _new_pod(e.pod, e.containers, "admitting", seq)
+    after = POD.next(_state(v, e.pod.uid), type(e))
+    v.pods.pods[e.pod.uid] = _new_pod(e.pod, e.containers, pod_state(after), seq)
     v.pods.rejected.pop(e.pod.uid, None)
 
 
 def pod_admitted(v: Views, seq: int, e: ev.PodAdmitted) -> None:
+    after = pod_state(POD.next(_state(v, e.pod.uid), type(e)))
     pod = v.pods.pods.get(e.pod.uid)
     if pod is None:
-        pod = v.pods.pods[e.pod.uid] = _new_pod(e.pod, e.containers, "admitted", seq)
-    pod.state = "admitted"
+        pod = v.pods.pods[e.pod.uid] = _new_pod(e.pod, e.containers, after, seq)
+    pod.state = after
     pod.admitted_seq = seq
     pod.qos_class = e.qos_class or pod.qos_class
     for c in e.containers:  # what the admission started with, kept with what it got
@@ -32,7 +49,7 @@ def _container_view(c: ev.ContainerSpec) -> ContainerView:
     return ContainerView(kind=c.kind, requests=dict(c.requests), limits=dict(c.limits), claims=list(c.claims))
 
 
-def _new_pod(ref: ev.PodRef, containers: list[ev.ContainerSpec], state: str, seq: int) -> PodView:
+def _new_pod(ref: ev.PodRef, containers: list[ev.ContainerSpec], state: PodState, seq: int) -> PodView:
     return PodView(
         uid=ref.uid,
         namespace=ref.namespace,
@@ -44,8 +61,7 @@ def _new_pod(ref: ev.PodRef, containers: list[ev.ContainerSpec], state: str, seq
 
 
 def admission_rejected(v: Views, seq: int, e: ev.AdmissionRejected) -> None:
-    pod = v.pods.pods.get(e.pod.uid)
-    if pod is not None and pod.state == "admitting":
+    if e.pod.uid in v.pods.pods and POD.next(_state(v, e.pod.uid), type(e)) == POD_ABSENT:
         del v.pods.pods[e.pod.uid]
     rejected = v.pods.rejected
     rejected.pop(e.pod.uid, None)
@@ -55,7 +71,8 @@ def admission_rejected(v: Views, seq: int, e: ev.AdmissionRejected) -> None:
 
 
 def pod_removed(v: Views, seq: int, e: ev.PodRemoved) -> None:
-    v.pods.pods.pop(e.pod_uid, None)
+    if POD.next(_state(v, e.pod_uid), type(e)) == POD_ABSENT:
+        v.pods.pods.pop(e.pod_uid, None)
 
 
 def _container(v: Views, pod_uid: str, name: str) -> ContainerView | None:

@@ -12,6 +12,7 @@ from typing import Any
 from msgspec import Struct, field
 
 from eventsrc.events import ContainerAllocation, PluginOptions, PreparedDevice
+from eventsrc.state.lifecycles import ADMITTED, NOT_HELD, REFERENCED, ClaimState, Hold, PodState
 
 
 class PluginView(Struct, kw_only=True):
@@ -28,10 +29,10 @@ class PluginView(Struct, kw_only=True):
 class DeviceView(Struct, kw_only=True):
     health: str
     numa_nodes: list[int] = []
-    # Who holds it: "" when free, else "pod_uid/container".
+    # Who holds it: "" when free, else "pod_uid/container" (lifecycles.holder_text, parse_holder).
     holder: str = ""
-    # "reserved" (Allocate in flight) or "allocated" while held.
-    hold: str = ""
+    # Its lifecycle state is hold and removed together (lifecycles.DEVICE, device_state).
+    hold: Hold = NOT_HELD
     since_seq: int = 0
     # No longer in the plugin's list, but still held: dropped when released.
     removed: bool = False
@@ -60,8 +61,8 @@ class PodView(Struct, kw_only=True):
     namespace: str = ""
     name: str = ""
     qos_class: str = ""
-    # "admitting" between PodAdmissionStarted and its outcome, then "admitted".
-    state: str = "admitted"
+    # lifecycles.POD: "admitting" between PodAdmissionStarted and its outcome, then "admitted".
+    state: PodState = ADMITTED
     admitted_seq: int = 0
     containers: dict[str, ContainerView] = field(default_factory=dict)
 
@@ -85,8 +86,8 @@ class ClaimView(Struct, kw_only=True):
     namespace: str = ""
     name: str = ""
     driver: str = ""
-    # "preparing", "prepared", "prepare-failed", "unpreparing", "unprepared", "unprepare-failed"
-    state: str = ""
+    # lifecycles.CLAIM: "" (referenced, never prepared), "preparing", "prepared", ...
+    state: ClaimState = REFERENCED
     pods: list[str] = []
     devices: list[PreparedDevice] = []
     error: str = ""

@@ -6,6 +6,7 @@ import copy
 from pathlib import Path
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -309,3 +310,19 @@ def test_snapshot_writes_do_not_share_a_temporary_file_and_crash_leftovers_are_r
     (snapdir / ".snapshot-00000000000000000200.msgpack.abc.tmp").write_bytes(b"half")  # a crash mid-write
     remove_stale_temporaries(snapdir)
     assert sorted(p.name for p in snapdir.iterdir()) == ["snapshot-00000000000000000100.msgpack"]
+
+
+def test_views_written_with_plain_string_states_decode_into_the_typed_views() -> None:
+    """Before the lifecycle tables typed them, states were plain strings: the same values decode."""
+    old = {
+        "devices": {"devices": {"r": {"d0": {"health": "Healthy", "holder": "u1/c", "hold": "reserved"}}}},
+        "pods": {"pods": {"u1": {"uid": "u1", "state": "admitting"}}},
+        "claims": {"claims": {"c1": {"uid": "c1", "state": ""}, "c2": {"uid": "c2", "state": "prepare-failed"}}},
+    }
+    v = msgspec.msgpack.decode(msgspec.msgpack.encode(old), type=Views)
+    assert v.devices.devices["r"]["d0"].hold == "reserved" and v.pods.pods["u1"].state == "admitting"
+    assert [c.state for c in v.claims.claims.values()] == ["", "prepare-failed"]
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.msgpack.decode(
+            msgspec.msgpack.encode({"pods": {"pods": {"u": {"uid": "u", "state": "odd"}}}}), type=Views
+        )
