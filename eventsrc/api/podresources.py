@@ -16,6 +16,7 @@ from grpclib.server import Stream
 from eventsrc.gen.podresources.v1 import api_pb2 as pb
 from eventsrc.gen.podresources.v1.api_grpc import PodResourcesListerBase
 from eventsrc.rpc.ratelimit import TokenBucket
+from eventsrc.state.lifecycles import ADMITTED
 from eventsrc.state.views import DeviceView, PodView, Views
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ class PodResourcesService(PodResourcesListerBase):
         await stream.recv_message()
         self._admit("list")
         views = self._views()
-        pods = [pod_resources(views, p) for p in views.pods.pods.values() if p.state == "admitted"]
+        pods = [pod_resources(views, p) for p in views.pods.pods.values() if p.state == ADMITTED]
         await stream.send_message(pb.ListPodResourcesResponse(pod_resources=pods))
 
     async def GetAllocatableResources(
@@ -123,7 +124,7 @@ class PodResourcesService(PodResourcesListerBase):
         self._admit("get")
         views = self._views()
         for p in views.pods.pods.values():
-            if p.state == "admitted" and p.name == req.pod_name and p.namespace == req.pod_namespace:
+            if p.state == ADMITTED and p.name == req.pod_name and p.namespace == req.pod_namespace:
                 await stream.send_message(pb.GetPodResourcesResponse(pod_resources=pod_resources(views, p)))
                 return
         if self._metrics is not None:

@@ -1,12 +1,7 @@
 """DRA claim decisions: what to prepare, what to unprepare, what a restart must finish.
 
-Claim lifecycle (the reducer in eventsrc/state/claims.py applies these events):
-
-    (none) --PodReferenceAdded--> referenced
-           --ClaimPrepareStarted--> preparing --ClaimPrepared--> prepared
-                                               --ClaimPrepareFailed--> prepare-failed
-    prepared (no pods left) --ClaimUnprepareStarted--> unpreparing
-           --ClaimUnprepared--> (gone)      --ClaimUnprepareFailed--> unprepare-failed (retried)
+The claim lifecycle is the table ``eventsrc.state.lifecycles.CLAIM`` (drawn in ADR 0008);
+this module decides which of its events to record next.
 
 Intent before the call, outcome after it: a "started" event is always durable before the
 driver is called, so a restart knows which calls may have happened. NodePrepareResources
@@ -20,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from eventsrc import events as ev
+from eventsrc.state.lifecycles import ADMITTED, PREPARED, PREPARING, UNPREPARE_FAILED, UNPREPARED, UNPREPARING
 from eventsrc.state.views import ClaimView, Views
 
 
@@ -51,7 +47,7 @@ def admission_events(views: Views, pod_uid: str, claims: Iterable[tuple[ev.Claim
     for claim, driver in claims:
         plan.events.append(ev.PodReferenceAdded(claim_uid=claim.uid, pod_uid=pod_uid))
         known = views.claims.claims.get(claim.uid)
-        if known is not None and known.state == "prepared":
+        if known is not None and known.state == PREPARED:
             continue
         plan.events.append(ev.ClaimPrepareStarted(claim=claim, driver=driver, pod_uid=pod_uid))
         plan.prepare.setdefault(driver, []).append(claim)
@@ -90,16 +86,16 @@ def pending_work(views: Views) -> tuple[list[ev._Event], list[ClaimWork], list[C
         for p in c.pods:
             if p not in present:
                 events.append(ev.PodReferenceRemoved(claim_uid=uid, pod_uid=p))
-        needed = any(p in present and present[p].state == "admitted" for p in c.pods)
+        needed = any(p in present and present[p].state == ADMITTED for p in c.pods)
         wanted = any(p in present for p in c.pods)
         if not c.driver:
             continue
-        if needed and c.state != "prepared":
-            if c.state != "preparing":
+        if needed and c.state != PREPARED:
+            if c.state != PREPARING:
                 events.append(ev.ClaimPrepareStarted(claim=ref(c), driver=c.driver))
             prepare.setdefault(c.driver, []).append(ref(c))
-        elif not wanted and c.state != "unprepared":
-            if c.state not in ("unpreparing", "unprepare-failed"):
+        elif not wanted and c.state != UNPREPARED:
+            if c.state not in (UNPREPARING, UNPREPARE_FAILED):
                 events.append(ev.ClaimUnprepareStarted(claim=ref(c), driver=c.driver))
             unprepare.setdefault(c.driver, []).append(ref(c))
     return (

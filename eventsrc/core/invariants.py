@@ -26,6 +26,9 @@ Each rule has a short name (``RULES``). How each one is detected:
 * ``unhealthy-device-allocated``: a DevicesReserved of a device whose health, before
   the event, is not "Healthy" (an unknown device counts as unhealthy). A device that
   turns unhealthy while its Allocate call is in flight is not a violation.
+* ``unexpected-transition``: an event that arrives at a pod, a device or a claim in a
+  state whose row of its lifecycle table (``eventsrc.state.lifecycles``) does not expect
+  it. The reducers apply it anyway (they are total); this rule says it happened.
 """
 
 from __future__ import annotations
@@ -35,7 +38,17 @@ from dataclasses import dataclass, field
 from eventsrc import events as ev
 from eventsrc.core.cpu.cpuset import CPUSet, CPUSetParseError
 from eventsrc.events import CorruptRecordError, Record
-from eventsrc.state.apply import apply
+from eventsrc.state.apply import apply, lifecycle_steps
+from eventsrc.state.lifecycles import (
+    ADMITTING,
+    ALLOCATED,
+    CLAIM,
+    POD,
+    RESERVED,
+    Step,
+    holder_text,
+    parse_holder,
+)
 from eventsrc.state.views import Views
 
 RULES: dict[str, str] = {
@@ -46,6 +59,7 @@ RULES: dict[str, str] = {
     "claim-unprepared-under-live-pod": "no claim unprepared under a live pod",
     "dangling-reservation": "no reservation left without an outcome past a timeout",
     "unhealthy-device-allocated": "no allocation of an unhealthy device",
+    "unexpected-transition": "every event arrives in a state its lifecycle expects it in",
 }
 
 DEFAULT_RESERVATION_TIMEOUT_NS = 120 * 1_000_000_000
@@ -93,7 +107,7 @@ def _handed_on(views: Views, pod_uid: str, holder_container: str, container: str
 
 
 def _hold(hold: str) -> str:
-    return {"reserved": "reserved by", "allocated": "allocated to"}.get(hold, "held by")
+    return {RESERVED: "reserved by", ALLOCATED: "allocated to"}.get(hold, "held by")
 
 
 def reserved_cpus(views: Views) -> CPUSet:
@@ -126,8 +140,9 @@ def before_apply(views: Views, rec: Record) -> list[Violation]:
         verb = "reserved for" if isinstance(e, ev.DevicesReserved) else "allocated to"
         for device_id in e.device_ids:
             d = table.get(device_id)
-            if d is not None and d.holder and d.holder != f"{e.pod_uid}/{e.container}":
-                pod_uid, _, container = d.holder.partition("/")
+            holder = parse_holder(d.holder) if d is not None else None
+            if d is not None and holder is not None and d.holder != holder_text(e.pod_uid, e.container):
+                pod_uid, container = holder
                 if not _live(views, pod_uid):
                     continue
                 if pod_uid == e.pod_uid and _handed_on(views, pod_uid, container, e.container):
@@ -192,7 +207,25 @@ def before_apply(views: Views, rec: Record) -> list[Violation]:
                     rec,
                 )
             )
+    out += [_unexpected(views, rec, s) for s in lifecycle_steps(views, e) if not s.expected]
     return out
+
+
+def _unexpected(views: Views, rec: Record, step: Step) -> Violation:
+    e = rec.event
+    if step.lifecycle == POD.name:
+        subject = f"pod {who(views, step.key)}"
+    elif step.lifecycle == CLAIM.name:
+        claim = views.claims.claims.get(step.key)
+        subject = f"claim {claim.namespace}/{claim.name}" if claim is not None and claim.name else f"claim {step.key}"
+    else:
+        subject = f"{step.key} {step.resource}"
+    where = ", ".join(step.sources) or "no state"
+    return _v(
+        "unexpected-transition",
+        f"{subject}: {type(e).__name__} in state {step.before}; the {step.lifecycle} lifecycle expects it in {where}",
+        rec,
+    )
 
 
 def shared_pool_violations(views: Views, group: list[Record]) -> list[Violation]:
@@ -275,7 +308,7 @@ class Checker:
             self.reservations.pop(e.pod.uid, None)
         elif isinstance(e, ev.DevicesReserved) and e.pod_uid not in self.reservations:
             pod = self.views.pods.pods.get(e.pod_uid)
-            if pod is not None and pod.state == "admitting":
+            if pod is not None and pod.state == ADMITTING:
                 self.reservations[e.pod_uid] = item
         self.group.append(item)
         return self._new(out)
@@ -304,7 +337,7 @@ class Checker:
         pods = self.views.pods.pods
         for uid, rec in list(self.reservations.items()):
             pod = pods.get(uid)
-            if pod is None or pod.state != "admitting":
+            if pod is None or pod.state != ADMITTING:
                 del self.reservations[uid]
                 continue
             waited = now - rec.ts_ns

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 
 from eventsrc import events as ev
+from eventsrc.state.lifecycles import DRIVER_EVENTS
 
 MAX_KEY = 511  # LMDB's largest key, as built by default (py-lmdb's Environment.max_key_size)
 MAX_PREFIX = MAX_KEY - 8  # less the big-endian sequence
@@ -64,16 +65,6 @@ def keys_for(e: ev._Event) -> list[bytes]:
         return [pod_prefix(e.pod_uid)]
     if isinstance(e, (ev.PodReferenceAdded, ev.PodReferenceRemoved)):
         return [pod_prefix(e.pod_uid), claim_prefix(e.claim_uid)]
-    if isinstance(
-        e,
-        (
-            ev.ClaimPrepareStarted,
-            ev.ClaimPrepared,
-            ev.ClaimPrepareFailed,
-            ev.ClaimUnprepareStarted,
-            ev.ClaimUnprepared,
-            ev.ClaimUnprepareFailed,
-        ),
-    ):
+    if isinstance(e, DRIVER_EVENTS):
         return [claim_prefix(e.claim.uid)]
     return []

@@ -26,6 +26,7 @@ from msgspec import Struct
 from eventsrc import events as ev
 from eventsrc.errors import EventsrcError
 from eventsrc.log.index import claim_prefix, device_prefix, name_prefix, pod_prefix
+from eventsrc.state.lifecycles import CLAIM, DRIVER_EVENTS
 
 if TYPE_CHECKING:
     from eventsrc.log.store import EventLog
@@ -495,7 +496,7 @@ def _fill_claim_use(log: EventLog, use: ClaimUse, corrupt: list[int]) -> None:
     until = use.unreferenced.seq if use.unreferenced is not None else None
     for r in _read(log, claim_prefix(use.uid), corrupt, 1, until):
         e = r.event
-        if not isinstance(e, _CLAIM_EVENTS):
+        if not isinstance(e, DRIVER_EVENTS):
             continue
         use.namespace, use.name, use.driver = e.claim.namespace or use.namespace, e.claim.name or use.name, e.driver
         use.state = _CLAIM_STATES[type(e)]
@@ -508,22 +509,8 @@ def _fill_claim_use(log: EventLog, use: ClaimUse, corrupt: list[int]) -> None:
 
 # --------------------------------------------------------------------------- claim
 
-_CLAIM_EVENTS = (
-    ev.ClaimPrepareStarted,
-    ev.ClaimPrepared,
-    ev.ClaimPrepareFailed,
-    ev.ClaimUnprepareStarted,
-    ev.ClaimUnprepared,
-    ev.ClaimUnprepareFailed,
-)
-_CLAIM_STATES: dict[type[ev._Event], str] = {
-    ev.ClaimPrepareStarted: "preparing",
-    ev.ClaimPrepared: "prepared",
-    ev.ClaimPrepareFailed: "prepare-failed",
-    ev.ClaimUnprepareStarted: "unpreparing",
-    ev.ClaimUnprepared: "unprepared",
-    ev.ClaimUnprepareFailed: "unprepare-failed",
-}
+#: the state each of the driver's events leaves a claim in (one, whatever the state before)
+_CLAIM_STATES: dict[type[ev._Event], str] = {t: CLAIM.target(t) for t in DRIVER_EVENTS}
 
 
 def claim_history(log: EventLog, uid: str) -> ClaimHistory:
@@ -547,7 +534,7 @@ def claim_history(log: EventLog, uid: str) -> ClaimHistory:
                 p2 = ClaimPod(pod=PodName(uid=e.pod_uid))
                 out.pods.append(p2)
             p2.unreferenced = a
-        elif isinstance(e, _CLAIM_EVENTS):
+        elif isinstance(e, DRIVER_EVENTS):
             state = _CLAIM_STATES[type(e)]
             out.namespace = e.claim.namespace or out.namespace
             out.name = e.claim.name or out.name

@@ -171,22 +171,19 @@ class Change:
 Probe = tuple[str, Callable[[], str], "tuple[str, str] | None"]
 
 
-def _holder(views: Views, holder: str) -> str:
-    from eventsrc.core.invariants import who
-
-    pod_uid, _, container = holder.partition("/")
-    return who(views, pod_uid, container)
-
-
 def _device_state(views: Views, d: DeviceView | None) -> str:
+    from eventsrc.core.invariants import who
+    from eventsrc.state.lifecycles import DEVICE_ABSENT, FREE, RESERVED, parse_holder
+
     if d is None:
-        return "absent"
-    if not d.holder:
-        state = "free"
-    elif d.hold == "reserved":
-        state = f"reserved by {_holder(views, d.holder)}"
+        return DEVICE_ABSENT
+    holder = parse_holder(d.holder)
+    if holder is None:
+        state = FREE
+    elif d.hold == RESERVED:
+        state = f"reserved by {who(views, *holder)}"
     else:
-        state = f"allocated to {_holder(views, d.holder)}"
+        state = f"allocated to {who(views, *holder)}"
     if d.removed:
         return f"{state}, not listed"
     return state if d.health == "Healthy" else f"{state} ({d.health})"
@@ -204,6 +201,14 @@ def _probes(views: Views, rec: Record) -> list[Probe]:
     and after the event is applied). Names are taken before, while the pod is known."""
     from eventsrc import events as ev
     from eventsrc.core.invariants import who
+    from eventsrc.state.lifecycles import (
+        CLAIM,
+        CLAIM_ABSENT,
+        DRIVER_EVENTS,
+        POD_ABSENT,
+        PREPARE_FAILED,
+        UNPREPARE_FAILED,
+    )
 
     e = rec.event
     out: list[Probe] = []
@@ -221,7 +226,7 @@ def _probes(views: Views, rec: Record) -> list[Probe]:
                 return p.state
             if isinstance(e, ev.AdmissionRejected) and ref_uid in views.pods.rejected:
                 return f"rejected ({views.pods.rejected[ref_uid]})"
-            return "removed" if isinstance(e, ev.PodRemoved) else "none"
+            return "removed" if isinstance(e, ev.PodRemoved) else POD_ABSENT
 
         out.append((f"pod {name}", state, None))
 
@@ -240,10 +245,10 @@ def _probes(views: Views, rec: Record) -> list[Probe]:
         def state() -> str:
             c = views.claims.claims.get(uid)
             if c is None:
-                return "none"
+                return CLAIM_ABSENT
             pods = f" for {', '.join(who(views, p) for p in c.pods)}" if c.pods else ""
-            error = f" ({c.error})" if c.error and c.state.endswith("failed") else ""
-            return f"{c.state or 'referenced'}{error}{pods}"
+            error = f" ({c.error})" if c.error and c.state in (PREPARE_FAILED, UNPREPARE_FAILED) else ""
+            return f"{CLAIM.label(c.state)}{error}{pods}"
 
         out.append((f"claim {label}", state, None))
 
@@ -322,17 +327,7 @@ def _probes(views: Views, rec: Record) -> list[Probe]:
         cpus(e.pod_uid, e.container)
     elif isinstance(e, ev.SharedPoolChanged):
         out.append(("shared pool", lambda: _cpus(views.cpus.shared), None))
-    elif isinstance(
-        e,
-        (
-            ev.ClaimPrepareStarted,
-            ev.ClaimPrepared,
-            ev.ClaimPrepareFailed,
-            ev.ClaimUnprepareStarted,
-            ev.ClaimUnprepared,
-            ev.ClaimUnprepareFailed,
-        ),
-    ):
+    elif isinstance(e, DRIVER_EVENTS):
         claim(e.claim.uid, e.claim.namespace, e.claim.name)
     elif isinstance(e, (ev.PodReferenceAdded, ev.PodReferenceRemoved)):
         claim(e.claim_uid)

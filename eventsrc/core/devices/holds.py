@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from eventsrc import events as ev
+from eventsrc.state.lifecycles import ADMITTING, parse_holder
 from eventsrc.state.views import DeviceView, Views
 
 
@@ -37,12 +38,12 @@ def list_and_watch_events(resource: str, known: dict[str, DeviceView], update: l
 
 def holdings(views: Views, pod_uid: str) -> dict[tuple[str, str], list[str]]:
     """(container, resource) -> device ids that ``pod_uid`` holds, reserved or allocated."""
-    prefix = pod_uid + "/"
     out: dict[tuple[str, str], list[str]] = defaultdict(list)
     for resource, table in views.devices.devices.items():
         for device_id, d in table.items():
-            if d.holder.startswith(prefix):
-                out[(d.holder[len(prefix) :], resource)].append(device_id)
+            holder = parse_holder(d.holder)
+            if holder is not None and holder.pod_uid == pod_uid:
+                out[(holder.container, resource)].append(device_id)
     return dict(out)
 
 
@@ -75,10 +76,13 @@ def restart_events(views: Views) -> list[ev._Event]:
     out: list[ev._Event] = []
     reason = "the daemon restarted during the admission"
     holders = {
-        d.holder.split("/", 1)[0] for table in views.devices.devices.values() for d in table.values() if d.holder
+        holder.pod_uid
+        for table in views.devices.devices.values()
+        for d in table.values()
+        if (holder := parse_holder(d.holder)) is not None
     }
     for uid, pod in views.pods.pods.items():
-        if pod.state == "admitting":
+        if pod.state == ADMITTING:
             out += release_events(views, uid, reason)
             out.append(
                 ev.AdmissionRejected(pod=ev.PodRef(uid=uid, namespace=pod.namespace, name=pod.name), reason=reason)

@@ -1,0 +1,196 @@
+"""The lifecycle tables: complete, the ones the reducers follow, the ones the ADRs draw, and
+the ones ``replay --check`` holds the log to."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from eventsrc import events as ev
+from eventsrc.core.invariants import RULES, Checker
+from eventsrc.events import Record
+from eventsrc.log.store import EventLog
+from eventsrc.state import lifecycles as lc
+from eventsrc.state.apply import HANDLERS, apply, lifecycle_steps
+from eventsrc.state.views import Views
+from tests.conftest import REPO, run_cli
+from tests.unit.test_projections import STRATEGIES
+
+ADR = REPO / "docs" / "adr"
+
+
+def drawn(path: Path, name: str) -> str:
+    """The diagram an ADR shows for lifecycle ``name`` (the fenced block after its marker)."""
+    text = path.read_text()
+    m = re.search(
+        rf"^( *)<!-- rendered from eventsrc/state/lifecycles.py: {re.escape(name)} -->\n *```text\n(.*?)^ *```",
+        text,
+        re.S | re.M,
+    )
+    assert m is not None, f"{path.name} has no diagram of the {name} lifecycle"
+    indent = len(m.group(1))
+    return "".join(line[indent:] if line.strip() else "\n" for line in m.group(2).splitlines(keepends=True))
+
+
+@pytest.mark.parametrize(
+    ("lifecycle", "adr"),
+    [(lc.CLAIM, "0008-dra-claims.md"), (lc.POD, "0013-lifecycle-tables.md"), (lc.DEVICE, "0013-lifecycle-tables.md")],
+    ids=lambda x: getattr(x, "name", x),
+)
+def test_the_adrs_show_the_tables(lifecycle: lc.Lifecycle[str], adr: str) -> None:
+    assert drawn(ADR / adr, lifecycle.name) == lifecycle.render()
+
+
+def test_rendering_is_one_line_per_expected_transition() -> None:
+    lines = lc.POD.render().splitlines()
+    assert lines[0].split() == ["(none)", "--PodAdmissionStarted-->", "admitting"]
+    assert len(lines) == len(lc.POD.expected)
+    claim = lc.CLAIM.render().splitlines()
+    assert claim[0].split() == ["(any)", "--PodReferenceAdded-->", "(unchanged)"]
+    assert claim[-1].split() == ["referenced,", "unprepared", "--(no", "pod", "left)-->", "(none)"]
+
+
+@pytest.mark.parametrize("lifecycle", lc.LIFECYCLES, ids=lambda x: x.name)
+def test_every_state_and_event_has_exactly_one_next_state(lifecycle: lc.Lifecycle[str]) -> None:
+    cells = {(s, e) for s in lifecycle.states for e in lifecycle.events}
+    assert set(lifecycle.expected) | set(lifecycle.tolerated) == cells
+    assert not set(lifecycle.expected) & set(lifecycle.tolerated)
+    assert set(lifecycle.expected.values()) | set(lifecycle.tolerated.values()) <= set(lifecycle.states)
+    # Every state is reached by the daemon's own events, or is where nothing exists yet.
+    reached = {lifecycle.absent, *lifecycle.expected.values()}
+    assert reached == set(lifecycle.states)
+
+
+def test_each_lifecycle_names_events_its_reducers_handle() -> None:
+    for lifecycle in lc.LIFECYCLES:
+        assert set(lifecycle.events) <= set(HANDLERS), lifecycle.name
+    # The claim's driver events each leave it in one state, whatever it was in: audit relies on it.
+    assert lc.CLAIM.target(ev.ClaimPrepareFailed) == lc.PREPARE_FAILED
+    with pytest.raises(ValueError):
+        lc.POD.target(ev.AdmissionRejected)
+
+
+def _subjects(v: Views) -> dict[tuple[str, str], str]:
+    """Every pod, device and claim in ``v`` with its lifecycle state."""
+    out: dict[tuple[str, str], str] = {}
+    for uid, p in v.pods.pods.items():
+        out[(lc.POD.name, uid)] = p.state
+    for resource, table in v.devices.devices.items():
+        for i, d in table.items():
+            out[(lc.DEVICE.name, f"{resource} {i}")] = lc.device_state(d.hold, not d.removed)
+    for uid, c in v.claims.claims.items():
+        out[(lc.CLAIM.name, uid)] = c.state
+    return out
+
+
+_BY_NAME: dict[str, lc.Lifecycle[Any]] = {x.name: x for x in lc.LIFECYCLES}
+_ABSENT = {x.name: x.absent for x in lc.LIFECYCLES}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.one_of(*STRATEGIES.values()), max_size=40))
+def test_the_reducers_follow_the_tables(evs: list[Any]) -> None:
+    """Any change of a subject's state is a step of its table, to the state the table gives
+    (a claim no pod references leaves the views in the table's ``leaves`` states)."""
+    v = Views()
+    for seq, e in enumerate(evs, 1):
+        before = _subjects(v)
+        steps = lifecycle_steps(v, e)
+        keys = [(s.lifecycle, f"{s.resource} {s.key}" if s.resource else s.key) for s in steps]
+        apply(v, Record(seq=seq, ts_ns=0, correlation_id="", version=1, event=e))
+        after = _subjects(v)
+        stepped = dict(zip(keys, steps, strict=True))
+        for key in before.keys() | after.keys():
+            old = before.get(key, _ABSENT[key[0]])
+            new = after.get(key, _ABSENT[key[0]])
+            if key not in stepped:
+                assert old == new, f"{type(e).__name__} changed {key} from {old!r} to {new!r} without a step"
+                continue
+            if len(keys) != len(set(keys)):
+                continue  # one event naming a device twice: the second sees the first's result
+            lifecycle = _BY_NAME[key[0]]
+            want = lifecycle.next(old, type(e))
+            if key[0] == lc.CLAIM.name and want in lc.CLAIM.leaves:
+                claim = v.claims.claims.get(key[1])
+                want = want if claim is not None and claim.pods else lc.CLAIM_ABSENT
+            assert new == want, f"{type(e).__name__}: {key} {old!r} -> {new!r}, the table says {want!r}"
+            assert stepped[key].expected == lifecycle.expects(old, type(e))
+
+
+# --------------------------------------------------------------------------- replay --check
+
+POD = ev.PodRef(uid="uid-a", namespace="default", name="a")
+
+
+def _records(events: list[Any]) -> list[Record]:
+    return [Record(seq=i, ts_ns=i, correlation_id="c", version=1, event=e) for i, e in enumerate(events, 1)]
+
+
+def test_the_checker_reports_an_unexpected_transition_with_its_sequence() -> None:
+    assert "unexpected-transition" in RULES
+    events: list[ev._Event] = [
+        ev.PodAdmissionStarted(pod=POD),
+        ev.PodAdmitted(pod=POD),
+        ev.PodAdmitted(pod=POD),  # admitted twice: seq 3
+        ev.PodRemoved(pod_uid="uid-a"),
+        ev.ClaimUnprepared(claim=ev.ClaimRef(uid="c1", namespace="default", name="gpu"), driver="d"),  # seq 5
+    ]
+    checker = Checker()
+    found = [v for r in _records(events) for v in checker.feed(r)] + checker.finish()
+    assert [(v.rule, v.seq) for v in found] == [("unexpected-transition", 3), ("unexpected-transition", 5)]
+    assert found[0].message == (
+        "pod default/a: PodAdmitted in state admitted; the pod lifecycle expects it in (none), admitting"
+    )
+    assert found[1].message.startswith("claim c1: ClaimUnprepared in state (none); the claim lifecycle expects it in")
+    # The reducers applied them anyway.
+    assert checker.views.pods.pods == {} and checker.views.claims.claims == {}
+
+
+def test_a_device_lifecycle_that_is_sound_has_no_report() -> None:
+    res = "example.com/dev"
+    events: list[ev._Event] = [
+        ev.DevicesAdded(resource=res, devices=[ev.DeviceInfo(id="d0", health="Healthy")]),
+        ev.PodAdmissionStarted(pod=POD, containers=[ev.ContainerSpec(name="setup", kind="init")]),
+        ev.DevicesReserved(pod_uid="uid-a", container="setup", resource=res, device_ids=["d0"]),
+        ev.DevicesReserved(pod_uid="uid-a", container="main", resource=res, device_ids=["d0"]),
+        ev.DevicesRemoved(resource=res, device_ids=["d0"]),
+        ev.AllocationFailed(pod_uid="uid-a", container="setup", resource=res, device_ids=["d0"]),  # not its holder
+        ev.DevicesReleased(pod_uid="uid-a", container="main", resource=res, device_ids=["d0"]),
+        ev.AdmissionRejected(pod=POD, reason="Allocate failed"),
+    ]
+    checker = Checker()
+    assert [v for r in _records(events) for v in checker.feed(r)] + checker.finish() == []
+    assert checker.views.devices.devices == {} and checker.views.pods.pods == {}
+    # Reserving a device that is allocated is not in the table.
+    events[4:] = [
+        ev.DevicesAllocated(pod_uid="uid-a", container="main", resource=res, device_ids=["d0"]),
+        ev.DevicesReserved(pod_uid="uid-a", container="main", resource=res, device_ids=["d0"]),
+    ]
+    checker = Checker()
+    found = [v for r in _records(events) for v in checker.feed(r)]
+    assert [(v.rule, v.seq, v.message) for v in found] == [
+        (
+            "unexpected-transition",
+            6,
+            f"d0 {res}: DevicesReserved in state allocated; the device hold lifecycle expects it in free, reserved",
+        )
+    ]
+
+
+def test_replay_check_reports_an_injected_unexpected_transition(root: Path) -> None:
+    with EventLog(root / "eventsrc" / "log") as log:
+        log.append([ev.DaemonStarted(boot_id="b", version="0.1.0", instance_id="i")], "boot", 1)
+        log.append([ev.PodAdmissionStarted(pod=POD), ev.PodAdmitted(pod=POD)], "adm-a", 2)
+        log.append([ev.PodAdmissionStarted(pod=POD)], "again", 3)  # seq 4: an admitted pod admitted again
+    proc = run_cli("replay", str(root), "--check", "-o", "json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["violation"]["rule"] == "unexpected-transition" and report["violation"]["seq"] == 4
+    assert "PodAdmissionStarted in state admitted" in report["violation"]["message"]
+    assert run_cli("replay", str(root), "--check", "--until", "3").returncode == 0
