@@ -147,9 +147,9 @@ def _print_json(
 def _print_table(
     args: argparse.Namespace, events: list[ev._Event], warnings: list[str], cid: str, seqs: tuple[int, int]
 ) -> None:
-    from eventsrc.cli import render
     from eventsrc.events import Record
     from eventsrc.offline import kubelet_import as ki
+    from eventsrc.offline import render
 
     for w in warnings:
         print(f"eventsrc: warning: {w}", file=sys.stderr)

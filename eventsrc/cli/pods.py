@@ -85,11 +85,11 @@ def admit(args: argparse.Namespace) -> int:
     import msgspec
 
     from eventsrc.api.node import pod_to_proto
-    from eventsrc.cli import render
     from eventsrc.cli.client import call, unary
     from eventsrc.gen.node.v1 import node_pb2
     from eventsrc.inputs.claim_manifest import check_claims, parse_claims, pod_claims
     from eventsrc.inputs.manifest import pod_spec, read_pod
+    from eventsrc.offline import render
 
     # The first file is the pod; the others are the ResourceClaims it uses.
     source = str(args.files[0])
@@ -138,9 +138,9 @@ def _claim_proto(bound: BoundClaim) -> Any:
 
 
 def remove(args: argparse.Namespace) -> int:
-    from eventsrc.cli import render
     from eventsrc.cli.client import call, unary
     from eventsrc.gen.node.v1 import node_pb2
+    from eventsrc.offline import render
 
     sel = node_pb2.PodSelector()
     if "/" in args.pod:
@@ -153,9 +153,9 @@ def remove(args: argparse.Namespace) -> int:
 
 
 def pods(args: argparse.Namespace) -> int:
-    from eventsrc.cli import render
     from eventsrc.cli.client import call, unary
     from eventsrc.gen.node.v1 import node_pb2
+    from eventsrc.offline import render
 
     resp = call(args.layout, unary("ListPods", node_pb2.ListPodsRequest()))
     render.print_pods(list(resp.pods), args.output)
@@ -165,8 +165,8 @@ def pods(args: argparse.Namespace) -> int:
 def claims(args: argparse.Namespace) -> int:
     import msgspec
 
-    from eventsrc.cli import render
     from eventsrc.log.snapshots import load_views
+    from eventsrc.offline import render
 
     views, _ = load_views(open_reader(args.layout), args.layout.snapshots)
     if args.output == "json":

@@ -74,7 +74,7 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
 
 
 def log(args: argparse.Namespace) -> int:
-    from eventsrc.cli import render
+    from eventsrc.offline import render
 
     event_log = open_reader(args.layout)
     corrupt: list[CorruptRecordError] = []
@@ -94,8 +94,8 @@ def log(args: argparse.Namespace) -> int:
 def _printer(out: TextIO, as_json: bool, corrupt: list[CorruptRecordError]) -> Callable[[Any], None]:
     """Print one record (or a record that cannot be read) as a line; name each corrupt one on
     stderr and keep it in ``corrupt``."""
-    from eventsrc.cli import render
     from eventsrc.events import CorruptRecordError, ignorable
+    from eventsrc.offline import render
 
     def show(item: Any) -> None:
         if isinstance(item, CorruptRecordError) and not ignorable(item):
@@ -152,8 +152,8 @@ def export(args: argparse.Namespace) -> int:
 def state(args: argparse.Namespace) -> int:
     import msgspec
 
-    from eventsrc.cli import render
     from eventsrc.log.snapshots import load_views
+    from eventsrc.offline import render
 
     event_log = open_reader(args.layout)
     snapdir = args.layout.snapshots if args.use_snapshot else None

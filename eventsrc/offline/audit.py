@@ -420,7 +420,7 @@ def resolve_pod(log: EventLog, target: str) -> tuple[str, str, list[str]]:
 
 def pod_history(log: EventLog, uid_or_ns_name: str) -> PodHistory:
     """Everything the pod asked for, got, was refused and released, with times and sequences."""
-    from eventsrc.cli.render import record_summary
+    from eventsrc.offline.render import record_summary
 
     uid, how, others = resolve_pod(log, uid_or_ns_name)
     corrupt: list[int] = []

@@ -201,6 +201,7 @@ def _probes(views: Views, rec: Record) -> list[Probe]:
     and after the event is applied). Names are taken before, while the pod is known."""
     from eventsrc import events as ev
     from eventsrc.core.invariants import who
+    from eventsrc.offline.render import short
     from eventsrc.state.lifecycles import (
         CLAIM,
         CLAIM_ABSENT,
@@ -284,7 +285,7 @@ def _probes(views: Views, rec: Record) -> list[Probe]:
         out.append(
             (
                 "configuration",
-                lambda: " ".join(f"{k}={_short(views.meta.config.get(k))}" for k in e.changed) or "-",
+                lambda: " ".join(f"{k}={short(views.meta.config.get(k))}" for k in e.changed) or "-",
                 None,
             )
         )
@@ -293,7 +294,7 @@ def _probes(views: Views, rec: Record) -> list[Probe]:
             out.append(
                 (
                     "cpu policy",
-                    lambda: " ".join(f"{k}={_short(v)}" for k, v in views.cpus.policy.items()) or "none",
+                    lambda: " ".join(f"{k}={short(v)}" for k, v in views.cpus.policy.items()) or "none",
                     None,
                 )
             )
@@ -334,12 +335,6 @@ def _probes(views: Views, rec: Record) -> list[Probe]:
     return out
 
 
-def _short(value: Any) -> str:
-    from eventsrc.cli.render import _short as short
-
-    return short(value)
-
-
 def step(views: Views, item: Record | CorruptRecordError) -> list[Change]:
     """Apply ``item`` to ``views`` and return what it changed."""
     from eventsrc.state.apply import apply
@@ -370,7 +365,7 @@ def _ids(ids: list[str], limit: int = 8) -> str:
 def change_text(rec: Record, changes: list[Change]) -> str:
     """The changes of one event as one readable line."""
     if not changes:
-        from eventsrc.cli.render import record_summary
+        from eventsrc.offline.render import record_summary
 
         summary = record_summary(rec)
         return "no change to the views" + (f" ({summary})" if summary else "")
@@ -394,8 +389,8 @@ def change_text(rec: Record, changes: list[Change]) -> str:
 
 
 def step_line(item: Record | CorruptRecordError, changes: list[Change]) -> str:
-    from eventsrc.cli.render import iso, raw_body
     from eventsrc.events import FutureRecordError
+    from eventsrc.offline.render import iso, raw_body
 
     if isinstance(item, FutureRecordError):  # shown raw: this code cannot say what it changed
         return f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type_name + '?':<26}  {raw_body(item)} (v{item.version}, from a newer eventsrc; not applied)"
@@ -405,7 +400,7 @@ def step_line(item: Record | CorruptRecordError, changes: list[Change]) -> str:
 
 
 def step_json(item: Record | CorruptRecordError, changes: list[Change]) -> dict[str, Any]:
-    from eventsrc.cli.render import record_json
+    from eventsrc.offline.render import record_json
 
     out = record_json(item)
     if not isinstance(item, Exception):
@@ -425,8 +420,8 @@ def correlated(log: EventLog, correlation_id: str) -> list[Record]:
 
 
 def print_violation(v: Violation, related: list[Record], output: str) -> None:
-    from eventsrc.cli.render import RECORD_HEADER, record_json, record_line
     from eventsrc.core.invariants import RULES
+    from eventsrc.offline.render import RECORD_HEADER, record_json, record_line
 
     culprit = next((r for r in related if r.seq == v.seq), None)
     if output == "json":
@@ -511,7 +506,7 @@ def _views(log: EventLog, until: Until, args: argparse.Namespace, total: int) ->
     if args.output == "json":
         print(msgspec.json.encode(views).decode())
     else:
-        from eventsrc.cli.render import console, views_tables
+        from eventsrc.offline.render import console, views_tables
 
         out = console()
         for table in views_tables(views):

@@ -15,27 +15,27 @@ def iso(ts_ns: int) -> str:
     return dt.datetime.fromtimestamp(ts_ns / 1e9, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
     if isinstance(value, dict):
         if not value:
             return "{}"
-        return "{" + ",".join(f"{k}={_short(v)}" for k, v in value.items()) + "}"
+        return "{" + ",".join(f"{k}={short(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list):
-        return "[" + ",".join(_short(v) for v in value) + "]"
+        return "[" + ",".join(short(v) for v in value) + "]"
     return str(value)
 
 
 def record_summary(rec: Record) -> str:
     fields = msgspec.to_builtins(rec.event)
     fields.pop("type", None)
-    return " ".join(f"{k}={_short(v)}" for k, v in fields.items() if v not in ("", [], {}))
+    return " ".join(f"{k}={short(v)}" for k, v in fields.items() if v not in ("", [], {}))
 
 
 def raw_body(item: FutureRecordError) -> str:
     """A newer record's body as key=value, as stored: this code cannot say what it means."""
     if isinstance(item.body, dict):
-        return " ".join(f"{k}={_short(v)}" for k, v in item.body.items())
-    return _short(item.body)
+        return " ".join(f"{k}={short(v)}" for k, v in item.body.items())
+    return short(item.body)
 
 
 def record_line(item: Record | CorruptRecordError) -> str:
