@@ -184,17 +184,17 @@ def serve(kind: str, path: str) -> None:
 # --------------------------------------------------------------------------
 
 
+def _block_sigterm() -> None:
+    # in the grpcio child, so serve_grpcio can sigwait() for SIGTERM
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
 def start_server(kind: str, path: str) -> subprocess.Popen:
-    if kind == "grpcio":
-        # block SIGTERM in the child so serve_grpcio can sigwait() for it
-        preexec = lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # noqa: E731
-    else:
-        preexec = None
     return subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), "--serve", kind, "--socket", path],
         stdout=subprocess.PIPE,
         text=True,
-        preexec_fn=preexec,
+        preexec_fn=_block_sigterm if kind == "grpcio" else None,
     )
 
 

@@ -162,7 +162,8 @@ def before_apply(views: Views, rec: Record) -> list[Violation]:
                     out.append(
                         _v(
                             "unhealthy-device-allocated",
-                            f"{device_id} {e.resource} reserved for {who(views, e.pod_uid, e.container)} but it is {state}",
+                            f"{device_id} {e.resource} reserved for {who(views, e.pod_uid, e.container)} "
+                            f"but it is {state}",
                             rec,
                         )
                     )

@@ -670,7 +670,8 @@ def pod_lines(h: PodHistory) -> list[str]:
     lines.append(f"claims ({len(h.claims)})")
     for u in h.claims:
         lines.append(
-            f"  {u.namespace}/{u.name} ({u.uid}) driver {u.driver or '?'}, {u.state or '?'}; referenced {_when(u.referenced)}; "
+            f"  {u.namespace}/{u.name} ({u.uid}) driver {u.driver or '?'}, {u.state or '?'}; "
+            f"referenced {_when(u.referenced)}; "
             + (f"let go {_when(u.unreferenced)}" if u.unreferenced else "still referenced")
         )
         if u.cdi_devices:

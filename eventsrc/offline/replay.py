@@ -112,7 +112,8 @@ def add_arguments(p: argparse.ArgumentParser, path_required: bool = True) -> Non
     p.add_argument(
         "--check",
         action="store_true",
-        help="evaluate the invariants at every event; stop at the first that breaks one and print it with the events sharing its correlation id (exit 1)",
+        help="evaluate the invariants at every event; stop at the first that breaks one "
+        "and print it with the events sharing its correlation id (exit 1)",
     )
     p.add_argument(
         "--reservation-timeout",
@@ -393,7 +394,8 @@ def step_line(item: Record | CorruptRecordError, changes: list[Change]) -> str:
     from eventsrc.offline.render import iso, raw_body
 
     if isinstance(item, FutureRecordError):  # shown raw: this code cannot say what it changed
-        return f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type_name + '?':<26}  {raw_body(item)} (v{item.version}, from a newer eventsrc; not applied)"
+        head = f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type_name + '?':<26}"
+        return f"{head}  {raw_body(item)} (v{item.version}, from a newer eventsrc; not applied)"
     if isinstance(item, Exception):
         return f"{item.seq:>8}  {'?':<27}  {'CORRUPT':<26}  {item.reason}"
     return f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type:<26}  {change_text(item, changes)}"

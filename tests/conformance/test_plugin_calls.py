@@ -235,7 +235,8 @@ async def test_the_daemons_limit_is_grpc_gos_default(sock: Path) -> None:
                 await ep.preferred(["a"], [], 1)
             assert err.value.status is Status.RESOURCE_EXHAUSTED
             assert why(err.value) == (
-                f"RESOURCE_EXHAUSTED: received message larger than max ({MAX_MESSAGE_BYTES + 1} vs. {MAX_MESSAGE_BYTES})"
+                "RESOURCE_EXHAUSTED: received message larger than max "
+                f"({MAX_MESSAGE_BYTES + 1} vs. {MAX_MESSAGE_BYTES})"
             )
             wanted["size"] = MAX_MESSAGE_BYTES
             assert len((await ep.preferred(["a"], [], 1))[0]) == MAX_MESSAGE_BYTES - 10

@@ -354,7 +354,8 @@ def disconnected(daemon: Daemon, resource: str) -> str:
 
 def pod_yaml(resource: str, count: int, name: str = "") -> str:
     return (
-        f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name or 'p-' + uuid.uuid4().hex[:6]}, namespace: default, uid: {uuid.uuid4()}}}\n"
+        "apiVersion: v1\nkind: Pod\n"
+        f"metadata: {{name: {name or 'p-' + uuid.uuid4().hex[:6]}, namespace: default, uid: {uuid.uuid4()}}}\n"
         f"spec:\n  containers:\n  - name: app\n    resources:\n      limits: {{{resource}: {count}}}\n"
     )
 

@@ -142,7 +142,8 @@ def test_topology_manager_aligns_cpus_and_devices(root: Path, tmp_path: Path, da
         for name, cpu, devices in [("x", "4", 2), ("y", "8", 1), ("z", "2", 2)]:
             path = tmp_path / f"{name}.yaml"
             path.write_text(
-                f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, uid: uid-{name}}}\nspec:\n  containers:\n  - name: main\n"
+                f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, uid: uid-{name}}}\n"
+                "spec:\n  containers:\n  - name: main\n"
                 f"    resources:\n      limits: {{cpu: '{cpu}', memory: 1Gi, example.com/dev: {devices}}}\n"
             )
             info = admit(root, path)

@@ -208,7 +208,8 @@ def test_admission_gives_up_after_the_wait(root: Path, tmp_path: Path, daemon_fa
         ("kind: Pod\nmetadata: {name: x}\nspec: {containers: []}\n", "at least one container"),
         ("kind: Service\nmetadata: {name: x}\n", "kind is 'Service'"),
         (
-            "kind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: a, resources: {limits: {example.com/dev: 0.5}}}]}\n",
+            "kind: Pod\nmetadata: {name: x}\n"
+            "spec: {containers: [{name: a, resources: {limits: {example.com/dev: 0.5}}}]}\n",
             "whole number",
         ),
         ("kind: Pod\nmetadata: {name: x\nspec: [\n", "not valid YAML"),

@@ -23,7 +23,8 @@ def claim_yaml(tmp: Path, name: str, uid: str, pods: list[tuple[str, str]], devi
     reserved = "".join(f"  - resource: pods\n    name: {n}\n    uid: {u}\n" for n, u in pods)
     path = tmp / f"claim-{name}.yaml"
     path.write_text(
-        f"apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: {name}\n  namespace: default\n  uid: {uid}\n"
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\n"
+        f"metadata:\n  name: {name}\n  namespace: default\n  uid: {uid}\n"
         "spec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {deviceClassName: gpu.example.com}\n"
         f"status:\n  allocation:\n    devices:\n      results:\n      - request: gpu\n        driver: {DRIVER}\n"
         f"        pool: node-a\n        device: {device}\n  reservedFor:\n{reserved}"

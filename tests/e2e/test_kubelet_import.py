@@ -59,13 +59,18 @@ def _dra(entries: str, checksum: int) -> str:
 _DRA_DEV1 = (
     '{"ClaimUID":"067798be-454e-4be4-9047-1aa06aea63f7","ClaimName":"example","Namespace":"default",'
     '"PodUIDs":{"139cdb46-f989-4f17-9561-ca10cfb509a6":{}},"DriverState":{"test-driver.cdi.k8s.io":{"Devices":['
-    '{"PoolName":"worker-1","DeviceName":"dev-1","RequestNames":["test request"],"CDIDeviceIDs":["example.com/example=cdi-example"]}'
+    '{"PoolName":"worker-1","DeviceName":"dev-1","RequestNames":["test request"],'
+    '"CDIDeviceIDs":["example.com/example=cdi-example"]}'
 )
-_DRA_DEV2 = '{"PoolName":"worker-1","DeviceName":"dev-2","RequestNames":["test request"],"CDIDeviceIDs":["example.com/example=cdi-example"]}'
+_DRA_DEV2 = (
+    '{"PoolName":"worker-1","DeviceName":"dev-2","RequestNames":["test request"],'
+    '"CDIDeviceIDs":["example.com/example=cdi-example"]}'
+)
 _DRA_TWO = (
     '{"ClaimUID":"067798be-454e-4be4-9047-1aa06aea63f7","ClaimName":"example-1","Namespace":"default",'
     '"PodUIDs":{"139cdb46-f989-4f17-9561-ca10cfb509a6":{}},"DriverState":{"test-driver.cdi.k8s.io":{"Devices":['
-    '{"PoolName":"worker-1","DeviceName":"dev-1","RequestNames":["test request"],"CDIDeviceIDs":["example.com/example=cdi-example"]}]}}},'
+    '{"PoolName":"worker-1","DeviceName":"dev-1","RequestNames":["test request"],'
+    '"CDIDeviceIDs":["example.com/example=cdi-example"]}]}}},'
     '{"ClaimUID":"4cf8db2d-06c0-7d70-1a51-e59b25b2c16c","ClaimName":"example-2","Namespace":"default",'
     '"PodUIDs":{"139cdb46-f989-4f17-9561-ca10cfb509a6":{}},"DriverState":{"test-driver.cdi.k8s.io":{"Devices":['
     '{"PoolName":"worker-1","DeviceName":"dev-2","RequestNames":null,"CDIDeviceIDs":null}]}}}'

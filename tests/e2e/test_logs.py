@@ -17,7 +17,8 @@ from tests.conftest import run_cli
 # ts=... level=... logger=... msg="..." then key=value pairs, values bare or JSON-quoted.
 VALUE = r'(?:"(?:[^"\\]|\\.)*"|[^\s"=]+|)'
 TEXT_LINE = re.compile(
-    rf'^ts=\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{{3}}Z level=[a-z]+ logger=\S+ msg="(?:[^"\\]|\\.)*"(?: [a-z_]+={VALUE})*$'
+    r"^ts=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z level=[a-z]+ logger=\S+"
+    rf' msg="(?:[^"\\]|\\.)*"(?: [a-z_]+={VALUE})*$'
 )
 
 
@@ -39,8 +40,8 @@ def test_text_is_key_value_quoted_when_needed(captured: tuple[io.StringIO, logs.
     line = out.getvalue().rstrip("\n")
     assert TEXT_LINE.match(line), line
     assert (
-        ' level=info logger=eventsrc.test msg="pod refused" pod=default/web reason="no \\"gpu\\" left" count=3 ok=true ids=a,b empty=""'
-        in line
+        ' level=info logger=eventsrc.test msg="pod refused" pod=default/web'
+        ' reason="no \\"gpu\\" left" count=3 ok=true ids=a,b empty=""' in line
     )
     assert "cid=" not in line
 
@@ -108,7 +109,8 @@ def test_reserved_keys_are_not_overwritten(captured: tuple[io.StringIO, logs.Log
 def pod_file(tmp_path: Path, name: str) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(
-        f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, uid: uid-{name}}}\nspec:\n  containers: [{{name: c, image: x}}]\n"
+        f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, uid: uid-{name}}}\n"
+        "spec:\n  containers: [{name: c, image: x}]\n"
     )
     return path
 

@@ -514,7 +514,8 @@ def test_missing_log_and_unknown_option_are_one_line(tmp_path: Path) -> None:
     proc = replay(tmp_path / "nowhere", "--check")
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        f"eventsrc: error: no eventsrc log at {tmp_path / 'nowhere'} (looked for eventsrc/log/data.mdb, log/data.mdb, data.mdb)"
+        f"eventsrc: error: no eventsrc log at {tmp_path / 'nowhere'} "
+        "(looked for eventsrc/log/data.mdb, log/data.mdb, data.mdb)"
     ]
     assert not (tmp_path / "nowhere").exists()
     tool = subprocess.run(

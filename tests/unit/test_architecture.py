@@ -155,7 +155,10 @@ def grpclib_attribute_assignments(source: str) -> list[int]:
 
 
 def test_the_assignment_check_finds_one() -> None:
-    source = "import grpclib.client\nfrom grpclib import server\ngrpclib.client.recv_message = len\nsetattr(server, 'x', 1)\n"
+    source = (
+        "import grpclib.client\nfrom grpclib import server\n"
+        "grpclib.client.recv_message = len\nsetattr(server, 'x', 1)\n"
+    )
     assert grpclib_attribute_assignments(source) == [3, 4]
 
 

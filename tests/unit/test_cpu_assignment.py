@@ -289,7 +289,8 @@ _UNCORE = {"prefer-align-cpus-by-uncorecache": "true"}
 PACKED_TAKE = [
     ("take one cpu from dual socket with HT - core from Socket 0", "topoDualSocketHT", {}, "1-5,7-11", 1, "2", ""),
     (
-        "allocate 4 full cores with 3 coming from the first NUMA node (filling it up) and 1 coming from the second NUMA node",
+        "allocate 4 full cores with 3 coming from the first NUMA node (filling it up) and 1 coming from the second "
+        "NUMA node",
         "topoDualSocketHT",
         {},
         "0-11",
@@ -298,7 +299,8 @@ PACKED_TAKE = [
         "",
     ),
     (
-        "allocate 32 full cores with 30 coming from the first 3 NUMA nodes (filling them up) and 2 coming from the fourth NUMA node",
+        "allocate 32 full cores with 30 coming from the first 3 NUMA nodes (filling them up) and 2 coming from the "
+        "fourth NUMA node",
         "topoDualSocketMultiNumaPerSocketHT",
         {},
         "0-79",
@@ -451,7 +453,8 @@ EXTENDED_TAKE = [
         "",
     ),
     (
-        "allocate 24 full cores with 8 distributed across the first 3 NUMA nodes (taking all but 2 from the first NUMA node)",
+        "allocate 24 full cores with 8 distributed across the first 3 NUMA nodes (taking all but 2 from the first "
+        "NUMA node)",
         "topoDualSocketMultiNumaPerSocketHT",
         "1-29,32-39,41-69,72-79",
         48,
@@ -460,7 +463,8 @@ EXTENDED_TAKE = [
         "",
     ),
     (
-        "allocate 24 full cores with 8 distributed across the last 3 NUMA nodes (even though all 8 could be allocated from the first NUMA node)",
+        "allocate 24 full cores with 8 distributed across the last 3 NUMA nodes (even though all 8 could be allocated "
+        "from the first NUMA node)",
         "topoDualSocketMultiNumaPerSocketHT",
         "2-29,31-39,42-69,71-79",
         48,
@@ -520,7 +524,8 @@ DISTRIBUTED_TAKE = [
         "",
     ),
     (
-        "allocate 31 full cores with 15 CPUs distributed across each NUMA node and 1 CPU spilling over to each of NUMA 0, 1",
+        "allocate 31 full cores with 15 CPUs distributed across each NUMA node and 1 CPU spilling over to each of "
+        "NUMA 0, 1",
         "topoDualSocketMultiNumaPerSocketHT",
         "0-79",
         62,
@@ -529,7 +534,8 @@ DISTRIBUTED_TAKE = [
         "",
     ),
     (
-        "allocate 31 full cores with 14 CPUs distributed across each NUMA node and 2 CPUs spilling over to each of NUMA 0, 1, 2 (cpuGroupSize 2)",
+        "allocate 31 full cores with 14 CPUs distributed across each NUMA node and 2 CPUs spilling over to each of "
+        "NUMA 0, 1, 2 (cpuGroupSize 2)",
         "topoDualSocketMultiNumaPerSocketHT",
         "0-79",
         62,
@@ -538,7 +544,8 @@ DISTRIBUTED_TAKE = [
         "",
     ),
     (
-        "allocate 31 full cores with 15 CPUs distributed across each NUMA node and 1 CPU spilling over to each of NUMA 2, 3 (to keep balance)",
+        "allocate 31 full cores with 15 CPUs distributed across each NUMA node and 1 CPU spilling over to each of "
+        "NUMA 2, 3 (to keep balance)",
         "topoDualSocketMultiNumaPerSocketHT",
         "0-8,10-18,20-39,40-48,50-58,60-79",
         62,
@@ -547,7 +554,8 @@ DISTRIBUTED_TAKE = [
         "",
     ),
     (
-        "allocate 31 full cores with 14 CPUs distributed across each NUMA node and 2 CPUs spilling over to each of NUMA 0, 2, 3 (to keep balance with cpuGroupSize 2)",
+        "allocate 31 full cores with 14 CPUs distributed across each NUMA node and 2 CPUs spilling over to each of "
+        "NUMA 0, 2, 3 (to keep balance with cpuGroupSize 2)",
         "topoDualSocketMultiNumaPerSocketHT",
         "0-8,10-18,20-39,40-48,50-58,60-79",
         62,
@@ -609,19 +617,22 @@ POLICY_OPTIONS = [
         {"distribute-cpus-across-numa": "true", "distribute-cpus-across-cores": "true"},
         True,
         True,
-        "static policy options distribute-cpus-across-numa and distribute-cpus-across-cores can not be used at the same time",
+        "static policy options distribute-cpus-across-numa and distribute-cpus-across-cores can not be used at the "
+        "same time",
     ),
     (
         {"prefer-align-cpus-by-uncorecache": "true", "distribute-cpus-across-cores": "true"},
         True,
         True,
-        "static policy options prefer-align-cpus-by-uncorecache and distribute-cpus-across-cores can not be used at the same time",
+        "static policy options prefer-align-cpus-by-uncorecache and distribute-cpus-across-cores can not be used at "
+        "the same time",
     ),
     (
         {"prefer-align-cpus-by-uncorecache": "true", "distribute-cpus-across-numa": "true"},
         True,
         True,
-        "static policy options prefer-align-cpus-by-uncorecache and distribute-cpus-across-numa can not be used at the same time",
+        "static policy options prefer-align-cpus-by-uncorecache and distribute-cpus-across-numa can not be used at "
+        "the same time",
     ),
     ({"full-pcpus-only": "true", "distribute-cpus-across-cores": "false"}, True, True, ""),
     ({"full-pcpus-only": "1", "distribute-cpus-across-numa": "1", "strict-cpu-reservation": "True"}, False, True, ""),
@@ -865,7 +876,8 @@ CLI_TAKE = [
         6,
         ["full-pcpus-only=true"],
         1,
-        "SMT Alignment Error: not enough free physical CPUs: available physical CPUs = 4, requested CPUs = 6, CPUs per core = 2",
+        "SMT Alignment Error: not enough free physical CPUs: "
+        "available physical CPUs = 4, requested CPUs = 6, CPUs per core = 2",
     ),
     ("topoDualSocketHT", "0-3x", 1, [], 2, "invalid CPU list"),
     ("topoDualSocketHT", "0-20", 1, [], 2, "are not in the topology"),

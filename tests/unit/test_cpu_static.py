@@ -377,8 +377,8 @@ ADD_SMT_ALIGN: list[dict[str, Any]] = [
         "assignments": {},
         "default": "0,2-5,7-11",
         "pod": ("fakePod", "fakeContainerBug113537_1", "10000m", "10000m"),
-        "error": "SMT Alignment Error: not enough free physical CPUs: available physical CPUs = 8, requested CPUs = 10, "
-        "CPUs per core = 2",
+        "error": "SMT Alignment Error: not enough free physical CPUs: "
+        "available physical CPUs = 8, requested CPUs = 10, CPUs per core = 2",
         "expect": None,
     },
     {
@@ -628,8 +628,8 @@ SMT_ERROR_TEXT: list[dict[str, Any]] = [
         "requested": 4,
         "per_core": 2,
         "available": 0,
-        "expect": "SMT Alignment Error: not enough free physical CPUs: available physical CPUs = 0, requested CPUs = 4, "
-        "CPUs per core = 2",
+        "expect": "SMT Alignment Error: not enough free physical CPUs: "
+        "available physical CPUs = 0, requested CPUs = 4, CPUs per core = 2",
     },
 ]
 
@@ -910,7 +910,8 @@ NOT_APPLICABLE: list[tuple[str, str, str]] = [
         "TestStaticPolicyAddWithUncoreAlignment",
         "all 18 cases",
         "topologies (topoDualSocketSingleNumaPerSocketSMTUncore, topoSmallDualSocketSingleNumaPerSocketNoSMTUncore, "
-        "...) are not transcribed in tests.support.kubelet_topologies; the uncore picking is covered by test_cpu_assignment.py",
+        "...) are not transcribed in tests.support.kubelet_topologies; the uncore picking is covered by "
+        "test_cpu_assignment.py",
     ),
     (
         "TestSMTAlignmentErrorText",

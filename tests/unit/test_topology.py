@@ -552,7 +552,8 @@ def test_file_without_uncore_uses_the_socket() -> None:
         ),
         (
             _file({"id": 0, "core": 0, "socket": 0, "numa": 0}, {"id": 1, "core": 0, "socket": 1, "numa": 0}),
-            "f: cpus[1] (CPU 1): core 0 is in socket 1 here but in socket 0 for CPU 0; core ids must be unique across the machine",
+            "f: cpus[1] (CPU 1): core 0 is in socket 1 here but in socket 0 for CPU 0; core ids must be unique across "
+            "the machine",
         ),
         (
             _file(
@@ -713,7 +714,8 @@ def test_cli_example_256(tmp_path: Path) -> None:
     [
         (
             ["--sysfs-root", "{tmp}/nothing"],
-            "{tmp}/nothing/sys/devices/system/cpu is not a directory: no sysfs there (give --sysfs-root or --topology-file)",
+            "{tmp}/nothing/sys/devices/system/cpu is not a directory: no sysfs there (give --sysfs-root or "
+            "--topology-file)",
         ),
         (["--topology-file", "{tmp}/missing.json"], "cannot read {tmp}/missing.json: No such file or directory"),
         (["--topology-file", "{tmp}/bad.json"], "{tmp}/bad.json: cpus[1]: CPU 0 is listed twice"),

@@ -447,7 +447,8 @@ def synthetic(
         raise TopologyError("every count of a synthetic topology must be at least 1")
     if cores_per_numa % uncore_per_numa:
         raise TopologyError(
-            f"cores per NUMA node ({cores_per_numa}) must be a multiple of uncore caches per NUMA node ({uncore_per_numa})"
+            f"cores per NUMA node ({cores_per_numa}) must be a multiple of "
+            f"uncore caches per NUMA node ({uncore_per_numa})"
         )
     cores_per_socket = numa_per_socket * cores_per_numa
     cores_per_uncore = cores_per_numa // uncore_per_numa

@@ -337,7 +337,7 @@ def _devices_to_allocate(
     healthy = {i for i, d in table.items() if d.health == "Healthy" and not d.removed}
     if current and len(current) != required:
         raise Refusal(
-            f'pod "{pod_uid}" container "{container}" changed request for resource "{resource}" from {len(current)} to {required}'
+            f'pod "{pod_uid}" container "{container}" changed request for resource "{resource}" from {len(current)} to {required}'  # noqa: E501
         )
     if not healthy:
         raise Refusal(f"no healthy devices present; cannot allocate unhealthy devices {resource}")
