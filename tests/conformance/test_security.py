@@ -128,6 +128,8 @@ class Hostile:
         if first is not None:
             self.lists.put(first)
         self.release = threading.Event()  # hung calls return when set
+        self.unanswered = 0  # calls in hang() that have not returned
+        self._counting = threading.Lock()
         self.stream_ended = threading.Event()
         self.calls: list[tuple[str, Any]] = []
         self.on: dict[str, Callable[[Any], Any]] = {
@@ -151,7 +153,11 @@ class Hostile:
         self._server: grpc.Server | None = None
 
     def hang(self, request: Any) -> bytes:
+        with self._counting:
+            self.unanswered += 1
         self.release.wait(60)
+        with self._counting:
+            self.unanswered -= 1
         return b""
 
     def called(self, method: str) -> list[Any]:
@@ -232,10 +238,16 @@ class HostileDriver:
             claims={c.uid: drapb.NodeUnprepareResourceResponse() for c in req.claims}
         )
         self.statuses: list[tuple[bool, str]] = []
+        self.unanswered = 0  # calls in hang() that have not returned
+        self._counting = threading.Lock()
         self._server: grpc.Server | None = None
 
     def hang(self, request: Any) -> bytes:
+        with self._counting:
+            self.unanswered += 1
         self.release.wait(60)
+        with self._counting:
+            self.unanswered -= 1
         return b""
 
     def start(self) -> HostileDriver:
@@ -385,14 +397,23 @@ async def until(what: str, probe: Callable[[], Any], timeout: float = 10.0) -> N
     await eventually_trio(probe, what, timeout=timeout)
 
 
-async def admit_in_process(root: Path, pod: str, *more: Path) -> tuple[int, str, float]:
-    """Admit with the CLI (a client of the node API, as a user would): exit code, output, seconds."""
+async def admit_in_process(root: Path, pod: str, *more: Path) -> tuple[int, str]:
+    """Admit with the CLI (a client of the node API, as a user would): exit code and output."""
     path = root.parent / f"pod-{uuid.uuid4().hex[:6]}.yaml"
     path.write_text(pod)
     args = ["admit", "-f", str(path), *(a for m in more for a in ("-f", str(m))), "-o", "json"]
-    began = trio.current_time()
     proc = await trio.to_thread.run_sync(partial(run_cli, *args, root=root))
-    return proc.returncode, proc.stdout + proc.stderr, trio.current_time() - began
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+async def records_in_process(root: Path, type_: str, resource: str | None = None) -> list[dict[str, Any]]:
+    return await trio.to_thread.run_sync(partial(records, root, type_, resource))
+
+
+async def answering(root: Path) -> bool:
+    """The in-process daemon still serves its node API."""
+    proc = await trio.to_thread.run_sync(partial(run_cli, "status", root=root))
+    return proc.returncode == 0
 
 
 async def register_in_process(daemon: Any, plugin: Hostile, **kw: Any) -> tuple[grpc.StatusCode, str]:
@@ -983,13 +1004,17 @@ async def test_hung_allocate_times_out_and_other_resources_are_admitted_meanwhil
         async with trio.open_nursery() as nursery:
             nursery.start_soon(admit_hung)
             await until("the hung Allocate", lambda: hung.called("Allocate"))
-            rc, out, _ = await admit_in_process(root, pod_yaml("good.example.com/dev", 1))
+            rc, out = await admit_in_process(root, pod_yaml("good.example.com/dev", 1))
             assert rc == 0, out
             assert "hung" not in outcome  # still waiting for its plugin
         assert good.called("Allocate")
-        rc, out, elapsed = outcome["hung"]
-        assert rc == 1 and "timed out" in out and 1.9 <= elapsed < 8, (rc, out, elapsed)
+        rc, out = outcome["hung"]
+        assert rc == 1 and "timed out" in out, (rc, out)
+        (failed,) = await records_in_process(root, "AllocationFailed", "hung.example.com/dev")
+        assert "timed out" in failed["event"]["reason"], failed
+        assert hung.unanswered == 1  # the daemon gave up on a call the plugin never answered
         assert all(dev.holder == "" for dev in d.views.devices.devices["hung.example.com/dev"].values())
+        assert await answering(root)
 
 
 async def test_hung_preferred_allocation_times_out_and_the_daemon_chooses(
@@ -999,10 +1024,15 @@ async def test_hung_preferred_allocation_times_out_and_the_daemon_chooses(
     async with in_process(root) as d:
         plugin = await started_in_process(d, hostile, "pref.example.com/dev", preferred=True)
         plugin.on["GetPreferredAllocation"] = plugin.hang
-        rc, out, elapsed = await admit_in_process(root, pod_yaml("pref.example.com/dev", 1))
+        rc, out = await admit_in_process(root, pod_yaml("pref.example.com/dev", 1))
         assert rc == 0, out
-        assert 0.9 <= elapsed < 8
         assert plugin.called("GetPreferredAllocation") and plugin.called("Allocate")
+        assert plugin.unanswered == 1  # admitted while the plugin still had not answered
+        (reserved,) = await records_in_process(root, "DevicesReserved", "pref.example.com/dev")
+        assert reserved["event"]["choice"] == "daemon", reserved
+        assert "GetPreferredAllocation" in reserved["event"]["note"], reserved
+        assert "timed out" in reserved["event"]["note"], reserved
+        assert await answering(root)
 
 
 async def test_hung_pre_start_container_times_out(
@@ -1012,9 +1042,12 @@ async def test_hung_pre_start_container_times_out(
     async with in_process(root) as d:
         plugin = await started_in_process(d, hostile, "prestart.example.com/dev", pre_start=True)
         plugin.on["PreStartContainer"] = plugin.hang
-        rc, out, elapsed = await admit_in_process(root, pod_yaml("prestart.example.com/dev", 1))
+        rc, out = await admit_in_process(root, pod_yaml("prestart.example.com/dev", 1))
         assert rc == 1 and "timed out" in out, out
-        assert 0.9 <= elapsed < 8
+        (failed,) = await records_in_process(root, "AllocationFailed", "prestart.example.com/dev")
+        assert "timed out" in failed["event"]["reason"], failed
+        assert plugin.unanswered == 1
+        assert await answering(root)
 
 
 async def test_hung_get_device_plugin_options_refuses_the_registration(
@@ -1028,17 +1061,20 @@ async def test_hung_get_device_plugin_options_refuses_the_registration(
         outcome: dict[str, Any] = {}
 
         async def register_hung() -> None:
-            began = trio.current_time()
-            outcome["hung"] = (await register_in_process(d, hung), trio.current_time() - began)
+            outcome["hung"] = await register_in_process(d, hung)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(register_hung)
             await until("the hung options call", lambda: hung.called("GetDevicePluginOptions"))
             await started_in_process(d, hostile, "dial.example.com/good")  # not held up meanwhile
             assert "hung" not in outcome
-        (code, details), elapsed = outcome["hung"]
+        code, details = outcome["hung"]
         assert code == grpc.StatusCode.UNKNOWN and "timed out" in details, details
-        assert 0.9 <= elapsed < 5
+        (rejected,) = await records_in_process(root, "PluginRegistrationRejected", "dial.example.com/hung")
+        assert "timed out" in rejected["event"]["reason"], rejected
+        assert hung.unanswered == 1
+        assert "dial.example.com/hung" not in d.devices.endpoints
+        assert await answering(root)
 
 
 async def test_hung_node_prepare_resources_times_out(
@@ -1052,11 +1088,12 @@ async def test_hung_node_prepare_resources_times_out(
         await until("the driver", lambda: driver.name in d.dra.clients)
         pod_uid, claim_uid = str(uuid.uuid4()), str(uuid.uuid4())
         claim = claim_yaml(tmp_path, "c1", claim_uid, [("p1", pod_uid)])
-        rc, out, elapsed = await admit_in_process(
-            root, claim_pod_yaml(tmp_path, "p1", pod_uid, "c1").read_text(), claim
-        )
+        rc, out = await admit_in_process(root, claim_pod_yaml(tmp_path, "p1", pod_uid, "c1").read_text(), claim)
         assert rc == 1 and "timed out" in out, out
-        assert 0.9 <= elapsed < 8
+        failed = await records_in_process(root, "ClaimPrepareFailed")
+        assert failed and all("timed out" in f["event"]["reason"] for f in failed), failed
+        assert driver.unanswered == 1
+        assert await answering(root)
         assert d.views.claims.claims.get(claim_uid) is None or not d.views.claims.claims[claim_uid].pods
 
 
