@@ -89,6 +89,7 @@ def _append(
     from eventsrc.log.snapshots import load_views
     from eventsrc.log.store import DirLock, EventLog
     from eventsrc.offline import kubelet_import as ki
+    from eventsrc.state.lifecycles import ADMITTED, ADMITTING
 
     layout.create()
     lock = DirLock(layout.lock)
@@ -103,7 +104,7 @@ def _append(
     try:
         with EventLog(layout.log) as event_log:
             views, _ = load_views(event_log, layout.snapshots)
-            live = [u for u, p in views.pods.pods.items() if p.state in ("admitted", "admitting")]
+            live = [u for u, p in views.pods.pods.items() if p.state in (ADMITTED, ADMITTING)]
             if live and not force:
                 raise EventsrcError(
                     f"the log under {layout.root} already has {len(live)} pod(s); importing would duplicate "

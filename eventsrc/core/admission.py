@@ -66,6 +66,7 @@ from eventsrc.core.topology_manager import (
 )
 from eventsrc.errors import AdmissionRefused, NotFound
 from eventsrc.events import ContainerSpec
+from eventsrc.state.lifecycles import ADMITTED
 from eventsrc.state.views import PodView, Views
 
 __all__ = [
@@ -264,7 +265,7 @@ class PodAdmission:
         pod = self.views.pods.pods.get(self.uid)
         if pod is None:
             return None
-        if pod.state != "admitted":
+        if pod.state != ADMITTED:
             raise AdmissionRefused(f"pod {pod.namespace}/{pod.name} ({pod.uid}) is being admitted")
         for container, reqs in self.requests.items():
             have = pod.containers.get(container)
@@ -490,7 +491,7 @@ def removal(views: Views, cpus: CPUManagerConfig, uid: str, reason: str) -> list
     pod = views.pods.pods.get(uid)
     if pod is None:
         raise NotFound(f"no pod with uid {uid}")
-    if pod.state != "admitted":
+    if pod.state != ADMITTED:
         raise AdmissionRefused(f"pod {pod.namespace}/{pod.name} ({uid}) is being admitted; remove it once that ends")
     events = remove_pod_events(views, uid, reason)
     events += pool_events(cpus, views.cpus.shared, without_pod(views.cpus.assignments, uid), f"pod {uid} removed")
