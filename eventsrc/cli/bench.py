@@ -79,8 +79,15 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
 
 def _workdir(args: argparse.Namespace) -> Path | None:
     """--root-dir when it was given on the command line (not from the environment), else None:
-    a temporary directory."""
-    return args.root_dir if "--root-dir" in " ".join(sys.argv) else None
+    a temporary directory. The benchmark works in a new directory inside it, so it must exist."""
+    if "--root-dir" not in " ".join(sys.argv):
+        return None
+    root: Path = args.root_dir
+    if not root.exists():
+        raise EventsrcError(f"root directory {root} does not exist")
+    if not root.is_dir():
+        raise EventsrcError(f"root directory {root} is not a directory")
+    return root
 
 
 def bench_log(args: argparse.Namespace) -> int:

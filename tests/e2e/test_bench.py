@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from eventsrc.bench.log import prepare_cost, trio_wake_floor
 from eventsrc.log.store import EventLog
 from tests.conftest import run_cli
@@ -75,3 +77,19 @@ def test_bench_audit_prints_its_figures(tmp_path: Path) -> None:
         "eventsrc audit pod (new process)",
         lead=r"median\s+",
     )
+
+
+@pytest.mark.parametrize("command", ["log", "audit"])
+def test_bench_in_a_missing_root_dir_is_one_line(tmp_path: Path, command: str) -> None:
+    proc = run_cli("bench", command, root=tmp_path / "nowhere")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [f"eventsrc: error: root directory {tmp_path / 'nowhere'} does not exist"]
+    assert proc.stdout == ""
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_bench_in_a_root_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    proc = run_cli("bench", "log", root=tmp_path / "file")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [f"eventsrc: error: root directory {tmp_path / 'file'} is not a directory"]
