@@ -1,7 +1,8 @@
 """``eventsrc bench cpu``: how long the kubelet's CPU picking takes in this port.
 
-The machine is issue 4's acceptance topology: 2 sockets, 4 NUMA nodes, 64 cores per socket,
-2 threads per core (256 CPUs), one uncore cache per NUMA node. Half of it is already taken:
+The machine is a large server, where picking costs the most (examples/topology-256.json):
+2 sockets, 4 NUMA nodes, 64 cores per socket, 2 threads per core (256 CPUs), one uncore
+cache per NUMA node. Half of it is already taken:
 a pseudo-random half drawn with a fixed seed (so partly used cores, NUMA nodes and sockets
 are everywhere, which is where the sorting does the most work), and, as a second state, every
 other physical core taken (what a run of 2-CPU Guaranteed pods leaves behind). Each take is

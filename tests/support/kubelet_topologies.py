@@ -255,8 +255,8 @@ topoUncoreSingleSocketNoSMT = _topo(
     core_of=lambda cpu: cpu,
 )
 
-# The machine of issue 4's acceptance (examples/topology-256.json): 2 sockets, 4 NUMA
-# nodes, 64 cores per socket, 2 threads per core, one uncore cache per NUMA node.
+# A large server, where picking CPUs costs the most (examples/topology-256.json): 2 sockets,
+# 4 NUMA nodes, 64 cores per socket, 2 threads per core, one uncore cache per NUMA node.
 SIMULATED_256 = synthetic(sockets=2, numa_per_socket=2, cores_per_numa=32, threads_per_core=2)
 
 KUBELET_TEST_TOPOLOGIES: dict[str, CPUTopology] = {
