@@ -1,18 +1,27 @@
 """The daemon: one trio task tree that wires the edges to the log and the views.
 
-    serve()                        (inside one trio-asyncio loop, for grpclib)
-      ├─ GroupCommitter.run      appends; applies each committed batch to the views
-      ├─ serve_http(HealthApp)   --metrics-address: /metrics, /healthz, /readyz (eventsrc/obs/metrics.py)
-      ├─ DeviceManager.run       device-plugins/kubelet.sock, one task per plugin endpoint
-      ├─ serve_unix(Node)        eventsrc/api.sock: admit, remove, list pods
-      ├─ serve_unix(PodResources) pod-resources/kubelet.sock
-      ├─ Daemon.scrub            checks every record written before this start
-      ├─ Daemon.snapshot_loop    writes a snapshot every ``snapshot_every`` records
-      └─ (waits for SIGTERM / SIGINT, records DaemonStopped, writes a snapshot)
+    serve()                          inside one trio-asyncio loop (grpclib runs on asyncio)
+      │  (before the tree: take the root's lock, rebuild the views from snapshot + log)
+      ├─ GroupCommitter.run          appends; applies each committed batch to the views
+      ├─ serve_http(HealthApp)       --metrics-address only: /metrics, /healthz, /readyz (obs/metrics.py)
+      │  (records DaemonStarted, ConfigurationChanged, what the last run left unfinished,
+      │   then this start's CPU manager configuration)
+      ├─ DeviceManager.run           device-plugins/kubelet.sock (Registration, through
+      │                              rpc/bridge.serve_unix); one task per plugin endpoint
+      ├─ DRAManager.run              finishes claim work (prepare, unprepare) when kicked, retries
+      ├─ PluginWatcher.run           plugins_registry/: DRA drivers and device plugins register
+      ├─ serve_unix(NodeService)     eventsrc/api.sock, mode 0600 (api/node.py): admit, remove,
+      │                              list pods, watch; admission is node/admission.py asking
+      │                              core/admission.py for its decisions
+      ├─ serve_unix(PodResources)    pod-resources/kubelet.sock (api/podresources.py)
+      ├─ Daemon.scrub                checks every record written before this start
+      ├─ Daemon.snapshot_loop        writes a snapshot every ``snapshot_every`` records
+      └─ (ready; waits for SIGTERM / SIGINT, records DaemonStopped, writes a snapshot, cancels)
 
-State changes only through ``Daemon.record``: append, and once the commit is durable,
-apply to the views. At start, before any socket is served, the daemon records what the
-previous run left unfinished (``core.devices.restart_events``).
+Every unix socket is served by grpclib through ``rpc/bridge.serve_unix``. State changes only
+through ``Daemon.record``: append, and once the commit is durable, apply to the views.
+Before any unix socket is served, the daemon records what the previous run left unfinished
+(``core.devices.holds.restart_events``).
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +59,7 @@ from eventsrc.inputs.config import recorded as recorded_config
 from eventsrc.layout import Layout
 from eventsrc.log.commit import GroupCommitter
 from eventsrc.log.snapshots import (
+    RebuildInfo,
     encode_snapshot,
     load_views,
     remove_stale_temporaries,
@@ -153,6 +163,13 @@ class Daemon:
             return status_response(self.ready, self.instance_id, self.views.meta.last_seq, sockets, os.getpid())
 
         return NodeService(lambda: self.views, self.admission, status, self.records_from)
+
+    def pod_resources_service(self) -> PodResourcesService:
+        return PodResourcesService(
+            lambda: self.views,
+            cpus=lambda: allocatable_cpus(self.cpus).sorted_list(),
+            metrics=self.metrics,
+        )
 
     async def records_from(self, seq: int, limit: int = 512, wait: float = 1.0) -> list[Record | CorruptRecordError]:
         """Up to ``limit`` records from ``seq``; when there are none yet, waits up to ``wait``
@@ -305,20 +322,7 @@ async def serve(
         if metrics_address is not None:
             check_address(metrics_address)
         event_log = EventLog(layout.log)
-        remove_stale_temporaries(layout.snapshots)
-        views, info = load_views(event_log, layout.snapshots)
-        refuse_newer_records(event_log, views)
-        if info.snapshot_seq is None:
-            log.info(
-                "full replay",
-                reason=info.reason or "no snapshot",
-                records=info.tail_records,
-                seconds=round(info.seconds, 3),
-            )
-        else:
-            log.info(
-                "views rebuilt", snapshot_seq=info.snapshot_seq, tail=info.tail_records, seconds=round(info.seconds, 3)
-            )
+        views, info = _rebuild_views(layout, event_log)
         daemon = Daemon(
             layout,
             event_log,
@@ -331,6 +335,8 @@ async def serve(
         )
         daemon.metrics.replayed(info.seconds, info.tail_records)
         start_seq = views.meta.last_seq
+        if config is None:  # the CLI passes the whole configuration; a bare caller, what it set
+            config = _configuration_set(layout, snapshot_every, admission_wait, grace, metrics_address)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
                 await nursery.start(daemon.committer.run)
@@ -338,92 +344,20 @@ async def serve(
                     app = HealthApp(daemon.metrics, live=daemon.liveness, ready=daemon.readiness)
                     daemon.metrics_address = await nursery.start(serve_http, app, metrics_address)
                     daemon.write_status(ready=False)
-                if config is None:  # the CLI passes the whole configuration; a bare caller, what it set
-                    config = recorded_config(
-                        Configuration(
-                            root_dir=str(layout.root),
-                            snapshot_every=snapshot_every,
-                            admission_wait=Duration.of_seconds(admission_wait),
-                            plugin_grace_period=Duration.of_seconds(grace),
-                            metrics_address=metrics_address or "",
-                        )
-                    )
-                if views.meta.running:
-                    log.warning("previous run did not stop cleanly", instance_id=views.meta.instance_id)
-                started = ev.DaemonStarted(
-                    boot_id=daemon.boot_id,
-                    instance_id=daemon.instance_id,
-                    version=__version__,
-                    config=config,
-                    pid=os.getpid(),
-                )
-                changed = configuration_changes(views.meta.config, config)
-                # What the previous run left unfinished is finished now, from the log alone.
-                (first, *_) = await daemon.record(
-                    [started, *([changed] if changed else []), *restart_events(daemon.views)]
-                )
-                cid = first.correlation_id
-                log.info(
-                    "daemon started",
-                    version=__version__,
-                    instance_id=daemon.instance_id,
-                    pid=os.getpid(),
-                    boot_id=daemon.boot_id,
-                    cid=cid,
-                )
-                if changed:
-                    log.warning(
-                        "configuration changed",
-                        changed=changed.changed,
-                        old={k: changed.old.get(k) for k in changed.changed},
-                        new={k: changed.new.get(k) for k in changed.changed},
-                        cid=cid,
-                    )
+                await _record_start(daemon, config)
                 await daemon.apply_cpu_config()
                 await nursery.start(daemon.devices.run)
                 await nursery.start(daemon.dra.run)
-                watcher = PluginWatcher(
-                    layout.plugins_registry, {"DRAPlugin": daemon.dra, "DevicePlugin": RegistryHandler(daemon.devices)}
-                )
-                await nursery.start(watcher.run)
+                await nursery.start(_plugin_watcher(daemon).run)
                 await nursery.start(serve_unix, [daemon.node_service()], layout.api_socket, 0o600)
-                await nursery.start(
-                    serve_unix,
-                    [
-                        PodResourcesService(
-                            lambda: daemon.views,
-                            cpus=lambda: allocatable_cpus(daemon.cpus).sorted_list(),
-                            metrics=daemon.metrics,
-                        )
-                    ],
-                    layout.pod_resources_socket,
-                    0o755,  # as the kubelet's, under the usual umask 022: only its owner connects
-                )
+                # 0o755 as the kubelet's, under the usual umask 022: only its owner connects
+                await nursery.start(serve_unix, [daemon.pod_resources_service()], layout.pod_resources_socket, 0o755)
                 nursery.start_soon(daemon.scrub, start_seq)
                 nursery.start_soon(daemon.snapshot_loop)
-                # What the start built (modules, classes, the rebuilt views) lives as long as
-                # the process: out of the collector's sight, a full collection no longer walks
-                # it (one took 11-20 ms under load, stalling every admission in flight).
-                gc.collect()
-                gc.freeze()
-                daemon.ready = True
-                daemon.write_status(ready=True)
-                log.info("ready", root=layout.root, last_seq=daemon.views.meta.last_seq, instance_id=daemon.instance_id)
-                systemd.notify(
-                    f"READY=1\nMAINPID={os.getpid()}\nSTATUS=ready, last sequence {daemon.views.meta.last_seq}"
-                )
+                _announce_ready(daemon)
                 task_status.started(daemon)
-                async for signum in signals:
-                    reason = signal.Signals(signum).name
-                    log.info("stopping", signal=reason)
-                    systemd.notify("STOPPING=1")
-                    break
-                daemon.ready = False
-                daemon.not_ready = f"stopping: {reason}"
-                await daemon.record(
-                    [ev.DaemonStopped(boot_id=daemon.boot_id, instance_id=daemon.instance_id, reason=reason)]
-                )
-                await daemon.write_snapshot()
+                reason = await _stop_signal(signals)
+                await _record_stop(daemon, reason)
                 nursery.cancel_scope.cancel()
         log.info("stopped", last_seq=daemon.views.meta.last_seq)
     finally:
@@ -431,3 +365,110 @@ async def serve(
         if event_log is not None:
             event_log.close()
         lock.release()
+
+
+def _rebuild_views(layout: Layout, event_log: EventLog) -> tuple[Views, RebuildInfo]:
+    """The views from the newest usable snapshot and the log after it; refuses a log holding
+    records of a newer eventsrc."""
+    remove_stale_temporaries(layout.snapshots)
+    views, info = load_views(event_log, layout.snapshots)
+    refuse_newer_records(event_log, views)
+    if info.snapshot_seq is None:
+        log.info(
+            "full replay",
+            reason=info.reason or "no snapshot",
+            records=info.tail_records,
+            seconds=round(info.seconds, 3),
+        )
+    else:
+        log.info(
+            "views rebuilt", snapshot_seq=info.snapshot_seq, tail=info.tail_records, seconds=round(info.seconds, 3)
+        )
+    return views, info
+
+
+def _configuration_set(
+    layout: Layout, snapshot_every: int, admission_wait: float, grace: float, metrics_address: str | None
+) -> dict[str, Any]:
+    """The configuration DaemonStarted records when the caller gave only serve()'s arguments."""
+    return recorded_config(
+        Configuration(
+            root_dir=str(layout.root),
+            snapshot_every=snapshot_every,
+            admission_wait=Duration.of_seconds(admission_wait),
+            plugin_grace_period=Duration.of_seconds(grace),
+            metrics_address=metrics_address or "",
+        )
+    )
+
+
+async def _record_start(daemon: Daemon, config: dict[str, Any]) -> None:
+    """Record DaemonStarted, the configuration's changes since the last run, and the end of
+    what the previous run left unfinished (from the log alone), in one append."""
+    views = daemon.views
+    if views.meta.running:
+        log.warning("previous run did not stop cleanly", instance_id=views.meta.instance_id)
+    started = ev.DaemonStarted(
+        boot_id=daemon.boot_id,
+        instance_id=daemon.instance_id,
+        version=__version__,
+        config=config,
+        pid=os.getpid(),
+    )
+    changed = configuration_changes(views.meta.config, config)
+    (first, *_) = await daemon.record([started, *([changed] if changed else []), *restart_events(daemon.views)])
+    cid = first.correlation_id
+    log.info(
+        "daemon started",
+        version=__version__,
+        instance_id=daemon.instance_id,
+        pid=os.getpid(),
+        boot_id=daemon.boot_id,
+        cid=cid,
+    )
+    if changed:
+        log.warning(
+            "configuration changed",
+            changed=changed.changed,
+            old={k: changed.old.get(k) for k in changed.changed},
+            new={k: changed.new.get(k) for k in changed.changed},
+            cid=cid,
+        )
+
+
+def _plugin_watcher(daemon: Daemon) -> PluginWatcher:
+    """plugins_registry/: DRA drivers to the DRA manager, device plugins to the device manager."""
+    return PluginWatcher(
+        daemon.layout.plugins_registry, {"DRAPlugin": daemon.dra, "DevicePlugin": RegistryHandler(daemon.devices)}
+    )
+
+
+def _announce_ready(daemon: Daemon) -> None:
+    """Every socket is served: say so in the status file, the log and to systemd."""
+    # What the start built (modules, classes, the rebuilt views) lives as long as
+    # the process: out of the collector's sight, a full collection no longer walks
+    # it (one took 11-20 ms under load, stalling every admission in flight).
+    gc.collect()
+    gc.freeze()
+    daemon.ready = True
+    daemon.write_status(ready=True)
+    log.info("ready", root=daemon.layout.root, last_seq=daemon.views.meta.last_seq, instance_id=daemon.instance_id)
+    systemd.notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=ready, last sequence {daemon.views.meta.last_seq}")
+
+
+async def _stop_signal(signals: AsyncIterator[int]) -> str:
+    """Wait for SIGTERM or SIGINT; its name."""
+    async for signum in signals:
+        reason = signal.Signals(signum).name
+        log.info("stopping", signal=reason)
+        systemd.notify("STOPPING=1")
+        return reason
+    raise AssertionError("the signal receiver never ends")
+
+
+async def _record_stop(daemon: Daemon, reason: str) -> None:
+    """Not ready any more; DaemonStopped recorded and a snapshot written."""
+    daemon.ready = False
+    daemon.not_ready = f"stopping: {reason}"
+    await daemon.record([ev.DaemonStopped(boot_id=daemon.boot_id, instance_id=daemon.instance_id, reason=reason)])
+    await daemon.write_snapshot()
