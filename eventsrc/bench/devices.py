@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 from grpclib.client import Channel
 
@@ -204,132 +205,16 @@ def run_devices_bench(
     root = tmp / "r"
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        log = open(tmp / "daemon.log", "wb")  # noqa: SIM115
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "eventsrc", "--log-level", "warning", "--root-dir", str(root), "serve"],
-                stdout=log,
-                stderr=log,
-            )
-        )
-        deadline = time.monotonic() + 30
-        while not (root / "device-plugins" / "kubelet.sock").exists():
-            if time.monotonic() > deadline or procs[0].poll() is not None:
-                raise EventsrcError(f"the daemon did not start; see {tmp / 'daemon.log'}")
-            time.sleep(0.05)
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "eventsrc",
-                    "--root-dir",
-                    str(root),
-                    "sample-plugin",
-                    "--resource",
-                    RESOURCE,
-                    "--devices",
-                    str(devices),
-                    "--numa-nodes",
-                    "2",
-                    "--socket-name",
-                    "bench.sock",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-            )
-        )
-        asyncio.run(_wait_devices(root, devices))
-        api = root / "eventsrc" / "api.sock"
+        _start_daemon_and_plugin(tmp, root, devices, procs)
         out.write(
             f"eventsrc bench devices: {os.cpu_count()} cpus, Python {sys.version.split()[0]}; "
             f"daemon and sample plugin in their own processes; {devices} devices on 2 NUMA nodes; "
             f"one-device pods; medians of {rounds} rounds\n\n"
         )
-        rtts: list[float] = []
-        syncs: list[float] = []
-        rtt_cpu = _CPU(procs[0].pid, procs[1].pid)
-        one_cpu = _CPU(procs[0].pid, procs[1].pid)
-        status_cpu = _CPU(procs[0].pid, procs[1].pid)
-        one: dict[str, list[float]] = {"p50": [], "p99": [], "rate": []}
-        many: dict[str, list[float]] = {"p50": [], "p99": [], "rate": []}
-        paced: dict[str, list[float]] = {"p50": [], "p99": [], "rate": []}
-        per_client = max(1, min(admissions, devices) // clients)
+        figures = _Figures(procs[0].pid, procs[1].pid)
         for r in range(rounds):
-            with rtt_cpu.measure(rtt_calls):
-                trips = asyncio.run(_round_trips(root / "device-plugins" / "bench.sock", rtt_calls))
-            rtts.append(statistics.median(trips))
-            syncs.append(1.0 / lmdb_commits_per_second(tmp, 0.5))
-            with status_cpu.measure(rtt_calls):
-                asyncio.run(_status_calls(api, rtt_calls))
-            n_one = min(admissions, devices, 300)
-            with one_cpu.measure(n_one):
-                lat, wall, uids = asyncio.run(_admissions(api, 1, n_one, r * 100_000))
-            one["p50"].append(_pct(lat, 0.5))
-            one["p99"].append(_pct(lat, 0.99))
-            one["rate"].append(len(lat) / wall)
-            asyncio.run(_remove(api, uids))
-            lat, wall, uids = asyncio.run(_admissions(api, clients, per_client, r * 100_000 + 50_000))
-            many["p50"].append(_pct(lat, 0.5))
-            many["p99"].append(_pct(lat, 0.99))
-            many["rate"].append(len(lat) / wall)
-            asyncio.run(_remove(api, uids))
-            lat, wall, uids = asyncio.run(
-                _open_loop(api, clients, offered, min(admissions, devices), r * 100_000 + 80_000)
-            )
-            paced["p50"].append(_pct(lat, 0.5))
-            paced["p99"].append(_pct(lat, 0.99))
-            paced["rate"].append(len(lat) / wall)
-            asyncio.run(_remove(api, uids))
-
-        def med(xs: list[float]) -> float:
-            return statistics.median(xs)
-
-        rtt, sync = med(rtts), med(syncs)
-        floor = 2 * rtt + sync
-        out.write("floors (same run)\n")
-        out.write(f"  bare gRPC round trip to the plugin (p50)   {rtt * 1e6:8.0f} us\n")
-        out.write(f"  one durable LMDB commit                    {sync * 1e6:8.0f} us\n")
-        out.write(f"  2 round trips + 1 sync                     {floor * 1e6:8.0f} us\n")
-        out.write("admissions through the node API (Allocate included)\n")
-        p50 = med(one["p50"])
-        verdict = "ok" if p50 <= floor else f"{p50 / floor:.1f} x"
-        # The goal read literally: within (2 round trips + 1 sync) of the bare round trip.
-        beside = rtt + floor
-        verdict_beside = "ok" if p50 <= beside else f"{p50 / beside:.1f} x"
-        out.write(
-            f"  1 client    p50 {p50 * 1e6:7.0f} us  p99 {med(one['p99']) * 1e6:7.0f} us  "
-            f"{med(one['rate']):7.0f} admissions/s   (p50 <= 2 RTT + 1 sync = {floor * 1e6:.0f} us: {verdict}; "
-            f"p50 <= RTT + 2 RTT + 1 sync = {beside * 1e6:.0f} us: {verdict_beside})\n"
-        )
-        c, d, pl = (one_cpu.median(k) for k in ("client", "daemon", "plugin"))
-        out.write(
-            f"  where a 1-client admission's time goes (CPU per admission; the three work in turn):\n"
-            f"    bench client (grpclib)   {c * 1e6:6.0f} us   "
-            f"(per bare round trip: {rtt_cpu.median('client') * 1e6:.0f} us)\n"
-            f"    sample plugin            {pl * 1e6:6.0f} us   "
-            f"(per bare round trip: {rtt_cpu.median('plugin') * 1e6:.0f} us)\n"
-            f"    daemon                   {d * 1e6:6.0f} us   (node API call, plan, 2 durable appends, Allocate call; "
-            f"a bare node API call costs it {status_cpu.median('daemon') * 1e6:.0f} us)\n"
-            f"    sum                      {(c + d + pl) * 1e6:6.0f} us   beside p50 {p50 * 1e6:.0f} us\n"
-            f"    what the goal leaves the daemon: {floor * 1e6:.0f} - client - plugin = "
-            f"{(floor - c - pl) * 1e6:.0f} us "
-            f"(strict), {(beside - c - pl) * 1e6:.0f} us (literal)\n"
-        )
-        ok_rate = "ok" if med(many["rate"]) >= 500 else "BELOW 500/s"
-        out.write(
-            f"  {clients} clients  p50 {med(many['p50']) * 1e6:7.0f} us  p99 {med(many['p99']) * 1e6:7.0f} us  "
-            f"{med(many['rate']):7.0f} admissions/s   (as fast as they can; >= 500/s: {ok_rate})\n"
-        )
-        ok_p99 = "ok" if med(paced["p99"]) < 0.010 else "ABOVE 10 ms"
-        out.write(
-            f"  {clients} clients  p50 {med(paced['p50']) * 1e6:7.0f} us  p99 {med(paced['p99']) * 1e6:7.0f} us  "
-            f"{med(paced['rate']):7.0f} admissions/s   (paced at {offered:g}/s between them; p99 < 10 ms: {ok_p99})\n"
-        )
-        out.write(
-            f"  (with {clients} clients always waiting, latency = {clients} / throughput (Little's law): "
-            f"p99 under 10 ms as fast as they can would take over {clients / 0.010:,.0f} admissions/s)\n"
-        )
+            _measure_round(figures, tmp, root, r, devices, clients, admissions, rtt_calls, offered)
+        _report(out, figures, clients, offered)
     finally:
         for p in reversed(procs):
             if p.poll() is None:
@@ -339,3 +224,141 @@ def run_devices_bench(
                 except subprocess.TimeoutExpired:
                     p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _start_daemon_and_plugin(tmp: Path, root: Path, devices: int, procs: list[subprocess.Popen[bytes]]) -> None:
+    """``eventsrc serve`` and the sample plugin under ``root``, appended to ``procs`` as they
+    start; returns once the plugin's devices are allocatable."""
+    log = open(tmp / "daemon.log", "wb")  # noqa: SIM115
+    procs.append(
+        subprocess.Popen(
+            [sys.executable, "-m", "eventsrc", "--log-level", "warning", "--root-dir", str(root), "serve"],
+            stdout=log,
+            stderr=log,
+        )
+    )
+    deadline = time.monotonic() + 30
+    while not (root / "device-plugins" / "kubelet.sock").exists():
+        if time.monotonic() > deadline or procs[0].poll() is not None:
+            raise EventsrcError(f"the daemon did not start; see {tmp / 'daemon.log'}")
+        time.sleep(0.05)
+    procs.append(
+        subprocess.Popen(
+            [sys.executable, "-m", "eventsrc", "--root-dir", str(root), "sample-plugin"]
+            + ["--resource", RESOURCE, "--devices", str(devices), "--numa-nodes", "2", "--socket-name", "bench.sock"],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    )
+    asyncio.run(_wait_devices(root, devices))
+
+
+class _Latencies:
+    """One kind of admission's p50, p99 and rate, one of each per round."""
+
+    def __init__(self) -> None:
+        self.p50: list[float] = []
+        self.p99: list[float] = []
+        self.rate: list[float] = []
+
+    def add(self, lat: list[float], wall: float) -> None:
+        self.p50.append(_pct(lat, 0.5))
+        self.p99.append(_pct(lat, 0.99))
+        self.rate.append(len(lat) / wall)
+
+
+class _Figures:
+    """Everything measured, one entry per round."""
+
+    def __init__(self, daemon: int, plugin: int) -> None:
+        self.rtts: list[float] = []
+        self.syncs: list[float] = []
+        self.rtt_cpu = _CPU(daemon, plugin)
+        self.one_cpu = _CPU(daemon, plugin)
+        self.status_cpu = _CPU(daemon, plugin)
+        self.one = _Latencies()
+        self.many = _Latencies()
+        self.paced = _Latencies()
+
+
+def _measure_round(
+    f: _Figures,
+    tmp: Path,
+    root: Path,
+    r: int,
+    devices: int,
+    clients: int,
+    admissions: int,
+    rtt_calls: int,
+    offered: float,
+) -> None:
+    """The floors, then one client's admissions, many clients' as fast as they can, and many
+    clients' paced at ``offered`` a second; every pod removed after each."""
+    api = root / "eventsrc" / "api.sock"
+    with f.rtt_cpu.measure(rtt_calls):
+        trips = asyncio.run(_round_trips(root / "device-plugins" / "bench.sock", rtt_calls))
+    f.rtts.append(statistics.median(trips))
+    f.syncs.append(1.0 / lmdb_commits_per_second(tmp, 0.5))
+    with f.status_cpu.measure(rtt_calls):
+        asyncio.run(_status_calls(api, rtt_calls))
+    n_one = min(admissions, devices, 300)
+    with f.one_cpu.measure(n_one):
+        lat, wall, uids = asyncio.run(_admissions(api, 1, n_one, r * 100_000))
+    f.one.add(lat, wall)
+    asyncio.run(_remove(api, uids))
+    per_client = max(1, min(admissions, devices) // clients)
+    lat, wall, uids = asyncio.run(_admissions(api, clients, per_client, r * 100_000 + 50_000))
+    f.many.add(lat, wall)
+    asyncio.run(_remove(api, uids))
+    lat, wall, uids = asyncio.run(_open_loop(api, clients, offered, min(admissions, devices), r * 100_000 + 80_000))
+    f.paced.add(lat, wall)
+    asyncio.run(_remove(api, uids))
+
+
+def _report(out: TextIO, f: _Figures, clients: int, offered: float) -> None:
+    med = statistics.median
+    rtt, sync = med(f.rtts), med(f.syncs)
+    floor = 2 * rtt + sync
+    out.write("floors (same run)\n")
+    out.write(f"  bare gRPC round trip to the plugin (p50)   {rtt * 1e6:8.0f} us\n")
+    out.write(f"  one durable LMDB commit                    {sync * 1e6:8.0f} us\n")
+    out.write(f"  2 round trips + 1 sync                     {floor * 1e6:8.0f} us\n")
+    out.write("admissions through the node API (Allocate included)\n")
+    p50 = med(f.one.p50)
+    verdict = "ok" if p50 <= floor else f"{p50 / floor:.1f} x"
+    # The goal read literally: within (2 round trips + 1 sync) of the bare round trip.
+    beside = rtt + floor
+    verdict_beside = "ok" if p50 <= beside else f"{p50 / beside:.1f} x"
+    out.write(
+        f"  1 client    p50 {p50 * 1e6:7.0f} us  p99 {med(f.one.p99) * 1e6:7.0f} us  "
+        f"{med(f.one.rate):7.0f} admissions/s   (p50 <= 2 RTT + 1 sync = {floor * 1e6:.0f} us: {verdict}; "
+        f"p50 <= RTT + 2 RTT + 1 sync = {beside * 1e6:.0f} us: {verdict_beside})\n"
+    )
+    c, d, pl = (f.one_cpu.median(k) for k in ("client", "daemon", "plugin"))
+    out.write(
+        f"  where a 1-client admission's time goes (CPU per admission; the three work in turn):\n"
+        f"    bench client (grpclib)   {c * 1e6:6.0f} us   "
+        f"(per bare round trip: {f.rtt_cpu.median('client') * 1e6:.0f} us)\n"
+        f"    sample plugin            {pl * 1e6:6.0f} us   "
+        f"(per bare round trip: {f.rtt_cpu.median('plugin') * 1e6:.0f} us)\n"
+        f"    daemon                   {d * 1e6:6.0f} us   (node API call, plan, 2 durable appends, Allocate call; "
+        f"a bare node API call costs it {f.status_cpu.median('daemon') * 1e6:.0f} us)\n"
+        f"    sum                      {(c + d + pl) * 1e6:6.0f} us   beside p50 {p50 * 1e6:.0f} us\n"
+        f"    what the goal leaves the daemon: {floor * 1e6:.0f} - client - plugin = "
+        f"{(floor - c - pl) * 1e6:.0f} us "
+        f"(strict), {(beside - c - pl) * 1e6:.0f} us (literal)\n"
+    )
+    ok_rate = "ok" if med(f.many.rate) >= 500 else "BELOW 500/s"
+    out.write(
+        f"  {clients} clients  p50 {med(f.many.p50) * 1e6:7.0f} us  p99 {med(f.many.p99) * 1e6:7.0f} us  "
+        f"{med(f.many.rate):7.0f} admissions/s   (as fast as they can; >= 500/s: {ok_rate})\n"
+    )
+    ok_p99 = "ok" if med(f.paced.p99) < 0.010 else "ABOVE 10 ms"
+    out.write(
+        f"  {clients} clients  p50 {med(f.paced.p50) * 1e6:7.0f} us  p99 {med(f.paced.p99) * 1e6:7.0f} us  "
+        f"{med(f.paced.rate):7.0f} admissions/s   (paced at {offered:g}/s between them; p99 < 10 ms: {ok_p99})\n"
+    )
+    out.write(
+        f"  (with {clients} clients always waiting, latency = {clients} / throughput (Little's law): "
+        f"p99 under 10 ms as fast as they can would take over {clients / 0.010:,.0f} admissions/s)\n"
+    )
