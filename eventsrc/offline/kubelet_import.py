@@ -273,46 +273,9 @@ def parse_device_checkpoint(data: bytes | str, source: str = DEVICE_CHECKPOINT) 
     if raw_entries is not None:
         if not isinstance(raw_entries, list):
             raise CheckpointError(f"{source}: Data.PodDeviceEntries must be a list")
-        entries = []
-        for n, raw in enumerate(raw_entries):
-            where = f"Data.PodDeviceEntries[{n}]"
-            e = _object(raw, where, source)
-            ids = _field(e, "DeviceIDs", None)
-            per_numa: dict[int, list[str] | None] | None = None
-            flat: list[str] | None = None
-            if isinstance(ids, list):
-                versions.add("v1")
-                flat = _strings(ids, f"{where}.DeviceIDs", source)
-            elif isinstance(ids, dict):
-                versions.add("v2")
-                per_numa = {}
-                for key, value in ids.items():
-                    try:
-                        node = int(key, 10)
-                    except ValueError:
-                        raise CheckpointError(
-                            f"{source}: {where}.DeviceIDs has a key that is not a NUMA node: {key!r}"
-                        ) from None
-                    per_numa[node] = _strings(value, f"{where}.DeviceIDs[{key}]", source)
-            elif ids is not None:
-                raise CheckpointError(f"{source}: {where}.DeviceIDs must be a map of NUMA node to device ids")
-            resp = _field(e, "AllocResp", None)
-            alloc: bytes | None = None
-            if resp is not None:
-                try:
-                    alloc = base64.b64decode(_string(resp, f"{where}.AllocResp", source), validate=True)
-                except binascii.Error as exc:
-                    raise CheckpointError(f"{source}: {where}.AllocResp is not base64: {exc}") from None
-            entries.append(
-                PodDevicesEntry(
-                    pod_uid=_string(_field(e, "PodUID", ""), f"{where}.PodUID", source),
-                    container_name=_string(_field(e, "ContainerName", ""), f"{where}.ContainerName", source),
-                    resource_name=_string(_field(e, "ResourceName", ""), f"{where}.ResourceName", source),
-                    device_ids=per_numa,
-                    flat_device_ids=flat,
-                    alloc_resp=alloc,
-                )
-            )
+        entries = [
+            _device_entry(raw, f"Data.PodDeviceEntries[{n}]", source, versions) for n, raw in enumerate(raw_entries)
+        ]
     if len(versions) > 1:
         raise CheckpointError(f"{source}: mixes V1 (flat) and V2 (per NUMA node) DeviceIDs")
     registered: dict[str, list[str] | None] | None = None
@@ -335,6 +298,49 @@ def parse_device_checkpoint(data: bytes | str, source: str = DEVICE_CHECKPOINT) 
             source, cp.checksum, computed, f"spew-FNV-32a of the {cp.version.upper()} checkpointData"
         )
     return cp
+
+
+def _device_entry(raw: Any, where: str, source: str, versions: set[str]) -> PodDevicesEntry:
+    """One PodDeviceEntries item; adds the checkpoint version its DeviceIDs have to ``versions``."""
+    e = _object(raw, where, source)
+    ids = _field(e, "DeviceIDs", None)
+    per_numa: dict[int, list[str] | None] | None = None
+    flat: list[str] | None = None
+    if isinstance(ids, list):
+        versions.add("v1")
+        flat = _strings(ids, f"{where}.DeviceIDs", source)
+    elif isinstance(ids, dict):
+        versions.add("v2")
+        per_numa = _per_numa_ids(ids, where, source)
+    elif ids is not None:
+        raise CheckpointError(f"{source}: {where}.DeviceIDs must be a map of NUMA node to device ids")
+    resp = _field(e, "AllocResp", None)
+    alloc: bytes | None = None
+    if resp is not None:
+        try:
+            alloc = base64.b64decode(_string(resp, f"{where}.AllocResp", source), validate=True)
+        except binascii.Error as exc:
+            raise CheckpointError(f"{source}: {where}.AllocResp is not base64: {exc}") from None
+    return PodDevicesEntry(
+        pod_uid=_string(_field(e, "PodUID", ""), f"{where}.PodUID", source),
+        container_name=_string(_field(e, "ContainerName", ""), f"{where}.ContainerName", source),
+        resource_name=_string(_field(e, "ResourceName", ""), f"{where}.ResourceName", source),
+        device_ids=per_numa,
+        flat_device_ids=flat,
+        alloc_resp=alloc,
+    )
+
+
+def _per_numa_ids(ids: dict[str, Any], where: str, source: str) -> dict[int, list[str] | None]:
+    """V2 DeviceIDs: device ids by NUMA node (the JSON keys are the nodes' numbers)."""
+    per_numa: dict[int, list[str] | None] = {}
+    for key, value in ids.items():
+        try:
+            node = int(key, 10)
+        except ValueError:
+            raise CheckpointError(f"{source}: {where}.DeviceIDs has a key that is not a NUMA node: {key!r}") from None
+        per_numa[node] = _strings(value, f"{where}.DeviceIDs[{key}]", source)
+    return per_numa
 
 
 # --------------------------------------------------------------------------- CPU manager
@@ -367,25 +373,11 @@ def cpu_checksum_text(cp: CPUCheckpoint) -> str:
     )
 
 
-def parse_cpu_state(data: bytes | str, source: str = CPU_STATE) -> CPUCheckpoint:
-    """Parse and verify ``cpu_manager_state`` (V2, or V1 keyed by container id).
-
-    As the kubelet does, V1 is tried first and V2 next: a file both can read (no entries)
-    is whichever its checksum matches."""
-    top = _object(_decode_json(data, source), "the checkpoint", source)
-    if _has(top, "data") or _has(top, "podEntries"):
-        raise CheckpointError(
-            f"{source}: this is a newer CPU manager checkpoint format (with 'data' or 'podEntries', "
-            "written with the PodLevelResourceManagers feature); its checksum rules are not known to "
-            "eventsrc, so it cannot be verified and is not imported"
-        )
-    policy = _string(_field(top, "policyName", ""), "policyName", source)
-    default = _string(_field(top, "defaultCpuSet", ""), "defaultCpuSet", source)
-    checksum = _uint(_field(top, "checksum", 0), "checksum", source)
-    # new*Checkpoint() starts with an empty map: a missing key keeps it, null makes it nil.
-    raw = _field(top, "entries", {})
-    if raw is not None:
-        _object(raw, "entries", source)
+def _cpu_candidates(
+    raw: dict[str, Any] | None, policy: str, default: str, checksum: int, source: str
+) -> list[CPUCheckpoint]:
+    """The readings of ``entries`` that fit: V1 (container id to cpuset), V2 (pod to container
+    to cpuset), both when there are no entries, neither when they fit neither."""
     candidates: list[CPUCheckpoint] = []
     if raw is None or all(isinstance(v, str) for v in raw.values()):
         candidates.append(
@@ -416,28 +408,61 @@ def parse_cpu_state(data: bytes | str, source: str = CPU_STATE) -> CPUCheckpoint
                 checksum=checksum,
             )
         )
-    if not candidates:
-        raise CheckpointError(
-            f"{source}: entries must map pod uids to containers (V2) or container ids to cpusets (V1)"
-        )
+    return candidates
+
+
+def _verified(candidates: list[CPUCheckpoint], checksum: int, source: str) -> CPUCheckpoint:
+    """The first candidate whose checksum matches, or the first unverified when the file's
+    checksum is 0; ChecksumMismatchError when none matches."""
     if checksum == 0:
         # "compatibility with old file backend": the kubelet does not verify a zero checksum.
-        cp = msgspec.structs.replace(candidates[0], verified=False)
-    else:
-        computed = [fnv32a(cpu_checksum_text(c)) for c in candidates]
-        matching = [c for c, sum_ in zip(candidates, computed, strict=True) if sum_ == checksum]
-        if not matching:
-            scheme = f"spew-FNV-32a of the {candidates[-1].version.upper()} checkpoint"
-            if len(candidates) > 1:
-                scheme += f"; {computed[0]} read as {candidates[0].version.upper()}"
-            raise ChecksumMismatchError(source, checksum, computed[-1], scheme)
-        cp = matching[0]
+        return msgspec.structs.replace(candidates[0], verified=False)
+    computed = [fnv32a(cpu_checksum_text(c)) for c in candidates]
+    matching = [c for c, sum_ in zip(candidates, computed, strict=True) if sum_ == checksum]
+    if not matching:
+        scheme = f"spew-FNV-32a of the {candidates[-1].version.upper()} checkpoint"
+        if len(candidates) > 1:
+            scheme += f"; {computed[0]} read as {candidates[0].version.upper()}"
+        raise ChecksumMismatchError(source, checksum, computed[-1], scheme)
+    return matching[0]
+
+
+def _check_cpusets(cp: CPUCheckpoint, source: str) -> None:
+    """Every cpuset in the checkpoint parses."""
     _cpuset(cp.default_cpu_set, "the default cpu set", source)
     for pod, containers in (cp.entries or {}).items():
         for name, cpus in containers.items():
             _cpuset(cpus, f"the cpuset of container {name!r} in pod {pod!r}", source)
     for cid, cpus in (cp.container_entries or {}).items():
         _cpuset(cpus, f"the cpuset of container id {cid!r}", source)
+
+
+def parse_cpu_state(data: bytes | str, source: str = CPU_STATE) -> CPUCheckpoint:
+    """Parse and verify ``cpu_manager_state`` (V2, or V1 keyed by container id).
+
+    As the kubelet does, V1 is tried first and V2 next: a file both can read (no entries)
+    is whichever its checksum matches."""
+    top = _object(_decode_json(data, source), "the checkpoint", source)
+    if _has(top, "data") or _has(top, "podEntries"):
+        raise CheckpointError(
+            f"{source}: this is a newer CPU manager checkpoint format (with 'data' or 'podEntries', "
+            "written with the PodLevelResourceManagers feature); its checksum rules are not known to "
+            "eventsrc, so it cannot be verified and is not imported"
+        )
+    policy = _string(_field(top, "policyName", ""), "policyName", source)
+    default = _string(_field(top, "defaultCpuSet", ""), "defaultCpuSet", source)
+    checksum = _uint(_field(top, "checksum", 0), "checksum", source)
+    # new*Checkpoint() starts with an empty map: a missing key keeps it, null makes it nil.
+    raw = _field(top, "entries", {})
+    if raw is not None:
+        _object(raw, "entries", source)
+    candidates = _cpu_candidates(raw, policy, default, checksum, source)
+    if not candidates:
+        raise CheckpointError(
+            f"{source}: entries must map pod uids to containers (V2) or container ids to cpusets (V1)"
+        )
+    cp = _verified(candidates, checksum, source)
+    _check_cpusets(cp, source)
     return cp
 
 
