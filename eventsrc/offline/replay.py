@@ -200,28 +200,43 @@ def _cpus(ids: Iterable[int]) -> str:
 def _probes(views: Views, rec: Record) -> list[Probe]:
     """What ``rec`` may change, each with a function giving its state now (called before
     and after the event is applied). Names are taken before, while the pod is known."""
-    from eventsrc import events as ev
-    from eventsrc.core.invariants import who
-    from eventsrc.offline.render import short
-    from eventsrc.state.lifecycles import (
-        CLAIM,
-        CLAIM_ABSENT,
-        DRIVER_EVENTS,
-        POD_ABSENT,
-        PREPARE_FAILED,
-        UNPREPARE_FAILED,
-    )
+    probes = _Probes(views, rec.event)
+    probes.collect()
+    return probes.out
 
-    e = rec.event
-    out: list[Probe] = []
 
-    def device(resource: str, device_id: str) -> None:
+class _Probes:
+    """The probes of one event: one builder per kind of thing an event changes, and
+    ``collect``, which says which things each event type changes."""
+
+    def __init__(self, views: Views, event: Any) -> None:
+        self.views = views
+        self.e = event
+        self.out: list[Probe] = []
+
+    def device(self, resource: str, device_id: str) -> None:
+        views = self.views
+
         def state() -> str:
             return _device_state(views, views.devices.devices.get(resource, {}).get(device_id))
 
-        out.append((f"{device_id} {resource}", state, (resource, device_id)))
+        self.out.append((f"{device_id} {resource}", state, (resource, device_id)))
 
-    def pod(ref_uid: str, name: str) -> None:
+    def numa(self, resource: str, device_id: str) -> None:
+        views = self.views
+
+        def state() -> str:
+            d = views.devices.devices.get(resource, {}).get(device_id)
+            return ",".join(map(str, d.numa_nodes)) or "none" if d is not None else "none"
+
+        self.out.append((f"NUMA nodes of {device_id} {resource}", state, None))
+
+    def pod(self, ref_uid: str, name: str) -> None:
+        from eventsrc import events as ev
+        from eventsrc.state.lifecycles import POD_ABSENT
+
+        views, e = self.views, self.e
+
         def state() -> str:
             p = views.pods.pods.get(ref_uid)
             if p is not None:
@@ -230,15 +245,23 @@ def _probes(views: Views, rec: Record) -> list[Probe]:
                 return f"rejected ({views.pods.rejected[ref_uid]})"
             return "removed" if isinstance(e, ev.PodRemoved) else POD_ABSENT
 
-        out.append((f"pod {name}", state, None))
+        self.out.append((f"pod {name}", state, None))
 
-    def cpus(pod_uid: str, container: str) -> None:
+    def cpus(self, pod_uid: str, container: str) -> None:
+        from eventsrc.core.invariants import who
+
+        views = self.views
+
         def state() -> str:
             return _cpus(views.cpus.assignments.get(pod_uid, {}).get(container, []))
 
-        out.append((f"exclusive cpus of {who(views, pod_uid, container)}", state, None))
+        self.out.append((f"exclusive cpus of {who(views, pod_uid, container)}", state, None))
 
-    def claim(uid: str, namespace: str = "", name: str = "") -> None:
+    def claim(self, uid: str, namespace: str = "", name: str = "") -> None:
+        from eventsrc.core.invariants import who
+        from eventsrc.state.lifecycles import CLAIM, CLAIM_ABSENT, PREPARE_FAILED, UNPREPARE_FAILED
+
+        views = self.views
         known = views.claims.claims.get(uid)
         if not name and known is not None:
             namespace, name = known.namespace, known.name
@@ -252,9 +275,11 @@ def _probes(views: Views, rec: Record) -> list[Probe]:
             error = f" ({c.error})" if c.error and c.state in (PREPARE_FAILED, UNPREPARE_FAILED) else ""
             return f"{CLAIM.label(c.state)}{error}{pods}"
 
-        out.append((f"claim {label}", state, None))
+        self.out.append((f"claim {label}", state, None))
 
-    def plugin(resource: str, kind: str) -> None:
+    def plugin(self, resource: str, kind: str) -> None:
+        views = self.views
+
         def state() -> str:
             table = views.claims.drivers if kind == "DRAPlugin" else views.devices.plugins
             p = table.get(resource)
@@ -263,77 +288,90 @@ def _probes(views: Views, rec: Record) -> list[Probe]:
             return f"connected at {p.endpoint}" if p.connected else "disconnected"
 
         label = "DRA driver" if kind == "DRAPlugin" else "plugin"
-        out.append((f"{label} {resource}", state, None))
+        self.out.append((f"{label} {resource}", state, None))
 
-    if isinstance(e, (ev.DaemonStarted, ev.DaemonStopped)):
-        m = views.meta
-        out.append(
-            (
-                "daemon",
-                lambda: f"running (instance {m.instance_id[:8]}, version {m.version})" if m.running else "stopped",
-                None,
-            )
-        )
-    elif isinstance(e, ev.CorruptRecordFound):
-        out.append(
-            (
-                f"record {e.seq}",
-                lambda: "reported corrupt" if e.seq in views.meta.corrupt_reported else "not reported",
-                None,
-            )
-        )
-    elif isinstance(e, ev.ConfigurationChanged):
-        out.append(
-            (
-                "configuration",
-                lambda: " ".join(f"{k}={short(views.meta.config.get(k))}" for k in e.changed) or "-",
-                None,
-            )
-        )
-    elif isinstance(e, ev.PolicyConfigurationChanged):
-        if e.manager == "cpu":
-            out.append(
+    def node(self) -> bool:
+        """The daemon, a corrupt record's report, the configuration and the CPU policy;
+        False when the event changes none of them."""
+        from eventsrc import events as ev
+        from eventsrc.offline.render import short
+
+        views, e = self.views, self.e
+        if isinstance(e, (ev.DaemonStarted, ev.DaemonStopped)):
+            m = views.meta
+            self.out.append(
                 (
-                    "cpu policy",
-                    lambda: " ".join(f"{k}={short(v)}" for k, v in views.cpus.policy.items()) or "none",
+                    "daemon",
+                    lambda: f"running (instance {m.instance_id[:8]}, version {m.version})" if m.running else "stopped",
                     None,
                 )
             )
-    elif isinstance(e, (ev.PluginRegistered, ev.PluginDisconnected)):
-        plugin(e.resource, e.kind)
-    elif isinstance(e, ev.DevicesAdded):
-        for d in e.devices:
-            device(e.resource, d.id)
-    elif isinstance(
-        e, (ev.DevicesRemoved, ev.DevicesReserved, ev.DevicesAllocated, ev.AllocationFailed, ev.DevicesReleased)
-    ):
-        for device_id in e.device_ids:
-            device(e.resource, device_id)
-    elif isinstance(e, ev.ResourceDropped):
-        plugin(e.resource, "DevicePlugin")
-        for device_id in views.devices.devices.get(e.resource, {}):
-            device(e.resource, device_id)
-    elif isinstance(e, ev.DeviceHealthChanged):
-        device(e.resource, e.device_id)
+        elif isinstance(e, ev.CorruptRecordFound):
+            self.out.append(
+                (
+                    f"record {e.seq}",
+                    lambda: "reported corrupt" if e.seq in views.meta.corrupt_reported else "not reported",
+                    None,
+                )
+            )
+        elif isinstance(e, ev.ConfigurationChanged):
+            self.out.append(
+                (
+                    "configuration",
+                    lambda: " ".join(f"{k}={short(views.meta.config.get(k))}" for k in e.changed) or "-",
+                    None,
+                )
+            )
+        elif isinstance(e, ev.PolicyConfigurationChanged):
+            if e.manager == "cpu":
+                self.out.append(
+                    (
+                        "cpu policy",
+                        lambda: " ".join(f"{k}={short(v)}" for k, v in views.cpus.policy.items()) or "none",
+                        None,
+                    )
+                )
+        else:
+            return False
+        return True
 
-        def numa() -> str:
-            d = views.devices.devices.get(e.resource, {}).get(e.device_id)
-            return ",".join(map(str, d.numa_nodes)) or "none" if d is not None else "none"
+    def collect(self) -> None:
+        from eventsrc import events as ev
+        from eventsrc.core.invariants import who
+        from eventsrc.state.lifecycles import DRIVER_EVENTS
 
-        out.append((f"NUMA nodes of {e.device_id} {e.resource}", numa, None))
-    elif isinstance(e, (ev.PodAdmissionStarted, ev.PodAdmitted, ev.AdmissionRejected)):
-        pod(e.pod.uid, f"{e.pod.namespace}/{e.pod.name}" if e.pod.name else e.pod.uid)
-    elif isinstance(e, ev.PodRemoved):
-        pod(e.pod_uid, who(views, e.pod_uid))
-    elif isinstance(e, (ev.CPUsAssigned, ev.CPUsReleased)):
-        cpus(e.pod_uid, e.container)
-    elif isinstance(e, ev.SharedPoolChanged):
-        out.append(("shared pool", lambda: _cpus(views.cpus.shared), None))
-    elif isinstance(e, DRIVER_EVENTS):
-        claim(e.claim.uid, e.claim.namespace, e.claim.name)
-    elif isinstance(e, (ev.PodReferenceAdded, ev.PodReferenceRemoved)):
-        claim(e.claim_uid)
-    return out
+        views, e = self.views, self.e
+        if self.node():
+            return
+        if isinstance(e, (ev.PluginRegistered, ev.PluginDisconnected)):
+            self.plugin(e.resource, e.kind)
+        elif isinstance(e, ev.DevicesAdded):
+            for d in e.devices:
+                self.device(e.resource, d.id)
+        elif isinstance(
+            e, (ev.DevicesRemoved, ev.DevicesReserved, ev.DevicesAllocated, ev.AllocationFailed, ev.DevicesReleased)
+        ):
+            for device_id in e.device_ids:
+                self.device(e.resource, device_id)
+        elif isinstance(e, ev.ResourceDropped):
+            self.plugin(e.resource, "DevicePlugin")
+            for device_id in views.devices.devices.get(e.resource, {}):
+                self.device(e.resource, device_id)
+        elif isinstance(e, ev.DeviceHealthChanged):
+            self.device(e.resource, e.device_id)
+            self.numa(e.resource, e.device_id)
+        elif isinstance(e, (ev.PodAdmissionStarted, ev.PodAdmitted, ev.AdmissionRejected)):
+            self.pod(e.pod.uid, f"{e.pod.namespace}/{e.pod.name}" if e.pod.name else e.pod.uid)
+        elif isinstance(e, ev.PodRemoved):
+            self.pod(e.pod_uid, who(views, e.pod_uid))
+        elif isinstance(e, (ev.CPUsAssigned, ev.CPUsReleased)):
+            self.cpus(e.pod_uid, e.container)
+        elif isinstance(e, ev.SharedPoolChanged):
+            self.out.append(("shared pool", lambda: _cpus(views.cpus.shared), None))
+        elif isinstance(e, DRIVER_EVENTS):
+            self.claim(e.claim.uid, e.claim.namespace, e.claim.name)
+        elif isinstance(e, (ev.PodReferenceAdded, ev.PodReferenceRemoved)):
+            self.claim(e.claim_uid)
 
 
 def step(views: Views, item: Record | CorruptRecordError) -> list[Change]:
