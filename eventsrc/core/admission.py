@@ -366,6 +366,7 @@ class PodAdmission:
                 self.requests,
                 resources,
                 held=held,
+                numa_nodes=self._machine_numa_nodes(),
                 pod_uid=uid,
                 affinity_of=affinity_of,
                 device_hints_needed=tm.scope == "container",
@@ -403,6 +404,11 @@ class PodAdmission:
         ]
         return Intent(intent, allocations, claims.work() if self.pod.claims else None, tuple(pinning))
 
+    def _machine_numa_nodes(self) -> list[int]:
+        # The machine's NUMA nodes (as the topology manager got them), never the ids plugins
+        # report: hints are masks over these, as the kubelet's are.
+        return list(self.config.topology.numa_info.nodes)
+
     def _pod_affinity(
         self,
         resources: dict[str, ResourceState],
@@ -415,8 +421,8 @@ class PodAdmission:
         for resource, state in resources.items():
             n = pod_request(containers, self.requests, resource)
             pod_held = [i for (_, r), ids in held.items() if r == resource for i in ids]
-            numa = sorted({x for d in state.table.values() for x in d.numa_nodes})
-            device_hints[resource] = container_hints(state.table, pod_held, state.in_use, [], n, numa)
+            machine = self._machine_numa_nodes()
+            device_hints[resource] = container_hints(state.table, pod_held, state.in_use, [], n, machine)
         best, admit = self.config.topology.policy.merge(
             [_cpu_provider(cpus.pod_hints(containers)), _device_provider(device_hints)]
         )

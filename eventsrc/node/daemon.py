@@ -151,7 +151,7 @@ class Daemon:
         self._appending = 0
         self._appending_since = self._last_commit = time.monotonic()
         # The one place the parts meet: each is handed what it uses (the daemon as a Recorder).
-        self.devices = DeviceManager(self, layout.device_plugins, grace=grace)
+        self.devices = DeviceManager(self, layout.device_plugins, grace, self.topology.numa_info.nodes)
         self.dra = DRAManager(self)
         self.admission = Admission(
             self, AdmissionConfig(self.cpus, self.topology, admission_wait), self.devices, self.dra

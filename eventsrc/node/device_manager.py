@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import stat
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from grpclib.client import Channel
 from grpclib.server import Stream
 
 from eventsrc import events as ev
-from eventsrc.core.devices.holds import list_and_watch_events
+from eventsrc.core.devices.holds import DeviceList, check_device_list, list_and_watch_events
 from eventsrc.core.devices.names import endpoint_error, registration_error
 from eventsrc.errors import EventsrcError
 from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as pb
@@ -103,6 +104,7 @@ class Endpoint:
     ended: bool = False
     coalesced: int = 0  # lists never recorded, since the last log line saying so
     coalesced_logged: float = -math.inf
+    reported: frozenset[str] = frozenset()  # what was wrong with its list, already logged
 
     def close(self) -> None:
         self.channel.close()
@@ -234,6 +236,28 @@ class RegistrationService(RegistrationBase):
         await stream.send_message(pb.Empty())
 
 
+def _log_checked(ep: Endpoint, checked: DeviceList, machine_numa_nodes: Sequence[int]) -> None:
+    """One warning per thing wrong with a plugin's list, when it first shows (a plugin that
+    sends the same list ten times a second is told once)."""
+    found: dict[str, tuple[str, dict[str, object]]] = {}
+    for device_id, reason in checked.refused.items():
+        found[f"refused {device_id!r} {reason}"] = ("device refused", {"device": device_id, "reason": reason})
+    for device_id, times in checked.duplicates.items():
+        found[f"duplicate {device_id!r}"] = (
+            "device listed more than once, the last listing taken",
+            {"device": device_id, "times": times},
+        )
+    for device_id, ids in checked.outside.items():
+        found[f"outside {device_id!r} {ids}"] = (
+            "device on NUMA nodes this machine does not have, not used for alignment",
+            {"device": device_id, "numa_ids": ids, "machine_numa_nodes": list(machine_numa_nodes)},
+        )
+    for key in sorted(found.keys() - ep.reported):
+        message, fields = found[key]
+        log.warning(message, resource=ep.resource, endpoint=ep.endpoint, **fields)
+    ep.reported = frozenset(found)
+
+
 def _log_listed(events: list[ev._Event]) -> None:
     """One line per change a plugin's ListAndWatch made: devices added, removed, health."""
     for e in events:
@@ -251,9 +275,13 @@ class DeviceManager:
     """The device manager (``eventsrc.node.interfaces.DevicePlugins``): plugins register in
     ``directory`` (its ``kubelet.sock``) and through plugins_registry (``RegistryHandler``)."""
 
-    def __init__(self, recorder: Recorder, directory: Path, grace: float = DEFAULT_GRACE) -> None:
+    def __init__(
+        self, recorder: Recorder, directory: Path, grace: float = DEFAULT_GRACE, machine_numa_nodes: Sequence[int] = ()
+    ) -> None:
         self.recorder = recorder
         self.directory = directory
+        # NUMA ids a device may be aligned on (the CPU topology's); others are reported.
+        self.machine_numa_nodes = list(machine_numa_nodes)
         self.socket = self.directory / "kubelet.sock"
         self.grace = grace
         self.endpoints: dict[str, Endpoint] = {}
@@ -426,7 +454,9 @@ class DeviceManager:
             )
             ep.coalesced, ep.coalesced_logged = 0, now
         known = self.recorder.views.devices.devices.get(ep.resource, {})
-        events = list_and_watch_events(ep.resource, {k: d for k, d in known.items() if not d.removed}, update)
+        machine = self.machine_numa_nodes
+        _log_checked(ep, check_device_list(update, machine), machine)
+        events = list_and_watch_events(ep.resource, {k: d for k, d in known.items() if not d.removed}, update, machine)
         if events:
             with correlation(new_correlation_id()):  # one update of the plugin's list
                 await self.recorder.record(events)

@@ -5,18 +5,28 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from eventsrc import events as ev
-from eventsrc.core.devices.holds import list_and_watch_events, restart_events
+from eventsrc.core.admission import AdmissionConfig, Intent, PluginWanted, PodAdmission, Refused
+from eventsrc.core.cpu.assignment import StaticPolicyOptions
+from eventsrc.core.cpu.cpuset import CPUSet
+from eventsrc.core.cpu.static import CPUManagerConfig
+from eventsrc.core.cpu.topology import Core, MachineInfo, discover
+from eventsrc.core.cpu.topology import Node as CPUNode
+from eventsrc.core.devices.holds import check_device_list, list_and_watch_events, restart_events
 from eventsrc.core.devices.names import (
     endpoint_error,
     is_extended_resource_name,
     registration_error,
 )
+from eventsrc.core.topology_manager import Policy, ProviderHints, TopologyHint, parse_topology_manager
 from eventsrc.events import Record, decode_record, encode_payload
+from eventsrc.inputs.manifest import PodSpec
 from eventsrc.state.apply import apply, rebuild
 from eventsrc.state.views import Views
 
@@ -209,6 +219,77 @@ LIST_AND_WATCH: list[dict[str, Any]] = [
         "expected": [],
         "after": {"d0": ("Healthy", [0], "", False), "d1": ("Healthy", [1], "", False)},
     },
+    # What a plugin's list may hold that the daemon does not take as it is (docs/security.md).
+    {
+        "id": "an ID listed twice is one device: the last listing, in its place",
+        "before": [ev.PluginRegistered(resource=GPU, endpoint="gpu.sock")],
+        "update": [dev("d0", numa=[0]), dev("d1"), dev("d0", "Unhealthy", [1])],
+        "expected": [ev.DevicesAdded(resource=GPU, devices=[dev("d1"), dev("d0", "Unhealthy", [1])])],
+        "after": {"d0": ("Unhealthy", [1], "", False), "d1": ("Healthy", [], "", False)},
+    },
+    {
+        "id": "a device with an empty ID is refused, the others taken",
+        "before": [ev.PluginRegistered(resource=GPU, endpoint="gpu.sock")],
+        "update": [dev(""), dev("d0", numa=[0]), dev("", "Unhealthy", [1])],
+        "expected": [ev.DevicesAdded(resource=GPU, devices=[dev("d0", numa=[0])])],
+        "after": {"d0": ("Healthy", [0], "", False)},
+    },
+    {
+        "id": "a device on a negative NUMA id is refused, the others taken",
+        "before": [ev.PluginRegistered(resource=GPU, endpoint="gpu.sock")],
+        "update": [dev("d0", numa=[-1]), dev("d1", numa=[1]), dev("d2", numa=[0, -5])],
+        "expected": [ev.DevicesAdded(resource=GPU, devices=[dev("d1", numa=[1])])],
+        "after": {"d1": ("Healthy", [1], "", False)},
+    },
+    {
+        "id": "a known device listed on a negative NUMA id is removed with the reason",
+        "before": LISTED,
+        "update": [dev("d0", numa=[-1]), dev("d1", numa=[1])],
+        "expected": [ev.DevicesRemoved(resource=GPU, device_ids=["d0"], reason="refused: NUMA id -1 is negative")],
+        "after": {"d1": ("Healthy", [1], "", False)},
+    },
+    {
+        "id": "a held device listed on a negative NUMA id stays with its holder",
+        "before": D1_HELD,
+        "update": [dev("d0", numa=[0]), dev("d1", numa=[-1])],
+        "expected": [ev.DevicesRemoved(resource=GPU, device_ids=["d1"], reason="refused: NUMA id -1 is negative")],
+        "after": {"d0": ("Healthy", [0], "", False), "d1": ("Unhealthy", [1], "u1/c", True)},
+    },
+    {
+        "id": "NUMA ids past the machine's and past 63 are recorded as the plugin said them",
+        "before": [ev.PluginRegistered(resource=GPU, endpoint="gpu.sock")],
+        "update": [dev("d0", numa=[23]), dev("d1", numa=[64, 1 << 40])],
+        "expected": [ev.DevicesAdded(resource=GPU, devices=[dev("d0", numa=[23]), dev("d1", numa=[64, 1 << 40])])],
+        "after": {"d0": ("Healthy", [23], "", False), "d1": ("Healthy", [64, 1 << 40], "", False)},
+    },
+]
+
+# ===================================================================== check_device_list
+# What a list held that is not taken as it is, for the daemon's log, on a 2-node machine.
+
+CHECKS: list[dict[str, Any]] = [
+    {"id": "a good list", "update": [dev("d0", numa=[0]), dev("d1", numa=[0, 1]), dev("d2")], "found": ({}, {}, {})},
+    {
+        "id": "duplicates, counted as listed",
+        "update": [dev("d0"), dev("d0"), dev("d1"), dev("d0", "Unhealthy")],
+        "found": ({}, {"d0": 3}, {}),
+    },
+    {"id": "empty IDs", "update": [dev(""), dev("", numa=[0])], "found": ({"": "the device has an empty ID"}, {}, {})},
+    {
+        "id": "negative NUMA ids, the lowest named",
+        "update": [dev("d0", numa=[0, -3, -1])],
+        "found": ({"d0": "NUMA id -3 is negative"}, {}, {}),
+    },
+    {
+        "id": "a refused listing followed by a good one: the last counts",
+        "update": [dev("d0", numa=[-1]), dev("d0", numa=[1])],
+        "found": ({}, {"d0": 2}, {}),
+    },
+    {
+        "id": "NUMA ids the machine does not have",
+        "update": [dev("d0", numa=[0, 23]), dev("d1", numa=[64, 2, 64]), dev("d2", numa=[1])],
+        "found": ({}, {}, {"d0": [23], "d1": [2, 64]}),
+    },
 ]
 
 # ======================================================================== restart_events
@@ -355,6 +436,17 @@ def test_list_and_watch_events(case: dict[str, Any]) -> None:
     assert list_and_watch_events(GPU, known_to_the_shell(views, GPU), case["update"]) == []
 
 
+@pytest.mark.parametrize("case", CHECKS, ids=lambda c: c["id"])
+def test_check_device_list(case: dict[str, Any]) -> None:
+    checked = check_device_list(case["update"], [0, 1])
+    assert (checked.refused, checked.duplicates, checked.outside) == case["found"]
+    ids = [d.id for d in checked.devices]
+    assert all(ids) and len(ids) == len(set(ids))
+    # What is recorded is what was taken, with the count the log line gives.
+    events = list_and_watch_events(GPU, {}, case["update"], [0, 1])
+    assert [d for e in events if isinstance(e, ev.DevicesAdded) for d in e.devices] == checked.devices
+
+
 @pytest.mark.parametrize("case", RESTARTS, ids=lambda c: c["id"])
 def test_restart_events(case: dict[str, Any]) -> None:
     views = rebuild(as_records(case["before"]))
@@ -373,3 +465,117 @@ def test_restart_events(case: dict[str, Any]) -> None:
             assert views.pods.rejected[e.pod.uid] == RESTARTED
     # Everything is finished: a second start has nothing left to do.
     assert restart_events(views) == []
+
+
+# ================================================= NUMA ids at admission (eventsrc.core.admission)
+# A plugin names NUMA ids; the machine has its own (the CPU topology's). Hints are masks over
+# the machine's nodes only, and a device on an id the machine lacks counts as having no
+# topology: a plugin cannot widen the set of masks walked, nor break a mask with a bad id.
+
+MACHINE_2 = discover(
+    MachineInfo(
+        num_cores=4,
+        num_sockets=2,
+        topology=(
+            CPUNode(0, tuple(Core(i, 0, (i,)) for i in range(2))),
+            CPUNode(1, tuple(Core(i, 1, (2 + i,)) for i in range(2))),
+        ),
+    )
+)
+
+
+class RecordingPolicy(Policy):
+    """A policy that keeps every provider hint it was asked to merge."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.seen: list[TopologyHint] = []
+
+    def merge(self, providers_hints: Sequence[ProviderHints]) -> tuple[TopologyHint, bool]:
+        for provider in providers_hints:
+            for hints in (provider or {}).values():
+                self.seen += hints or []
+        return self.inner.merge(providers_hints)
+
+
+def numa_admission(
+    devices: list[ev.DeviceInfo], request: int, policy: str, scope: str = "container"
+) -> tuple[Any, RecordingPolicy]:
+    """Plan a pod asking ``request`` devices on a 2-node machine; (plan's result, the policy)."""
+    views = record(
+        Views(),
+        [ev.PluginRegistered(resource=GPU, endpoint="gpu.sock"), ev.DevicesAdded(resource=GPU, devices=devices)],
+    )
+    tm = parse_topology_manager(policy, scope, {}, MACHINE_2.cpu_details.numa_nodes().sorted_list())
+    recording = RecordingPolicy(tm.policy)
+    cfg = AdmissionConfig(
+        CPUManagerConfig("none", MACHINE_2, CPUSet(), StaticPolicyOptions()),
+        dataclasses.replace(tm, policy=recording),
+        30.0,
+    )
+    limits = {GPU: str(request)}
+    spec = PodSpec(pod=POD, containers=[ev.ContainerSpec(name="c", requests=limits, limits=limits)], claims=[])
+    core = PodAdmission(views, cfg, spec)
+    find = core.find()
+    question = next(find)
+    assert question == PluginWanted(GPU)
+    with pytest.raises(StopIteration):
+        find.send(ev.PluginOptions())
+    plan = core.plan()
+    try:
+        ask = next(plan)
+        raise AssertionError(f"the plugin was asked {ask} though it offers no preference")
+    except StopIteration as stop:
+        return stop.value, recording
+
+
+def hinted_nodes(policy: RecordingPolicy) -> set[int]:
+    return {n for h in policy.seen for n in h.nodes() or []}
+
+
+@pytest.mark.parametrize("scope", ["container", "pod"])
+def test_a_device_on_a_numa_id_the_machine_lacks_is_not_aligned(scope: str) -> None:
+    devices = [dev("d0", numa=[0]), dev("d1", numa=[1]), dev("d23", numa=[23])]
+    result, policy = numa_admission(devices, 1, "best-effort", scope)
+    assert isinstance(result, Intent), result
+    assert policy.seen and hinted_nodes(policy) <= {0, 1}
+    # Three devices could hold two: d23 has no topology, so the hints are those of d0 and d1.
+    result, policy = numa_admission(devices, 3, "best-effort", scope)
+    assert isinstance(result, Intent), result
+    assert hinted_nodes(policy) <= {0, 1}
+    (reserved,) = [e for e in result.events if isinstance(e, ev.DevicesReserved)]
+    assert sorted(reserved.device_ids) == ["d0", "d1", "d23"]
+
+
+def test_devices_only_on_numa_ids_the_machine_lacks_have_no_preference() -> None:
+    result, policy = numa_admission([dev("d5", numa=[5]), dev("d7", numa=[7, 0])], 1, "single-numa-node")
+    assert isinstance(result, Intent), result  # no preference (nil hints) is admitted everywhere
+    assert hinted_nodes(policy) <= {0, 1}
+
+
+@pytest.mark.parametrize("numa", [[-1], [64], [1 << 40], [0, -1]], ids=str)
+@pytest.mark.parametrize("policy", ["best-effort", "restricted", "single-numa-node", "none"])
+def test_a_bad_numa_id_in_the_log_never_breaks_an_admission(numa: list[int], policy: str) -> None:
+    # ListAndWatch refuses negative ids now, but a log written before may hold them.
+    devices = [dev("bad", numa=numa), dev("d0", numa=[0]), dev("e0", numa=[0]), dev("d1", numa=[1])]
+    result, seen = numa_admission(devices, 2, policy)
+    assert isinstance(result, Intent), result
+    assert hinted_nodes(seen) <= {0, 1}
+
+
+@pytest.mark.timeout(120)  # the walk over every subset of 24 ids would take hours
+@pytest.mark.parametrize(
+    ("policy", "scope"),
+    [("best-effort", "container"), ("best-effort", "pod"), ("restricted", "container"), ("none", "container")],
+)
+def test_devices_on_24_numa_ids_on_a_2_node_machine(policy: str, scope: str) -> None:
+    devices = [dev(f"d{i}", numa=[i]) for i in range(24)]
+    result, seen = numa_admission(devices, 12, policy, scope)
+    assert hinted_nodes(seen) <= {0, 1}
+    if policy == "restricted":  # two aligned devices cannot hold twelve: no preferred hint
+        assert isinstance(result, Refused), result
+    else:
+        assert isinstance(result, Intent), result
+        (reserved,) = [e for e in result.events if isinstance(e, ev.DevicesReserved)]
+        assert len(set(reserved.device_ids)) == 12

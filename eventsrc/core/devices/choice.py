@@ -28,7 +28,7 @@ import functools
 import heapq
 import itertools
 import re
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from eventsrc.events import ContainerSpec
@@ -58,6 +58,14 @@ class Hint:
     def sort_key(self) -> tuple[bool, int, int]:
         # The kubelet's LessThan: preferred first, then narrower, then the lower mask.
         return (not self.preferred, len(self.nodes), sum(1 << n for n in self.nodes))
+
+
+def aligned_nodes(device_nodes: Iterable[int], machine_numa_nodes: Collection[int]) -> list[int]:
+    """A device's NUMA nodes as alignment uses them: none at all when the plugin named one
+    the machine does not have (the device then counts as having no topology, as the
+    kubelet's devices without one do), so that hints stay within the machine's nodes."""
+    nodes = list(device_nodes)
+    return nodes if all(n in machine_numa_nodes for n in nodes) else []
 
 
 def generate_hints(
@@ -124,9 +132,9 @@ def container_hints(
 ) -> list[Hint] | None:
     """GetTopologyHints for one resource of one container: None means "no preference"
     (no device has topology); an empty list means it cannot be satisfied."""
-    devices = {i: d.numa_nodes for i, d in table.items() if d.numa_nodes}
-    topology = {i: d.numa_nodes for i, d in table.items()}
-    if not devices:
+    machine = frozenset(numa_nodes)
+    topology = {i: aligned_nodes(d.numa_nodes, machine) for i, d in table.items()}
+    if not any(topology.values()):
         return None
     held = list(held_by_container)
     if held:
@@ -146,15 +154,24 @@ def _sorted(hints: list[Hint]) -> list[Hint]:
 
 
 def filter_by_affinity(
-    available: Iterable[str], table: Mapping[str, DeviceView], hint: frozenset[int] | None
+    available: Iterable[str],
+    table: Mapping[str, DeviceView],
+    hint: frozenset[int] | None,
+    numa_nodes: Collection[int] | None = None,
 ) -> tuple[set[str], set[str], set[str]]:
-    """(aligned, unaligned, no affinity), as the kubelet splits the available devices."""
+    """(aligned, unaligned, no affinity), as the kubelet splits the available devices; with
+    ``numa_nodes`` (the machine's), a device on a node outside them has no affinity."""
     available = set(available)
-    if hint is None or not any(d.numa_nodes for d in table.values()):
+    machine = None if numa_nodes is None else frozenset(numa_nodes)
+
+    def nodes_of(d: DeviceView) -> list[int]:
+        return d.numa_nodes if machine is None else aligned_nodes(d.numa_nodes, machine)
+
+    if hint is None or not any(nodes_of(d) for d in table.values()):
         return set(), set(), available
     aligned, unaligned, none = set(), set(), set()
     for device_id in available:
-        nodes = table[device_id].numa_nodes if device_id in table else []
+        nodes = nodes_of(table[device_id]) if device_id in table else []
         if not nodes:
             none.add(device_id)
         elif hint.intersection(nodes):
@@ -221,22 +238,14 @@ def _packing_order(
     ids = list(ids)
     if needed <= 0 or not ids:
         return []
-    nodes_of = {i: tuple(sorted(table[i].numa_nodes)) if i in table else () for i in ids}
-    best: frozenset[int] = frozenset()
-    if numa_nodes:
-        # Count per distinct node set once; then each mask is a sum over the few sets.
-        per_set: dict[tuple[int, ...], int] = {}
-        for nodes in nodes_of.values():
-            if nodes:
-                per_set[nodes] = per_set.get(nodes, 0) + 1
-        for size in range(1, len(numa_nodes) + 1):
-            for combo in itertools.combinations(numa_nodes, size):
-                mask = frozenset(combo)
-                if sum(n for nodes, n in per_set.items() if mask.intersection(nodes)) >= needed:
-                    best = mask
-                    break
-            if best:
-                break
+    machine = frozenset(numa_nodes)
+    nodes_of = {i: tuple(sorted(aligned_nodes(table[i].numa_nodes, machine))) if i in table else () for i in ids}
+    # Count per distinct node set once; then each mask is a sum over the few sets.
+    per_set: dict[tuple[int, ...], int] = {}
+    for nodes in nodes_of.values():
+        if nodes:
+            per_set[nodes] = per_set.get(nodes, 0) + 1
+    best = _narrowest_holding(sorted(machine), per_set, needed)
 
     def key(i: str) -> tuple[object, ...]:
         nodes = nodes_of[i]
@@ -246,6 +255,39 @@ def _packing_order(
     if needed < 16:
         return heapq.nsmallest(needed, ids, key=key)
     return sorted(ids, key=key)[:needed]
+
+
+# Above this many NUMA nodes, the packing order's mask is found greedily: every subset would be
+# 2**n masks, and the none policy (which alone can run on such a machine) checks no count.
+MAX_EXACT_PACKING_NODES = 10
+
+
+def _narrowest_holding(numa_nodes: list[int], per_set: Mapping[tuple[int, ...], int], needed: int) -> frozenset[int]:
+    """The narrowest (then lowest) mask of ``numa_nodes`` whose devices can hold ``needed``;
+    empty when none can. Past MAX_EXACT_PACKING_NODES nodes, the nodes with the most devices
+    are added one by one instead (a mask that holds, not always the narrowest)."""
+
+    def holds(mask: frozenset[int]) -> bool:
+        return sum(n for nodes, n in per_set.items() if not mask.isdisjoint(nodes)) >= needed
+
+    if not numa_nodes or not per_set:
+        return frozenset()
+    if len(numa_nodes) <= MAX_EXACT_PACKING_NODES:
+        for size in range(1, len(numa_nodes) + 1):
+            for combo in itertools.combinations(numa_nodes, size):
+                if holds(mask := frozenset(combo)):
+                    return mask
+        return frozenset()
+    on: dict[int, int] = {}
+    for nodes, n in per_set.items():
+        for node in nodes:
+            on[node] = on.get(node, 0) + n
+    chosen: set[int] = set()
+    for node in sorted(numa_nodes, key=lambda x: (-on.get(x, 0), x)):
+        chosen.add(node)
+        if holds(frozenset(chosen)):
+            return frozenset(chosen)
+    return frozenset()
 
 
 def plan_pod(
@@ -369,7 +411,7 @@ def _devices_to_allocate(
         raise Refusal(
             f"requested number of devices unavailable for {resource}. Requested: {needed}, Available: {len(available)}"
         )
-    aligned, unaligned, no_affinity = filter_by_affinity(available, table, hint)
+    aligned, unaligned, no_affinity = filter_by_affinity(available, table, hint, numa_nodes)
     choice, note = "daemon", ""
 
     def ask(candidates: set[str]) -> Generator[PreferredAsk, list[str] | PreferredFailed, set[str]]:

@@ -5,21 +5,84 @@ finish, what a removal releases. Pure: views in, events out.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
 
 from eventsrc import events as ev
 from eventsrc.state.lifecycles import ADMITTING, parse_holder
 from eventsrc.state.views import DeviceView, Views
 
 
-def list_and_watch_events(resource: str, known: dict[str, DeviceView], update: list[ev.DeviceInfo]) -> list[ev._Event]:
-    """The events that turn the known devices of ``resource`` into ``update`` (the whole list).
+@dataclass(frozen=True)
+class DeviceList:
+    """A plugin's ListAndWatch list as the daemon takes it, and what it found wrong with it.
+
+    The kubelet takes any list (its map keeps the last of duplicate IDs, an empty ID is a
+    device, a NUMA id is whatever the plugin says); here a device that cannot be named or
+    placed is refused on its own, and the rest of the list is taken.
+    """
+
+    devices: list[ev.DeviceInfo]  # to record: IDs non-empty and unique, NUMA ids non-negative
+    refused: dict[str, str] = field(default_factory=dict)  # device ID -> why it is not taken
+    duplicates: dict[str, int] = field(default_factory=dict)  # ID -> times listed; the last is taken
+    # ID -> its NUMA ids the machine does not have: taken, but not used for alignment
+    outside: dict[str, list[int]] = field(default_factory=dict)
+
+
+def check_device_list(update: Iterable[ev.DeviceInfo], machine_numa_nodes: Collection[int] | None) -> DeviceList:
+    """What of ``update`` is taken. A device with an empty ID or a negative NUMA id is
+    refused (the ID "" stands for every device listed without one); of devices listed
+    under one ID, the last is taken, as in the kubelet's map. NUMA ids the machine does not
+    have (when ``machine_numa_nodes`` is given) are kept as the plugin said them, and noted:
+    alignment treats such a device as having no topology (``choice.aligned_nodes``)."""
+    taken: dict[str, ev.DeviceInfo] = {}
+    times: dict[str, int] = {}
+    refused: dict[str, str] = {}
+    for d in update:
+        if not d.id:
+            refused[""] = "the device has an empty ID"
+            continue
+        times[d.id] = times.get(d.id, 0) + 1
+        negative = sorted({n for n in d.numa_nodes if n < 0})
+        if negative:
+            refused[d.id] = f"NUMA id {negative[0]} is negative"
+            taken.pop(d.id, None)  # the last listing counts, refused or not
+            continue
+        refused.pop(d.id, None)
+        taken.pop(d.id, None)  # keep the list's order of the listing that counts
+        taken[d.id] = d
+    outside: dict[str, list[int]] = {}
+    if machine_numa_nodes is not None:
+        machine = frozenset(machine_numa_nodes)
+        for d in taken.values():
+            ids = sorted({n for n in d.numa_nodes if n not in machine})
+            if ids:
+                outside[d.id] = ids
+    return DeviceList(
+        devices=list(taken.values()),
+        refused=refused,
+        duplicates={i: n for i, n in times.items() if n > 1},
+        outside=outside,
+    )
+
+
+def list_and_watch_events(
+    resource: str,
+    known: dict[str, DeviceView],
+    update: list[ev.DeviceInfo],
+    machine_numa_nodes: Collection[int] | None = None,
+) -> list[ev._Event]:
+    """The events that turn the known devices of ``resource`` into ``update`` (the whole list),
+    as ``check_device_list`` takes it.
 
     Held devices that vanish from the list are removed from the list of devices but stay
-    held by their containers (the device view keeps a held device until it is released).
+    held by their containers (the device view keeps a held device until it is released); a
+    known device the list now lists in a way that is refused is removed with the reason.
     """
+    checked = check_device_list(update, machine_numa_nodes)
     out: list[ev._Event] = []
-    new = {d.id: d for d in update}
-    added = [d for d in update if d.id not in known]
+    new = {d.id: d for d in checked.devices}
+    added = [d for d in checked.devices if d.id not in known]
     if added:
         out.append(ev.DevicesAdded(resource=resource, devices=added))
     for device_id, d in new.items():
@@ -30,9 +93,13 @@ def list_and_watch_events(resource: str, known: dict[str, DeviceView], update: l
                     resource=resource, device_id=device_id, health=d.health, numa_nodes=list(d.numa_nodes)
                 )
             )
-    gone = [device_id for device_id in known if device_id not in new]
+    gone = [device_id for device_id in known if device_id not in new and device_id not in checked.refused]
     if gone:
         out.append(ev.DevicesRemoved(resource=resource, device_ids=gone, reason="not in the plugin's list"))
+    for device_id in known:
+        if device_id in checked.refused:
+            reason = f"refused: {checked.refused[device_id]}"
+            out.append(ev.DevicesRemoved(resource=resource, device_ids=[device_id], reason=reason))
     return out
 
 
