@@ -17,12 +17,11 @@ from grpclib.server import Stream
 from eventsrc import __version__
 from eventsrc import events as ev
 from eventsrc.core.claims import cdi_devices
-from eventsrc.core.resources import QuantityError, parse_quantity
 from eventsrc.errors import AdmissionRefused, BadRequest, EventsrcError, NotFound
 from eventsrc.events import CorruptRecordError, Record
 from eventsrc.gen.node.v1 import node_pb2 as pb
 from eventsrc.gen.node.v1.node_grpc import NodeBase
-from eventsrc.inputs.manifest import PodClaim, PodSpec
+from eventsrc.inputs.manifest import PodClaim, PodSpec, checked_pod
 from eventsrc.rpc.bridge import to_trio
 from eventsrc.state.views import PodView, Views
 
@@ -68,27 +67,28 @@ def claims_from_proto(pod: ev.PodRef, claims: list[pb.ResourceClaim]) -> list[Po
 
 
 def pod_from_proto(p: pb.Pod, claims: list[pb.ResourceClaim] | None = None) -> PodSpec:
-    if not p.uid:
+    """The pod of an Admit request, checked as the CLI checks a manifest
+    (``eventsrc.inputs.manifest.checked_pod``), and its claims. Raises BadRequest naming the
+    field, or AdmissionRefused."""
+    if not p.uid:  # the CLI generates a missing uid; the node API is given one
         raise BadRequest("pod.uid: required")
-    if not p.name:
-        raise BadRequest("pod.name: required")
-    if not p.containers:
-        raise BadRequest("pod.containers: a pod needs at least one container")
-    containers = []
-    for c in p.containers:
-        if c.kind not in ("init", "sidecar", "app"):
-            raise BadRequest(f"container {c.name!r}: kind must be init, sidecar or app, got {c.kind!r}")
-        for name, value in [*c.requests.items(), *c.limits.items()]:
-            try:
-                parse_quantity(value)
-            except QuantityError:
-                raise BadRequest(f"container {c.name!r}: {name}: {value!r} is not a quantity") from None
-        containers.append(
+    given = [
+        (
+            f"pod.containers[{i}]",
             ev.ContainerSpec(
                 name=c.name, kind=c.kind, requests=dict(c.requests), limits=dict(c.limits), claims=list(c.claims)
-            )
+            ),
         )
-    ref = ev.PodRef(uid=p.uid, namespace=p.namespace or "default", name=p.name)
+        for i, c in enumerate(p.containers)
+    ]
+    spec = checked_pod(
+        ev.PodRef(uid=p.uid, namespace=p.namespace, name=p.name),
+        given,
+        meta="pod",
+        containers_field="pod.containers",
+    )
+    containers = spec.containers
+    ref = spec.pod
     pod_claims = claims_from_proto(ref, list(claims or []))
     known = {c.ref.uid for c in pod_claims}
     for c in containers:
@@ -162,9 +162,14 @@ def find_pod(views: Views, sel: pb.PodSelector) -> PodView:
     if not sel.name:
         raise BadRequest("give a pod uid, or a namespace and a name")
     namespace = sel.namespace or "default"
-    for pod in views.pods.pods.values():
-        if pod.name == sel.name and pod.namespace == namespace:
-            return pod
+    found = [pod for pod in views.pods.pods.values() if pod.name == sel.name and pod.namespace == namespace]
+    if len(found) > 1:
+        # A pod deleted and created again under its name has a new uid; the kubelet can hold
+        # both for a while (admission does not refuse that), and the name no longer says which.
+        candidates = ", ".join(f"{p.uid} ({p.state})" for p in sorted(found, key=lambda p: p.uid))
+        raise AdmissionRefused(f"{len(found)} pods are {namespace}/{sel.name}: {candidates}; give the uid")
+    if found:
+        return found[0]
     raise NotFound(f"no pod {namespace}/{sel.name}")
 
 

@@ -43,9 +43,12 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         "remove",
         parents=[parents.root],
         help="remove a pod and release what it holds",
-        description="Remove a pod (by uid, or NAMESPACE/NAME) and release every device it holds.",
+        description="Remove a pod and release every device it holds: by --uid UID, or by NAMESPACE/NAME (a bare "
+        "argument without '/' is a uid). A NAMESPACE/NAME that two live pods share is refused, with their uids.",
     )
-    p.add_argument("pod", metavar="POD_UID|NAMESPACE/NAME")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("pod", nargs="?", metavar="NAMESPACE/NAME|UID", help="the pod's namespace/name, or its uid")
+    which.add_argument("--uid", help="the pod's uid, taken as it is (also one recorded before uids were checked)")
     add_output(p)
     p.set_defaults(func=remove)
 
@@ -139,12 +142,19 @@ def _claim_proto(bound: BoundClaim) -> Any:
 
 def remove(args: argparse.Namespace) -> int:
     from eventsrc.cli.client import call, unary
+    from eventsrc.errors import BadRequest
     from eventsrc.gen.node.v1 import node_pb2
     from eventsrc.offline import render
 
     sel = node_pb2.PodSelector()
-    if "/" in args.pod:
-        sel.namespace, sel.name = args.pod.split("/", 1)
+    if args.uid is not None:
+        sel.uid = args.uid
+    elif args.pod.count("/") == 1:  # neither a namespace nor a name holds a '/'
+        sel.namespace, sel.name = args.pod.split("/")
+        if not sel.namespace or not sel.name:
+            raise BadRequest(f"{args.pod!r}: give NAMESPACE/NAME, or --uid UID")
+    elif "/" in args.pod:
+        raise BadRequest(f"{args.pod!r} is neither NAMESPACE/NAME nor a uid; give --uid UID for a uid with '/'")
     else:
         sel.uid = args.pod
     info = call(args.layout, unary("Remove", node_pb2.RemoveRequest(pod=sel)))

@@ -8,7 +8,8 @@ and the pod. The shell (``eventsrc.node.admission``) walks it through four phase
 
     known()          a pod the views hold already is kept as it is (a restarted kubelet
                      admits its pods again) or refused, unrecorded (its admission has not
-                     ended, or its device request changed); None for a new pod
+                     ended, the uid is another pod's, or its device request changed); None
+                     for a new pod
     find()           yields PluginWanted and DriverWanted for each resource and DRA driver
                      the pod needs; returns a Refused when one is unknown or stays away
     plan()           the topology manager (container or pod scope) with the CPU and device
@@ -82,6 +83,7 @@ __all__ = [
     "PreferredFailed",
     "Question",
     "Refused",
+    "pod_difference",
     "removal",
 ]
 
@@ -215,6 +217,60 @@ class Outcome:
     failed: AllocateCall | None = None
 
 
+# --------------------------------------------------------------------------- one pod, one uid
+# A uid names one pod: the same uid given again must come with the same pod (a retry, or a
+# restarted kubelet admitting its pods again), never another one.
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What must be the same for two admissions of one uid to be one pod."""
+
+    uid: str
+    namespace: str
+    name: str
+    # per container, in order: (name, kind, requests, limits)
+    containers: tuple[tuple[str, str, Mapping[str, str], Mapping[str, str]], ...]
+
+
+def _shape(pod: Pod) -> _Shape:
+    cs = tuple((c.name, c.kind, c.requests, c.limits) for c in pod.containers)
+    return _Shape(pod.pod.uid, pod.pod.namespace, pod.pod.name, cs)
+
+
+def _shape_of_view(pod: PodView) -> _Shape:
+    cs = tuple((name, c.kind, c.requests, c.limits) for name, c in pod.containers.items())
+    return _Shape(pod.uid, pod.namespace, pod.name, cs)
+
+
+def _identity_difference(was: _Shape, now: _Shape) -> str | None:
+    """Why ``now`` is not the pod ``was`` by its name and containers, or None."""
+    if (was.namespace, was.name) != (now.namespace, now.name):
+        return f"uid {was.uid} is pod {was.namespace}/{was.name}, not {now.namespace}/{now.name}"
+    before = [(name, kind) for name, kind, _, _ in was.containers]
+    after = [(name, kind) for name, kind, _, _ in now.containers]
+    if before != after:
+        listed = ", ".join(f"{name} ({kind})" for name, kind in before)
+        return f"pod {was.namespace}/{was.name} ({was.uid}) has the containers {listed}; this request has others"
+    return None
+
+
+def _resources_difference(was: _Shape, now: _Shape) -> str | None:
+    for (name, _, requests, limits), (_, _, requests2, limits2) in zip(was.containers, now.containers, strict=True):
+        if (dict(requests), dict(limits)) != (dict(requests2), dict(limits2)):
+            return (
+                f"pod {was.namespace}/{was.name} ({was.uid}) container {name!r} has other resources "
+                f"(requests {dict(requests)}, limits {dict(limits)})"
+            )
+    return None
+
+
+def pod_difference(was: Pod, now: Pod) -> str | None:
+    """Why ``now`` is not the pod ``was`` (an admission of the same uid still running), or None."""
+    first, second = _shape(was), _shape(now)
+    return _identity_difference(first, second) or _resources_difference(first, second)
+
+
 # --------------------------------------------------------------------------- topology manager
 
 
@@ -260,13 +316,16 @@ class PodAdmission:
 
     def known(self) -> PodView | None:
         """The pod as the views hold it, kept as it is; None when it is new. Raises
-        AdmissionRefused (not recorded) while its admission runs, or when a container's
-        device count changed."""
+        AdmissionRefused (not recorded) while its admission runs, when the uid is another
+        pod's (``pod_difference``), or when a container's device count changed."""
         pod = self.views.pods.pods.get(self.uid)
         if pod is None:
             return None
         if pod.state != ADMITTED:
             raise AdmissionRefused(f"pod {pod.namespace}/{pod.name} ({pod.uid}) is being admitted")
+        other = _identity_difference(_shape_of_view(pod), _shape(self.pod))
+        if other is not None:
+            raise AdmissionRefused(other)
         for container, reqs in self.requests.items():
             have = pod.containers.get(container)
             for resource, n in reqs.items():
@@ -276,6 +335,9 @@ class PodAdmission:
                         f'pod "{pod.uid}" container "{container}" changed request for resource "{resource}" '
                         f"from {got} to {n}"
                     )
+        other = _resources_difference(_shape_of_view(pod), _shape(self.pod))
+        if other is not None:
+            raise AdmissionRefused(other)
         return pod
 
     # ------------------------------------------------------------------ find

@@ -26,6 +26,9 @@ Each rule has a short name (``RULES``). How each one is detected:
 * ``unhealthy-device-allocated``: a DevicesReserved of a device whose health, before
   the event, is not "Healthy" (an unknown device counts as unhealthy). A device that
   turns unhealthy while its Allocate call is in flight is not a violation.
+* ``reserved-under-admitted-pod``: a PodAdmitted (or a DevicesReserved) after which a
+  device is still only reserved for the admitted pod: its Allocate outcome was never
+  recorded, yet the pod was acknowledged (two admissions of one uid at once did this).
 * ``unexpected-transition``: an event that arrives at a pod, a device or a claim in a
   state whose row of its lifecycle table (``eventsrc.state.lifecycles``) does not expect
   it. The reducers apply it anyway (they are total); this rule says it happened.
@@ -40,6 +43,7 @@ from eventsrc.core.cpu.cpuset import CPUSet, CPUSetParseError
 from eventsrc.events import CorruptRecordError, Record
 from eventsrc.state.apply import apply, lifecycle_steps
 from eventsrc.state.lifecycles import (
+    ADMITTED,
     ADMITTING,
     ALLOCATED,
     CLAIM,
@@ -59,6 +63,7 @@ RULES: dict[str, str] = {
     "claim-unprepared-under-live-pod": "no claim unprepared under a live pod",
     "dangling-reservation": "no reservation left without an outcome past a timeout",
     "unhealthy-device-allocated": "no allocation of an unhealthy device",
+    "reserved-under-admitted-pod": "no device of an admitted pod left reserved without its allocation",
     "unexpected-transition": "every event arrives in a state its lifecycle expects it in",
 }
 
@@ -212,6 +217,29 @@ def before_apply(views: Views, rec: Record) -> list[Violation]:
     return out
 
 
+def after_apply(views: Views, rec: Record) -> list[Violation]:
+    """The rules decided by the views just after one event."""
+    e = rec.event
+    uid = e.pod.uid if isinstance(e, ev.PodAdmitted) else e.pod_uid if isinstance(e, ev.DevicesReserved) else None
+    pod = views.pods.pods.get(uid) if uid is not None else None
+    if pod is None or pod.state != ADMITTED:
+        return []
+    out = []
+    for resource, table in sorted(views.devices.devices.items()):
+        for device_id, d in sorted(table.items()):
+            holder = parse_holder(d.holder) if d.holder else None
+            if d.hold == RESERVED and holder is not None and holder[0] == uid:
+                out.append(
+                    _v(
+                        "reserved-under-admitted-pod",
+                        f"{device_id} {resource} still reserved for {who(views, uid, holder[1])} "
+                        f"(since seq {d.since_seq}), yet the pod is admitted",
+                        rec,
+                    )
+                )
+    return out
+
+
 def _unexpected(views: Views, rec: Record, step: Step) -> Violation:
     e = rec.event
     if step.lifecycle == POD.name:
@@ -304,6 +332,7 @@ class Checker:
         self.events += 1
         out += before_apply(self.views, item)
         apply(self.views, item)
+        out += after_apply(self.views, item)
         e = item.event
         if isinstance(e, ev.PodAdmissionStarted):
             self.reservations.pop(e.pod.uid, None)

@@ -17,14 +17,16 @@ import msgspec
 from msgspec import Struct
 
 from eventsrc import events as ev
-from eventsrc.core.devices.names import is_extended_resource_name
+from eventsrc.core.devices.names import DNS1123_LABEL, is_dns1123_subdomain, is_extended_resource_name
 from eventsrc.core.resources import QuantityError, parse_quantity
-from eventsrc.errors import EventsrcError
+from eventsrc.errors import BadRequest
 
 Quantity = str | int | float
 
 
-class ManifestError(EventsrcError):
+class ManifestError(BadRequest):
+    """A manifest or a pod that cannot be admitted as it is written; the message names the field."""
+
     exit_code = 2
 
 
@@ -117,6 +119,12 @@ class PodSpec(Struct, frozen=True, kw_only=True):
 
 
 _WHOLE = re.compile(r"^[0-9]+$")
+_DNS1123_LABEL = re.compile(DNS1123_LABEL)
+
+
+def is_dns1123_label(value: str) -> bool:
+    """apimachinery IsDNS1123Label: at most 63 lowercase letters, digits and '-', alphanumeric at both ends."""
+    return len(value) <= 63 and _DNS1123_LABEL.fullmatch(value) is not None
 
 
 def _load(data: bytes, source: str) -> Any:
@@ -142,29 +150,118 @@ def _quantity(value: Quantity) -> str:
     return str(value)
 
 
-def _container(c: ContainerManifest, index: int, field: str, kind: str, source: str) -> ev.ContainerSpec:
-    where = f"{source}: spec.{field}[{index}]"
-    if not c.name:
-        raise ManifestError(f"{where}.name: required")
+def _container(c: ContainerManifest, index: int, field: str, kind: str) -> tuple[str, ev.ContainerSpec]:
+    """The container as decoded (quantities as strings), with its field path; checked by ``checked_pod``."""
     limits = {k: _quantity(v) for k, v in c.resources.limits.items()}
     requests = {k: _quantity(v) for k, v in c.resources.requests.items()}
+    claims = [cl.name for cl in c.resources.claims]
+    spec = ev.ContainerSpec(name=c.name, kind=kind, requests=requests, limits=limits, claims=claims)
+    return f"spec.{field}[{index}]", spec
+
+
+# --------------------------------------------------------------------------- the checks of a pod
+# One validation of a pod, for the CLI's manifests (``pod_spec``) and the node API's requests
+# (``eventsrc.api.node.pod_from_proto``) alike: the same input is refused the same way by both,
+# naming the field (exit 2 in the CLI, INVALID_ARGUMENT from the node API).
+
+# A uid's form is not validated by Kubernetes: the apiserver sets it (a UUID). The kubelet makes
+# it a path component (pods/<uid>/...), and `eventsrc remove` must tell it from NAMESPACE/NAME,
+# so eventsrc takes what is safe in both: letters, digits, '-', '_' and '.', starting with a
+# letter or digit, at most 128 characters (a UUID has 36).
+_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MAX_UID_LENGTH = 128
+KINDS = ("init", "sidecar", "app")
+
+
+def uid_problem(uid: str) -> str | None:
+    """Why ``uid`` is not a pod uid eventsrc takes, or None."""
+    if not uid:
+        return "required"
+    if _UID.fullmatch(uid) is None:
+        return (
+            f"{uid!r} is not a uid: 1 to {MAX_UID_LENGTH} letters, digits, '-', '_' or '.', "
+            "starting with a letter or a digit"
+        )
+    return None
+
+
+def namespace_problem(namespace: str) -> str | None:
+    """apimachinery ValidateNamespaceName: a DNS-1123 label (at most 63 characters)."""
+    if not is_dns1123_label(namespace):
+        return f"{namespace!r} is not a namespace: a DNS-1123 label (lowercase letters, digits and '-', at most 63)"
+    return None
+
+
+def name_problem(name: str) -> str | None:
+    """apimachinery ValidatePodName: a DNS-1123 subdomain (at most 253 characters)."""
+    if not name:
+        return "required"
+    if not is_dns1123_subdomain(name):
+        return f"{name!r} is not a pod name: a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', at most 253)"
+    return None
+
+
+def _check_container(where: str, c: ev.ContainerSpec) -> ev.ContainerSpec:
+    """``c`` checked as the apiserver checks a container (its name, a DNS-1123 label; its
+    quantities; extended resources as whole numbers, with a limit, requests equal to limits),
+    with the requests of extended resources defaulted to their limits."""
+    if not c.name:
+        raise ManifestError(f"{where}.name: required")
+    if not is_dns1123_label(c.name):
+        raise ManifestError(
+            f"{where}.name: {c.name!r} is not a container name: a DNS-1123 label "
+            "(lowercase letters, digits and '-', at most 63)"
+        )
+    if c.kind not in KINDS:
+        raise ManifestError(f"{where}.kind: must be init, sidecar or app, got {c.kind!r}")
+    requests, limits = dict(c.requests), dict(c.limits)
     for field, values in (("requests", requests), ("limits", limits)):
         for name, value in values.items():
             try:
                 parse_quantity(value)
             except QuantityError:
                 raise ManifestError(f"{where}.resources.{field}[{name}]: {value!r} is not a quantity") from None
-    for name, value in {**requests, **limits}.items():
+    for field, values in (("requests", requests), ("limits", limits)):
+        for name, value in values.items():
+            if is_extended_resource_name(name) and not _WHOLE.match(value):
+                raise ManifestError(
+                    f"{where}.resources.{field}[{name}]: must be a whole number of devices, got {value!r}"
+                )
+    for name in requests:
+        # The apiserver's rule for resources that cannot be overcommitted.
+        if is_extended_resource_name(name) and name not in limits:
+            raise ManifestError(f"{where}.resources.limits[{name}]: required (a device request needs its limit)")
+    for name, value in limits.items():
         if is_extended_resource_name(name):
-            if not _WHOLE.match(value):
-                raise ManifestError(f"{where}.resources: {name} must be a whole number of devices, got {value!r}")
-            if name in limits and name in requests and int(limits[name]) != int(requests[name]):
+            if name in requests and int(requests[name]) != int(value):
                 raise ManifestError(f"{where}.resources.requests[{name}]: must be equal to {name} limit")
-            # Extended resources cannot be overcommitted: requests default to limits.
-            requests.setdefault(name, limits.get(name, value))
-            limits.setdefault(name, requests[name])
-    claims = [cl.name for cl in c.resources.claims]
-    return ev.ContainerSpec(name=c.name, kind=kind, requests=requests, limits=limits, claims=claims)
+            requests.setdefault(name, value)  # requests default to limits
+    return ev.ContainerSpec(name=c.name, kind=c.kind, requests=requests, limits=limits, claims=list(c.claims))
+
+
+def checked_pod(
+    ref: ev.PodRef, containers: list[tuple[str, ev.ContainerSpec]], *, meta: str, containers_field: str
+) -> PodSpec:
+    """The pod, checked: ``ref``'s fields (the uid only when given: the CLI generates a
+    missing one) under ``meta`` ("metadata", "pod"), and each container under its field path,
+    in admission order. The namespace defaults to "default". Raises ManifestError naming the field."""
+    namespace = ref.namespace or "default"
+    for field, problem in (
+        ("name", name_problem(ref.name)),
+        ("namespace", namespace_problem(namespace)),
+        ("uid", uid_problem(ref.uid) if ref.uid else None),
+    ):
+        if problem is not None:
+            raise ManifestError(f"{meta}.{field}: {problem}")
+    if not containers:
+        raise ManifestError(f"{containers_field}: a pod needs at least one container")
+    checked = [_check_container(where, c) for where, c in containers]
+    seen: set[str] = set()
+    for (where, _), c in zip(containers, checked, strict=True):
+        if c.name in seen:
+            raise ManifestError(f"{where}.name: container name {c.name!r} is used twice")
+        seen.add(c.name)
+    return PodSpec(pod=ev.PodRef(uid=ref.uid, namespace=namespace, name=ref.name), containers=checked)
 
 
 def read_pod(data: bytes, source: str = "pod") -> PodManifest:
@@ -183,21 +280,17 @@ def read_pod(data: bytes, source: str = "pod") -> PodManifest:
 
 def pod_spec(pod: PodManifest, source: str = "pod") -> PodSpec:
     """The pod as eventsrc admits it (without its claims). Raises ManifestError naming the field."""
-    if not pod.metadata.name:
-        raise ManifestError(f"{source}: metadata.name: required")
-    if not pod.spec.containers:
-        raise ManifestError(f"{source}: spec.containers: a pod needs at least one container")
     containers = [
-        _container(c, i, "initContainers", "sidecar" if c.restart_policy == "Always" else "init", source)
+        _container(c, i, "initContainers", "sidecar" if c.restart_policy == "Always" else "init")
         for i, c in enumerate(pod.spec.init_containers)
-    ] + [_container(c, i, "containers", "app", source) for i, c in enumerate(pod.spec.containers)]
-    seen: set[str] = set()
-    for c in containers:
-        if c.name in seen:
-            raise ManifestError(f"{source}: container name {c.name!r} is used twice")
-        seen.add(c.name)
-    ref = ev.PodRef(uid=pod.metadata.uid, namespace=pod.metadata.namespace or "default", name=pod.metadata.name)
-    return PodSpec(pod=ref, containers=containers)
+    ] + [_container(c, i, "containers", "app") for i, c in enumerate(pod.spec.containers)]
+    if not pod.spec.containers:
+        containers = []  # init containers alone do not make a pod
+    ref = ev.PodRef(uid=pod.metadata.uid, namespace=pod.metadata.namespace, name=pod.metadata.name)
+    try:
+        return checked_pod(ref, containers, meta="metadata", containers_field="spec.containers")
+    except ManifestError as err:
+        raise ManifestError(f"{source}: {err}") from None
 
 
 def parse_pod(data: bytes, source: str = "pod") -> PodSpec:

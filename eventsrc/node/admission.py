@@ -1,6 +1,8 @@
 """Admission and removal of pods: the shell around the admission core (``eventsrc.core.admission``).
 
     admit(pod)
+      one admission per uid at a time: a call for a uid whose admission runs waits for it
+      and gets its answer (the same pod), or is refused (another pod)  core: pod_difference()
       a pod the views know already: kept as it is, or refused          core: known()
       under the admission lock (decisions are serial, as in the kubelet):
         the plugins and drivers it needs, waiting up to ``wait``        core: find()
@@ -42,6 +44,7 @@ from eventsrc.core.admission import (
     PreferredFailed,
     Question,
     Refused,
+    pod_difference,
     removal,
 )
 from eventsrc.errors import AdmissionRefused
@@ -85,6 +88,16 @@ def _name(spec: PodSpec) -> str:
 
 
 @dataclass
+class _Running:
+    """An admission under way: the pod it admits, and once ``done``, its answer (None when it
+    ended without one: cancelled before its intent, the caller gone)."""
+
+    spec: PodSpec
+    done: trio.Event = field(default_factory=trio.Event)
+    answer: tuple[PodView, str] | AdmissionRefused | None = None
+
+
+@dataclass
 class _Found(Generic[D]):
     """The plugins and drivers an admission found, to make its calls with."""
 
@@ -103,15 +116,38 @@ class Admission(Generic[D]):
         self.devices = devices
         self.dra = dra
         self._lock = trio.Lock()
+        self._running: dict[str, _Running] = {}  # pod uid -> its admission under way
 
     async def admit(self, spec: PodSpec) -> tuple[PodView, str]:
         """Admit ``spec``; return the pod as admitted and the correlation id.
 
-        Raises AdmissionRefused with the reason (recorded as AdmissionRejected, unless the
-        pod was known already).
+        While an admission of the same uid runs, waits for it and answers as it did (the
+        same pod), or refuses at once (another pod under that uid). Raises AdmissionRefused
+        with the reason (recorded as AdmissionRejected, unless the pod was known already).
         """
-        with correlation(new_correlation_id()) as cid:  # on every line logged and record appended for this pod
-            return await self._admit(spec), cid
+        uid = spec.pod.uid
+        while (running := self._running.get(uid)) is not None:
+            other = pod_difference(running.spec, spec)
+            if other is not None:
+                raise AdmissionRefused(other)
+            log.info("pod admission waits for the one under way", pod=_name(spec), uid=uid)
+            await running.done.wait()
+            if isinstance(running.answer, AdmissionRefused):
+                raise AdmissionRefused(str(running.answer))
+            if running.answer is not None:
+                return running.answer
+            # The first caller went away before its admission had an answer: admit here.
+        running = self._running[uid] = _Running(spec)
+        try:
+            with correlation(new_correlation_id()) as cid:  # on every line logged and record appended for this pod
+                running.answer = (await self._admit(spec), cid)
+            return running.answer
+        except AdmissionRefused as refused:
+            running.answer = refused
+            raise
+        finally:
+            del self._running[uid]
+            running.done.set()
 
     async def _admit(self, spec: PodSpec) -> PodView:
         core = PodAdmission(self.recorder.views, self.config, spec)

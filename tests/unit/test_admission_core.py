@@ -26,6 +26,7 @@ from eventsrc.core.admission import (
     PreferredFailed,
     Question,
     Refused,
+    pod_difference,
     removal,
 )
 from eventsrc.core.claims import ClaimWork
@@ -34,6 +35,7 @@ from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.core.cpu.static import CPUManagerConfig, pool_events
 from eventsrc.core.cpu.topology import Core, MachineInfo, discover
 from eventsrc.core.cpu.topology import Node as NUMANode
+from eventsrc.core.invariants import Checker
 from eventsrc.core.topology_manager import TOPOLOGY_AFFINITY_MESSAGE, parse_topology_manager
 from eventsrc.errors import AdmissionRefused, NotFound
 from eventsrc.events import Record
@@ -581,3 +583,78 @@ def test_removal_of_an_unknown_pod_or_one_being_admitted_is_refused() -> None:
     intent(n, pod(container("app", gpus=1)))
     with pytest.raises(AdmissionRefused, match=r"is being admitted; remove it once that ends$"):
         removal(n.views, STATIC, "pod-1", "pod removed")
+
+
+# --------------------------------------------------------------------------- one pod per uid
+
+
+@pytest.mark.parametrize(
+    ("other", "reason"),
+    [
+        (
+            PodSpec(pod=ev.PodRef(uid="pod-1", namespace="default", name="other"), containers=[container("app", 1)]),
+            "uid pod-1 is pod default/pod-1, not default/other",
+        ),
+        (
+            pod(container("app", gpus=1), container("sidecar")),
+            "pod default/pod-1 (pod-1) has the containers app (app); this request has others",
+        ),
+        (
+            pod(container("app", gpus=1, kind="init")),
+            "pod default/pod-1 (pod-1) has the containers app (app); this request has others",
+        ),
+        (
+            pod(container("app", gpus=1, cpus=2)),
+            "pod default/pod-1 (pod-1) container 'app' has other resources "
+            "(requests {'example.com/gpu': '1'}, limits {'example.com/gpu': '1'})",
+        ),
+    ],
+)
+def test_another_pod_under_a_known_uid_is_refused_unrecorded(other: PodSpec, reason: str) -> None:
+    n = node()
+    spec = pod(container("app", gpus=1))
+    admitted(n, spec)
+    recorded = len(n.recorded)
+    with pytest.raises(AdmissionRefused) as err:
+        PodAdmission(n.views, config(), other).known()
+    assert str(err.value) == reason
+    assert pod_difference(spec, other) == reason  # the same, for an admission still under way
+    assert pod_difference(spec, pod(container("app", gpus=1))) is None
+    assert len(n.recorded) == recorded
+
+
+def checked(n: Log) -> list[tuple[str, int]]:
+    """``replay --check``'s rules over everything ``n`` recorded: (rule, seq) of each violation."""
+    checker = Checker()
+    found = []
+    for seq, e in enumerate((e for batch in n.recorded for e in batch), 1):
+        found += checker.feed(Record(seq, seq, f"c{seq}", e.VERSION, e))  # type: ignore[arg-type]
+    found += checker.finish()
+    return [(v.rule, v.seq) for v in found]
+
+
+def test_replay_check_reports_devices_left_reserved_under_an_admitted_pod() -> None:
+    # Two admissions of one uid decided at once, as the shell once let them be: the second
+    # finds the first's reservation as its own and admits the pod before any Allocate answered.
+    n = node()
+    spec = pod(container("app", gpus=1))
+    first, second = PodAdmission(n.views, config(), spec), PodAdmission(n.views, config(), spec)
+    assert first.known() is None and second.known() is None
+    decisions = []
+    for core in (first, second):  # each under the admission lock in turn
+        assert run(core.find(), everything_there())[0] is None
+        decision, _ = run(core.plan(), no_preference)
+        assert isinstance(decision, Intent)
+        n.record(decision.events)
+        decisions.append(decision)
+    decision, second_decision = decisions
+    assert second_decision.allocations == []  # the first's reservation, taken as its own
+    assert settle(n, second, CallResults()).admitted
+    admitted_at = sum(len(b) for b in n.recorded)
+    assert n.views.devices.devices[GPU]["gpu-0"].hold == "reserved"
+    assert ("reserved-under-admitted-pod", admitted_at) in checked(n)
+    assert settle(n, first, all_allocated(decision)).admitted  # the first's outcome, late
+
+    one = node()
+    admitted(one, spec)
+    assert not [rule for rule, _ in checked(one) if rule == "reserved-under-admitted-pod"]
