@@ -38,6 +38,15 @@ class NewerLogError(EventsrcError):
     exit_code = 3
 
 
+class DamagedLogError(EventsrcError):
+    """The log's files are damaged or gone in a way no start can repair: a truncated
+    ``data.mdb``, one that is not LMDB, a log lost next to the history that proves it
+    existed (docs/adr/0005). Its own exit status, so that a service manager does not
+    restart into a loop: an operator has to look."""
+
+    exit_code = 4
+
+
 class AdmissionRefused(EventsrcError):
     """The pod cannot be admitted (or removed now); the message is the reason."""
 

@@ -133,6 +133,8 @@ class DaemonStarted(_Event, frozen=True):
     instance_id: str = ""
     config: dict[str, Any] = {}
     pid: int = 0
+    #: what showed a lost history when this start began a new one over it (--accept-empty-log)
+    fresh_start: str = ""
 
 
 class DaemonStopped(_Event, frozen=True):
@@ -251,6 +253,16 @@ class AdmissionRejected(_Event, frozen=True):
 
 class PodRemoved(_Event, frozen=True):
     pod_uid: str
+    reason: str = ""
+
+
+class PodQuarantined(_Event, frozen=True):
+    """A pod whose records are in doubt: one of the corrupt records ``corrupt_seqs`` may have
+    been its admission's outcome, a release or its removal. It keeps everything it holds
+    until an operator removes it; nothing is released on a guess (docs/adr/0005)."""
+
+    pod: PodRef
+    corrupt_seqs: list[int]
     reason: str = ""
 
 
@@ -387,6 +399,7 @@ Event = (
     | PodAdmitted
     | AdmissionRejected
     | PodRemoved
+    | PodQuarantined
     | DevicesReserved
     | DevicesAllocated
     | AllocationFailed

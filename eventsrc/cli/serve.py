@@ -112,6 +112,14 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
         help="serve /metrics, /healthz and /readyz over HTTP there (127.0.0.1:10266 when given without a value; "
         "port 0 picks one; default: no server)",
     )
+    p.add_argument(
+        "--accept-empty-log",
+        action="store_const",
+        const=True,
+        default=None,
+        help="start a new, empty history although the log is missing or empty next to snapshots or the lock "
+        "file of an older one (without it, serve refuses, exit 4); the start records what was lost",
+    )
 
 
 def _cpu_manager_flags(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -238,6 +246,7 @@ def serve(args: argparse.Namespace) -> int:
             topology=topology,
             config=config.recorded(cfg),
             metrics_address=cfg.metrics_address or None,  # "": no metrics server
+            accept_empty_log=cfg.accept_empty_log,
         )
     )
     return 0

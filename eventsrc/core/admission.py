@@ -67,7 +67,7 @@ from eventsrc.core.topology_manager import (
 )
 from eventsrc.errors import AdmissionRefused, NotFound
 from eventsrc.events import ContainerSpec
-from eventsrc.state.lifecycles import ADMITTED
+from eventsrc.state.lifecycles import ADMITTED, QUARANTINED
 from eventsrc.state.views import PodView, Views
 
 __all__ = [
@@ -321,6 +321,11 @@ class PodAdmission:
         pod = self.views.pods.pods.get(self.uid)
         if pod is None:
             return None
+        if pod.state == QUARANTINED:
+            raise AdmissionRefused(
+                f"pod {pod.uid} is quarantined (records {', '.join(map(str, pod.in_doubt))} are in doubt, "
+                "docs/adr/0005): remove it first"
+            )
         if pod.state != ADMITTED:
             raise AdmissionRefused(f"pod {pod.namespace}/{pod.name} ({pod.uid}) is being admitted")
         other = _identity_difference(_shape_of_view(pod), _shape(self.pod))
@@ -559,7 +564,9 @@ def removal(views: Views, cpus: CPUManagerConfig, uid: str, reason: str) -> list
     pod = views.pods.pods.get(uid)
     if pod is None:
         raise NotFound(f"no pod with uid {uid}")
-    if pod.state != ADMITTED:
+    if pod.state == QUARANTINED:  # an operator resolves it: the removal says so
+        reason = f"{reason}: released by the operator while quarantined (records in doubt: {pod.in_doubt})"
+    elif pod.state != ADMITTED:
         raise AdmissionRefused(f"pod {pod.namespace}/{pod.name} ({uid}) is being admitted; remove it once that ends")
     events = remove_pod_events(views, uid, reason)
     events += pool_events(cpus, views.cpus.shared, without_pod(views.cpus.assignments, uid), f"pod {uid} removed")

@@ -176,6 +176,8 @@ class Configuration(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     metrics_address: str = ""  # host:port; "" serves no metrics
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Start a new, empty history although the root shows the log held one (docs/adr/0005).
+    accept_empty_log: bool = False
 
 
 #: Each field that a ``serve`` flag sets: the field's name in the file -> the flag.
@@ -197,6 +199,7 @@ FLAGS: Mapping[str, str] = {
     "metricsAddress": "--metrics-address",
     "logFormat": "--log-format",
     "logLevel": "--log-level",
+    "acceptEmptyLog": "--accept-empty-log",
 }
 
 _FIELDS = {f.encode_name: f for f in msgspec.structs.fields(Configuration)}
@@ -385,7 +388,9 @@ def to_builtins(cfg: Configuration) -> dict[str, Any]:
 def recorded(cfg: Configuration) -> dict[str, Any]:
     """What a start records (``DaemonStarted.config``) and compares with the previous one's."""
     out = to_builtins(cfg)
-    del out["apiVersion"], out["kind"]
+    # acceptEmptyLog acts once, at a start DaemonStarted.fresh_start records; it is no
+    # setting of the node to compare from one start to the next.
+    del out["apiVersion"], out["kind"], out["acceptEmptyLog"]
     return out
 
 

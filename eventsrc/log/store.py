@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import struct
 import threading
 import time
 import uuid
@@ -31,6 +32,7 @@ import lmdb
 from eventsrc.errors import (
     AlreadyRunningError,
     ConcurrencyConflictError,
+    DamagedLogError,
     EventsrcError,
     NewerLogError,
     NoLogError,
@@ -44,6 +46,9 @@ from eventsrc.events import (
     encode_payload,
 )
 from eventsrc.log.index import keys_for
+from eventsrc.obs.logger import get_logger
+
+_log = get_logger("eventsrc.log")
 
 LOG_FORMAT = b"1"
 INDEX_FORMAT = b"1"
@@ -57,6 +62,62 @@ def seq_key(seq: int) -> bytes:
 
 def key_seq(key: bytes) -> int:
     return int.from_bytes(key, "big")
+
+
+# LMDB's data file opens with two meta pages (page 0 and page 1), each a 16-byte page
+# header and then an MDB_meta: magic (u32) at 16, version (u32), address and map size
+# (u64 each), the free database's record, whose first field (u32, at 40) holds the page
+# size, the main database's record, then the last page used (u64, at 136) and the
+# transaction id (u64, at 144). The newer transaction's meta page is the current one.
+_META_MAGIC = 0xBEEFC0DE
+_META_FIELDS = struct.Struct("<II")  # magic, version at offset 16
+_META_PSIZE = struct.Struct("<I")  # at offset 40
+_META_LAST = struct.Struct("<QQ")  # last page, txnid at offset 136
+_META_END = 152
+_PAGE_SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+def _meta_page(head: bytes, offset: int) -> tuple[int, int, int] | None:
+    """(page size, last page, txnid) of the meta page at ``offset``, or None when it is not one."""
+    if len(head) < offset + _META_END:
+        return None
+    magic, version = _META_FIELDS.unpack_from(head, offset + 16)
+    (psize,) = _META_PSIZE.unpack_from(head, offset + 40)
+    last, txnid = _META_LAST.unpack_from(head, offset + 136)
+    if magic != _META_MAGIC or version != 1 or psize not in _PAGE_SIZES:
+        return None
+    return psize, last, txnid
+
+
+def check_data_file(path: Path) -> None:
+    """Raise DamagedLogError when the LMDB data file at ``path`` is shorter than its meta pages
+    say, or has no valid meta page. LMDB maps the file: reading a page past its end is a
+    SIGBUS, not an error, so the size is checked before LMDB ever sees the file. A missing
+    or empty file is not checked here (LMDB creates it)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                return
+            head = f.read(2 * 65536)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise DamagedLogError(f"cannot read the event log file {path}: {exc.strerror}") from None
+    first = _meta_page(head, 0)
+    second = _meta_page(head, first[0]) if first else None
+    if second is None and first is None:
+        raise DamagedLogError(
+            f"the event log file {path} is damaged: neither LMDB meta page is valid "
+            f"(magic {_META_MAGIC:#x}, version 1, a page size), file size {size} bytes"
+        )
+    psize, last, _ = max((m for m in (first, second) if m is not None), key=lambda m: m[2])
+    needed = (last + 1) * psize
+    if size < needed:
+        raise DamagedLogError(
+            f"the event log file {path} is damaged: {size} bytes, but its meta page says pages 0-{last} "
+            f"of {psize} bytes ({needed} bytes) are in use; it was truncated"
+        )
 
 
 def _newer(stored: bytes | None, ours: bytes) -> bool:
@@ -165,6 +226,7 @@ class EventLog:
             raise NoLogError(f"no event log at {self.path}")
         if not readonly:
             self.path.mkdir(mode=0o750, parents=True, exist_ok=True)
+        check_data_file(self.path / "data.mdb")
         try:
             self.env = lmdb.open(
                 str(self.path),
@@ -178,6 +240,8 @@ class EventLog:
                 create=not readonly,
                 mode=0o600,  # data.mdb and lock.mdb: the daemon's user only (py-lmdb's default is 0644)
             )
+        except lmdb.InvalidError as exc:
+            raise DamagedLogError(f"the event log file {self.path / 'data.mdb'} is damaged: {exc}") from None
         except lmdb.Error as exc:
             raise EventsrcError(f"cannot open the event log at {self.path}: {exc}") from None
         # Resizing the map must not overlap a transaction of this process: readers take
@@ -199,7 +263,12 @@ class EventLog:
         self._assigned = self._last_seq  # given to prepared batches, durable or not yet
         self._prev_hash = self._last_value_hash()  # the chain's link to the newest record
         self._durable_hash = self._prev_hash
+        #: why appends stopped: the data file was deleted or replaced under this writer
+        self.lost = ""
+        self._file_id: tuple[int, int] | None = None
         if not readonly:
+            st = os.stat(self.path / "data.mdb")
+            self._file_id = (st.st_dev, st.st_ino)
             self._upgrade()
 
     # ------------------------------------------------------------------ reading
@@ -411,6 +480,30 @@ class EventLog:
         self._prev_hash = prev
         return items, index
 
+    def check_file(self) -> str:
+        """ "" while ``data.mdb`` is still the file this writer opened; else what happened to it
+        (kept in ``lost``: appends fail from then on). A deleted or replaced data file takes
+        every commit into a file nobody will read again: nothing may be acknowledged."""
+        if self.lost or self._file_id is None:
+            return self.lost
+        data = self.path / "data.mdb"
+        try:
+            st = os.stat(data)
+        except FileNotFoundError:
+            what = "deleted"
+        except OSError as exc:
+            what = f"unreadable ({exc.strerror})"
+        else:
+            if (st.st_dev, st.st_ino) == self._file_id:
+                return ""
+            what = "replaced by another file"
+        self.lost = (
+            f"the event log file {data} was {what} while the daemon ran: appends are refused "
+            "(restore the log and restart the daemon; docs/operations.md)"
+        )
+        _log.error("event log file lost; nothing is acknowledged any more", path=data, what=what)
+        return self.lost
+
     def write(self, items: list[tuple[bytes, bytes]], index: list[tuple[bytes, bytes]] | None = None) -> None:
         """Write prepared items in one transaction; returns once it is durable.
 
@@ -418,6 +511,8 @@ class EventLog:
         The map grows when full: MapFullError never escapes. Any other failure raises
         EventsrcError; the caller must then ``abandon`` the sequences given out since.
         """
+        if self.check_file():
+            raise EventsrcError(self.lost)
         while True:
             try:
                 with self.env.begin(write=True, db=self.events_db) as txn:
@@ -431,6 +526,8 @@ class EventLog:
             except lmdb.Error as exc:
                 raise EventsrcError(f"cannot append to the event log at {self.path}: {exc}") from None
             else:
+                if self.check_file():  # committed into a file that is gone: not durable
+                    raise EventsrcError(self.lost)
                 if items:
                     self._last_seq = key_seq(items[-1][0])
                     self._durable_hash = chain_hash(items[-1][1])

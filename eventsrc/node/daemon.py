@@ -50,7 +50,7 @@ from eventsrc.core.cpu.static import CPUManagerConfig, allocatable_cpus, pool_ev
 from eventsrc.core.cpu.topology import single_cpu_topology
 from eventsrc.core.devices.holds import restart_events
 from eventsrc.core.topology_manager import TopologyManager, parse_topology_manager
-from eventsrc.errors import NewerLogError
+from eventsrc.errors import DamagedLogError, EventsrcError, NewerLogError
 from eventsrc.events import CorruptRecordError, FutureRecordError, Record, newer_unreadable
 from eventsrc.gen.node.v1 import node_pb2
 from eventsrc.inputs.config import Configuration, Duration
@@ -63,6 +63,7 @@ from eventsrc.log.snapshots import (
     encode_snapshot,
     load_views,
     remove_stale_temporaries,
+    snapshot_files,
     write_snapshot,
 )
 from eventsrc.log.store import DirLock, EventLog
@@ -82,6 +83,7 @@ from eventsrc.obs.metrics import (
 )
 from eventsrc.rpc.bridge import check_socket_path, serve_unix
 from eventsrc.state.apply import apply_all
+from eventsrc.state.lifecycles import QUARANTINED
 from eventsrc.state.views import Views
 
 log = get_logger("eventsrc.node.daemon")
@@ -219,7 +221,11 @@ class Daemon:
     def liveness(self) -> str:
         """/healthz: "" while alive, else why not. It answers from the trio loop, so an answer
         says the loop runs; appends waiting ``STALL_SECONDS`` with no commit say the committer
-        does not (a disk that stopped syncing)."""
+        does not (a disk that stopped syncing); a log file deleted or replaced under the
+        daemon says nothing can be acknowledged any more."""
+        lost = self.event_log.check_file()
+        if lost:
+            return lost
         if self._appending:
             waited = time.monotonic() - max(self._appending_since, self._last_commit)
             if waited > STALL_SECONDS:
@@ -302,13 +308,16 @@ async def serve(
     topology: TopologyManager | None = None,
     config: dict[str, Any] | None = None,
     metrics_address: str | None = None,
+    accept_empty_log: bool = False,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT (or until cancelled).
 
     ``metrics_address`` (HOST:PORT, port 0 picks one): serve /metrics, /healthz and /readyz
     there; the address bound is logged and written to the status file.
-    Raises AlreadyRunningError when another process holds the state directory.
+    Raises AlreadyRunningError when another process holds the state directory, and
+    DamagedLogError when the log is missing or empty while the root shows it held a history
+    (unless ``accept_empty_log``: then the new history's DaemonStarted says what was lost).
     """
     if metrics_address is not None:
         parse_address(metrics_address)  # a malformed address is refused before anything starts
@@ -321,7 +330,12 @@ async def serve(
     try:
         if metrics_address is not None:
             check_address(metrics_address)
+        lost = _refuse_lost_history(lost_history(layout), accept_empty_log)  # before LMDB creates a file
         event_log = EventLog(layout.log)
+        if not lost and event_log.last_seq() == 0:
+            lost = _refuse_lost_history(lost_history(layout, opened=True), accept_empty_log)
+        if lost:
+            log.warning("starting a new history over a lost log (--accept-empty-log)", lost=lost)
         views, info = _rebuild_views(layout, event_log)
         daemon = Daemon(
             layout,
@@ -344,7 +358,7 @@ async def serve(
                     app = HealthApp(daemon.metrics, live=daemon.liveness, ready=daemon.readiness)
                     daemon.metrics_address = await nursery.start(serve_http, app, metrics_address)
                     daemon.write_status(ready=False)
-                await _record_start(daemon, config)
+                await _record_start(daemon, config, fresh_start=lost)
                 await daemon.apply_cpu_config()
                 await nursery.start(daemon.devices.run)
                 await nursery.start(daemon.dra.run)
@@ -402,10 +416,47 @@ def _configuration_set(
     )
 
 
-async def _record_start(daemon: Daemon, config: dict[str, Any]) -> None:
+def _refuse_lost_history(lost: str, accept: bool) -> str:
+    if lost and not accept:
+        raise DamagedLogError(
+            f"{lost}: refusing to start a new, empty history over a lost one; restore the log "
+            "(docs/operations.md), or start afresh with 'serve --accept-empty-log'"
+        )
+    return lost
+
+
+def lost_history(layout: Layout, opened: bool = False) -> str:
+    """What shows that the log at ``layout.log`` held a history it no longer has, or "".
+
+    Before the log is opened (``opened=False``), a missing or empty ``data.mdb`` next to
+    snapshots, or next to LMDB's ``lock.mdb`` (created with the data file, by the first
+    open); once opened and found without a record, snapshots alone (a data file replaced
+    by a fresh one)."""
+    data = layout.log / "data.mdb"
+    if not opened:
+        try:
+            if data.stat().st_size:
+                return ""
+            what = "empty"
+        except FileNotFoundError:
+            what = "missing"
+    else:
+        what = "without a record"
+    evidence = []
+    snaps = snapshot_files(layout.snapshots)
+    if snaps:
+        evidence.append(f"{len(snaps)} snapshot(s) of a history (the newest {snaps[0].name}) are in {layout.snapshots}")
+    if not opened and (layout.log / "lock.mdb").exists():
+        evidence.append(f"{layout.log / 'lock.mdb'} shows a daemon opened it before")
+    return f"the event log {data} is {what}, but {' and '.join(evidence)}" if evidence else ""
+
+
+async def _record_start(daemon: Daemon, config: dict[str, Any], fresh_start: str = "") -> None:
     """Record DaemonStarted, the configuration's changes since the last run, and the end of
-    what the previous run left unfinished (from the log alone), in one append."""
+    what the previous run left unfinished (from the log alone), in one append; log every
+    pod quarantined now or before."""
     views = daemon.views
+    start_seq = views.meta.last_seq
     if views.meta.running:
         log.warning("previous run did not stop cleanly", instance_id=views.meta.instance_id)
     started = ev.DaemonStarted(
@@ -414,10 +465,32 @@ async def _record_start(daemon: Daemon, config: dict[str, Any]) -> None:
         version=__version__,
         config=config,
         pid=os.getpid(),
+        fresh_start=fresh_start,
     )
     changed = configuration_changes(views.meta.config, config)
-    (first, *_) = await daemon.record([started, *([changed] if changed else []), *restart_events(daemon.views)])
+    finish = restart_events(daemon.views)
+    (first, *rest) = await daemon.record([started, *([changed] if changed else []), *finish])
     cid = first.correlation_id
+    for r in rest:
+        if isinstance(r.event, ev.PodQuarantined):
+            ref = r.event.pod
+            log.error(
+                "pod quarantined: its records are in doubt; it keeps what it holds until an operator removes it "
+                "(docs/operations.md)",
+                pod=f"{ref.namespace}/{ref.name}",
+                uid=ref.uid,
+                corrupt_seqs=r.event.corrupt_seqs,
+                seq=r.seq,
+                cid=cid,
+            )
+    for pod in daemon.views.pods.pods.values():
+        if pod.state == QUARANTINED and pod.quarantined_seq <= start_seq:
+            log.error(
+                "pod still quarantined: remove it once its records are checked",
+                uid=pod.uid,
+                corrupt_seqs=pod.in_doubt,
+                cid=cid,
+            )
     log.info(
         "daemon started",
         version=__version__,
@@ -470,5 +543,9 @@ async def _record_stop(daemon: Daemon, reason: str) -> None:
     """Not ready any more; DaemonStopped recorded and a snapshot written."""
     daemon.ready = False
     daemon.not_ready = f"stopping: {reason}"
-    await daemon.record([ev.DaemonStopped(boot_id=daemon.boot_id, instance_id=daemon.instance_id, reason=reason)])
+    try:
+        await daemon.record([ev.DaemonStopped(boot_id=daemon.boot_id, instance_id=daemon.instance_id, reason=reason)])
+    except EventsrcError as err:  # a lost log file: nothing more to record, nor to snapshot
+        log.error("stop not recorded", reason=str(err))
+        return
     await daemon.write_snapshot()

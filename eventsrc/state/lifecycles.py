@@ -115,33 +115,47 @@ def _complete(
 
 # --------------------------------------------------------------------------- pods
 
-PodState = Literal["admitting", "admitted"]
-PodLifecycleState = Literal["none", "admitting", "admitted"]
+PodState = Literal["admitting", "admitted", "quarantined"]
+PodLifecycleState = Literal["none", "admitting", "admitted", "quarantined"]
 
 POD_ABSENT: Final = "none"
 #: between PodAdmissionStarted and its outcome; the pod's devices are reserved
 ADMITTING: Final = "admitting"
 #: acknowledged to its client; holds its devices, CPUs and claims until PodRemoved
 ADMITTED: Final = "admitted"
+#: its records are in doubt (a corrupt record may have been its outcome, a release or its
+#: removal): it keeps what it holds until an operator removes it (docs/adr/0005)
+QUARANTINED: Final = "quarantined"
 
-_POD_EVENTS: tuple[EventType, ...] = (ev.PodAdmissionStarted, ev.PodAdmitted, ev.AdmissionRejected, ev.PodRemoved)
+_POD_EVENTS: tuple[EventType, ...] = (
+    ev.PodAdmissionStarted,
+    ev.PodAdmitted,
+    ev.AdmissionRejected,
+    ev.PodQuarantined,
+    ev.PodRemoved,
+)
 _POD_EXPECTED: dict[tuple[PodLifecycleState, EventType], PodLifecycleState] = {
     (POD_ABSENT, ev.PodAdmissionStarted): ADMITTING,
     (POD_ABSENT, ev.PodAdmitted): ADMITTED,  # imported from the kubelet's checkpoints
     (POD_ABSENT, ev.AdmissionRejected): POD_ABSENT,  # refused before any intent
+    (POD_ABSENT, ev.PodQuarantined): QUARANTINED,  # holds devices, its admission unreadable
     (ADMITTING, ev.PodAdmitted): ADMITTED,
     (ADMITTING, ev.AdmissionRejected): POD_ABSENT,
+    (ADMITTING, ev.PodQuarantined): QUARANTINED,  # a start found its outcome in doubt
     (ADMITTED, ev.PodRemoved): POD_ABSENT,
+    (QUARANTINED, ev.PodRemoved): POD_ABSENT,  # by an operator
 }
-_POD_STATES: tuple[PodLifecycleState, ...] = (POD_ABSENT, ADMITTING, ADMITTED)
+_POD_STATES: tuple[PodLifecycleState, ...] = (POD_ABSENT, ADMITTING, ADMITTED, QUARANTINED)
 
 
 def _pod_otherwise(state: PodLifecycleState, event: EventType) -> PodLifecycleState:
-    # A refusal leaves an admitted pod as it is; the other events have one target.
+    # A refusal leaves an admitted or quarantined pod as it is; the other events have one target.
     if event is ev.AdmissionRejected:
         return state
     if event is ev.PodAdmissionStarted:
         return ADMITTING
+    if event is ev.PodQuarantined:
+        return QUARANTINED
     return ADMITTED if event is ev.PodAdmitted else POD_ABSENT
 
 
@@ -158,6 +172,8 @@ POD: Final = Lifecycle[PodLifecycleState](
 
 def pod_state(state: PodLifecycleState) -> PodState:
     """A state of a pod in the views (``POD_ABSENT`` is no pod; callers drop it first)."""
+    if state == QUARANTINED:
+        return QUARANTINED
     return ADMITTED if state == ADMITTED else ADMITTING
 
 

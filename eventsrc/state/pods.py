@@ -18,7 +18,7 @@ def _state(v: Views, uid: str) -> PodLifecycleState:
 
 def steps(v: Views, e: ev._Event) -> list[Step]:
     """The pod lifecycle step ``e`` makes in ``v`` (none when it is not a pod's event)."""
-    if isinstance(e, (ev.PodAdmissionStarted, ev.PodAdmitted, ev.AdmissionRejected)):
+    if isinstance(e, (ev.PodAdmissionStarted, ev.PodAdmitted, ev.AdmissionRejected, ev.PodQuarantined)):
         return [step(POD, _state(v, e.pod.uid), type(e), e.pod.uid)]
     if isinstance(e, ev.PodRemoved):
         return [step(POD, _state(v, e.pod_uid), type(e), e.pod_uid)]
@@ -68,6 +68,16 @@ def admission_rejected(v: Views, seq: int, e: ev.AdmissionRejected) -> None:
     rejected[e.pod.uid] = e.reason
     if len(rejected) > MAX_REJECTED:
         del rejected[next(iter(rejected))]
+
+
+def pod_quarantined(v: Views, seq: int, e: ev.PodQuarantined) -> None:
+    after = pod_state(POD.next(_state(v, e.pod.uid), type(e)))
+    pod = v.pods.pods.get(e.pod.uid)
+    if pod is None:  # a holder of devices whose admission the views could not read
+        pod = v.pods.pods[e.pod.uid] = _new_pod(e.pod, [], after, seq)
+    pod.state = after
+    pod.in_doubt = sorted(set(pod.in_doubt) | set(e.corrupt_seqs))
+    pod.quarantined_seq = seq
 
 
 def pod_removed(v: Views, seq: int, e: ev.PodRemoved) -> None:
@@ -122,6 +132,7 @@ HANDLERS: Handlers = {
     ev.PodAdmitted: pod_admitted,
     ev.AdmissionRejected: admission_rejected,
     ev.PodRemoved: pod_removed,
+    ev.PodQuarantined: pod_quarantined,
     ev.DevicesReserved: devices_reserved,
     ev.DevicesAllocated: devices_allocated,
     ev.AllocationFailed: devices_gone,

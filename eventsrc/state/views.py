@@ -61,9 +61,13 @@ class PodView(Struct, kw_only=True):
     namespace: str = ""
     name: str = ""
     qos_class: str = ""
-    # lifecycles.POD: "admitting" between PodAdmissionStarted and its outcome, then "admitted".
+    # lifecycles.POD: "admitting" between PodAdmissionStarted and its outcome, then "admitted";
+    # "quarantined" when its records are in doubt (docs/adr/0005).
     state: PodState = ADMITTED
     admitted_seq: int = 0
+    # quarantined: the corrupt records that may have been its own, and the PodQuarantined record
+    in_doubt: list[int] = []
+    quarantined_seq: int = 0
     containers: dict[str, ContainerView] = field(default_factory=dict)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from eventsrc.errors import NewerLogError
+from eventsrc.errors import DamagedLogError, NewerLogError
 from eventsrc.layout import DEFAULT_ROOT
 from eventsrc.obs import systemd
 from tests.conftest import REPO, run_cli
@@ -37,7 +37,7 @@ def test_the_unit_runs_the_daemon_as_the_docs_say() -> None:
     assert service["Type"] == "notify"  # READY=1 comes from eventsrc.obs.systemd
     assert service["KillSignal"] == "SIGTERM"
     assert service["Restart"] == "always"
-    assert service["RestartPreventExitStatus"] == str(NewerLogError.exit_code)
+    assert service["RestartPreventExitStatus"] == f"{NewerLogError.exit_code} {DamagedLogError.exit_code}"
     assert service["ProtectSystem"] == "strict"
     assert str(DEFAULT_ROOT) in service["ReadWritePaths"].split()
     assert service["NoNewPrivileges"] == "yes" and service["PrivateTmp"] == "yes"

@@ -194,3 +194,90 @@ def test_replay_check_reports_an_injected_unexpected_transition(root: Path) -> N
     assert report["violation"]["rule"] == "unexpected-transition" and report["violation"]["seq"] == 4
     assert "PodAdmissionStarted in state admitted" in report["violation"]["message"]
     assert run_cli("replay", str(root), "--check", "--until", "3").returncode == 0
+
+
+# --------------------------------------------------------------------------- quarantine
+# A corrupt record's pod is unknown: the start quarantines every pod it could be instead of
+# finishing that pod's admission on a guess (docs/adr/0005).
+
+
+def _running_pod(corrupt_at: set[int]) -> list[Record | ev.CorruptRecordError]:
+    """A plugin with two devices, pod p1 admitted holding both; the records at ``corrupt_at``
+    replaced by corrupt ones (as a reader yields them)."""
+    ref = ev.PodRef(uid="p1", namespace="default", name="web")
+    spec = ev.ContainerSpec(name="main", limits={"example.com/dev": "2"})
+    events: list[ev._Event] = [
+        ev.DevicesAdded(
+            resource="example.com/dev", devices=[ev.DeviceInfo(id=f"d{i}", health="Healthy") for i in (0, 1)]
+        ),
+        ev.PodAdmissionStarted(pod=ref, containers=[spec]),
+        ev.DevicesReserved(pod_uid="p1", container="main", resource="example.com/dev", device_ids=["d0", "d1"]),
+        ev.DevicesAllocated(pod_uid="p1", container="main", resource="example.com/dev", device_ids=["d0", "d1"]),
+        ev.PodAdmitted(pod=ref, containers=[spec]),
+    ]
+    return [
+        ev.CorruptRecordError(seq, "checksum mismatch") if seq in corrupt_at else Record(seq, 1, "c", 1, e)  # type: ignore[arg-type]
+        for seq, e in enumerate(events, 1)
+    ]
+
+
+def _views(items: list[Record | ev.CorruptRecordError]) -> Views:
+    views = Views()
+    for item in items:
+        apply(views, item)
+    return views
+
+
+def _finish(views: Views) -> list[ev._Event]:
+    from eventsrc.core.devices.holds import restart_events
+
+    events = restart_events(views)
+    for i, e in enumerate(events, views.meta.last_seq + 1):
+        apply(views, Record(i, 1, "start", 1, e))  # type: ignore[arg-type]
+    return events
+
+
+def test_a_corrupt_outcome_quarantines_the_admitting_pod_and_its_devices_stay_held() -> None:
+    from eventsrc.core.admission import removal
+    from eventsrc.core.cpu.assignment import StaticPolicyOptions
+    from eventsrc.core.cpu.cpuset import CPUSet
+    from eventsrc.core.cpu.static import CPUManagerConfig
+    from eventsrc.core.cpu.topology import single_cpu_topology
+
+    views = _views(_running_pod({5}))  # its PodAdmitted unreadable
+    assert views.pods.pods["p1"].state == lc.ADMITTING
+    events = _finish(views)
+    assert not [e for e in events if isinstance(e, (ev.DevicesReleased, ev.AdmissionRejected))]
+    assert [(type(e), e.corrupt_seqs) for e in events if isinstance(e, ev.PodQuarantined)] == [(ev.PodQuarantined, [5])]
+    pod = views.pods.pods["p1"]
+    assert (pod.state, pod.in_doubt) == (lc.QUARANTINED, [5])
+    assert {d.holder for d in views.devices.devices["example.com/dev"].values()} == {"p1/main"}
+    # The next start leaves it as it is.
+    assert not [e for e in _finish(views) if not isinstance(e, ev.PluginDisconnected)]
+    # An operator's removal releases it, and says so.
+    cpus = CPUManagerConfig("none", single_cpu_topology(), CPUSet(), StaticPolicyOptions())
+    out = removal(views, cpus, "p1", "removed by eventsrc remove")
+    released = [e for e in out if isinstance(e, ev.DevicesReleased)]
+    assert [e.device_ids for e in released] == [["d0", "d1"]]
+    (gone,) = [e for e in out if isinstance(e, ev.PodRemoved)]
+    assert "quarantined" in gone.reason and "[5]" in gone.reason
+
+
+def test_without_a_corrupt_record_after_its_start_an_unfinished_admission_is_refused() -> None:
+    views = _views(_running_pod(set())[:4])  # stopped before its outcome: never acknowledged
+    events = _finish(views)
+    assert [type(e) for e in events] == [ev.DevicesReleased, ev.AdmissionRejected]
+    views = _views([ev.CorruptRecordError(1, "x"), *_running_pod(set())[1:4]])  # corrupt before its start
+    assert ev.PodQuarantined not in [type(e) for e in _finish(views)]
+
+
+def test_devices_held_by_a_pod_whose_admission_is_unreadable_stay_held() -> None:
+    views = _views(_running_pod({2, 5}))  # neither PodAdmissionStarted nor PodAdmitted readable
+    assert "p1" not in views.pods.pods
+    events = _finish(views)
+    assert not [e for e in events if isinstance(e, ev.DevicesReleased)]
+    assert views.pods.pods["p1"].state == lc.QUARANTINED and views.pods.pods["p1"].in_doubt == [2, 5]
+    # With no corrupt record, such a holder was never admitted: released.
+    views = _views(_running_pod(set())[:4])
+    del views.pods.pods["p1"]
+    assert [type(e) for e in _finish(views)] == [ev.DevicesReleased]

@@ -96,6 +96,9 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
     ev.PodAdmitted: st.builds(ev.PodAdmitted, pod=pod_refs, containers=st.lists(container_specs, max_size=2)),
     ev.AdmissionRejected: st.builds(ev.AdmissionRejected, pod=pod_refs, reason=text),
     ev.PodRemoved: st.builds(ev.PodRemoved, pod_uid=pods),
+    ev.PodQuarantined: st.builds(
+        ev.PodQuarantined, pod=pod_refs, corrupt_seqs=st.lists(st.integers(1, 50), max_size=3), reason=text
+    ),
     ev.DevicesReserved: st.builds(
         ev.DevicesReserved,
         pod_uid=pods,

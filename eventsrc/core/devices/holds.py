@@ -132,29 +132,66 @@ def remove_pod_events(views: Views, pod_uid: str, reason: str) -> list[ev._Event
     return [*release_events(views, pod_uid, reason), ev.PodRemoved(pod_uid=pod_uid, reason=reason)]
 
 
+def in_doubt(views: Views) -> dict[str, list[int]]:
+    """pod uid -> the corrupt records that may have been its own, for each pod a start must
+    not finish on a guess. A corrupt record's pod is unknown, so every pod it could be is
+    counted: a pod still admitting when a corrupt record lies after its PodAdmissionStarted
+    (it may be the outcome: PodAdmitted, or the refusal and its releases), and a pod that
+    holds devices but that the views do not know (the corrupt record may be its admission,
+    or the release before its removal)."""
+    corrupt = sorted(views.meta.corrupt)
+    if not corrupt:
+        return {}
+    out: dict[str, list[int]] = {}
+    for uid, pod in views.pods.pods.items():
+        if pod.state == ADMITTING and (after := [s for s in corrupt if s > pod.admitted_seq]):
+            out[uid] = after
+    for uid in sorted(_holders(views) - views.pods.pods.keys()):
+        out[uid] = corrupt
+    return out
+
+
+def _holders(views: Views) -> set[str]:
+    return {
+        holder.pod_uid
+        for table in views.devices.devices.values()
+        for d in table.values()
+        if (holder := parse_holder(d.holder)) is not None
+    }
+
+
 def restart_events(views: Views) -> list[ev._Event]:
     """What a start must finish from the previous run, decided from the log alone.
 
     * a pod whose admission had started but not ended was never acknowledged: its
       reservations and allocations are released and the admission is refused;
     * a device held by a pod the views do not know (never admitted) is released;
+    * unless a corrupt record may have been that pod's (``in_doubt``): then the pod is
+      quarantined instead, and keeps what it holds until an operator removes it;
     * plugins that were connected are not any more: they must register again.
     """
     out: list[ev._Event] = []
     reason = "the daemon restarted during the admission"
-    holders = {
-        holder.pod_uid
-        for table in views.devices.devices.values()
-        for d in table.values()
-        if (holder := parse_holder(d.holder)) is not None
-    }
+    doubt = in_doubt(views)
+    for uid, seqs in doubt.items():
+        pod = views.pods.pods.get(uid)
+        ref = ev.PodRef(uid=uid, namespace=pod.namespace, name=pod.name) if pod else ev.PodRef(uid=uid)
+        why = "its admission's outcome" if pod else "its admission, or the release before its removal"
+        out.append(
+            ev.PodQuarantined(
+                pod=ref,
+                corrupt_seqs=seqs,
+                reason=f"corrupt record(s) {', '.join(map(str, seqs))} may hold {why}; it keeps what it holds "
+                "until an operator removes it",
+            )
+        )
     for uid, pod in views.pods.pods.items():
-        if pod.state == ADMITTING:
+        if pod.state == ADMITTING and uid not in doubt:
             out += release_events(views, uid, reason)
             out.append(
                 ev.AdmissionRejected(pod=ev.PodRef(uid=uid, namespace=pod.namespace, name=pod.name), reason=reason)
             )
-    for uid in sorted(holders - views.pods.pods.keys()):
+    for uid in sorted(_holders(views) - views.pods.pods.keys() - doubt.keys()):
         out += release_events(views, uid, "held by a pod that was never admitted")
     for plugin in [*views.devices.plugins.values(), *views.claims.drivers.values()]:
         if plugin.connected:
