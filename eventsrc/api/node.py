@@ -35,9 +35,10 @@ class Admitter(Protocol):
         and drivers that are away. Raises AdmissionRefused with the reason."""
         ...
 
-    def remove(self, uid: str) -> Awaitable[tuple[PodView, str]]:
-        """Release everything pod ``uid`` holds and forget it: the pod as it was and the
-        correlation id. Raises NotFound, or AdmissionRefused while its admission runs."""
+    def remove(self, uid: str) -> Awaitable[tuple[PodView, str, int]]:
+        """Release everything pod ``uid`` holds and forget it: the pod as it was, the
+        correlation id and the sequence of its PodRemoved. Raises NotFound, or
+        AdmissionRefused while its admission runs."""
         ...
 
 
@@ -228,10 +229,12 @@ class NodeService(NodeBase):
         assert req is not None
         try:
             uid = find_pod(self._views(), req.pod).uid
-            pod, cid = await to_trio(self._admitter.remove)(uid)
+            pod, cid, removed_seq = await to_trio(self._admitter.remove)(uid)
         except EventsrcError as err:
             raise _grpc_error(err) from None
-        await stream.send_message(pod_info(pod, state="removed", correlation_id=cid))
+        info = pod_info(pod, state="removed", correlation_id=cid)
+        info.removed_seq = removed_seq
+        await stream.send_message(info)
 
     async def ListPods(self, stream: Stream[pb.ListPodsRequest, pb.ListPodsResponse]) -> None:
         await stream.recv_message()

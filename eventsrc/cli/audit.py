@@ -80,16 +80,17 @@ def query(args: argparse.Namespace) -> int:
 
 def verify(args: argparse.Namespace) -> int:
     from eventsrc.log.verify import verify
+    from eventsrc.offline.render import escape
 
     checked, findings = verify(open_reader(args.layout))
     if args.output == "json":
         print(json.dumps({"checked": checked, "findings": [f.__dict__ for f in findings]}))
     else:
         for f in findings:
-            print(f"{f.seq:>8}  {f.what:<10} {f.message}")
+            print(escape(f"{f.seq:>8}  {f.what:<10} {f.message}"))
         if not findings:
             print(f"{checked} records checked: the chain holds")
     if findings:
-        print(f"eventsrc: error: {findings[0].message}", file=sys.stderr)
+        print(f"eventsrc: error: {escape(findings[0].message)}", file=sys.stderr)
         return 1
     return 0

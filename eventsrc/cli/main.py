@@ -70,7 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except EventsrcError as err:
-        print(f"eventsrc: error: {err}", file=sys.stderr)
+        from eventsrc.offline.render import escape  # the message may quote a plugin or a manifest
+
+        print(f"eventsrc: error: {escape(str(err))}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         return 130

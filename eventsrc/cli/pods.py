@@ -182,15 +182,12 @@ def claims(args: argparse.Namespace) -> int:
     if args.output == "json":
         sys.stdout.write(msgspec.json.encode(views.claims).decode() + "\n")
         return 0
-    from rich.table import Table
-
-    table = Table(title=f"claims ({len(views.claims.claims)})", title_justify="left")
-    for col in ("claim", "uid", "driver", "state", "pods", "cdi devices", "error"):
-        table.add_column(col)
+    rows = []
     for uid, c in sorted(views.claims.claims.items()):
         cdi = " ".join(i for d in c.devices for i in d.cdi_device_ids)
-        table.add_row(
-            f"{c.namespace}/{c.name}", uid, c.driver, c.state, ",".join(c.pods) or "-", cdi or "-", c.error or "-"
+        rows.append(
+            (f"{c.namespace}/{c.name}", uid, c.driver, c.state, ",".join(c.pods) or "-", cdi or "-", c.error or "-")
         )
-    render.console().print(table)
+    columns = ("claim", "uid", "driver", "state", "pods", "cdi devices", "error")
+    render.console().print(render.table(f"claims ({len(views.claims.claims)})", columns, rows))
     return 0

@@ -100,7 +100,7 @@ def _printer(out: TextIO, as_json: bool, corrupt: list[CorruptRecordError]) -> C
     def show(item: Any) -> None:
         if isinstance(item, CorruptRecordError) and not ignorable(item):
             corrupt.append(item)
-            print(f"eventsrc: error: {item}", file=sys.stderr)
+            print(f"eventsrc: error: {render.escape(str(item))}", file=sys.stderr)
         if as_json:
             out.write(json.dumps(render.record_json(item)) + "\n")
         else:

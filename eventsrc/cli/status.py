@@ -28,6 +28,7 @@ def status(args: argparse.Namespace) -> int:
     from eventsrc.cli.client import call, unary
     from eventsrc.gen.node.v1 import node_pb2
     from eventsrc.log.store import DirLock
+    from eventsrc.offline.render import escape
 
     layout: Layout = args.layout
     info: dict[str, Any] = {"root_dir": str(layout.root), "ready": False}
@@ -52,10 +53,12 @@ def status(args: argparse.Namespace) -> int:
         print(json.dumps({**info, "reason": reason}))
     elif not reason:
         print(
-            f"eventsrc is running and ready on {layout.root} "
-            f"(pid {info['pid']}, version {info['version']}, last sequence {info['last_seq']})"
+            escape(
+                f"eventsrc is running and ready on {layout.root} "
+                f"(pid {info['pid']}, version {info['version']}, last sequence {info['last_seq']})"
+            )
         )
     if reason:
-        print(f"eventsrc: {reason}", file=sys.stderr)
+        print(f"eventsrc: {escape(reason)}", file=sys.stderr)
         return 1
     return 0

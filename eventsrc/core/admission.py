@@ -373,14 +373,22 @@ class PodAdmission:
             options = yield PluginWanted(resource)
             if not isinstance(options, ev.PluginOptions):
                 return self._refused(
-                    f"no healthy devices present; cannot allocate unhealthy devices {resource} "
-                    f"(its plugin did not register within {wait:g} s)"
+                    f"no healthy devices present; cannot allocate unhealthy devices {resource} ({self._away(resource)})"
                 )
             self._options[resource] = options
         for driver in sorted({c.driver for c in self.pod.claims}):
             if not (yield DriverWanted(driver)):
                 return self._refused(f"DRA driver {driver} is not registered (waited {wait:g} s)")
         return None
+
+    def _away(self, resource: str) -> str:
+        """Why ``resource``'s plugin gave no options: not registered since the daemon
+        started, or registered (this run) without sending its device list."""
+        plugin = self.views.devices.plugins.get(resource)
+        wait = f"{self.config.wait:g} s"
+        if plugin is not None and plugin.connected and 0 < self.views.meta.started_seq < plugin.registered_seq:
+            return f"its plugin registered at seq {plugin.registered_seq} but sent no device list within {wait}"
+        return f"its plugin did not register within {wait}"
 
     # ------------------------------------------------------------------ plan
 

@@ -258,15 +258,15 @@ class Admission(Generic[D]):
             )
         raise AdmissionRefused(outcome.reason)
 
-    async def remove(self, uid: str, reason: str = "pod removed") -> tuple[PodView, str]:
-        """Release everything ``uid`` holds and forget it; the pod as it was, and the
-        correlation id. Raises NotFound, or AdmissionRefused while its admission runs."""
+    async def remove(self, uid: str, reason: str = "pod removed") -> tuple[PodView, str, int]:
+        """Release everything ``uid`` holds and forget it; the pod as it was, the correlation
+        id and the removal's sequence. Raises NotFound, or AdmissionRefused while its admission runs."""
         views = self.recorder.views
         events = removal(views, self.config.cpus, uid, reason)
         pod = _copy(views.pods.pods[uid])
         with correlation(new_correlation_id()) as cid:
             with trio.CancelScope(shield=True):
-                await self.recorder.record(events)
+                records = await self.recorder.record(events)
             self.dra.kick()  # the claims left with no pod are to be unprepared
             log.info("pod removed", pod=f"{pod.namespace}/{pod.name}", uid=uid, reason=reason)
-        return pod, cid
+        return pod, cid, next(r.seq for r in records if isinstance(r.event, ev.PodRemoved))

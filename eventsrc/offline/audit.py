@@ -755,7 +755,9 @@ def run(args: Any, log: EventLog) -> int:
     if args.output == "json":
         sys.stdout.buffer.write(to_json(answer) + b"\n")
     else:
-        sys.stdout.write("\n".join(lines) + "\n")
+        from eventsrc.offline.render import text_lines
+
+        sys.stdout.write(text_lines(lines) + "\n")
     sys.stdout.flush()
     if answer.corrupt:
         seqs = ", ".join(str(s) for s in sorted(set(answer.corrupt)))

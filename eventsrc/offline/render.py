@@ -1,14 +1,66 @@
-"""How records and views look to people (one line per record; tables) and programs (JSON)."""
+"""How records and views look to people (one line per record; tables) and programs (JSON).
+
+Strings from plugins, manifests and the log reach people only through this module, and never
+raw: ``escape`` writes every control, format (bidi overrides and isolates, zero-width
+characters), surrogate and line-separator character as an escape (``\\n``, ``\\x1b``,
+``\\u202e``), so a value can neither split a line, forge one, move the cursor, colour the
+terminal nor reorder what is shown. ``record_line``, ``pod_lines`` and ``text_lines`` escape
+whole lines (the templates hold no such characters, so only values are changed); ``table``
+escapes every cell and hands it to rich as plain text (no markup: ``[red]`` prints as
+itself). JSON output (``record_json``, ``pod_json``) stays exact.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import unicodedata
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
 
 from eventsrc.events import CorruptRecordError, FutureRecordError, Record
 from eventsrc.state.views import Views
+
+#: Unicode categories written as escapes: control (Cc), format (Cf: U+202A-U+202E,
+#: U+2066-U+2069, zero-width characters...), lone surrogates (Cs; they cannot even be encoded)
+#: and the line and paragraph separators (Zl, Zp), which some terminals break lines at.
+_ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(char: str) -> str:
+    if char in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[char]
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def escape(text: str) -> str:
+    """``text`` safe to show on a terminal, on one line (see the module's docstring)."""
+    if text.isprintable():  # the usual case: nothing to escape
+        return text
+    return "".join(_escaped(c) if unicodedata.category(c) in _ESCAPED_CATEGORIES else c for c in text)
+
+
+def text_lines(lines: Iterable[str]) -> str:
+    """Lines for people, each escaped (a value holding a newline stays on its line), joined."""
+    return "\n".join(escape(line) for line in lines)
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]], *, header: bool = True) -> Any:
+    """A rich table whose every cell is escaped and plain text (never rich markup)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    out = Table(title=Text(escape(title)), show_header=header, title_justify="left")
+    for col in columns:
+        out.add_column(col)
+    for row in rows:
+        out.add_row(*(Text(escape(str(cell))) for cell in row))
+    return out
 
 
 def iso(ts_ns: int) -> str:
@@ -39,6 +91,11 @@ def raw_body(item: FutureRecordError) -> str:
 
 
 def record_line(item: Record | CorruptRecordError) -> str:
+    """One record on one line, escaped."""
+    return escape(_record_line(item))
+
+
+def _record_line(item: Record | CorruptRecordError) -> str:
     if isinstance(item, FutureRecordError):  # shown raw: this code cannot say what it means
         return (
             f"{item.seq:>8}  {iso(item.ts_ns)}  {item.type_name + '?':<26}  {item.correlation_id[-8:]}  "
@@ -80,69 +137,70 @@ def record_json(item: Record | CorruptRecordError) -> dict[str, Any]:
 
 def views_tables(views: Views) -> list[Any]:
     """rich renderables: one table per view."""
-    from rich.table import Table
-
     m = views.meta
-    out: list[Any] = []
-    meta = Table(title="log", show_header=False, title_justify="left")
-    meta.add_row("last sequence", str(m.last_seq))
-    meta.add_row("daemon", f"{'running' if m.running else 'stopped'} (boots {m.boots}, version {m.version or '-'})")
-    meta.add_row("instance", m.instance_id or "-")
-    meta.add_row(
-        "corrupt records",
-        ", ".join(f"{s} ({r})" for s, r in sorted(m.corrupt.items())) if m.corrupt else "none",
+    corrupt = ", ".join(f"{s} ({r})" for s, r in sorted(m.corrupt.items())) if m.corrupt else "none"
+    meta = table(
+        "log",
+        ("", ""),
+        [
+            ("last sequence", m.last_seq),
+            ("daemon", f"{'running' if m.running else 'stopped'} (boots {m.boots}, version {m.version or '-'})"),
+            ("instance", m.instance_id or "-"),
+            ("corrupt records", corrupt),
+        ],
+        header=False,
     )
-    out.append(meta)
-
-    plugins = Table(title="plugins", title_justify="left")
-    for col in ("resource", "kind", "endpoint", "connected", "since seq"):
-        plugins.add_column(col)
-    for p in [*views.devices.plugins.values(), *views.claims.drivers.values()]:
-        plugins.add_row(p.resource, p.kind, p.endpoint, "yes" if p.connected else "no", str(p.registered_seq))
-    out.append(plugins)
-
-    devices = Table(title="devices", title_justify="left")
-    for col in ("resource", "device", "health", "numa", "holder", "hold", "since seq"):
-        devices.add_column(col)
-    for res, table in sorted(views.devices.devices.items()):
-        for dev_id, d in sorted(table.items()):
-            numa = ",".join(map(str, d.numa_nodes)) or "-"
-            devices.add_row(res, dev_id, d.health, numa, d.holder or "-", d.hold or "-", str(d.since_seq))
-    out.append(devices)
-
-    pods = Table(title="pods", title_justify="left")
-    for col in ("pod", "uid", "container", "devices", "cpus", "claims"):
-        pods.add_column(col)
+    plugins = table(
+        "plugins",
+        ("resource", "kind", "endpoint", "connected", "since seq"),
+        [
+            (p.resource, p.kind, p.endpoint, "yes" if p.connected else "no", p.registered_seq)
+            for p in [*views.devices.plugins.values(), *views.claims.drivers.values()]
+        ],
+    )
+    devices = table(
+        "devices",
+        ("resource", "device", "health", "numa", "holder", "hold", "since seq"),
+        [
+            (
+                res,
+                dev_id,
+                d.health,
+                ",".join(map(str, d.numa_nodes)) or "-",
+                d.holder or "-",
+                d.hold or "-",
+                d.since_seq,
+            )
+            for res, devs in sorted(views.devices.devices.items())
+            for dev_id, d in sorted(devs.items())
+        ],
+    )
+    pod_rows: list[tuple[object, ...]] = []
     for uid, pod in views.pods.pods.items():
         if not pod.containers:
-            pods.add_row(f"{pod.namespace}/{pod.name}", uid, "-", "-", "-", "-")
+            pod_rows.append((f"{pod.namespace}/{pod.name}", uid, "-", "-", "-", "-"))
         for cname, c in pod.containers.items():
             devs = " ".join(f"{r}={','.join(ids)}" for r, ids in c.devices.items()) or "-"
-            pods.add_row(f"{pod.namespace}/{pod.name}", uid, cname, devs, _cpus(c.cpus), ",".join(c.claims) or "-")
-    out.append(pods)
-
-    cpus = Table(title="exclusive cpus", title_justify="left")
-    for col in ("pod uid", "container", "cpus"):
-        cpus.add_column(col)
-    for uid, containers in views.cpus.assignments.items():
-        for cname, ids in containers.items():
-            cpus.add_row(uid, cname, _cpus(ids))
-    out.append(cpus)
-
-    claims = Table(title="claims", title_justify="left")
-    for col in ("claim", "uid", "driver", "state", "pods", "error"):
-        claims.add_column(col)
-    for uid, claim in views.claims.claims.items():
-        claims.add_row(
-            f"{claim.namespace}/{claim.name}",
-            uid,
-            claim.driver,
-            claim.state,
-            ",".join(claim.pods) or "-",
-            claim.error or "-",
-        )
-    out.append(claims)
-    return out
+            pod_rows.append((f"{pod.namespace}/{pod.name}", uid, cname, devs, _cpus(c.cpus), ",".join(c.claims) or "-"))
+    pods = table("pods", ("pod", "uid", "container", "devices", "cpus", "claims"), pod_rows)
+    cpus = table(
+        "exclusive cpus",
+        ("pod uid", "container", "cpus"),
+        [
+            (uid, cname, _cpus(ids))
+            for uid, containers in views.cpus.assignments.items()
+            for cname, ids in containers.items()
+        ],
+    )
+    claims = table(
+        "claims",
+        ("claim", "uid", "driver", "state", "pods", "error"),
+        [
+            (f"{c.namespace}/{c.name}", uid, c.driver, c.state, ",".join(c.pods) or "-", c.error or "-")
+            for uid, c in views.claims.claims.items()
+        ],
+    )
+    return [meta, plugins, devices, pods, cpus, claims]
 
 
 def _cpus(ids: list[int]) -> str:
@@ -162,9 +220,20 @@ def pod_json(info: Any) -> dict[str, Any]:
 
 
 def pod_lines(info: Any) -> list[str]:
+    """What a pod holds, for people: each line escaped."""
+    return [escape(line) for line in _pod_lines(info)]
+
+
+def _pod_lines(info: Any) -> list[str]:
     lines = [
         f"pod {info.namespace}/{info.name}  uid {info.uid}  {info.state}"
-        + (f"  (seq {info.admitted_seq})" if info.admitted_seq else "")
+        + (
+            f"  (seq {info.removed_seq})"  # the removal's record, not the admission's
+            if info.removed_seq
+            else f"  (seq {info.admitted_seq})"
+            if info.admitted_seq
+            else ""
+        )
     ]
     for c in info.containers:
         got = []
@@ -206,23 +275,20 @@ def print_pods(pods: list[Any], output: str) -> None:
     if output == "json":
         print(json.dumps({"pods": [pod_json(p) for p in pods]}))
         return
-    from rich.table import Table
-
-    table = Table(title=f"pods ({len(pods)})", title_justify="left")
-    for col in ("pod", "uid", "state", "container", "devices"):
-        table.add_column(col)
+    rows = []
     for p in pods:
         for c in p.containers or [None]:
             devs = " ".join(f"{r.resource}={','.join(r.device_ids)}" for r in c.resources) if c else ""
-            table.add_row(f"{p.namespace}/{p.name}", p.uid, p.state, c.name if c else "-", devs or "-")
-    console().print(table)
+            rows.append((f"{p.namespace}/{p.name}", p.uid, p.state, c.name if c else "-", devs or "-"))
+    console().print(table(f"pods ({len(pods)})", ("pod", "uid", "state", "container", "devices"), rows))
 
 
 def console() -> Any:
     """A rich console; wide when the output is not a terminal (a pipe or a file), so that
-    nothing is cut."""
+    nothing is cut. It interprets no markup and no emoji codes in what it prints (cells are
+    plain ``Text`` already; this covers any string printed through it) and highlights nothing."""
     import sys
 
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 240)
+    return Console(width=None if sys.stdout.isatty() else 240, markup=False, emoji=False, highlight=False)

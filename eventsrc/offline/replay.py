@@ -428,6 +428,13 @@ def change_text(rec: Record, changes: list[Change]) -> str:
 
 
 def step_line(item: Record | CorruptRecordError, changes: list[Change]) -> str:
+    """One event and what it changed, on one line, escaped (``render.escape``)."""
+    from eventsrc.offline.render import escape
+
+    return escape(_step_line(item, changes))
+
+
+def _step_line(item: Record | CorruptRecordError, changes: list[Change]) -> str:
     from eventsrc.events import FutureRecordError
     from eventsrc.offline.render import iso, raw_body
 
@@ -461,7 +468,7 @@ def correlated(log: EventLog, correlation_id: str) -> list[Record]:
 
 def print_violation(v: Violation, related: list[Record], output: str) -> None:
     from eventsrc.core.invariants import RULES
-    from eventsrc.offline.render import RECORD_HEADER, record_json, record_line
+    from eventsrc.offline.render import RECORD_HEADER, record_json, record_line, text_lines
 
     culprit = next((r for r in related if r.seq == v.seq), None)
     if output == "json":
@@ -491,7 +498,7 @@ def print_violation(v: Violation, related: list[Record], output: str) -> None:
     lines.append(f"events with correlation id {v.correlation_id or '-'} ({len(related)}):")
     lines.append("  " + RECORD_HEADER)
     lines += [("> " if r.seq == v.seq else "  ") + record_line(r) for r in related]
-    print("\n".join(lines))
+    print(text_lines(lines))
 
 
 # --------------------------------------------------------------------------- commands
@@ -631,7 +638,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except EventsrcError as err:
-        print(f"replay: error: {err}", file=sys.stderr)
+        from eventsrc.offline.render import escape
+
+        print(f"replay: error: {escape(str(err))}", file=sys.stderr)
         return err.exit_code
     except BrokenPipeError:
         import os

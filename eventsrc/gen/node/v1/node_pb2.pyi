@@ -231,7 +231,7 @@ class ContainerInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., resources: _Optional[_Iterable[_Union[ResourceAllocation, _Mapping]]] = ..., cpu_ids: _Optional[_Iterable[int]] = ..., claim_cdi_devices: _Optional[_Iterable[str]] = ..., exclusive_cpus: _Optional[bool] = ...) -> None: ...
 
 class PodInfo(_message.Message):
-    __slots__ = ("uid", "namespace", "name", "state", "admitted_seq", "containers", "correlation_id")
+    __slots__ = ("uid", "namespace", "name", "state", "admitted_seq", "containers", "correlation_id", "removed_seq")
     UID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +239,7 @@ class PodInfo(_message.Message):
     ADMITTED_SEQ_FIELD_NUMBER: _ClassVar[int]
     CONTAINERS_FIELD_NUMBER: _ClassVar[int]
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_SEQ_FIELD_NUMBER: _ClassVar[int]
     uid: str
     namespace: str
     name: str
@@ -246,4 +247,5 @@ class PodInfo(_message.Message):
     admitted_seq: int
     containers: _containers.RepeatedCompositeFieldContainer[ContainerInfo]
     correlation_id: str
-    def __init__(self, uid: _Optional[str] = ..., namespace: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., admitted_seq: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerInfo, _Mapping]]] = ..., correlation_id: _Optional[str] = ...) -> None: ...
+    removed_seq: int
+    def __init__(self, uid: _Optional[str] = ..., namespace: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., admitted_seq: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerInfo, _Mapping]]] = ..., correlation_id: _Optional[str] = ..., removed_seq: _Optional[int] = ...) -> None: ...
