@@ -20,9 +20,17 @@ Each rule has a short name (``RULES``). How each one is detected:
   held before the reserved set changed are kept until it ends, as the daemon does.
 * ``claim-unprepared-under-live-pod``: a ClaimUnprepareStarted or ClaimUnprepared of
   a claim still referenced by a live pod.
-* ``dangling-reservation``: a DevicesReserved whose pod is still admitting more than
-  ``reservation_timeout_ns`` after it, measured at the end of each correlation-id run
-  (so the outcomes a restart records with its DaemonStarted count) and at the end.
+* ``dangling-reservation``: a DevicesReserved whose pod is still admitting, judged in
+  sequence order, never by the records' wall-clock stamps (a clock step must not make
+  or hide a violation). At the end of each correlation-id run (so the outcomes a restart
+  records with its DaemonStarted count) and at the end, it is dangling when
+  - a later daemon instance started (DaemonStarted) and its start-up run ended without the
+    outcome: a restart finishes every admission the previous instance left open, so this
+    one was lost; or
+  - the same instance recorded the outcomes (PodAdmitted or AdmissionRejected) of more than
+    ``reservation_window`` admissions after it: admissions decide one at a time, and one
+    waits for its plugin calls at most a bounded time, so that many others finishing first
+    means it was left behind.
 * ``unhealthy-device-allocated``: a DevicesReserved of a device whose health, before
   the event, is not "Healthy" (an unknown device counts as unhealthy). A device that
   turns unhealthy while its Allocate call is in flight is not a violation.
@@ -61,13 +69,24 @@ RULES: dict[str, str] = {
     "exclusive-in-shared-pool": "exclusive CPUs never in the shared pool",
     "reserved-cpu-exclusive": "reserved CPUs never exclusive",
     "claim-unprepared-under-live-pod": "no claim unprepared under a live pod",
-    "dangling-reservation": "no reservation left without an outcome past a timeout",
+    "dangling-reservation": "no reservation left without an outcome by a restart or many later admissions",
     "unhealthy-device-allocated": "no allocation of an unhealthy device",
     "reserved-under-admitted-pod": "no device of an admitted pod left reserved without its allocation",
     "unexpected-transition": "every event arrives in a state its lifecycle expects it in",
 }
 
-DEFAULT_RESERVATION_TIMEOUT_NS = 120 * 1_000_000_000
+#: How many later admissions' outcomes a reservation may wait behind (``dangling-reservation``).
+DEFAULT_RESERVATION_WINDOW = 1000
+
+
+@dataclass(frozen=True)
+class _Reservation:
+    """An admitting pod's first DevicesReserved, with the instance and the count of
+    admission outcomes it was recorded at."""
+
+    record: Record
+    boot: int
+    outcomes: int
 
 
 @dataclass(frozen=True)
@@ -314,11 +333,16 @@ class Checker:
     """
 
     views: Views = field(default_factory=Views)
-    reservation_timeout_ns: int = DEFAULT_RESERVATION_TIMEOUT_NS
+    reservation_window: int = DEFAULT_RESERVATION_WINDOW
     #: the current run of records sharing one correlation id
     group: list[Record] = field(default_factory=list)
     #: pod uid -> its first DevicesReserved while admitting
-    reservations: dict[str, Record] = field(default_factory=dict)
+    reservations: dict[str, _Reservation] = field(default_factory=dict)
+    #: DaemonStarted records seen (the daemon instance, in order), the last one's sequence,
+    #: and the admission outcomes seen
+    boots: int = 0
+    started_seq: int = 0
+    outcomes: int = 0
     events: int = 0
     _reported: set[tuple[str, int]] = field(default_factory=set)
 
@@ -334,12 +358,17 @@ class Checker:
         apply(self.views, item)
         out += after_apply(self.views, item)
         e = item.event
+        if isinstance(e, ev.DaemonStarted):
+            self.boots += 1
+            self.started_seq = item.seq
+        elif isinstance(e, (ev.PodAdmitted, ev.AdmissionRejected)):
+            self.outcomes += 1
         if isinstance(e, ev.PodAdmissionStarted):
             self.reservations.pop(e.pod.uid, None)
         elif isinstance(e, ev.DevicesReserved) and e.pod_uid not in self.reservations:
             pod = self.views.pods.pods.get(e.pod_uid)
             if pod is not None and pod.state == ADMITTING:
-                self.reservations[e.pod_uid] = item
+                self.reservations[e.pod_uid] = _Reservation(item, self.boots, self.outcomes)
         self.group.append(item)
         return self._new(out)
 
@@ -363,26 +392,29 @@ class Checker:
     def _end_group(self) -> list[Violation]:
         group, self.group = self.group, []
         out = shared_pool_violations(self.views, group)
-        now = group[-1].ts_ns
         pods = self.views.pods.pods
-        for uid, rec in list(self.reservations.items()):
+        for uid, res in list(self.reservations.items()):
             pod = pods.get(uid)
             if pod is None or pod.state != ADMITTING:
                 del self.reservations[uid]
                 continue
-            waited = now - rec.ts_ns
-            if waited > self.reservation_timeout_ns:
-                e = rec.event
-                assert isinstance(e, ev.DevicesReserved)
-                out.append(
-                    _v(
-                        "dangling-reservation",
-                        f"{', '.join(e.device_ids)} {e.resource} reserved for {who(self.views, uid, e.container)} "
-                        f"at seq {rec.seq}: no outcome after {waited / 1e9:.0f} s "
-                        f"(timeout {self.reservation_timeout_ns / 1e9:g} s)",
-                        rec,
-                        group[-1].seq,
-                    )
+            later = self.outcomes - res.outcomes
+            if res.boot < self.boots:
+                why = f"the daemon restarted (DaemonStarted at seq {self.started_seq}) without its outcome"
+            elif later > self.reservation_window:
+                why = f"no outcome while {later} later admissions had theirs (window {self.reservation_window})"
+            else:
+                continue
+            rec, e = res.record, res.record.event
+            assert isinstance(e, ev.DevicesReserved)
+            out.append(
+                _v(
+                    "dangling-reservation",
+                    f"{', '.join(e.device_ids)} {e.resource} reserved for {who(self.views, uid, e.container)} "
+                    f"at seq {rec.seq}: {why}",
+                    rec,
+                    group[-1].seq,
                 )
-                del self.reservations[uid]
+            )
+            del self.reservations[uid]
         return out

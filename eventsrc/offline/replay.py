@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: --reservation-timeout's default, as eventsrc.core.invariants has it.
-DEFAULT_RESERVATION_TIMEOUT = 120.0
+#: --reservation-window's default, as eventsrc.core.invariants has it.
+DEFAULT_RESERVATION_WINDOW = 1000
 
 #: Replays shorter than this show no progress bar.
 PROGRESS_MIN = 20_000
@@ -96,7 +96,8 @@ def add_arguments(p: argparse.ArgumentParser, path_required: bool = True) -> Non
         "--until",
         default=None,
         metavar="SEQ|TIME",
-        help="stop after record SEQ, or after the last record at or before TIME (RFC 3339, e.g. 2026-11-21T23:40:00Z)",
+        help="stop after record SEQ; or TIME (RFC 3339, e.g. 2026-11-21T23:40:00Z): the records stamped at or "
+        "before TIME, in sequence order (a record stamped later is left out, even before one stamped earlier)",
     )
     p.add_argument(
         "--from",
@@ -116,11 +117,13 @@ def add_arguments(p: argparse.ArgumentParser, path_required: bool = True) -> Non
         "and print it with the events sharing its correlation id (exit 1)",
     )
     p.add_argument(
-        "--reservation-timeout",
-        type=float,
-        default=DEFAULT_RESERVATION_TIMEOUT,
-        metavar="SECONDS",
-        help="with --check: how long a reservation may stay without an outcome (default %(default)g)",
+        "--reservation-window",
+        type=int,
+        default=DEFAULT_RESERVATION_WINDOW,
+        metavar="ADMISSIONS",
+        help="with --check: how many later admissions of the same daemon instance may get their outcome "
+        "while a reservation has none, before it counts as dangling (default %(default)d; a restart that "
+        "does not finish it counts at once). Counted in sequence order, never by the records' clock",
     )
     p.add_argument(
         "-o", "--output", choices=["table", "json"], default="table", help="output format (default %(default)s)"
@@ -131,9 +134,12 @@ def add_arguments(p: argparse.ArgumentParser, path_required: bool = True) -> Non
 
 
 def _records(log: EventLog, until: Until) -> Iterator[Record | CorruptRecordError]:
+    """The records up to ``until``, in sequence order. With a time: every record stamped at or
+    before it, as ``audit --until`` filters. Stamps are the wall clock of each batch and may step
+    back: a record stamped later than TIME is left out, and those after it still count."""
     for item in log.records(1, until.seq):
         if until.ts_ns is not None and not isinstance(item, Exception) and item.ts_ns > until.ts_ns:
-            return
+            continue
         yield item
 
 
@@ -511,8 +517,8 @@ def run(args: argparse.Namespace) -> int:
     until = parse_until(args.until)
     if args.from_seq < 1:
         raise UsageError("--from must be at least 1")
-    if args.reservation_timeout < 0:
-        raise UsageError("--reservation-timeout must not be negative")
+    if args.reservation_window < 0:
+        raise UsageError("--reservation-window must not be negative")
     path = args.path
     if path is None:
         root = getattr(args, "root_dir", None)
@@ -594,7 +600,7 @@ def _group_complete(log: EventLog, checker: Checker) -> bool:
 def _check(log: EventLog, until: Until, args: argparse.Namespace, total: int) -> int:
     from eventsrc.core.invariants import Checker
 
-    checker = Checker(reservation_timeout_ns=int(args.reservation_timeout * 1e9))
+    checker = Checker(reservation_window=args.reservation_window)
     as_json = args.output == "json"
     found: Violation | None = None
     with _progress(total, not (args.step and sys.stdout.isatty())) as advance:

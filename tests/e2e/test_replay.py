@@ -448,21 +448,22 @@ def test_a_claim_unprepared_under_a_live_pod(root: Path) -> None:
 
 
 def test_a_reservation_left_without_an_outcome(root: Path) -> None:
+    # Counted in sequence order (tests/unit/test_time_rules.py has the clock steps).
     batches: list[Batch] = [
         *BOOT,
         ("a", 10, [pod("a"), reserved("a", ["dev-0"])]),  # seq 4, 5: never an outcome
-        *admission("b", 60, ["dev-1"]),
+        *admission("b", 60, ["dev-1"]),  # 6-9: one later admission's outcome
         ("lw", 200, [ev.DeviceHealthChanged(resource=RES, device_id="dev-3", health="Unhealthy")]),  # seq 10
         ("lw", 201, [ev.DeviceHealthChanged(resource=RES, device_id="dev-3", health="Healthy")]),
     ]
-    rc, out = check(root, batches)
+    rc, out = check(root, batches, "--reservation-window", "0")
     assert rc == 1
     v = out["violation"]
-    assert v["rule"] == "dangling-reservation" and v["seq"] == 5 and v["detected_seq"] == 11
-    assert "no outcome after 191 s" in v["message"]
+    assert v["rule"] == "dangling-reservation" and v["seq"] == 5 and v["detected_seq"] == 9
+    assert "no outcome while 1 later admissions had theirs (window 0)" in v["message"]
     assert [r["seq"] for r in out["correlated"]] == [4, 5]
-    # A longer timeout: sound; and the daemon's restart that finishes it in time is too.
-    proc = replay(root, "--check", "--reservation-timeout", "300")
+    # A wider window: sound; and the daemon's restart that finishes it is too.
+    proc = replay(root, "--check", "--reservation-window", "1")
     assert proc.returncode == 0, proc.stdout
     rc, out = check(
         root.parent / "restart",
@@ -491,7 +492,7 @@ def test_a_reservation_left_without_an_outcome(root: Path) -> None:
     [
         (["--until", "yesterday"], 2, "--until 'yesterday': expected a sequence number or an RFC 3339 time"),
         (["--from", "0", "--step"], 2, "--from must be at least 1"),
-        (["--reservation-timeout", "-1", "--check"], 2, "--reservation-timeout must not be negative"),
+        (["--reservation-window", "-1", "--check"], 2, "--reservation-window must not be negative"),
     ],
 )
 def test_bad_arguments_are_one_line(root: Path, args: list[str], code: int, message: str) -> None:
