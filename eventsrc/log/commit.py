@@ -16,9 +16,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import trio
 from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
 
-from eventsrc.errors import LogClosedError
+from eventsrc.errors import ConcurrencyConflictError, LogClosedError
 from eventsrc.events import CorruptRecordError, Record, _Event
 from eventsrc.log.store import EventLog, PendingAppend
+from eventsrc.obs.logger import get_logger
+
+log = get_logger("eventsrc.log.commit")
 
 # A random 64-bit start, then a counter: unique per node in practice, and cheap on the
 # hot path. The low digits change from one id to the next (people see the last eight).
@@ -154,6 +157,7 @@ class GroupCommitter:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(self.event_log.commit, batch)
                 self.batches += 1
+                _log_failed(batch)
                 committed = [r for req in batch for r in req.records]
                 self.appended += len(committed)
                 if committed and self._on_commit is not None:
@@ -174,6 +178,19 @@ class GroupCommitter:
 
     async def wait_appended(self) -> None:
         await self._appended.wait()
+
+
+def _log_failed(batch: list[PendingAppend]) -> None:
+    """A warning for each append the log refused (a full disk, say): its caller is told, and
+    the operator must be too. An optimistic-concurrency conflict is an answer, not a failure."""
+    for req in batch:
+        if req.error is not None and not isinstance(req.error, ConcurrencyConflictError):
+            log.warning(
+                "append failed",
+                reason=str(req.error),
+                events=[type(e).__name__ for e in req.events],
+                cid=req.correlation_id,
+            )
 
 
 async def follow(
