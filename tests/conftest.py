@@ -34,7 +34,7 @@ def run_cli(
 class Daemon:
     """``eventsrc serve`` in a subprocess, ready when ``eventsrc status`` says so."""
 
-    def __init__(self, root: Path, *extra: str) -> None:
+    def __init__(self, root: Path, *extra: str, preexec_fn: Callable[[], None] | None = None) -> None:
         self.root = root
         self.log_path = root.parent / f"daemon-{time.monotonic_ns()}.log"
         self._out = open(self.log_path, "w")  # noqa: SIM115
@@ -42,6 +42,7 @@ class Daemon:
             [sys.executable, "-m", "eventsrc", "--root-dir", str(root), "serve", *extra],
             stdout=self._out,
             stderr=subprocess.STDOUT,
+            preexec_fn=preexec_fn,
         )
         self.eventually(lambda: run_cli("status", root=root).returncode == 0, "the daemon to be ready")
 
@@ -81,8 +82,8 @@ def daemon_factory(root: Path) -> Iterator[type[Daemon]]:
     started: list[Daemon] = []
 
     class Factory(Daemon):
-        def __init__(self, *extra: str) -> None:
-            super().__init__(root, *extra)
+        def __init__(self, *extra: str, preexec_fn: Callable[[], None] | None = None) -> None:
+            super().__init__(root, *extra, preexec_fn=preexec_fn)
             started.append(self)
 
     yield Factory

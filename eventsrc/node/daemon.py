@@ -81,7 +81,7 @@ from eventsrc.obs.metrics import (
     parse_address,
     serve_http,
 )
-from eventsrc.rpc.bridge import check_socket_path, serve_unix
+from eventsrc.rpc.bridge import check_socket_path, raise_open_files_limit, serve_unix
 from eventsrc.state.apply import apply_all
 from eventsrc.state.lifecycles import QUARANTINED
 from eventsrc.state.views import Views
@@ -321,6 +321,7 @@ async def serve(
     """
     if metrics_address is not None:
         parse_address(metrics_address)  # a malformed address is refused before anything starts
+    raise_open_files_limit()  # each socket's connection cap is a share of it (rpc.bridge.connection_cap)
     layout.create()
     for sock in (layout.api_socket, layout.device_plugins / "kubelet.sock", layout.pod_resources_socket):
         check_socket_path(sock)

@@ -11,6 +11,7 @@ else in eventsrc stays trio.
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import stat
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.server import Server
 
 from eventsrc.errors import EventsrcError
+from eventsrc.obs.logger import get_logger
 from eventsrc.rpc.limits import MAX_MESSAGE_BYTES, BoundedCodec
 
 #: Call a trio function from an asyncio handler: ``await to_trio(fn)(*args)``.
@@ -109,12 +111,95 @@ def endpoint_socket_error(endpoint: str) -> str:
     return ""
 
 
-def bind_unix(path: Path, mode: int | None) -> socket.socket:
+log = get_logger("eventsrc.rpc")
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit (the shipped unit sets
+    ``LimitNOFILE``); return the soft limit in force. Every connection a server accepts and
+    every plugin the daemon dials costs a file descriptor."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def connection_cap() -> int:
+    """How many connections each of the daemon's gRPC sockets holds at a time: a quarter of
+    the open-files limit (three sockets share it with plugins, the log and the metrics
+    endpoint), at least 16 and at most 1024."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1024
+    return max(16, min(1024, soft // 4))
+
+
+class CappedListener(socket.socket):
+    """A listening unix socket that holds at most ``cap`` accepted connections at a time.
+
+    asyncio's server (grpclib's, through ``loop.create_server(sock=...)``) calls ``accept``
+    whenever the socket is readable. A connection over the cap is closed at once, before any
+    byte is read or written (its client sees the connection end: gRPC's UNAVAILABLE), so
+    idle clients cannot take the file descriptors every other socket and plugin needs; a
+    connection under the cap is counted until it is closed.
+    """
+
+    def setup(self, cap: int, name: str) -> None:
+        self.cap = cap
+        self.name = name
+        self.live = 0
+        self.refused = 0
+        self._at_cap = False
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        while True:
+            conn, addr = super().accept()  # BlockingIOError when none is waiting: asyncio stops there
+            if self.live < self.cap:
+                break
+            conn.close()
+            self.refused += 1
+            if not self._at_cap:
+                self._at_cap = True
+                log.warning("connections refused: at the cap", socket=self.name, cap=self.cap)
+        self.live += 1
+        counted = _CountedConnection(conn.family, conn.type, conn.proto, fileno=conn.detach())
+        counted.listener = self
+        return counted, addr
+
+    def released(self) -> None:
+        self.live -= 1
+        if self._at_cap and self.live < self.cap:
+            self._at_cap = False
+            log.info("connections accepted again", socket=self.name, refused=self.refused)
+
+
+class _CountedConnection(socket.socket):
+    """An accepted connection that gives its place under the cap back when closed."""
+
+    listener: CappedListener | None = None
+
+    def close(self) -> None:
+        listener, self.listener = self.listener, None
+        if listener is not None:
+            listener.released()
+        super().close()
+
+
+def bind_unix(path: Path, mode: int | None, cap: int | None = None) -> socket.socket:
     """A unix stream socket bound at ``path`` (a stale file there replaced), with ``mode``
-    set before anyone can connect (the caller listens)."""
+    set before anyone can connect (the caller listens); with ``cap``, a CappedListener."""
     check_socket_path(path)
     path.unlink(missing_ok=True)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if cap is None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    else:
+        sock = CappedListener(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setup(cap, path.name)
     try:
         sock.bind(str(path))
         if mode is not None:
@@ -132,6 +217,7 @@ async def serve_unix(
     mode: int | None = None,
     *,
     max_message: int = MAX_MESSAGE_BYTES,
+    max_connections: int | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve grpclib ``handlers`` on the unix socket ``path`` until cancelled.
@@ -140,10 +226,12 @@ async def serve_unix(
     ``mode`` (None: what the umask gives) is set between bind and listen, so that no
     connection is ever accepted under another mode. A request longer than ``max_message``
     is refused (RESOURCE_EXHAUSTED), one that does not decode too (INTERNAL); a request
-    that is not gRPC gets grpclib's answer (HTTP 405, 415 or 400).
+    that is not gRPC gets grpclib's answer (HTTP 405, 415 or 400). At most
+    ``max_connections`` (default ``connection_cap()``) connections are held at a time; one
+    over that is closed at once (``CappedListener``).
     """
     server = Server(list(handlers), codec=BoundedCodec(max_message), status_details_codec=None)
-    sock = bind_unix(path, mode)
+    sock = bind_unix(path, mode, connection_cap() if max_connections is None else max_connections)
     try:
         await to_aio(server.start)(sock=sock)  # listens
     except BaseException:
