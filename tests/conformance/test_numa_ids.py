@@ -10,9 +10,10 @@ machine's NUMA nodes, and keeps answering while it admits.
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,7 @@ def device_ids(pod: dict[str, Any]) -> list[str]:
 
 @pytest.mark.parametrize("policy", ["best-effort", "none"])
 def test_a_device_on_each_of_24_numa_ids_neither_freezes_nor_misaligns(
-    plugins: list[GrpcioPlugin], daemon_factory: type[Daemon], two_nodes: Path, tmp_path: Path, policy: str
+    plugins: list[GrpcioPlugin], daemon_factory: Callable[..., Daemon], two_nodes: Path, tmp_path: Path, policy: str
 ) -> None:
     d = daemon_factory("--topology-file", str(two_nodes), "--topology-manager-policy", policy, "--log-format", "json")
     devices = [Dev(f"gpu-{i}", numa=i) for i in range(24)]
@@ -104,7 +105,7 @@ def test_a_device_on_each_of_24_numa_ids_neither_freezes_nor_misaligns(
     result: dict[str, Any] = {}
     admission = threading.Thread(target=lambda: result.update(pod=admit(d.root, pod_file(tmp_path, "big", 12))))
     admission.start()
-    answers = []
+    answers: list[subprocess.CompletedProcess[str]] = []
     while not answers or admission.is_alive():  # status, again and again, until the pod is in
         answers.append(run_cli("status", root=d.root))
     admission.join()
@@ -120,7 +121,7 @@ def test_a_device_on_each_of_24_numa_ids_neither_freezes_nor_misaligns(
 
 
 def test_bad_ids_are_refused_device_by_device_and_admissions_go_on(
-    plugins: list[GrpcioPlugin], daemon_factory: type[Daemon], two_nodes: Path, tmp_path: Path
+    plugins: list[GrpcioPlugin], daemon_factory: Callable[..., Daemon], two_nodes: Path, tmp_path: Path
 ) -> None:
     d = daemon_factory(
         "--topology-file", str(two_nodes), "--topology-manager-policy", "single-numa-node", "--log-format", "json"
