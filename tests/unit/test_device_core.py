@@ -18,6 +18,7 @@ from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.core.cpu.static import CPUManagerConfig
 from eventsrc.core.cpu.topology import Core, MachineInfo, discover
 from eventsrc.core.cpu.topology import Node as CPUNode
+from eventsrc.core.devices.choice import MAX_EXACT_PACKING_NODES
 from eventsrc.core.devices.holds import check_device_list, list_and_watch_events, restart_events
 from eventsrc.core.devices.names import (
     endpoint_error,
@@ -499,18 +500,29 @@ class RecordingPolicy(Policy):
         return self.inner.merge(providers_hints)
 
 
+def machine_of(nodes: int) -> Any:
+    """Two CPUs on each of ``nodes`` NUMA nodes."""
+    return discover(
+        MachineInfo(
+            num_cores=2 * nodes,
+            num_sockets=nodes,
+            topology=tuple(CPUNode(n, tuple(Core(2 * n + i, n, (2 * n + i,)) for i in range(2))) for n in range(nodes)),
+        )
+    )
+
+
 def numa_admission(
-    devices: list[ev.DeviceInfo], request: int, policy: str, scope: str = "container"
+    devices: list[ev.DeviceInfo], request: int, policy: str, scope: str = "container", machine: Any = MACHINE_2
 ) -> tuple[Any, RecordingPolicy]:
-    """Plan a pod asking ``request`` devices on a 2-node machine; (plan's result, the policy)."""
+    """Plan a pod asking ``request`` devices on ``machine``; (plan's result, the policy)."""
     views = record(
         Views(),
         [ev.PluginRegistered(resource=GPU, endpoint="gpu.sock"), ev.DevicesAdded(resource=GPU, devices=devices)],
     )
-    tm = parse_topology_manager(policy, scope, {}, MACHINE_2.cpu_details.numa_nodes().sorted_list())
+    tm = parse_topology_manager(policy, scope, {}, machine.cpu_details.numa_nodes().sorted_list())
     recording = RecordingPolicy(tm.policy)
     cfg = AdmissionConfig(
-        CPUManagerConfig("none", MACHINE_2, CPUSet(), StaticPolicyOptions()),
+        CPUManagerConfig("none", machine, CPUSet(), StaticPolicyOptions()),
         dataclasses.replace(tm, policy=recording),
         30.0,
     )
@@ -579,3 +591,16 @@ def test_devices_on_24_numa_ids_on_a_2_node_machine(policy: str, scope: str) -> 
         assert isinstance(result, Intent), result
         (reserved,) = [e for e in result.events if isinstance(e, ev.DevicesReserved)]
         assert len(set(reserved.device_ids)) == 12
+
+
+def test_the_none_policy_packs_greedily_past_ten_numa_nodes() -> None:
+    # No hints under none (the kubelet's noneScope), but the packing order looks for few nodes:
+    # exactly up to MAX_EXACT_PACKING_NODES, past that the nodes with the most devices first.
+    machine = machine_of(MAX_EXACT_PACKING_NODES + 2)
+    devices = [dev(f"d{i}", numa=[i % 12]) for i in range(36)] + [dev(f"x{i}", numa=[5]) for i in range(2)]
+    result, seen = numa_admission(devices, 7, "none", machine=machine)
+    assert isinstance(result, Intent), result
+    assert not seen.seen
+    (reserved,) = [e for e in result.events if isinstance(e, ev.DevicesReserved)]
+    nodes = {n for i in reserved.device_ids for n in next(d.numa_nodes for d in devices if d.id == i)}
+    assert nodes == {5, 0}  # node 5 holds 5 devices, node 0 (the lowest of those with 3) the rest
