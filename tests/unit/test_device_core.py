@@ -473,16 +473,19 @@ def test_restart_events(case: dict[str, Any]) -> None:
 # the machine's nodes only, and a device on an id the machine lacks counts as having no
 # topology: a plugin cannot widen the set of masks walked, nor break a mask with a bad id.
 
-MACHINE_2 = discover(
-    MachineInfo(
-        num_cores=4,
-        num_sockets=2,
-        topology=(
-            CPUNode(0, tuple(Core(i, 0, (i,)) for i in range(2))),
-            CPUNode(1, tuple(Core(i, 1, (2 + i,)) for i in range(2))),
-        ),
+
+def machine_of(nodes: int) -> Any:
+    """Two CPUs on each of ``nodes`` NUMA nodes."""
+    return discover(
+        MachineInfo(
+            num_cores=2 * nodes,
+            num_sockets=nodes,
+            topology=tuple(CPUNode(n, tuple(Core(2 * n + i, n, (2 * n + i,)) for i in range(2))) for n in range(nodes)),
+        )
     )
-)
+
+
+MACHINE_2 = machine_of(2)
 
 
 class RecordingPolicy(Policy):
@@ -498,17 +501,6 @@ class RecordingPolicy(Policy):
             for hints in (provider or {}).values():
                 self.seen += hints or []
         return self.inner.merge(providers_hints)
-
-
-def machine_of(nodes: int) -> Any:
-    """Two CPUs on each of ``nodes`` NUMA nodes."""
-    return discover(
-        MachineInfo(
-            num_cores=2 * nodes,
-            num_sockets=nodes,
-            topology=tuple(CPUNode(n, tuple(Core(2 * n + i, n, (2 * n + i,)) for i in range(2))) for n in range(nodes)),
-        )
-    )
 
 
 def numa_admission(

@@ -17,7 +17,6 @@ What must hold whatever a plugin sends:
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,14 +36,13 @@ from eventsrc.core.admission import (
 from eventsrc.core.cpu.assignment import StaticPolicyOptions
 from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.core.cpu.static import CPUManagerConfig
-from eventsrc.core.cpu.topology import Core, MachineInfo, discover
-from eventsrc.core.cpu.topology import Node as CPUNode
 from eventsrc.core.devices.holds import check_device_list, list_and_watch_events
-from eventsrc.core.topology_manager import Policy, ProviderHints, TopologyHint, parse_topology_manager
+from eventsrc.core.topology_manager import parse_topology_manager
 from eventsrc.events import decode_record, encode_payload
 from eventsrc.state.apply import apply
 from eventsrc.state.lifecycles import parse_holder
 from eventsrc.state.views import Views
+from tests.unit.test_device_core import RecordingPolicy, machine_of
 
 EXAMPLES = int(os.environ.get("EVENTSRC_FUZZ_EXAMPLES", "300"))
 GPU = "example.com/gpu"
@@ -84,17 +82,6 @@ POLICIES = [
 ]
 
 
-def machine(nodes: int) -> Any:
-    """A machine with two CPUs on each of ``nodes`` NUMA nodes."""
-    return discover(
-        MachineInfo(
-            num_cores=2 * nodes,
-            num_sockets=nodes,
-            topology=tuple(CPUNode(n, tuple(Core(2 * n + i, n, (2 * n + i,)) for i in range(2))) for n in range(nodes)),
-        )
-    )
-
-
 @dataclass(frozen=True)
 class Pod:
     """What ``PodAdmission`` reads of a pod (``eventsrc.core.admission.Pod``)."""
@@ -114,21 +101,6 @@ pods = st.lists(
 )
 
 
-class RecordingPolicy(Policy):
-    """The configured policy, keeping every hint it is asked to merge."""
-
-    def __init__(self, inner: Policy) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.seen: list[TopologyHint] = []
-
-    def merge(self, providers_hints: Sequence[ProviderHints]) -> tuple[TopologyHint, bool]:
-        for provider in providers_hints:
-            for hints in (provider or {}).values():
-                self.seen += hints or []
-        return self.inner.merge(providers_hints)
-
-
 # --------------------------------------------------------------------------- the node
 
 
@@ -138,7 +110,7 @@ class Node:
         self.machine = MACHINES[numa_nodes]
         topology = parse_topology_manager(policy, scope, {}, self.machine)
         self.policy = RecordingPolicy(topology.policy)
-        cpus = CPUManagerConfig("none", machine(numa_nodes), CPUSet(), StaticPolicyOptions())
+        cpus = CPUManagerConfig("none", machine_of(numa_nodes), CPUSet(), StaticPolicyOptions())
         self.config = AdmissionConfig(cpus, replace(topology, policy=self.policy), 30.0)
         self.record([ev.PluginRegistered(resource=GPU, endpoint="gpu.sock")])
 
