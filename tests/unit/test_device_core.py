@@ -18,7 +18,7 @@ from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.core.cpu.static import CPUManagerConfig
 from eventsrc.core.cpu.topology import Core, MachineInfo, discover
 from eventsrc.core.cpu.topology import Node as CPUNode
-from eventsrc.core.devices.choice import MAX_EXACT_PACKING_NODES
+from eventsrc.core.devices.choice import MAX_EXACT_PACKING_NODES, _count_per_set
 from eventsrc.core.devices.holds import check_device_list, list_and_watch_events, restart_events
 from eventsrc.core.devices.names import (
     endpoint_error,
@@ -596,3 +596,10 @@ def test_the_none_policy_packs_greedily_past_ten_numa_nodes() -> None:
     (reserved,) = [e for e in result.events if isinstance(e, ev.DevicesReserved)]
     nodes = {n for i in reserved.device_ids for n in next(d.numa_nodes for d in devices if d.id == i)}
     assert nodes == {5, 0}  # node 5 holds 5 devices, node 0 (the lowest of those with 3) the rest
+
+
+def test_devices_are_counted_per_set_of_nodes_however_a_plugin_repeats_them() -> None:
+    # A plugin may list a node 64 times or in any order: the masks walk over sets, at most
+    # 2**n - 1 of them on n nodes, not over every way of writing one.
+    lists = [[0] * k for k in range(1, 65)] + [[1, 0], [0, 1, 1], [1, 0, 0, 1]]
+    assert _count_per_set(lists) == {(0,): 64, (0, 1): 3}

@@ -117,7 +117,7 @@ def _count_per_set(node_lists: Iterable[list[int] | None]) -> dict[tuple[int, ..
     per_set: dict[tuple[int, ...], int] = {}
     for nodes in node_lists:
         if nodes:
-            key = tuple(nodes)
+            key = tuple(sorted(set(nodes)))  # at most 2**n - 1 keys on n nodes, whatever a plugin lists
             per_set[key] = per_set.get(key, 0) + 1
     return per_set
 
@@ -239,7 +239,7 @@ def _packing_order(
     if needed <= 0 or not ids:
         return []
     machine = frozenset(numa_nodes)
-    nodes_of = {i: tuple(sorted(aligned_nodes(table[i].numa_nodes, machine))) if i in table else () for i in ids}
+    nodes_of = {i: tuple(sorted(set(aligned_nodes(table[i].numa_nodes, machine)))) if i in table else () for i in ids}
     # Count per distinct node set once; then each mask is a sum over the few sets.
     per_set: dict[tuple[int, ...], int] = {}
     for nodes in nodes_of.values():
