@@ -17,15 +17,16 @@ seeing a consistent snapshot per chunk it reads.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import struct
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import lmdb
 
@@ -118,6 +119,27 @@ def check_data_file(path: Path) -> None:
             f"the event log file {path} is damaged: {size} bytes, but its meta page says pages 0-{last} "
             f"of {psize} bytes ({needed} bytes) are in use; it was truncated"
         )
+
+
+def _damaged(path: Path, exc: lmdb.Error) -> DamagedLogError:
+    """An LMDB error while reading: the data file's pages contradict each other."""
+    return DamagedLogError(f"the event log file {path / 'data.mdb'} is damaged: {exc}")
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _reading(method: F) -> F:
+    """Turn an LMDB error of ``method`` (a read) into DamagedLogError."""
+
+    @functools.wraps(method)
+    def wrapper(self: EventLog, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except lmdb.Error as exc:
+            raise _damaged(self.path, exc) from None
+
+    return wrapper  # type: ignore[return-value]
 
 
 def _newer(stored: bytes | None, ours: bytes) -> bool:
@@ -247,6 +269,21 @@ class EventLog:
         # Resizing the map must not overlap a transaction of this process: readers take
         # this lock per chunk, the writer takes it to grow the map.
         self._txn_lock = threading.Lock()
+        try:
+            self._open_dbs(readonly)
+        except lmdb.Error as exc:
+            self.env.close()
+            raise _damaged(self.path, exc) from None
+        self._durable_hash = self._prev_hash
+        #: why appends stopped: the data file was deleted or replaced under this writer
+        self.lost = ""
+        self._file_id: tuple[int, int] | None = None
+        if not readonly:
+            st = os.stat(self.path / "data.mdb")
+            self._file_id = (st.st_dev, st.st_ino)
+            self._upgrade()
+
+    def _open_dbs(self, readonly: bool) -> None:
         self.events_db = self.env.open_db(b"events", create=not readonly)
         self.meta_db = self.env.open_db(b"meta", create=not readonly)
         try:
@@ -262,14 +299,6 @@ class EventLog:
         self._last_seq = self._read_last_seq()  # durable
         self._assigned = self._last_seq  # given to prepared batches, durable or not yet
         self._prev_hash = self._last_value_hash()  # the chain's link to the newest record
-        self._durable_hash = self._prev_hash
-        #: why appends stopped: the data file was deleted or replaced under this writer
-        self.lost = ""
-        self._file_id: tuple[int, int] | None = None
-        if not readonly:
-            st = os.stat(self.path / "data.mdb")
-            self._file_id = (st.st_dev, st.st_ino)
-            self._upgrade()
 
     # ------------------------------------------------------------------ reading
 
@@ -343,6 +372,7 @@ class EventLog:
             with self.env.begin(write=True, db=self.meta_db) as txn:
                 txn.put(b"chain_anchor", self._last_seq.to_bytes(8, "big") + digest.digest())
 
+    @_reading
     def index_seqs(self, prefix: bytes, from_seq: int = 1, until_seq: int | None = None) -> list[int]:
         """The sequences of the records indexed under ``prefix``, ascending (no scan)."""
         if self.index_db is None:
@@ -367,6 +397,7 @@ class EventLog:
                     out.append(seq)
         return out
 
+    @_reading
     def read_many(self, seqs: Iterable[int]) -> list[Record | CorruptRecordError]:
         out: list[Record | CorruptRecordError] = []
         with self._txn_lock, self._read_txn() as txn:
@@ -381,6 +412,7 @@ class EventLog:
                     out.append(err)
         return out
 
+    @_reading
     def log_id(self) -> str:
         with self._txn_lock, self.env.begin(db=self.meta_db) as txn:
             v = txn.get(b"log_id")
@@ -390,15 +422,7 @@ class EventLog:
         """(key, value) pairs in chunks; each chunk is read in its own short transaction."""
         start = seq_key(max(from_seq, 1))
         while True:
-            with self._txn_lock, self._read_txn() as txn:
-                cur = txn.cursor()
-                if not cur.set_range(start):
-                    return
-                chunk: list[tuple[bytes, bytes]] = []
-                for kv in cur:
-                    chunk.append(kv)  # type: ignore[arg-type]  # bytes: buffers=False
-                    if len(chunk) >= READ_CHUNK:
-                        break
+            chunk = self._chunk(start)
             if not chunk:
                 return
             if until_seq is not None:
@@ -412,6 +436,22 @@ class EventLog:
             if len(chunk) < READ_CHUNK:
                 return
             start = seq_key(key_seq(chunk[-1][0]) + 1)
+
+    def _chunk(self, start: bytes) -> list[tuple[bytes, bytes]]:
+        """Up to READ_CHUNK (key, value) pairs from key ``start``, in one read transaction."""
+        chunk: list[tuple[bytes, bytes]] = []
+        try:
+            with self._txn_lock, self._read_txn() as txn:
+                cur = txn.cursor()
+                if not cur.set_range(start):
+                    return chunk
+                for kv in cur:
+                    chunk.append(kv)  # type: ignore[arg-type]  # bytes: buffers=False
+                    if len(chunk) >= READ_CHUNK:
+                        break
+        except lmdb.Error as exc:
+            raise _damaged(self.path, exc) from None
+        return chunk
 
     def records(self, from_seq: int = 1, until_seq: int | None = None) -> Iterator[Record | CorruptRecordError]:
         """Every record from ``from_seq`` to ``until_seq`` (inclusive), in order.
@@ -427,6 +467,7 @@ class EventLog:
                 except CorruptRecordError as err:
                     yield err
 
+    @_reading
     def read(self, seq: int) -> Record:
         with self._txn_lock, self._read_txn() as txn:
             v = txn.get(seq_key(seq))
