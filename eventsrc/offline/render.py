@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from eventsrc.events import CorruptRecordError, FutureRecordError, Record
+from eventsrc.state.lifecycles import QUARANTINED
 from eventsrc.state.views import Views
 
 #: Unicode categories written as escapes: control (Cc), format (Cf: U+202A-U+202E,
@@ -147,6 +148,7 @@ def views_tables(views: Views) -> list[Any]:
             ("daemon", f"{'running' if m.running else 'stopped'} (boots {m.boots}, version {m.version or '-'})"),
             ("instance", m.instance_id or "-"),
             ("corrupt records", corrupt),
+            ("quarantined pods", quarantined(views) or "none"),
         ],
         header=False,
     )
@@ -201,6 +203,16 @@ def views_tables(views: Views) -> list[Any]:
         ],
     )
     return [meta, plugins, devices, pods, cpus, claims]
+
+
+def quarantined(views: Views) -> str:
+    """The pods whose records are in doubt (docs/adr/0005), each with the records to look at."""
+    return "; ".join(
+        f"{p.uid} ({p.namespace}/{p.name}): records {','.join(map(str, p.in_doubt))} in doubt, "
+        f"since seq {p.quarantined_seq}"
+        for p in views.pods.pods.values()
+        if p.state == QUARANTINED
+    )
 
 
 def _cpus(ids: list[int]) -> str:
@@ -281,6 +293,15 @@ def print_pods(pods: list[Any], output: str) -> None:
             devs = " ".join(f"{r.resource}={','.join(r.device_ids)}" for r in c.resources) if c else ""
             rows.append((f"{p.namespace}/{p.name}", p.uid, p.state, c.name if c else "-", devs or "-"))
     console().print(table(f"pods ({len(pods)})", ("pod", "uid", "state", "container", "devices"), rows))
+    import sys
+
+    for p in pods:
+        if p.state == QUARANTINED:
+            print(
+                f"pod {escape(p.uid)} is quarantined: its records are in doubt and it keeps what it holds; "
+                "'eventsrc state' names the records, removing the pod releases it (docs/operations.md)",
+                file=sys.stderr,
+            )
 
 
 def console() -> Any:
