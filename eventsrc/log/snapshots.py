@@ -146,6 +146,19 @@ def read_snapshot(path: Path, log_id: str, log_last_seq: int) -> Views:
         raise ValueError(f"unreadable views ({exc})") from None
 
 
+def furthest(snapdir: Path, log_id: str) -> tuple[int, str]:
+    """The newest record a readable snapshot of log ``log_id`` was taken at, and its file's
+    name; (0, "") when there is none. A log that ends before it has lost records."""
+    for path in snapshot_files(snapdir):
+        try:
+            snap = _file_decoder.decode(path.read_bytes())
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        if snap.log_id == log_id and zlib.crc32(snap.views) == snap.crc:
+            return snap.last_seq, path.name
+    return 0, ""
+
+
 def load_views(
     log: EventLog,
     snapdir: Path | None,

@@ -61,6 +61,7 @@ from eventsrc.log.commit import GroupCommitter
 from eventsrc.log.snapshots import (
     RebuildInfo,
     encode_snapshot,
+    furthest,
     load_views,
     remove_stale_temporaries,
     snapshot_files,
@@ -333,8 +334,8 @@ async def serve(
             check_address(metrics_address)
         lost = _refuse_lost_history(lost_history(layout), accept_empty_log)  # before LMDB creates a file
         event_log = EventLog(layout.log)
-        if not lost and event_log.last_seq() == 0:
-            lost = _refuse_lost_history(lost_history(layout, opened=True), accept_empty_log)
+        if not lost:
+            lost = _refuse_lost_history(lost_records(layout, event_log), accept_empty_log)
         if lost:
             log.warning("starting a new history over a lost log (--accept-empty-log)", lost=lost)
         views, info = _rebuild_views(layout, event_log)
@@ -420,10 +421,26 @@ def _configuration_set(
 def _refuse_lost_history(lost: str, accept: bool) -> str:
     if lost and not accept:
         raise DamagedLogError(
-            f"{lost}: refusing to start a new, empty history over a lost one; restore the log "
-            "(docs/operations.md), or start afresh with 'serve --accept-empty-log'"
+            f"{lost}: refusing to start over a lost history; restore the log (docs/operations.md), "
+            "or start afresh with 'serve --accept-empty-log'"
         )
     return lost
+
+
+def lost_records(layout: Layout, event_log: EventLog) -> str:
+    """What shows that the open log lost records, or "": none left next to snapshots, or
+    fewer than a snapshot of this very log was taken at (a data file damaged or swapped
+    for an older copy)."""
+    last = event_log.last_seq()
+    if last == 0:
+        return lost_history(layout, opened=True)
+    seq, name = furthest(layout.snapshots, event_log.log_id())
+    if seq > last:
+        return (
+            f"the event log {layout.log / 'data.mdb'} ends at record {last}, but its snapshot {name} "
+            f"was taken at record {seq}: its newest records are lost"
+        )
+    return ""
 
 
 def lost_history(layout: Layout, opened: bool = False) -> str:

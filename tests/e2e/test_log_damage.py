@@ -164,3 +164,19 @@ def test_a_log_file_deleted_while_the_daemon_runs_stops_acknowledging(
     status, body = get(f"http://{address}/healthz")
     assert status == 500 and "was deleted" in body
     assert "event log file lost" in d.output()
+
+
+def test_a_log_that_lost_its_newest_records_is_refused(root: Path, daemon_factory) -> None:  # type: ignore[no-untyped-def]
+    """A data.mdb swapped for an older copy of itself (or whose newest transaction a damaged
+    meta page dropped) ends before the snapshot taken of it."""
+    assert daemon_factory().stop() == 0
+    data = log_dir(root) / "data.mdb"
+    older = root.parent / "older.mdb"
+    shutil.copyfile(data, older)
+    assert daemon_factory().stop() == 0
+    shutil.copyfile(older, data)
+    one_line(run_cli("serve", root=root, timeout=30), f"{data} ends at record", "snapshot", "lost")
+    d = daemon_factory("--accept-empty-log")
+    assert d.stop() == 0
+    started = [r for r in readable_records(root) if r["type"] == "DaemonStarted"]
+    assert "ends at record" in started[-1]["event"]["fresh_start"]
