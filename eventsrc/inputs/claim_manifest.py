@@ -25,7 +25,7 @@ from msgspec import Struct
 
 from eventsrc import events as ev
 from eventsrc.errors import EventsrcError
-from eventsrc.inputs.manifest import ManifestError, PodManifest, yaml_error
+from eventsrc.inputs.manifest import ManifestError, PodManifest, decode
 
 API_VERSIONS = ("resource.k8s.io/v1", "resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1")
 
@@ -183,12 +183,8 @@ def _convert(raw: Any, typ: type[Any], source: str, prefix: str = "") -> Any:
 
 
 def _load_all(data: bytes, source: str) -> list[Any]:
-    import yaml
-
-    try:
-        return [d for d in yaml.safe_load_all(data) if d is not None]
-    except yaml.YAMLError as exc:
-        raise yaml_error(exc, source) from None
+    docs: list[Any] = decode(data, source, documents=True)
+    return docs
 
 
 def _type_name(value: Any) -> str:

@@ -127,13 +127,44 @@ def is_dns1123_label(value: str) -> bool:
     return len(value) <= 63 and _DNS1123_LABEL.fullmatch(value) is not None
 
 
-def _load(data: bytes, source: str) -> Any:
+def decode(data: bytes, source: str, *, documents: bool = False) -> Any:
+    """A YAML or JSON manifest as Python values (with ``documents``, the list of its non-empty
+    documents). Raises ManifestError in one line: not YAML or JSON, text that is not Unicode,
+    or nesting too deep to read.
+
+    JSON is read as JSON first: PyYAML leaves the two halves of an escaped surrogate pair
+    (``"\\ud83d\\ude00"``, ``json.dumps``' default for 😀) apart; msgspec joins them.
+    """
     import yaml
 
     try:
-        return yaml.safe_load(data)
-    except yaml.YAMLError as exc:
-        raise yaml_error(exc, source) from None
+        if data.lstrip()[:1] in (b"{", b"["):
+            try:
+                doc = msgspec.json.decode(data)
+                return ([] if doc is None else [doc]) if documents else doc
+            except (msgspec.DecodeError, UnicodeDecodeError):
+                pass  # YAML's flow style, or broken JSON or UTF-8: YAML says what is wrong and where
+        try:
+            loaded = [d for d in yaml.safe_load_all(data) if d is not None] if documents else yaml.safe_load(data)
+        except yaml.YAMLError as exc:
+            raise yaml_error(exc, source) from None
+        return _joined(loaded, source)
+    except RecursionError:
+        raise ManifestError(f"{source}: nested too deeply to read") from None
+
+
+def _joined(value: Any, source: str) -> Any:
+    """``value`` with the surrogate pairs in its strings joined; a lone surrogate is refused."""
+    if isinstance(value, str):
+        try:
+            return value.encode("utf-16", "surrogatepass").decode("utf-16")
+        except UnicodeDecodeError:
+            raise ManifestError(f"{source}: {value!r} is not text (an escaped surrogate without its pair)") from None
+    if isinstance(value, list):
+        return [_joined(v, source) for v in value]
+    if isinstance(value, dict):
+        return {_joined(k, source): _joined(v, source) for k, v in value.items()}
+    return value
 
 
 def yaml_error(exc: Exception, source: str) -> ManifestError:
@@ -266,7 +297,7 @@ def checked_pod(
 
 def read_pod(data: bytes, source: str = "pod") -> PodManifest:
     """Decode a Pod manifest (YAML or JSON, one document). Raises ManifestError naming the field."""
-    raw = _load(data, source)
+    raw = decode(data, source)
     if not isinstance(raw, dict):
         raise ManifestError(f"{source}: expected a Pod object, got {type(raw).__name__}")
     try:

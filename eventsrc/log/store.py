@@ -158,7 +158,10 @@ class DirLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:  # a read-only or unwritable root: the environment's error, exit 1
+            raise EventsrcError(f"cannot open the lock file {self.path}: {exc.strerror}") from None
         try:
             # A few tries: ``holder`` (``eventsrc status``) holds a shared lock for an
             # instant while it probes, and a start at that instant is not a second daemon.

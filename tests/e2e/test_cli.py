@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -214,3 +216,79 @@ def test_a_snapshot_that_cannot_be_written_does_not_stop_the_daemon(root: Path, 
         json.loads(line)["type"] for line in run_cli("log", "-o", "json", root=root, check=True).stdout.splitlines()
     ]
     assert types[-1] == "DaemonStopped"
+
+
+# --------------------------------------------------------------------------- bad input, one line
+
+
+def test_json_with_escaped_surrogate_pairs_is_read_as_json(root: Path, tmp_path: Path, daemon_factory) -> None:  # type: ignore[no-untyped-def]
+    # json.dumps writes 😀 as "\ud83d\ude00" (ensure_ascii): valid JSON, one character.
+    manifest = {
+        "kind": "Pod",
+        "metadata": {"name": "smiley", "namespace": "default", "uid": "u-1", "annotations": {"mood": "😀"}},
+        "spec": {"containers": [{"name": "app", "image": "registry/😀:1"}]},
+    }
+    path = tmp_path / "pod.json"
+    path.write_text(json.dumps(manifest))
+    assert "\\ud83d\\ude00" in path.read_text()
+    daemon_factory()
+    proc = run_cli("admit", "-f", str(path), "-o", "json", root=root)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["name"] == "smiley"
+
+    manifest["metadata"]["name"] = "😀"  # type: ignore[index]
+    path.write_text(json.dumps(manifest))
+    proc = run_cli("admit", "-f", str(path), root=root)
+    one_clean_error(proc, "metadata.name: '😀' is not a pod name")
+    assert proc.returncode == 2
+
+    path.write_text(json.dumps(manifest).replace("\\ude00", ""))  # half a pair: not text
+    proc = run_cli("admit", "-f", str(path), root=root)
+    one_clean_error(proc, "'\\ud83d' is not text (an escaped surrogate without its pair)")
+    assert proc.returncode == 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"kind": "Pod", "spec": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        "[" * 100_000 + "]" * 100_000,
+        "kind: Pod\nspec: " + "[" * 100_000 + "]" * 100_000 + "\n",
+    ],
+    ids=["json-object", "json-list", "yaml-flow"],
+)
+def test_a_manifest_nested_too_deeply_is_one_line(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "deep"
+    path.write_text(text)
+    good = tmp_path / "pod.yaml"
+    good.write_text("kind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a}]}\n")
+    for files in (["-f", str(path)], ["-f", str(good), "-f", str(path)]):  # as the pod, as a claim
+        proc = run_cli("admit", *files, root=tmp_path / "nowhere")
+        one_clean_error(proc, f"{path}: nested too deeply to read")
+        assert proc.returncode == 2
+
+
+def _serve_read_only(root: Path) -> subprocess.CompletedProcess[str]:
+    """``eventsrc serve`` with ``root`` bind-mounted read-only, in a mount namespace of its own."""
+    script = (
+        f"mount --bind {root} {root} && mount -o remount,bind,ro {root} && "
+        f"exec {sys.executable} -m eventsrc --root-dir {root} serve"
+    )
+    try:
+        return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        pytest.skip("no unshare(1) here to mount a read-only root")
+
+
+@pytest.mark.parametrize("history", [False, True], ids=["new-root", "root-with-a-history"])
+def test_serve_on_a_read_only_root_is_one_line_and_exit_1(root: Path, daemon_factory, history: bool) -> None:  # type: ignore[no-untyped-def]
+    # Exit 1: the environment is at fault, not the input (that is exit 2).
+    root.mkdir(parents=True)
+    if history:
+        assert daemon_factory().stop() == 0
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a mount namespace here: {probe.stderr!r}")
+    proc = _serve_read_only(root)
+    one_clean_error(proc, "Read-only file system")
+    assert proc.returncode == 1
