@@ -42,11 +42,17 @@ class Admitter(Protocol):
         ...
 
 
+def shown(text: str) -> str:
+    """A client's text in an answer: as it is when printable, else quoted with escapes, so
+    that an error stays one line a terminal shows as it is (no control or bidi characters)."""
+    return text if text.isprintable() else repr(text)
+
+
 def claims_from_proto(pod: ev.PodRef, claims: list[pb.ResourceClaim]) -> list[PodClaim]:
     """The pod's ResourceClaims, checked: allocated, one driver, the pod in reservedFor."""
     out = []
     for c in claims:
-        where = f"claim {c.namespace or pod.namespace}/{c.name}"
+        where = f"claim {shown(f'{c.namespace or pod.namespace}/{c.name}')}"
         if not c.uid or not c.name:
             raise BadRequest(f"{where}: uid and name are required")
         if not c.results:
@@ -95,7 +101,7 @@ def pod_from_proto(p: pb.Pod, claims: list[pb.ResourceClaim] | None = None) -> P
     for c in containers:
         for uid in c.claims:
             if uid not in known:
-                raise AdmissionRefused(f"container {c.name!r} uses claim {uid} that the pod did not bring")
+                raise AdmissionRefused(f"container {c.name!r} uses claim {shown(uid)} that the pod did not bring")
     return PodSpec(pod=ref, containers=containers, claims=pod_claims)
 
 
@@ -159,7 +165,7 @@ def find_pod(views: Views, sel: pb.PodSelector) -> PodView:
         pod = views.pods.pods.get(sel.uid)
         if pod is not None:
             return pod
-        raise NotFound(f"no pod with uid {sel.uid}")
+        raise NotFound(f"no pod with uid {shown(sel.uid)}")
     if not sel.name:
         raise BadRequest("give a pod uid, or a namespace and a name")
     namespace = sel.namespace or "default"
@@ -167,11 +173,11 @@ def find_pod(views: Views, sel: pb.PodSelector) -> PodView:
     if len(found) > 1:
         # A pod deleted and created again under its name has a new uid; the kubelet can hold
         # both for a while (admission does not refuse that), and the name no longer says which.
-        candidates = ", ".join(f"{p.uid} ({p.state})" for p in sorted(found, key=lambda p: p.uid))
-        raise AdmissionRefused(f"{len(found)} pods are {namespace}/{sel.name}: {candidates}; give the uid")
+        candidates = ", ".join(f"{shown(p.uid)} ({p.state})" for p in sorted(found, key=lambda p: p.uid))
+        raise AdmissionRefused(f"{len(found)} pods are {shown(f'{namespace}/{sel.name}')}: {candidates}; give the uid")
     if found:
         return found[0]
-    raise NotFound(f"no pod {namespace}/{sel.name}")
+    raise NotFound(f"no pod {shown(f'{namespace}/{sel.name}')}")
 
 
 def _grpc_error(err: EventsrcError) -> GRPCError:

@@ -117,6 +117,7 @@ class Admission(Generic[D]):
         self.dra = dra
         self._lock = trio.Lock()
         self._running: dict[str, _Running] = {}  # pod uid -> its admission under way
+        self._removing = trio.Lock()
 
     async def admit(self, spec: PodSpec) -> tuple[PodView, str]:
         """Admit ``spec``; return the pod as admitted and the correlation id.
@@ -262,11 +263,14 @@ class Admission(Generic[D]):
         """Release everything ``uid`` holds and forget it; the pod as it was, the correlation
         id and the removal's sequence. Raises NotFound, or AdmissionRefused while its admission runs."""
         views = self.recorder.views
-        events = removal(views, self.config.cpus, uid, reason)
-        pod = _copy(views.pods.pods[uid])
-        with correlation(new_correlation_id()) as cid:
-            with trio.CancelScope(shield=True):
+        # One removal decided at a time, each from the views the one before left: two at
+        # once would both release the pod's devices, the second after someone else got them.
+        async with self._removing:
+            events = removal(views, self.config.cpus, uid, reason)
+            pod = _copy(views.pods.pods[uid])
+            with correlation(new_correlation_id()) as cid, trio.CancelScope(shield=True):
                 records = await self.recorder.record(events)
+        with correlation(cid):
             self.dra.kick()  # the claims left with no pod are to be unprepared
             log.info("pod removed", pod=f"{pod.namespace}/{pod.name}", uid=uid, reason=reason)
         return pod, cid, next(r.seq for r in records if isinstance(r.event, ev.PodRemoved))

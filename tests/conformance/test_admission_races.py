@@ -163,3 +163,20 @@ def test_another_pod_under_an_admitted_uid_is_refused_with_the_reason(
     (info,) = node.ListPods(npb.ListPodsRequest(), timeout=10).pods
     assert (info.namespace, info.name) == ("ml", "trainer")
     assert len(records(root, "PodAdmissionStarted")) == 1
+
+
+def test_concurrent_removals_of_one_pod_release_its_devices_once(
+    root: Path, held: tuple[Daemon, HeldPlugin, Any]
+) -> None:
+    _, plugin, node = held
+    plugin.release.set()
+    node.Admit(npb.AdmitRequest(pod=pod()), timeout=60)
+    by_uid, by_name = npb.PodSelector(uid="uid-1"), npb.PodSelector(namespace="ml", name="trainer")
+    futures = [node.Remove.future(npb.RemoveRequest(pod=sel), timeout=60) for sel in (by_uid, by_name, by_uid)]
+    got = answers(futures)
+    assert sum(isinstance(a, npb.PodInfo) for a in got) == 1, got
+    assert sorted(a[0].name for a in got if isinstance(a, tuple)) == ["NOT_FOUND", "NOT_FOUND"], got
+    assert len(records(root, "PodRemoved")) == 1
+    assert len(records(root, "DevicesReleased")) == 1
+    check = run_cli("replay", "--check", root=root)
+    assert check.returncode == 0, check.stdout + check.stderr
