@@ -255,9 +255,15 @@ def _identity_difference(was: _Shape, now: _Shape) -> str | None:
     return None
 
 
+def _defaulted(requests: Mapping[str, str], limits: Mapping[str, str]) -> dict[str, str]:
+    """Requests as the apiserver defaults them: a resource with a limit and no request asks
+    its limit (a pod recorded before the CLI and the node API both defaulted compares alike)."""
+    return {**limits, **requests}
+
+
 def _resources_difference(was: _Shape, now: _Shape) -> str | None:
     for (name, _, requests, limits), (_, _, requests2, limits2) in zip(was.containers, now.containers, strict=True):
-        if (dict(requests), dict(limits)) != (dict(requests2), dict(limits2)):
+        if (_defaulted(requests, limits), dict(limits)) != (_defaulted(requests2, limits2), dict(limits2)):
             return (
                 f"pod {was.namespace}/{was.name} ({was.uid}) container {name!r} has other resources "
                 f"(requests {dict(requests)}, limits {dict(limits)})"

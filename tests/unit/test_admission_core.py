@@ -658,3 +658,12 @@ def test_replay_check_reports_devices_left_reserved_under_an_admitted_pod() -> N
     one = node()
     admitted(one, spec)
     assert not [rule for rule, _ in checked(one) if rule == "reserved-under-admitted-pod"]
+
+
+def test_a_known_pod_recorded_without_requests_is_the_same_pod_with_them_defaulted() -> None:
+    # Pods the node API admitted before it defaulted requests to limits are recorded so.
+    n = node()
+    limits = {GPU: "1", "cpu": "2"}
+    admitted(n, pod(ev.ContainerSpec(name="app", limits=limits)))
+    again = pod(ev.ContainerSpec(name="app", requests=dict(limits), limits=limits))
+    assert PodAdmission(n.views, config(), again).known() is n.views.pods.pods["pod-1"]
