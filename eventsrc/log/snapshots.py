@@ -130,7 +130,7 @@ def read_snapshot(path: Path, log_id: str, log_last_seq: int) -> Views:
     """Decode and check one snapshot; raises ValueError saying why it cannot be used."""
     try:
         snap = _file_decoder.decode(path.read_bytes())
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (OSError, ValueError, msgspec.MsgspecError) as exc:
         raise ValueError(f"unreadable ({exc})") from None
     if snap.format != SNAPSHOT_FORMAT or snap.schema != SCHEMA_FINGERPRINT:
         raise ValueError(f"old version (format {snap.format}, schema {snap.schema})")
@@ -142,7 +142,7 @@ def read_snapshot(path: Path, log_id: str, log_last_seq: int) -> Views:
         raise ValueError("checksum mismatch")
     try:
         return _views_decoder.decode(snap.views)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (ValueError, msgspec.MsgspecError) as exc:
         raise ValueError(f"unreadable views ({exc})") from None
 
 
@@ -152,7 +152,7 @@ def furthest(snapdir: Path, log_id: str) -> tuple[int, str]:
     for path in snapshot_files(snapdir):
         try:
             snap = _file_decoder.decode(path.read_bytes())
-        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        except (OSError, ValueError, msgspec.MsgspecError):
             continue
         if snap.log_id == log_id and zlib.crc32(snap.views) == snap.crc:
             return snap.last_seq, path.name

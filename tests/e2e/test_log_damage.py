@@ -180,3 +180,18 @@ def test_a_log_that_lost_its_newest_records_is_refused(root: Path, daemon_factor
     assert d.stop() == 0
     started = [r for r in readable_records(root) if r["type"] == "DaemonStarted"]
     assert "ends at record" in started[-1]["event"]["fresh_start"]
+
+
+def test_a_snapshot_with_a_byte_that_is_not_utf8_is_ignored(root: Path, daemon_factory) -> None:  # type: ignore[no-untyped-def]
+    """Found by test_fuzz_damage.py: msgspec raises UnicodeDecodeError (not a DecodeError)
+    for a string field that is not UTF-8; the snapshot is a cache and is ignored."""
+    assert daemon_factory().stop() == 0
+    (snap,) = (root / "eventsrc" / "snapshots").glob("snapshot-*")
+    log_id = EventLog(log_dir(root), readonly=True).log_id().encode()
+    data = snap.read_bytes()
+    assert data.count(log_id) == 1
+    snap.write_bytes(data.replace(log_id, b"\xe5" + log_id[1:]))
+    state = run_cli("state", root=root)
+    assert state.returncode == 0 and "Traceback" not in state.stderr, state.stderr
+    d = daemon_factory()
+    assert "snapshot ignored" in d.output() and d.stop() == 0
