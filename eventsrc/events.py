@@ -579,7 +579,7 @@ def prev_hash_of(value: bytes) -> bytes:
     """The predecessor hash a stored value carries (b"" before the chain, or if unreadable)."""
     try:
         return _envelope_decoder.decode(memoryview(value)[4:]).h
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):  # a str that is not UTF-8
         return b""
 
 

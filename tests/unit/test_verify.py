@@ -132,3 +132,12 @@ def test_a_log_from_before_the_chain_is_upgraded_not_rejected(tmp_path: Path) ->
     edit(log, forge)
     _, findings = verify(log)
     assert [f.what for f in findings] == ["anchor"]
+
+
+def test_the_chain_link_of_a_damaged_value_is_unreadable_not_an_error() -> None:
+    """Found by tests/e2e/test_fuzz_damage.py: a flipped byte that leaves a string field of the
+    envelope not UTF-8 made `audit verify` die with UnicodeDecodeError."""
+    value = ev.encode_payload(ev.PodRemoved(pod_uid="p"), 1, "corr", b"")
+    at = value.index(b"corr")
+    damaged = value[:at] + b"\x86" + value[at + 1 :]
+    assert ev.prev_hash_of(damaged) == b""
