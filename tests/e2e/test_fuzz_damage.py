@@ -197,6 +197,7 @@ def check_start(root: Path, base: Base) -> None:
     assert rc in EXITS, f"serve exit {rc}\n{out.read_text()}"
 
 
+@pytest.mark.timeout(60 + 10 * EXAMPLES)  # a case starts a daemon: about 1-2 s each
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
