@@ -131,6 +131,7 @@ def pod_info(
         state=state or pod.state,
         admitted_seq=pod.admitted_seq,
         correlation_id=correlation_id,
+        in_doubt=pod.in_doubt,
     )
     for name, c in pod.containers.items():
         ci = pb.ContainerInfo(

@@ -298,8 +298,8 @@ def print_pods(pods: list[Any], output: str) -> None:
     for p in pods:
         if p.state == QUARANTINED:
             print(
-                f"pod {escape(p.uid)} is quarantined: its records are in doubt and it keeps what it holds; "
-                "'eventsrc state' names the records, removing the pod releases it (docs/operations.md)",
+                f"pod {escape(p.uid)} is quarantined: records {','.join(map(str, p.in_doubt)) or '?'} are in doubt "
+                "and it keeps what it holds; removing the pod releases it (docs/operations.md)",
                 file=sys.stderr,
             )
 

@@ -83,6 +83,9 @@ def test_a_running_pod_whose_admission_record_is_corrupt_keeps_its_devices(
     assert "uid=uid-first" in line and f"corrupt_seqs={admitted}" in line
     pods = run_cli("pods", root=root, check=True)
     assert "quarantined" in pods.stdout and "uid-first is quarantined" in pods.stderr
+    assert f"uid-first is quarantined: records {admitted} are in doubt" in pods.stderr, pods.stderr
+    listed = json.loads(run_cli("pods", "-o", "json", root=root, check=True).stdout)["pods"]
+    assert [p["in_doubt"] for p in listed if p["uid"] == "uid-first"] == [[str(admitted)]], listed  # int64 as JSON
     state = run_cli("state", root=root)
     assert state.returncode == 1 and f"uid-first (default/first): records {admitted} in doubt" in state.stdout
     devices = json.loads(run_cli("state", "-o", "json", root=root).stdout)["devices"]["devices"]["example.com/dev"]

@@ -231,7 +231,7 @@ class ContainerInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., resources: _Optional[_Iterable[_Union[ResourceAllocation, _Mapping]]] = ..., cpu_ids: _Optional[_Iterable[int]] = ..., claim_cdi_devices: _Optional[_Iterable[str]] = ..., exclusive_cpus: _Optional[bool] = ...) -> None: ...
 
 class PodInfo(_message.Message):
-    __slots__ = ("uid", "namespace", "name", "state", "admitted_seq", "containers", "correlation_id", "removed_seq")
+    __slots__ = ("uid", "namespace", "name", "state", "admitted_seq", "containers", "correlation_id", "removed_seq", "in_doubt")
     UID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -240,6 +240,7 @@ class PodInfo(_message.Message):
     CONTAINERS_FIELD_NUMBER: _ClassVar[int]
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     REMOVED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    IN_DOUBT_FIELD_NUMBER: _ClassVar[int]
     uid: str
     namespace: str
     name: str
@@ -248,4 +249,5 @@ class PodInfo(_message.Message):
     containers: _containers.RepeatedCompositeFieldContainer[ContainerInfo]
     correlation_id: str
     removed_seq: int
-    def __init__(self, uid: _Optional[str] = ..., namespace: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., admitted_seq: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerInfo, _Mapping]]] = ..., correlation_id: _Optional[str] = ..., removed_seq: _Optional[int] = ...) -> None: ...
+    in_doubt: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, uid: _Optional[str] = ..., namespace: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., admitted_seq: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerInfo, _Mapping]]] = ..., correlation_id: _Optional[str] = ..., removed_seq: _Optional[int] = ..., in_doubt: _Optional[_Iterable[int]] = ...) -> None: ...
