@@ -531,11 +531,13 @@ class PodAdmission:
             failed = ev.AllocationFailed(
                 pod_uid=uid, container=call.container, resource=call.resource, device_ids=call.device_ids, reason=reason
             )
-            # AllocationFailed frees the failed step's devices itself.
+            # AllocationFailed frees the failed step's devices itself, but not those an earlier
+            # container's DevicesAllocated (just above) takes back from it.
             undo = self._undo(keep=(call.container, call.resource))
             yield [
                 *outcome,
                 failed,
+                *self._handed_back(results.allocated, call),
                 *undo,
                 ev.AdmissionRejected(pod=self.pod.pod, reason=reason, container=call.container),
             ]
@@ -548,6 +550,27 @@ class PodAdmission:
         containers = self.pod.containers
         yield [*outcome, ev.PodAdmitted(pod=self.pod.pod, containers=containers, qos_class=qos_class(containers))]
         return Outcome(admitted=True)
+
+    def _handed_back(
+        self, allocated: list[tuple[AllocateCall, ev.ContainerAllocation]], failed: AllocateCall
+    ) -> list[ev._Event]:
+        """Releases for the devices of ``failed`` that an earlier container was allocated (an
+        init container's, handed on): its DevicesAllocated, recorded with the failure, makes
+        them that container's again, and AllocationFailed frees only the failed container's."""
+        last: dict[str, str] = {}  # device -> the last container allocated it before the failure
+        for c, _ in allocated:
+            if c.resource == failed.resource:
+                last.update((i, c.container) for i in c.device_ids if i in failed.device_ids)
+        by_container: dict[str, list[str]] = {}
+        for device_id in failed.device_ids:
+            if device_id in last:
+                by_container.setdefault(last[device_id], []).append(device_id)
+        return [
+            ev.DevicesReleased(
+                pod_uid=self.uid, container=c, resource=failed.resource, device_ids=ids, reason=UNDO_REASON
+            )
+            for c, ids in by_container.items()
+        ]
 
     def _undo(self, keep: tuple[str, str] | None = None) -> list[ev._Event]:
         """Release every device (but the (container, resource) step ``keep``), every exclusive

@@ -667,3 +667,25 @@ def test_a_known_pod_recorded_without_requests_is_the_same_pod_with_them_default
     admitted(n, pod(ev.ContainerSpec(name="app", limits=limits)))
     again = pod(ev.ContainerSpec(name="app", requests=dict(limits), limits=limits))
     assert PodAdmission(n.views, config(), again).known() is n.views.pods.pods["pod-1"]
+
+
+def test_an_allocate_failure_releases_the_devices_an_init_container_handed_on() -> None:
+    """The init container's device is reused by the app container; the init container's
+    Allocate answered, the app container's failed. DevicesAllocated hands the device back to
+    the init container and AllocationFailed frees only the app container's: the undo releases
+    the init container's too, so the refused pod keeps nothing."""
+    n = node()
+    spec = pod(container("init", gpus=1, kind="init"), container("app", gpus=2))
+    core, decision = intent(n, spec)
+    first, second = decision.allocations
+    assert (first.container, second.container) == ("init", "app")
+    assert set(first.device_ids) < set(second.device_ids)  # handed on
+    outcome = settle(n, core, CallResults(allocated=[(first, allocation(first))], failed=(second, "boom")))
+    assert not outcome.admitted
+    (batch,) = n.recorded[-1:]
+    assert kinds(batch) == ["DevicesAllocated", "AllocationFailed", "DevicesReleased", "AdmissionRejected"]
+    assert batch[2] == ev.DevicesReleased(
+        pod_uid="pod-1", container="init", resource=GPU, device_ids=first.device_ids, reason="admission failed"
+    )
+    assert holders(n) == {}
+    assert n.views.pods.pods == {}
