@@ -357,15 +357,7 @@ class PodAdmission:
         """The pod's effective request per resource, as the kubelet counts it (init
         containers hand theirs on), for the refusal's message."""
         resources = {r for reqs in self.requests.values() for r in reqs}
-        needed = {r: pod_request(self.pod.containers, self.requests, r) for r in resources}
-        running: dict[str, int] = {}
-        for c in self.pod.containers:
-            if c.kind != "init":
-                for resource, n in self.requests[c.name].items():
-                    running[resource] = running.get(resource, 0) + n
-        for resource, n in running.items():
-            needed[resource] = max(needed.get(resource, 0), n)
-        return needed
+        return {r: pod_request(self.pod.containers, self.requests, r) for r in resources}
 
     def find(self) -> Generator[Question, Answer, Refused | None]:
         """Every device plugin (by resource name), then every DRA driver the pod needs."""
@@ -531,16 +523,10 @@ class PodAdmission:
             failed = ev.AllocationFailed(
                 pod_uid=uid, container=call.container, resource=call.resource, device_ids=call.device_ids, reason=reason
             )
-            # AllocationFailed frees the failed step's devices itself, but not those an earlier
-            # container's DevicesAllocated (just above) takes back from it.
-            undo = self._undo(keep=(call.container, call.resource))
-            yield [
-                *outcome,
-                failed,
-                *self._handed_back(results.allocated, call),
-                *undo,
-                ev.AdmissionRejected(pod=self.pod.pod, reason=reason, container=call.container),
-            ]
+            # AllocationFailed frees the failed step's devices; the undo is computed from the
+            # views this batch leaves (a device an init container handed on is its own again).
+            yield [*outcome, failed]
+            yield [*self._undo(), ev.AdmissionRejected(pod=self.pod.pod, reason=reason, container=call.container)]
             return Outcome(admitted=False, reason=reason, failed=call)
         claim_failure = next((e for e in results.claims if isinstance(e, ev.ClaimPrepareFailed)), None)
         if claim_failure is not None:
@@ -551,37 +537,12 @@ class PodAdmission:
         yield [*outcome, ev.PodAdmitted(pod=self.pod.pod, containers=containers, qos_class=qos_class(containers))]
         return Outcome(admitted=True)
 
-    def _handed_back(
-        self, allocated: list[tuple[AllocateCall, ev.ContainerAllocation]], failed: AllocateCall
-    ) -> list[ev._Event]:
-        """Releases for the devices of ``failed`` that an earlier container was allocated (an
-        init container's, handed on): its DevicesAllocated, recorded with the failure, makes
-        them that container's again, and AllocationFailed frees only the failed container's."""
-        last: dict[str, str] = {}  # device -> the last container allocated it before the failure
-        for c, _ in allocated:
-            if c.resource == failed.resource:
-                last.update((i, c.container) for i in c.device_ids if i in failed.device_ids)
-        by_container: dict[str, list[str]] = {}
-        for device_id in failed.device_ids:
-            if device_id in last:
-                by_container.setdefault(last[device_id], []).append(device_id)
-        return [
-            ev.DevicesReleased(
-                pod_uid=self.uid, container=c, resource=failed.resource, device_ids=ids, reason=UNDO_REASON
-            )
-            for c, ids in by_container.items()
-        ]
-
-    def _undo(self, keep: tuple[str, str] | None = None) -> list[ev._Event]:
-        """Release every device (but the (container, resource) step ``keep``), every exclusive
-        CPU and every claim reference of the pod, as the views hold them now."""
+    def _undo(self) -> list[ev._Event]:
+        """Release every device, every exclusive CPU and every claim reference of the pod, as
+        the views hold them now."""
         views = self.views
         uid = self.uid
-        out: list[ev._Event] = [
-            e
-            for e in release_events(views, uid, UNDO_REASON)
-            if not (isinstance(e, ev.DevicesReleased) and (e.container, e.resource) == keep)
-        ]
+        out: list[ev._Event] = list(release_events(views, uid, UNDO_REASON))
         out += pool_events(self.config.cpus, views.cpus.shared, without_pod(views.cpus.assignments, uid), UNDO_REASON)
         out += claim_release_events(views, uid)[0]
         return out

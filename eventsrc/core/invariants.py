@@ -338,10 +338,7 @@ class Checker:
     group: list[Record] = field(default_factory=list)
     #: pod uid -> its first DevicesReserved while admitting
     reservations: dict[str, _Reservation] = field(default_factory=dict)
-    #: DaemonStarted records seen (the daemon instance, in order), the last one's sequence,
-    #: and the admission outcomes seen
-    boots: int = 0
-    started_seq: int = 0
+    #: the admission outcomes seen (the daemon instance is views.meta.boots)
     outcomes: int = 0
     events: int = 0
     _reported: set[tuple[str, int]] = field(default_factory=set)
@@ -358,17 +355,14 @@ class Checker:
         apply(self.views, item)
         out += after_apply(self.views, item)
         e = item.event
-        if isinstance(e, ev.DaemonStarted):
-            self.boots += 1
-            self.started_seq = item.seq
-        elif isinstance(e, (ev.PodAdmitted, ev.AdmissionRejected)):
+        if isinstance(e, (ev.PodAdmitted, ev.AdmissionRejected)):
             self.outcomes += 1
         if isinstance(e, ev.PodAdmissionStarted):
             self.reservations.pop(e.pod.uid, None)
         elif isinstance(e, ev.DevicesReserved) and e.pod_uid not in self.reservations:
             pod = self.views.pods.pods.get(e.pod_uid)
             if pod is not None and pod.state == ADMITTING:
-                self.reservations[e.pod_uid] = _Reservation(item, self.boots, self.outcomes)
+                self.reservations[e.pod_uid] = _Reservation(item, self.views.meta.boots, self.outcomes)
         self.group.append(item)
         return self._new(out)
 
@@ -399,8 +393,8 @@ class Checker:
                 del self.reservations[uid]
                 continue
             later = self.outcomes - res.outcomes
-            if res.boot < self.boots:
-                why = f"the daemon restarted (DaemonStarted at seq {self.started_seq}) without its outcome"
+            if res.boot < self.views.meta.boots:
+                why = f"the daemon restarted (DaemonStarted at seq {self.views.meta.started_seq}) without its outcome"
             elif later > self.reservation_window:
                 why = f"no outcome while {later} later admissions had theirs (window {self.reservation_window})"
             else:

@@ -434,7 +434,10 @@ def test_an_allocate_failure_after_earlier_containers_undoes_all_but_the_failed_
     outcome = settle(n, core, results)
     reason = "Allocate failed for example.com/gpu in container b: the plugin went away"
     assert (outcome.admitted, outcome.reason, outcome.failed) == (False, reason, second)
-    (batch,) = n.recorded[-1:]
+    # the outcome, then the undo computed from the views it left
+    failure, undo = n.recorded[-2:]
+    assert kinds(failure)[-1] == "AllocationFailed"
+    batch = failure + undo
     assert kinds(batch) == [
         "DevicesAllocated",  # what "a" got
         "AllocationFailed",  # frees "b"'s devices itself
@@ -682,7 +685,10 @@ def test_an_allocate_failure_releases_the_devices_an_init_container_handed_on() 
     assert set(first.device_ids) < set(second.device_ids)  # handed on
     outcome = settle(n, core, CallResults(allocated=[(first, allocation(first))], failed=(second, "boom")))
     assert not outcome.admitted
-    (batch,) = n.recorded[-1:]
+    # the outcome, then the undo computed from the views it left
+    failure, undo = n.recorded[-2:]
+    assert kinds(failure)[-1] == "AllocationFailed"
+    batch = failure + undo
     assert kinds(batch) == ["DevicesAllocated", "AllocationFailed", "DevicesReleased", "AdmissionRejected"]
     assert batch[2] == ev.DevicesReleased(
         pod_uid="pod-1", container="init", resource=GPU, device_ids=first.device_ids, reason="admission failed"
