@@ -53,6 +53,7 @@ from eventsrc.core.devices.choice import (
     PreferredFailed,
     Refusal,
     ResourceState,
+    changed_request,
     container_hints,
     plan_pod,
 )
@@ -334,7 +335,8 @@ class PodAdmission:
             )
         if pod.state != ADMITTED:
             raise AdmissionRefused(f"pod {pod.namespace}/{pod.name} ({pod.uid}) is being admitted")
-        other = _identity_difference(_shape_of_view(pod), _shape(self.pod))
+        known, asked = _shape_of_view(pod), _shape(self.pod)
+        other = _identity_difference(known, asked)
         if other is not None:
             raise AdmissionRefused(other)
         for container, reqs in self.requests.items():
@@ -342,11 +344,8 @@ class PodAdmission:
             for resource, n in reqs.items():
                 got = len(have.devices.get(resource, [])) if have else 0
                 if got != n:
-                    raise AdmissionRefused(
-                        f'pod "{pod.uid}" container "{container}" changed request for resource "{resource}" '
-                        f"from {got} to {n}"
-                    )
-        other = _resources_difference(_shape_of_view(pod), _shape(self.pod))
+                    raise AdmissionRefused(changed_request(pod.uid, container, resource, got, n))
+        other = _resources_difference(known, asked)
         if other is not None:
             raise AdmissionRefused(other)
         return pod

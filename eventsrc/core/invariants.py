@@ -246,12 +246,12 @@ def after_apply(views: Views, rec: Record) -> list[Violation]:
     out = []
     for resource, table in sorted(views.devices.devices.items()):
         for device_id, d in sorted(table.items()):
-            holder = parse_holder(d.holder) if d.holder else None
-            if d.hold == RESERVED and holder is not None and holder[0] == uid:
+            holder = parse_holder(d.holder)
+            if d.hold == RESERVED and holder is not None and holder.pod_uid == uid:
                 out.append(
                     _v(
                         "reserved-under-admitted-pod",
-                        f"{device_id} {resource} still reserved for {who(views, uid, holder[1])} "
+                        f"{device_id} {resource} still reserved for {who(views, uid, holder.container)} "
                         f"(since seq {d.since_seq}), yet the pod is admitted",
                         rec,
                     )

@@ -124,22 +124,26 @@ def _hold(v: Views, seq: int, e: ev.DevicesReserved | ev.DevicesAllocated) -> No
         d.since_seq = seq
 
 
+def _held_by(table: dict[str, DeviceView], e: ev.AllocationFailed | ev.DevicesReleased) -> list[str]:
+    """The devices of ``e`` its container holds, each once: the only ones a release concerns."""
+    holder = holder_text(e.pod_uid, e.container)
+    return [i for i in dict.fromkeys(e.device_ids) if i in table and table[i].holder == holder]
+
+
 def _free(v: Views, seq: int, e: ev.AllocationFailed | ev.DevicesReleased) -> None:
     """A release concerns only the devices its container holds."""
     table = v.devices.devices.get(e.resource)
     if table is None:
         return
-    holder = holder_text(e.pod_uid, e.container)
-    for device_id in e.device_ids:
-        d = table.get(device_id)
-        if d is not None and d.holder == holder:
-            after = DEVICE.next(_state(d), type(e))
-            if after == DEVICE_ABSENT:
-                del table[device_id]
-                continue
-            d.holder = ""
-            _enter(d, after)
-            d.since_seq = seq
+    for device_id in _held_by(table, e):
+        d = table[device_id]
+        after = DEVICE.next(_state(d), type(e))
+        if after == DEVICE_ABSENT:
+            del table[device_id]
+            continue
+        d.holder = ""
+        _enter(d, after)
+        d.since_seq = seq
     if not table:
         del v.devices.devices[e.resource]
 
@@ -161,27 +165,10 @@ def steps(v: Views, e: ev._Event) -> list[Step]:
         ids = list(e.device_ids)
     elif isinstance(e, (ev.AllocationFailed, ev.DevicesReleased)):
         table = v.devices.devices.get(e.resource, {})
-        holder = holder_text(e.pod_uid, e.container)
-        ids = [i for i in e.device_ids if i in table and table[i].holder == holder]
+        ids = _held_by(table, e)
     else:
         return []
     return [step(DEVICE, _state(table.get(i)), type(e), i, e.resource) for i in ids]
-
-
-def devices_reserved(v: Views, seq: int, e: ev.DevicesReserved) -> None:
-    _hold(v, seq, e)
-
-
-def devices_allocated(v: Views, seq: int, e: ev.DevicesAllocated) -> None:
-    _hold(v, seq, e)
-
-
-def allocation_failed(v: Views, seq: int, e: ev.AllocationFailed) -> None:
-    _free(v, seq, e)
-
-
-def devices_released(v: Views, seq: int, e: ev.DevicesReleased) -> None:
-    _free(v, seq, e)
 
 
 HANDLERS: Handlers = {
@@ -191,8 +178,8 @@ HANDLERS: Handlers = {
     ev.DevicesRemoved: devices_removed,
     ev.ResourceDropped: resource_dropped,
     ev.DeviceHealthChanged: device_health_changed,
-    ev.DevicesReserved: devices_reserved,
-    ev.DevicesAllocated: devices_allocated,
-    ev.AllocationFailed: allocation_failed,
-    ev.DevicesReleased: devices_released,
+    ev.DevicesReserved: _hold,
+    ev.DevicesAllocated: _hold,
+    ev.AllocationFailed: _free,
+    ev.DevicesReleased: _free,
 }

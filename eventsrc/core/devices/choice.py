@@ -112,6 +112,11 @@ def generate_hints(
     return [Hint(h.nodes, len(h.nodes) == min_size) for h in hints]
 
 
+def changed_request(pod_uid: str, container: str, resource: str, got: int, wanted: int) -> str:
+    """The kubelet's words for a known container whose device request changed."""
+    return f'pod "{pod_uid}" container "{container}" changed request for resource "{resource}" from {got} to {wanted}'
+
+
 def _count_per_set(node_lists: Iterable[list[int] | None]) -> dict[tuple[int, ...], int]:
     """How many devices sit on each distinct NUMA set (devices without topology left out)."""
     per_set: dict[tuple[int, ...], int] = {}
@@ -241,10 +246,7 @@ def _packing_order(
     machine = frozenset(numa_nodes)
     nodes_of = {i: tuple(sorted(set(aligned_nodes(table[i].numa_nodes, machine)))) if i in table else () for i in ids}
     # Count per distinct node set once; then each mask is a sum over the few sets.
-    per_set: dict[tuple[int, ...], int] = {}
-    for nodes in nodes_of.values():
-        if nodes:
-            per_set[nodes] = per_set.get(nodes, 0) + 1
+    per_set = _count_per_set(list(n) for n in nodes_of.values())
     best = _narrowest_holding(sorted(machine), per_set, needed)
 
     def key(i: str) -> tuple[object, ...]:
@@ -378,9 +380,7 @@ def _devices_to_allocate(
     table = state.table
     healthy = {i for i, d in table.items() if d.health == "Healthy" and not d.removed}
     if current and len(current) != required:
-        raise Refusal(
-            f'pod "{pod_uid}" container "{container}" changed request for resource "{resource}" from {len(current)} to {required}'  # noqa: E501
-        )
+        raise Refusal(changed_request(pod_uid, container, resource, len(current), required))
     if not healthy:
         raise Refusal(f"no healthy devices present; cannot allocate unhealthy devices {resource}")
     if current:
