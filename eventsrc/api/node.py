@@ -22,6 +22,7 @@ from eventsrc.events import CorruptRecordError, Record
 from eventsrc.gen.node.v1 import node_pb2 as pb
 from eventsrc.gen.node.v1.node_grpc import NodeBase
 from eventsrc.inputs.manifest import PodClaim, PodSpec, checked_pod
+from eventsrc.obs.text import escape
 from eventsrc.rpc.bridge import to_trio
 from eventsrc.state.views import PodView, Views
 
@@ -45,7 +46,7 @@ class Admitter(Protocol):
 def shown(text: str) -> str:
     """A client's text in an answer: as it is when printable, else quoted with escapes, so
     that an error stays one line a terminal shows as it is (no control or bidi characters)."""
-    return text if text.isprintable() else repr(text)
+    return text if text.isprintable() else f'"{escape(text)}"'
 
 
 def claims_from_proto(pod: ev.PodRef, claims: list[pb.ResourceClaim]) -> list[PodClaim]:

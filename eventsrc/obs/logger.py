@@ -27,6 +27,8 @@ from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import IO, Any
 
+from eventsrc.obs.text import escape
+
 FORMATS = ("text", "json")
 
 _correlation_id: ContextVar[str] = ContextVar("eventsrc_correlation_id", default="")
@@ -118,7 +120,7 @@ def _text_value(value: Any, always_quote: bool = False) -> str:
     else:
         text = str(value)
     if always_quote or not text or any(c in text for c in ' "=\\') or not text.isprintable():
-        return json.dumps(text, ensure_ascii=False)
+        return escape(json.dumps(text, ensure_ascii=False))  # JSON escapes controls only, not bidi
     return text
 
 

@@ -13,37 +13,15 @@ itself). JSON output (``record_json``, ``pod_json``) stays exact.
 from __future__ import annotations
 
 import datetime as dt
-import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
 
 from eventsrc.events import CorruptRecordError, FutureRecordError, Record
+from eventsrc.obs.text import escape
 from eventsrc.state.lifecycles import QUARANTINED
 from eventsrc.state.views import Views
-
-#: Unicode categories written as escapes: control (Cc), format (Cf: U+202A-U+202E,
-#: U+2066-U+2069, zero-width characters...), lone surrogates (Cs; they cannot even be encoded)
-#: and the line and paragraph separators (Zl, Zp), which some terminals break lines at.
-_ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
-_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escaped(char: str) -> str:
-    if char in _NAMED_ESCAPES:
-        return _NAMED_ESCAPES[char]
-    code = ord(char)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
-def escape(text: str) -> str:
-    """``text`` safe to show on a terminal, on one line (see the module's docstring)."""
-    if text.isprintable():  # the usual case: nothing to escape
-        return text
-    return "".join(_escaped(c) if unicodedata.category(c) in _ESCAPED_CATEGORIES else c for c in text)
 
 
 def text_lines(lines: Iterable[str]) -> str:

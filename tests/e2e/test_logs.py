@@ -46,6 +46,14 @@ def test_text_is_key_value_quoted_when_needed(captured: tuple[io.StringIO, logs.
     assert "cid=" not in line
 
 
+def test_text_values_with_bidi_or_line_separators_are_escaped(captured: tuple[io.StringIO, logs.Logger]) -> None:
+    out, log = captured
+    log.info("pod admitted", pod="a\u202eb\u2028c\nd")
+    (line,) = out.getvalue().splitlines()
+    assert "\u202e" not in line and "\u2028" not in line
+    assert 'pod="a\\u202eb\\u2028c\\nd"' in line, line
+
+
 def test_the_cid_of_the_request_comes_last(captured: tuple[io.StringIO, logs.Logger]) -> None:
     out, log = captured
     with logs.correlation("00000000000000ab"):
