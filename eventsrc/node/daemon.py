@@ -71,6 +71,7 @@ from eventsrc.log.store import DirLock, EventLog
 from eventsrc.node.admission import DEFAULT_ADMISSION_WAIT, Admission
 from eventsrc.node.device_manager import DEFAULT_GRACE, DeviceManager, RegistryHandler
 from eventsrc.node.dra_manager import DRAManager
+from eventsrc.node.interfaces import record_or_log
 from eventsrc.node.plugin_watcher import PluginWatcher
 from eventsrc.obs import systemd
 from eventsrc.obs.logger import current_correlation_id, get_logger
@@ -280,7 +281,7 @@ class Daemon:
         for c in corrupt:
             log.error("corrupt record (left in place; see docs/adr/0005)", seq=c.seq, reason=c.reason)
         if new:
-            await self.record([ev.CorruptRecordFound(seq=c.seq, reason=c.reason) for c in new])
+            await record_or_log(self, [ev.CorruptRecordFound(seq=c.seq, reason=c.reason) for c in new], "scrub")
         log.info("scrub done", records=until_seq, corrupt=len(corrupt))
 
     def write_status(self, ready: bool) -> None:

@@ -33,7 +33,7 @@ from eventsrc.errors import EventsrcError
 from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as pb
 from eventsrc.gen.deviceplugin.v1beta1.api_grpc import DevicePluginStub, RegistrationBase
 from eventsrc.log.commit import new_correlation_id
-from eventsrc.node.interfaces import Recorder
+from eventsrc.node.interfaces import Recorder, record_or_log
 from eventsrc.obs.logger import correlation, current_correlation_id, get_logger
 from eventsrc.rpc.bridge import (
     CALL_ERRORS,
@@ -394,13 +394,16 @@ class DeviceManager:
             return  # replaced by a newer registration: nothing was lost
         del self.endpoints[ep.resource]
         with correlation(new_correlation_id()):
-            (rec,) = await self.recorder.record(
-                [ev.PluginDisconnected(resource=ep.resource, endpoint=ep.endpoint, reason=reason)]
+            recs = await record_or_log(
+                self.recorder,
+                [ev.PluginDisconnected(resource=ep.resource, endpoint=ep.endpoint, reason=reason)],
+                "plugin disconnected",
             )
             log.warning("plugin disconnected", resource=ep.resource, reason=reason, grace_seconds=self.grace)
         self._notify()
-        assert self._nursery is not None
-        self._nursery.start_soon(self._expire, ep.resource, rec.seq)
+        if recs:  # unrecorded, the plugin still shows connected: nothing to expire
+            assert self._nursery is not None
+            self._nursery.start_soon(self._expire, ep.resource, recs[0].seq)
 
     async def _list_and_watch(self, ep: Endpoint) -> None:  # runs on asyncio
         async with ep.stub.ListAndWatch.open() as stream:
@@ -471,10 +474,15 @@ class DeviceManager:
         if plugin is None or plugin.connected or resource in self.endpoints or plugin.disconnected_seq != since_seq:
             return
         with correlation(new_correlation_id()):
-            await self.recorder.record(
-                [ev.ResourceDropped(resource=resource, reason=f"plugin away for {self.grace:g} s")]
-            )
-            log.warning("resource dropped", resource=resource, reason=f"plugin away for {self.grace:g} s")
+            reason = f"plugin away for {self.grace:g} s"
+            if (
+                await record_or_log(
+                    self.recorder, [ev.ResourceDropped(resource=resource, reason=reason)], "resource dropped"
+                )
+                is None
+            ):
+                return
+            log.warning("resource dropped", resource=resource, reason=reason)
         self._notify()
 
     # ------------------------------------------------------------------ for admission

@@ -277,7 +277,11 @@ class DRAManager:
         while True:
             self._kick = trio.Event()
             with trio.CancelScope(shield=True):
-                done = await self.reconcile_once()
+                try:
+                    done = await self.reconcile_once()
+                except EventsrcError as exc:  # the log refuses appends (full, lost): try again later
+                    log.warning("claim work not recorded", reason=str(exc))
+                    done = False
             backoff = 1.0 if done else min(backoff * 2, 30.0)
             with trio.move_on_after(math.inf if done else backoff):
                 await self._kick.wait()

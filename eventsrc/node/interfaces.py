@@ -22,8 +22,10 @@ from typing import Protocol, TypeVar
 import trio
 
 from eventsrc import events as ev
+from eventsrc.errors import EventsrcError
 from eventsrc.events import Record
 from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as pb
+from eventsrc.obs.logger import get_logger
 from eventsrc.obs.metrics import Metrics
 from eventsrc.state.views import Views
 
@@ -48,6 +50,21 @@ class Recorder(Protocol):
         """Append ``events`` as one unit, durably; they are in ``views`` when this returns.
         Without ``correlation_id`` the records carry the current request's."""
         ...
+
+
+log = get_logger("eventsrc.node")
+
+
+async def record_or_log(recorder: Recorder, events: Sequence[ev._Event], what: str) -> list[Record] | None:
+    """For the daemon's own background work, where no caller waits for the answer: append
+    ``events``; an append that fails (a full disk, a log deleted under the daemon) is logged and
+    None returned, so the task goes on and the daemon stays up, refusing what needs the log and
+    failing /healthz, instead of ending on an exception nobody catches."""
+    try:
+        return await recorder.record(events)
+    except EventsrcError as exc:
+        log.warning("recording failed", what=what, reason=str(exc))
+        return None
 
 
 class Handler(Protocol):

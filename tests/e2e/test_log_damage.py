@@ -169,6 +169,22 @@ def test_a_log_file_deleted_while_the_daemon_runs_stops_acknowledging(
     assert "event log file lost" in d.output()
 
 
+def test_background_records_that_fail_after_the_log_is_lost_leave_the_daemon_up(
+    root: Path, daemon_factory, plugins
+) -> None:  # type: ignore[no-untyped-def]
+    """A plugin going away is recorded by a background task, which no caller waits for: when
+    the log refuses the append, the daemon logs it and serves on (unhealthy), not ends."""
+    d = daemon_factory()
+    plugin = plugins("--devices", "2")
+    plugin.wait_registered()
+    (log_dir(root) / "data.mdb").unlink()
+    plugin.stop()
+    d.eventually(lambda: "recording failed" in d.output(), "the failed PluginDisconnected to be logged")
+    assert d.exited() is None
+    status = run_cli("status", root=root)
+    assert d.exited() is None, status.stderr
+
+
 def test_a_log_that_lost_its_newest_records_is_refused(root: Path, daemon_factory) -> None:  # type: ignore[no-untyped-def]
     """A data.mdb swapped for an older copy of itself (or whose newest transaction a damaged
     meta page dropped) ends before the snapshot taken of it."""
