@@ -183,13 +183,15 @@ def find_pod(views: Views, sel: pb.PodSelector) -> PodView:
 
 
 def _grpc_error(err: EventsrcError) -> GRPCError:
+    """The status of a user's error; its text escaped, since it may quote the client's."""
+    text = escape(str(err))
     if isinstance(err, AdmissionRefused):
-        return GRPCError(Status.FAILED_PRECONDITION, str(err))
+        return GRPCError(Status.FAILED_PRECONDITION, text)
     if isinstance(err, BadRequest):
-        return GRPCError(Status.INVALID_ARGUMENT, str(err))
+        return GRPCError(Status.INVALID_ARGUMENT, text)
     if isinstance(err, NotFound):
-        return GRPCError(Status.NOT_FOUND, str(err))
-    return GRPCError(Status.UNAVAILABLE, str(err))
+        return GRPCError(Status.NOT_FOUND, text)
+    return GRPCError(Status.UNAVAILABLE, text)
 
 
 class NodeService(NodeBase):
@@ -236,7 +238,8 @@ class NodeService(NodeBase):
         req = await stream.recv_message()
         assert req is not None
         try:
-            uid = find_pod(self._views(), req.pod).uid
+            # a uid goes to the admitter as it is: it knows the pods whose admission runs
+            uid = req.pod.uid or find_pod(self._views(), req.pod).uid
             pod, cid, removed_seq = await to_trio(self._admitter.remove)(uid)
         except EventsrcError as err:
             raise _grpc_error(err) from None

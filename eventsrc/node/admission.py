@@ -117,7 +117,10 @@ class Admission(Generic[D]):
         self.dra = dra
         self._lock = trio.Lock()
         self._running: dict[str, _Running] = {}  # pod uid -> its admission under way
-        self._removing = trio.Lock()
+        # Held from computing events from the views to recording them, for every decision that
+        # releases or takes (an intent, an outcome's undo, a removal): the views one decision
+        # reads hold every record the others appended (SharedPoolChanged carries the whole set).
+        self._deciding = trio.Lock()
 
     async def admit(self, spec: PodSpec) -> tuple[PodView, str]:
         """Admit ``spec``; return the pod as admitted and the correlation id.
@@ -161,13 +164,14 @@ class Admission(Generic[D]):
             refused = await drive(core.find(), lambda asked: self._find(asked, found))
             if refused is not None:
                 raise await self._refuse(spec, refused)
-            with metrics.topology_admission():
-                decision = await drive(core.plan(), lambda ask: self._preferred(found.endpoints[ask.resource], ask))
-                for failed in decision.cpu_pinning:
-                    metrics.cpu_pinning(failed=failed)
-                if isinstance(decision, Refused):
-                    raise await self._refuse(spec, decision)
-            await self.recorder.record(decision.events)  # durable and in the views: the next admission sees it
+            async with self._deciding:
+                with metrics.topology_admission():
+                    decision = await drive(core.plan(), lambda ask: self._preferred(found.endpoints[ask.resource], ask))
+                    for failed in decision.cpu_pinning:
+                        metrics.cpu_pinning(failed=failed)
+                    if isinstance(decision, Refused):
+                        raise await self._refuse(spec, decision)
+                await self.recorder.record(decision.events)  # durable and in the views: the next admission sees it
         results = CallResults()
         with trio.CancelScope(shield=True):  # an acknowledged intent always gets its outcome
             await self._allocate(decision.allocations, found.endpoints, results)
@@ -240,7 +244,8 @@ class Admission(Generic[D]):
     async def _settle(self, spec: PodSpec, core: PodAdmission, results: CallResults) -> PodView:
         """Record the outcome the core gives for ``results``; the pod, or AdmissionRefused."""
         log_claim_outcomes(results.claims)
-        outcome = await drive(core.settle(results), self.recorder.record)
+        async with self._deciding:
+            outcome = await drive(core.settle(results), self.recorder.record)
         uid = spec.pod.uid
         if outcome.admitted:
             log.info("pod admitted", pod=_name(spec), uid=uid)
@@ -263,9 +268,11 @@ class Admission(Generic[D]):
         """Release everything ``uid`` holds and forget it; the pod as it was, the correlation
         id and the removal's sequence. Raises NotFound, or AdmissionRefused while its admission runs."""
         views = self.recorder.views
-        # One removal decided at a time, each from the views the one before left: two at
-        # once would both release the pod's devices, the second after someone else got them.
-        async with self._removing:
+        if uid in self._running:  # not in the views before its intent is recorded
+            raise AdmissionRefused(f"pod {uid} is being admitted; remove it once that ends")
+        # One decision at a time, each from the views the one before left: two removals at once
+        # would both release the pod's devices, the second after someone else got them.
+        async with self._deciding:
             events = removal(views, self.config.cpus, uid, reason)
             pod = _copy(views.pods.pods[uid])
             with correlation(new_correlation_id()) as cid, trio.CancelScope(shield=True):

@@ -180,3 +180,21 @@ def test_concurrent_removals_of_one_pod_release_its_devices_once(
     assert len(records(root, "DevicesReleased")) == 1
     check = run_cli("replay", "--check", root=root)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_remove_while_the_pod_is_admitted_is_refused_and_the_admission_goes_on(
+    root: Path, held: tuple[Daemon, HeldPlugin, Any]
+) -> None:
+    """Held at GetPreferredAllocation the pod is not in the views yet, at Allocate it is
+    "admitting": either way a Remove is refused as the Admitter promises, not NotFound."""
+    _, plugin, node = held
+    first = node.Admit.future(npb.AdmitRequest(pod=pod()), timeout=60)
+    assert plugin.entered.wait(30), f"the admission never called {plugin.held}"
+    with pytest.raises(grpc.RpcError) as refused:
+        node.Remove(npb.RemoveRequest(pod=npb.PodSelector(uid="uid-1")), timeout=30)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.value.details()
+    assert "being admitted" in (refused.value.details() or "")
+    plugin.release.set()
+    (got,) = answers([first])
+    assert isinstance(got, npb.PodInfo) and got.state == "admitted", got
+    assert len(records(root, "PodRemoved")) == 0
