@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import functools
 import json
 import sys
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     from eventsrc.core.invariants import Checker, Violation
     from eventsrc.events import CorruptRecordError, Record
     from eventsrc.log.store import EventLog
+    from eventsrc.offline.audit import Point
     from eventsrc.state.views import DeviceView, Views
 
 # The heavy modules (lmdb, msgspec, the projections) are imported where they are used:
@@ -59,31 +59,11 @@ def find_log(path: Path) -> Path:
 # --------------------------------------------------------------------------- arguments
 
 
-@dataclass(frozen=True)
-class Until:
-    seq: int | None = None
-    ts_ns: int | None = None
+def parse_until(text: str | None) -> Point:
+    """``SEQ`` (digits) or an RFC 3339 time, read as ``audit --until`` reads it."""
+    from eventsrc.offline.audit import parse_point
 
-
-def parse_until(text: str | None) -> Until:
-    """``SEQ`` (digits) or an RFC 3339 time (``2026-11-21T23:40:00Z``; no zone: UTC)."""
-    if text is None:
-        return Until()
-    text = text.strip()
-    if text.isdigit():
-        return Until(seq=int(text))
-    try:
-        when = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise UsageError(
-            f"--until {text!r}: expected a sequence number or an RFC 3339 time like 2026-11-21T23:40:00Z"
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    # Exact integer nanoseconds (a float would round).
-    delta = when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-    ts_ns = (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
-    return Until(ts_ns=ts_ns)
+    return parse_point(text, "--until")
 
 
 def add_arguments(p: argparse.ArgumentParser, path_required: bool = True) -> None:
@@ -133,7 +113,7 @@ def add_arguments(p: argparse.ArgumentParser, path_required: bool = True) -> Non
 # --------------------------------------------------------------------------- reading
 
 
-def _records(log: EventLog, until: Until) -> Iterator[Record | CorruptRecordError]:
+def _records(log: EventLog, until: Point) -> Iterator[Record | CorruptRecordError]:
     """The records up to ``until``, in sequence order. With a time: every record stamped at or
     before it, as ``audit --until`` filters. Stamps are the wall clock of each batch and may step
     back: a record stamped later than TIME is left out, and those after it still count."""
@@ -545,7 +525,7 @@ def _corrupt_note(views: Views, prog: str) -> int:
     return 0
 
 
-def _views(log: EventLog, until: Until, args: argparse.Namespace, total: int) -> int:
+def _views(log: EventLog, until: Point, args: argparse.Namespace, total: int) -> int:
     import msgspec
 
     from eventsrc.state.apply import apply
@@ -567,7 +547,7 @@ def _views(log: EventLog, until: Until, args: argparse.Namespace, total: int) ->
     return _corrupt_note(views, getattr(args, "prog", "eventsrc"))
 
 
-def _step(log: EventLog, until: Until, args: argparse.Namespace, total: int) -> int:
+def _step(log: EventLog, until: Point, args: argparse.Namespace, total: int) -> int:
     from eventsrc.state.views import Views
 
     views = Views()
@@ -597,7 +577,7 @@ def _group_complete(log: EventLog, checker: Checker) -> bool:
     return after is None or isinstance(after, Exception) or after.correlation_id != last.correlation_id
 
 
-def _check(log: EventLog, until: Until, args: argparse.Namespace, total: int) -> int:
+def _check(log: EventLog, until: Point, args: argparse.Namespace, total: int) -> int:
     from eventsrc.core.invariants import Checker
 
     checker = Checker(reservation_window=args.reservation_window)
