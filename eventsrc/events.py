@@ -380,6 +380,84 @@ class PodReferenceRemoved(_Event, frozen=True):
     pod_uid: str
 
 
+# --------------------------------------------------------------------------- the container runtime (NRI)
+
+
+class RuntimeConnected(_Event, frozen=True):
+    """eventsrc registered as an NRI plugin of the runtime; ``mode`` "enforce" or "observe"."""
+
+    runtime: str = ""
+    runtime_version: str = ""
+    plugin: str = ""  # "NN-name", as the runtime names it
+    mode: str = "enforce"
+
+
+class RuntimeDisconnected(_Event, frozen=True):
+    reason: str = ""
+
+
+class PodSandboxStarted(_Event, frozen=True):
+    """The runtime ran (or, at Synchronize, had) this pod sandbox."""
+
+    sandbox_id: str
+    pod: PodRef
+
+
+class PodSandboxRemoved(_Event, frozen=True):
+    sandbox_id: str
+    pod_uid: str
+    reason: str = ""
+
+
+class ContainerCreated(_Event, frozen=True):
+    """A container the runtime created, with what it got. ``adjusted``: eventsrc set it (enforce
+    mode); otherwise it is what the runtime applied (observe mode, or created while eventsrc was
+    away). ``cpus``/``mems`` empty: no cpuset was set. ``envs`` holds names only."""
+
+    container_id: str
+    sandbox_id: str
+    pod_uid: str
+    name: str
+    cgroups_path: str = ""
+    cpus: list[int] = []
+    mems: list[int] = []
+    devices: list[str] = []  # device nodes, as paths in the container
+    device_ids: dict[str, list[str]] = {}  # resource -> the device ids it was given (enforce)
+    cdi_devices: list[str] = []
+    envs: list[str] = []
+    adjusted: bool = False
+
+
+class ContainerStarted(_Event, frozen=True):
+    container_id: str
+    pod_uid: str = ""
+
+
+class ContainerStopped(_Event, frozen=True):
+    """``exit_code`` is -1 when the runtime did not say (NRI 0.8 carries none)."""
+
+    container_id: str
+    pod_uid: str = ""
+    exit_code: int = -1
+
+
+class ContainerRemoved(_Event, frozen=True):
+    container_id: str
+    pod_uid: str = ""
+    reason: str = ""
+
+
+class ContainerCPUsUpdated(_Event, frozen=True):
+    """A running container's cpuset changed: eventsrc updated it (the shared pool followed an
+    assignment or a release), or the runtime reported the change (observe mode)."""
+
+    container_id: str
+    pod_uid: str = ""
+    cpus: list[int] = []
+    mems: list[int] = []
+    reason: str = ""
+
+
 # --------------------------------------------------------------------------- the union
 
 Event = (
@@ -415,6 +493,15 @@ Event = (
     | ClaimUnprepareFailed
     | PodReferenceAdded
     | PodReferenceRemoved
+    | RuntimeConnected
+    | RuntimeDisconnected
+    | PodSandboxStarted
+    | PodSandboxRemoved
+    | ContainerCreated
+    | ContainerStarted
+    | ContainerStopped
+    | ContainerRemoved
+    | ContainerCPUsUpdated
 )
 
 EVENT_TYPES: Final[dict[str, type[_Event]]] = {t.__name__: t for t in _Event.__subclasses__()}

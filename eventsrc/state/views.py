@@ -104,6 +104,42 @@ class ClaimsView(Struct, kw_only=True):
     drivers: dict[str, PluginView] = field(default_factory=dict)
 
 
+class SandboxView(Struct, kw_only=True):
+    uid: str
+    namespace: str = ""
+    name: str = ""
+    since_seq: int = 0
+
+
+class RuntimeContainerView(Struct, kw_only=True):
+    """A container the runtime has, as recorded: the ContainerCreated facts, then its state."""
+
+    sandbox_id: str
+    pod_uid: str
+    name: str
+    state: str = "created"  # "created", "running", "stopped"
+    cgroups_path: str = ""
+    cpus: list[int] = []
+    mems: list[int] = []
+    devices: list[str] = []
+    device_ids: dict[str, list[str]] = field(default_factory=dict)
+    cdi_devices: list[str] = []
+    adjusted: bool = False
+    exit_code: int = -1
+    created_seq: int = 0
+
+
+class RuntimeView(Struct, kw_only=True):
+    """The container runtime as eventsrc last heard from it over NRI."""
+
+    connected: bool = False
+    runtime: str = ""
+    mode: str = ""
+    # sandbox id -> sandbox; container id -> container (both dropped when removed)
+    sandboxes: dict[str, SandboxView] = field(default_factory=dict)
+    containers: dict[str, RuntimeContainerView] = field(default_factory=dict)
+
+
 class MetaView(Struct, kw_only=True):
     last_seq: int = 0
     boot_id: str = ""
@@ -126,3 +162,4 @@ class Views(Struct, kw_only=True):
     pods: PodsView = field(default_factory=PodsView)
     cpus: CPUsView = field(default_factory=CPUsView)
     claims: ClaimsView = field(default_factory=ClaimsView)
+    runtime: RuntimeView = field(default_factory=RuntimeView)

@@ -30,6 +30,8 @@ claim_refs = st.builds(
 )
 drivers = st.sampled_from(["gpu.example.com", "nic.example.com"])
 text = st.sampled_from(["", "why", "because"])
+sandboxes = st.sampled_from(["s1", "s2"])
+container_ids = st.sampled_from(["k1", "k2", "k3"])
 pod_refs = st.builds(ev.PodRef, uid=pods, namespace=st.just("default"), name=st.sampled_from(["web", "job"]))
 container_specs = st.builds(
     ev.ContainerSpec,
@@ -140,6 +142,25 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
     ev.ClaimUnprepareFailed: st.builds(ev.ClaimUnprepareFailed, claim=claim_refs, driver=drivers, reason=text),
     ev.PodReferenceAdded: st.builds(ev.PodReferenceAdded, claim_uid=st.sampled_from(["c1", "c2"]), pod_uid=pods),
     ev.PodReferenceRemoved: st.builds(ev.PodReferenceRemoved, claim_uid=st.sampled_from(["c1", "c2"]), pod_uid=pods),
+    ev.RuntimeConnected: st.builds(ev.RuntimeConnected, runtime=text, mode=st.sampled_from(["enforce", "observe"])),
+    ev.RuntimeDisconnected: st.builds(ev.RuntimeDisconnected, reason=text),
+    ev.PodSandboxStarted: st.builds(ev.PodSandboxStarted, sandbox_id=sandboxes, pod=pod_refs),
+    ev.PodSandboxRemoved: st.builds(ev.PodSandboxRemoved, sandbox_id=sandboxes, pod_uid=pods),
+    ev.ContainerCreated: st.builds(
+        ev.ContainerCreated,
+        container_id=container_ids,
+        sandbox_id=sandboxes,
+        pod_uid=pods,
+        name=containers,
+        cpus=cpus,
+        mems=st.lists(st.integers(0, 1), max_size=2),
+        device_ids=st.dictionaries(resources, device_ids, max_size=1),
+        adjusted=st.booleans(),
+    ),
+    ev.ContainerStarted: st.builds(ev.ContainerStarted, container_id=container_ids, pod_uid=pods),
+    ev.ContainerStopped: st.builds(ev.ContainerStopped, container_id=container_ids, exit_code=st.integers(-1, 2)),
+    ev.ContainerRemoved: st.builds(ev.ContainerRemoved, container_id=container_ids),
+    ev.ContainerCPUsUpdated: st.builds(ev.ContainerCPUsUpdated, container_id=container_ids, cpus=cpus),
 }
 events = st.one_of(*STRATEGIES.values())
 

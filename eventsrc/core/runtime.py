@@ -1,0 +1,273 @@
+"""What a container the runtime creates must get, and what the runtime's state asks of the log.
+
+Pure: the NRI shell (``eventsrc.node.nri``) turns the runtime's messages into the facts below,
+asks these functions, records the events they return and sends the adjustments they describe.
+
+    container_spec(...)     a container the runtime carries, as admission reads it: CPU and
+                            memory from its cgroup values (the kubelet's shares/quota arithmetic
+                            undone), device counts from the pod's annotation
+    placement(...)          what an admitted pod's container gets: its exclusive CPUs or the
+                            shared pool, the NUMA nodes of those CPUs, and every device plugin
+                            Allocate answer and prepared claim's CDI devices
+    pool_updates(...)       running containers whose cpuset is not the one they must have
+    reconcile(...)          at Synchronize: what the runtime has that the log does not know, and
+                            what the log knows that the runtime no longer has
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from msgspec import Struct
+
+from eventsrc import events as ev
+from eventsrc.core.cpu.static import CPUManagerConfig
+from eventsrc.state.views import Views
+
+#: The pod annotation that carries device requests, which CRI does not (docs/nri.md).
+RESOURCES_ANNOTATION = "eventsrc.dev/resources"
+
+# The kubelet's cgroup arithmetic (pkg/kubelet/cm/helpers_linux.go).
+MIN_SHARES = 2
+SHARES_PER_CPU = 1024
+QUOTA_PERIOD = 100_000
+
+
+class SandboxFacts(Struct, frozen=True, kw_only=True):
+    """A pod sandbox as the runtime reported it."""
+
+    id: str
+    uid: str
+    namespace: str = ""
+    name: str = ""
+    annotations: dict[str, str] = {}
+
+
+class ContainerFacts(Struct, frozen=True, kw_only=True):
+    """A container as the runtime reported it; ``cpus``/``mems`` are its cpuset (empty: none)."""
+
+    id: str
+    sandbox_id: str
+    name: str
+    state: str = "created"  # "created", "running", "stopped", "unknown"
+    cgroups_path: str = ""
+    cpus: list[int] = []
+    mems: list[int] = []
+    devices: list[str] = []
+    cdi_devices: list[str] = []
+    envs: list[str] = []  # names only
+    shares: int = 0
+    quota: int = 0
+    period: int = 0
+    memory_limit: int = 0
+
+
+class Placement(Struct, frozen=True, kw_only=True):
+    """What one container gets. ``cpus`` None: leave the cpuset alone (policy none, or no pool
+    recorded yet)."""
+
+    cpus: list[int] | None = None
+    mems: list[int] = []
+    allocation: ev.ContainerAllocation = ev.ContainerAllocation()
+    device_ids: dict[str, list[str]] = {}
+
+
+class Update(Struct, frozen=True, kw_only=True):
+    container_id: str
+    pod_uid: str
+    cpus: list[int]
+    mems: list[int]
+
+
+def milli_from_cgroups(shares: int, quota: int, period: int) -> tuple[int, int]:
+    """(request, limit) in milli-CPUs from a container's cgroup values. The kubelet sets
+    ``shares = request * 1024 / 1000`` (at least 2) and ``quota = limit * period / 1000``
+    (none without a limit); this undoes both, rounding to the nearest milli-CPU."""
+    request = 0 if shares <= MIN_SHARES else round(shares * 1000 / SHARES_PER_CPU)
+    limit = round(quota * 1000 / (period or QUOTA_PERIOD)) if quota > 0 else 0
+    return request, limit
+
+
+def container_spec(facts: ContainerFacts, devices: Mapping[str, int]) -> ev.ContainerSpec:
+    """The container as admission reads it. A CPU limit equal to the request together with a
+    memory limit reads as Guaranteed (CRI carries no memory request: the limit stands for it,
+    as nri-plugins estimate); ``devices`` come from the pod's annotation."""
+    request, limit = milli_from_cgroups(facts.shares, facts.quota, facts.period)
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if request:
+        requests["cpu"] = f"{request}m"
+    if limit:
+        limits["cpu"] = f"{limit}m"
+    if facts.memory_limit > 0:
+        limits["memory"] = str(facts.memory_limit)
+        if request and request == limit:
+            requests["memory"] = str(facts.memory_limit)
+    for resource, count in sorted(devices.items()):
+        requests[resource] = limits[resource] = str(count)
+    return ev.ContainerSpec(name=facts.name, requests=requests, limits=limits)
+
+
+def numa_nodes_of(cfg: CPUManagerConfig, cpus: list[int]) -> list[int]:
+    """The NUMA nodes holding ``cpus`` (the cpuset's memory nodes), as the topology knows them."""
+    details = cfg.topology.cpu_details
+    return sorted({info.numa_node_id for cpu in cpus if (info := details.get(cpu)) is not None})
+
+
+def placement(views: Views, cfg: CPUManagerConfig, pod_uid: str, container: str) -> Placement:
+    """What ``container`` of pod ``pod_uid`` gets, from what its admission recorded."""
+    cpus = desired_cpus(views, cfg, pod_uid, container)
+    pod = views.pods.pods.get(pod_uid)
+    held = pod.containers.get(container) if pod is not None else None
+    if held is None:
+        return Placement(cpus=cpus, mems=numa_nodes_of(cfg, cpus) if cpus else [])
+    envs: dict[str, str] = {}
+    mounts: list[ev.Mount] = []
+    devices: list[ev.DeviceSpec] = []
+    annotations: dict[str, str] = {}
+    cdi: list[str] = []
+    for resource in sorted(held.allocations):
+        a = held.allocations[resource]
+        envs.update(a.envs)
+        mounts += a.mounts
+        devices += a.devices
+        annotations.update(a.annotations)
+        cdi += [name for name in a.cdi_devices if name not in cdi]
+    for claim_uid in held.claims:
+        claim = views.claims.claims.get(claim_uid)
+        for prepared in claim.devices if claim is not None else ():
+            cdi += [name for name in prepared.cdi_device_ids if name not in cdi]
+    allocation = ev.ContainerAllocation(
+        envs=envs, mounts=mounts, devices=devices, annotations=annotations, cdi_devices=cdi
+    )
+    return Placement(
+        cpus=cpus,
+        mems=numa_nodes_of(cfg, cpus) if cpus else [],
+        allocation=allocation,
+        device_ids={r: list(ids) for r, ids in sorted(held.devices.items())},
+    )
+
+
+def desired_cpus(views: Views, cfg: CPUManagerConfig, pod_uid: str, container: str) -> list[int] | None:
+    """The container's exclusive CPUs, else the shared pool; None when the policy sets no cpusets."""
+    if not cfg.static:
+        return None
+    exclusive = views.cpus.assignments.get(pod_uid, {}).get(container)
+    if exclusive:
+        return sorted(exclusive)
+    return sorted(views.cpus.shared) or None
+
+
+def pool_updates(views: Views, cfg: CPUManagerConfig) -> list[Update]:
+    """Every container the runtime has (not stopped) whose recorded cpuset is not the one it
+    must have now: the shared pool followed an assignment or a release."""
+    out = []
+    for cid, c in sorted(views.runtime.containers.items()):
+        if c.state == "stopped":
+            continue
+        want = desired_cpus(views, cfg, c.pod_uid, c.name)
+        if want is not None and want != c.cpus:
+            out.append(Update(container_id=cid, pod_uid=c.pod_uid, cpus=want, mems=numa_nodes_of(cfg, want)))
+    return out
+
+
+def created_event(
+    facts: ContainerFacts, pod_uid: str, adjusted: bool, got: Placement | None = None
+) -> ev.ContainerCreated:
+    """ContainerCreated: what the runtime reported, with eventsrc's placement laid over it when
+    it adjusted the container (enforce mode)."""
+    if got is None:
+        return ev.ContainerCreated(
+            container_id=facts.id,
+            sandbox_id=facts.sandbox_id,
+            pod_uid=pod_uid,
+            name=facts.name,
+            cgroups_path=facts.cgroups_path,
+            cpus=list(facts.cpus),
+            mems=list(facts.mems),
+            devices=list(facts.devices),
+            cdi_devices=list(facts.cdi_devices),
+            envs=list(facts.envs),
+            adjusted=adjusted,
+        )
+    a = got.allocation
+    return ev.ContainerCreated(
+        container_id=facts.id,
+        sandbox_id=facts.sandbox_id,
+        pod_uid=pod_uid,
+        name=facts.name,
+        cgroups_path=facts.cgroups_path,
+        cpus=list(got.cpus) if got.cpus is not None else list(facts.cpus),
+        mems=list(got.mems) if got.cpus is not None else list(facts.mems),
+        devices=[*facts.devices, *(d.container_path for d in a.devices if d.container_path not in facts.devices)],
+        device_ids=got.device_ids,
+        cdi_devices=[*facts.cdi_devices, *(n for n in a.cdi_devices if n not in facts.cdi_devices)],
+        envs=sorted({*facts.envs, *a.envs}),
+        adjusted=adjusted,
+    )
+
+
+class Reconciled(Struct, frozen=True, kw_only=True):
+    """What Synchronize found: ``events`` to record (sandboxes and containers appeared or gone),
+    ``release`` the admitted pods whose sandboxes vanished, ``unknown`` the containers the log
+    has never seen (to be recorded, and admitted in enforce mode)."""
+
+    events: list[ev._Event] = []
+    release: list[str] = []
+    unknown: list[ContainerFacts] = []
+
+
+def reconcile(views: Views, sandboxes: list[SandboxFacts], containers: list[ContainerFacts]) -> Reconciled:
+    """The runtime's current state against the log's. A pod is released only when the log saw
+    its sandbox and the runtime no longer has it: a pod admitted through the node API whose
+    sandbox the runtime has not made yet is left alone."""
+    rt = views.runtime
+    have_sandboxes = {s.id: s for s in sandboxes}
+    have_containers = {c.id: c for c in containers}
+    events: list[ev._Event] = []
+    for cid, c in sorted(rt.containers.items()):
+        if cid not in have_containers:
+            events.append(ev.ContainerRemoved(container_id=cid, pod_uid=c.pod_uid, reason="gone from the runtime"))
+    release = []
+    for sid, s in sorted(rt.sandboxes.items()):
+        if sid not in have_sandboxes:
+            events.append(ev.PodSandboxRemoved(sandbox_id=sid, pod_uid=s.uid, reason="gone from the runtime"))
+            still_elsewhere = any(o.uid == s.uid for o in sandboxes)
+            pod = views.pods.pods.get(s.uid)
+            if pod is not None and not still_elsewhere and s.uid not in release:
+                release.append(s.uid)
+    for sid, found in sorted(have_sandboxes.items()):
+        if sid not in rt.sandboxes:
+            ref = ev.PodRef(uid=found.uid, namespace=found.namespace, name=found.name)
+            events.append(ev.PodSandboxStarted(sandbox_id=sid, pod=ref))
+    unknown = [c for _, c in sorted(have_containers.items()) if c.id not in rt.containers and c.state != "stopped"]
+    for cid, now in sorted(have_containers.items()):
+        known = rt.containers.get(cid)
+        if known is not None and now.state == "running" and known.state == "created":
+            events.append(ev.ContainerStarted(container_id=cid, pod_uid=known.pod_uid))
+        elif known is not None and now.state == "stopped" and known.state != "stopped":
+            events.append(ev.ContainerStopped(container_id=cid, pod_uid=known.pod_uid))
+    return Reconciled(events=events, release=release, unknown=unknown)
+
+
+def container_not_held(views: Views, container_id: str) -> list[str]:
+    """Why container ``container_id`` (as the views hold it, after its ContainerCreated or
+    ContainerCPUsUpdated) runs with CPUs or devices its pod does not hold: the ``replay --check``
+    rule. Only containers eventsrc adjusted are judged; an observed runtime answers to its kubelet."""
+    c = views.runtime.containers.get(container_id)
+    if c is None or not c.adjusted:
+        return []
+    out = []
+    pod = views.pods.pods.get(c.pod_uid)
+    held = pod.containers.get(c.name) if pod is not None else None
+    exclusive = sorted(views.cpus.assignments.get(c.pod_uid, {}).get(c.name, []))
+    shared = set(views.cpus.shared)
+    if exclusive and exclusive != c.cpus:
+        out.append(f"runs on CPUs {c.cpus} but its pod holds {exclusive}")
+    elif not exclusive and c.cpus and shared and set(c.cpus) - shared:
+        out.append(f"runs on CPUs {sorted(set(c.cpus) - shared)} outside the shared pool {sorted(shared)}")
+    for resource, ids in sorted(c.device_ids.items()):
+        have = held.devices.get(resource, []) if held is not None else []
+        if sorted(ids) != sorted(have):
+            out.append(f"runs with {resource} devices {ids} but its pod holds {have}")
+    return out
