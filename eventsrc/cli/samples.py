@@ -58,6 +58,14 @@ def _add_sample_plugin(sub: Subparsers, parents: Parents) -> None:
         metavar="FILE",
         help="append every Allocate / GetPreferredAllocation / PreStartContainer call to FILE as JSON lines",
     )
+    p.add_argument(
+        "--cdi-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write a CDI spec for the devices into DIR (a runtime's cdi_spec_dirs), so the CDI names Allocate "
+        "gives resolve: device dev-N sets SAMPLE_CDI_DEV_N=dev-N in the container",
+    )
     p.set_defaults(func=sample_plugin)
 
 

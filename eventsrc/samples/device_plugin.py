@@ -7,6 +7,11 @@ GetPreferredAllocation (NUMA packing) and PreStartContainer. When ``kubelet.sock
 recreated or its own socket is removed (a kubelet or eventsrc restart), it serves again
 and registers again. It works against a real kubelet too.
 
+With ``cdi_dir``, it writes a CDI spec for its devices there (``<vendor>-<class>.json``, kind
+= the resource name): device ``dev-N`` sets ``SAMPLE_CDI_DEV_N=dev-N`` in the container, so a
+runtime configured with that directory resolves the CDI names Allocate gives and a test can see
+it did.
+
 Health at runtime: write ``{"dev-3": "Unhealthy"}`` to the health file (default
 ``ROOT/plugins/sample-<resource>/health.json``); the plugin reads it every 0.2 s and sends
 the new list.
@@ -240,6 +245,32 @@ class SamplePlugin(DevicePluginBase):
         self.socket.unlink(missing_ok=True)
 
 
+CDI_VERSION = "0.6.0"
+
+
+def cdi_env_name(device: str) -> str:
+    return "SAMPLE_CDI_" + "".join(ch if ch.isalnum() else "_" for ch in device).upper()
+
+
+def cdi_spec(resource: str, devices: list[str]) -> dict[str, Any]:
+    """The CDI spec of ``devices`` (github.com/cncf-tags/container-device-interface SPEC.md)."""
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": resource,
+        "devices": [{"name": d, "containerEdits": {"env": [f"{cdi_env_name(d)}={d}"]}} for d in devices],
+    }
+
+
+def write_cdi_spec(cdi_dir: Path, resource: str, devices: list[str]) -> Path:
+    """Write the spec atomically (a runtime may read the directory at any moment)."""
+    cdi_dir.mkdir(parents=True, exist_ok=True)
+    path = cdi_dir / f"{slug(resource)}.json"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(cdi_spec(resource, devices), indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
 def main(args: Any) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s", stream=sys.stderr
@@ -263,6 +294,13 @@ def main(args: Any) -> int:
         socket_name=args.socket_name,
     )
     plugin.health_file.parent.mkdir(parents=True, exist_ok=True)
+    if args.cdi_dir is not None:
+        try:
+            spec = write_cdi_spec(args.cdi_dir, args.resource, list(plugin.numa))
+        except OSError as exc:
+            print(f"eventsrc: error: cannot write the CDI spec in {args.cdi_dir}: {exc.strerror}", file=sys.stderr)
+            return 1
+        print(f"sample-plugin: CDI spec for {args.resource} written to {spec}", flush=True)
     if len(os.fsencode(plugin.socket)) > 107:
         print(
             f"eventsrc: error: socket path {plugin.socket} is too long for a unix socket (use a shorter --root-dir)",

@@ -1,0 +1,211 @@
+"""The NRI decisions (``eventsrc.core.runtime``) and the annotation (``inputs.runtime_annotations``),
+in-process: views built by applying records, no runtime."""
+
+from __future__ import annotations
+
+import pytest
+
+from eventsrc import events as ev
+from eventsrc.core.cpu.assignment import StaticPolicyOptions
+from eventsrc.core.cpu.cpuset import CPUSet
+from eventsrc.core.cpu.static import CPUManagerConfig
+from eventsrc.core.cpu.topology import Core, MachineInfo, discover
+from eventsrc.core.cpu.topology import Node as NUMANode
+from eventsrc.core.resources import exclusive_cpus, qos_class
+from eventsrc.core.runtime import (
+    ContainerFacts,
+    SandboxFacts,
+    container_not_held,
+    container_spec,
+    created_event,
+    milli_from_cgroups,
+    placement,
+    pool_updates,
+    reconcile,
+)
+from eventsrc.inputs.manifest import ManifestError
+from eventsrc.inputs.runtime_annotations import device_requests
+from eventsrc.state.apply import apply_all
+from eventsrc.state.views import Views
+
+MACHINE = discover(
+    MachineInfo(
+        num_cores=4,
+        num_sockets=2,
+        topology=(
+            NUMANode(0, tuple(Core(i, 0, (i,)) for i in range(2))),
+            NUMANode(1, tuple(Core(i, 1, (2 + i,)) for i in range(2))),
+        ),
+    )
+)
+STATIC = CPUManagerConfig("static", MACHINE, CPUSet([0]), StaticPolicyOptions())
+NONE = CPUManagerConfig("none", MACHINE, CPUSet(), StaticPolicyOptions())
+DEV = "example.com/dev"
+
+
+def views_of(*events: ev._Event) -> Views:
+    return apply_all(
+        Views(), [ev.Record(seq=i, ts_ns=i, correlation_id="c", version=1, event=e) for i, e in enumerate(events, 1)]
+    )  # type: ignore[arg-type]
+
+
+def facts(cid: str = "k1", name: str = "app", sandbox: str = "s1", **kw: object) -> ContainerFacts:
+    return ContainerFacts(id=cid, sandbox_id=sandbox, name=name, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("shares", "quota", "period", "want"),
+    [
+        (1024, 100_000, 100_000, (1000, 1000)),  # 1 CPU, Guaranteed
+        (2048, 200_000, 100_000, (2000, 2000)),
+        (512, 0, 0, (500, 0)),  # a request, no limit
+        (102, 10_000, 100_000, (100, 100)),  # 100m: 102 shares round back to 100
+        (2, 0, 0, (0, 0)),  # BestEffort: the kubelet's minimum shares
+        (1024, 50_000, 50_000, (1000, 1000)),  # another period
+    ],
+)
+def test_the_kubelets_cgroup_arithmetic_is_undone(shares: int, quota: int, period: int, want: tuple[int, int]) -> None:
+    assert milli_from_cgroups(shares, quota, period) == want
+
+
+def test_a_guaranteed_whole_cpu_container_reads_as_guaranteed_with_exclusive_cpus() -> None:
+    spec = container_spec(facts(shares=1024, quota=100_000, period=100_000, memory_limit=64 << 20), {DEV: 1})
+    assert spec.requests == {"cpu": "1000m", "memory": str(64 << 20), DEV: "1"}
+    assert spec.limits == {"cpu": "1000m", "memory": str(64 << 20), DEV: "1"}
+    assert qos_class([spec]) == "Guaranteed"
+    assert exclusive_cpus("Guaranteed", spec) == 1
+
+
+@pytest.mark.parametrize(
+    ("kw", "qos"),
+    [
+        ({"shares": 1024, "quota": 100_000, "period": 100_000}, "Burstable"),  # no memory limit
+        ({"shares": 512, "quota": 100_000, "period": 100_000, "memory_limit": 1 << 20}, "Burstable"),
+        ({"shares": 2}, "BestEffort"),
+    ],
+)
+def test_other_cgroup_values_read_as_the_kubelet_would_class_them(kw: dict[str, int], qos: str) -> None:
+    assert qos_class([container_spec(facts(**kw), {})]) == qos
+
+
+def admitted_pod() -> list[ev._Event]:
+    alloc = ev.ContainerAllocation(
+        envs={"SAMPLE_DEVICES": "dev-1"},
+        devices=[ev.DeviceSpec(container_path="/dev/dev-1", host_path="/dev/null")],
+        cdi_devices=[f"{DEV}=dev-1"],
+    )
+    return [
+        ev.SharedPoolChanged(cpus=[0, 1, 2, 3]),
+        ev.PodAdmissionStarted(pod=ev.PodRef(uid="u1"), containers=[ev.ContainerSpec(name="app")]),
+        ev.DevicesReserved(pod_uid="u1", container="app", resource=DEV, device_ids=["dev-1"]),
+        ev.CPUsAssigned(pod_uid="u1", container="app", cpus=[2]),
+        ev.SharedPoolChanged(cpus=[0, 1, 3]),
+        ev.DevicesAllocated(pod_uid="u1", container="app", resource=DEV, device_ids=["dev-1"], response=alloc),
+        ev.PodAdmitted(pod=ev.PodRef(uid="u1"), containers=[ev.ContainerSpec(name="app")]),
+    ]
+
+
+def test_an_admitted_container_gets_its_cpus_their_numa_node_and_its_allocation() -> None:
+    got = placement(views_of(*admitted_pod()), STATIC, "u1", "app")
+    assert (got.cpus, got.mems) == ([2], [1])
+    assert got.allocation.envs == {"SAMPLE_DEVICES": "dev-1"}
+    assert got.allocation.cdi_devices == [f"{DEV}=dev-1"]
+    assert got.device_ids == {DEV: ["dev-1"]}
+
+
+def test_another_container_gets_the_shared_pool_and_the_none_policy_sets_no_cpuset() -> None:
+    views = views_of(*admitted_pod())
+    shared = placement(views, STATIC, "u1", "sidecar")
+    assert (shared.cpus, shared.mems, shared.allocation.envs) == ([0, 1, 3], [0, 1], {})
+    assert placement(views, NONE, "u1", "app").cpus is None
+
+
+def test_the_shared_pool_follows_and_exclusive_containers_stay() -> None:
+    views = views_of(
+        ev.SharedPoolChanged(cpus=[0, 1, 2, 3]),
+        ev.ContainerCreated(container_id="shared", sandbox_id="s0", pod_uid="u0", name="c", cpus=[0, 1, 2, 3]),
+        *admitted_pod(),
+        ev.ContainerCreated(container_id="excl", sandbox_id="s1", pod_uid="u1", name="app", cpus=[2], adjusted=True),
+    )
+    updates = pool_updates(views, STATIC)
+    assert [(u.container_id, u.cpus, u.mems) for u in updates] == [("shared", [0, 1, 3], [0, 1])]
+    assert pool_updates(views, NONE) == []
+
+
+def test_a_container_running_on_cpus_its_pod_does_not_hold_is_flagged() -> None:
+    base = admitted_pod()
+    good = views_of(
+        *base,
+        ev.ContainerCreated(
+            container_id="k",
+            sandbox_id="s",
+            pod_uid="u1",
+            name="app",
+            cpus=[2],
+            device_ids={DEV: ["dev-1"]},
+            adjusted=True,
+        ),
+    )
+    assert container_not_held(good, "k") == []
+    bad = views_of(
+        *base,
+        ev.ContainerCreated(
+            container_id="k",
+            sandbox_id="s",
+            pod_uid="u1",
+            name="app",
+            cpus=[0, 1],
+            device_ids={DEV: ["dev-0"]},
+            adjusted=True,
+        ),
+    )
+    assert container_not_held(bad, "k") == [
+        "runs on CPUs [0, 1] but its pod holds [2]",
+        f"runs with {DEV} devices ['dev-0'] but its pod holds ['dev-1']",
+    ]
+    observed = views_of(
+        *base, ev.ContainerCreated(container_id="k", sandbox_id="s", pod_uid="u1", name="app", cpus=[0, 1])
+    )
+    assert container_not_held(observed, "k") == []
+
+
+def test_synchronize_releases_only_pods_whose_recorded_sandbox_vanished() -> None:
+    views = views_of(
+        *admitted_pod(),
+        ev.PodSandboxStarted(sandbox_id="s1", pod=ev.PodRef(uid="u1")),
+        ev.ContainerCreated(container_id="k1", sandbox_id="s1", pod_uid="u1", name="app", cpus=[2], adjusted=True),
+        ev.PodAdmitted(pod=ev.PodRef(uid="u9")),  # admitted through the node API, never run: kept
+    )
+    running = facts("k2", sandbox="s2", state="running", cpus=[0, 1, 2, 3])
+    found = reconcile(views, [SandboxFacts(id="s2", uid="u2")], [running])
+    assert found.release == ["u1"]
+    assert [type(e).__name__ for e in found.events] == ["ContainerRemoved", "PodSandboxRemoved", "PodSandboxStarted"]
+    assert found.unknown == [running]
+    assert created_event(running, "u2", adjusted=False).cpus == [0, 1, 2, 3]
+
+
+def test_synchronize_with_nothing_changed_asks_nothing() -> None:
+    views = views_of(
+        ev.PodSandboxStarted(sandbox_id="s1", pod=ev.PodRef(uid="u1")),
+        ev.ContainerCreated(container_id="k1", sandbox_id="s1", pod_uid="u1", name="app"),
+        ev.ContainerStarted(container_id="k1"),
+    )
+    found = reconcile(views, [SandboxFacts(id="s1", uid="u1")], [facts("k1", state="running")])
+    assert (found.events, found.release, found.unknown) == ([], [], [])
+
+
+def test_the_annotation_is_read_and_bad_values_are_one_line_naming_it() -> None:
+    key = "eventsrc.dev/resources"
+    assert device_requests({}) == {}
+    assert device_requests({key: '{"app": {"example.com/dev": 2}}'}) == {"app": {DEV: 2}}
+    for bad in (
+        "not json",
+        '{"app": {"cpu": 1}}',
+        '{"app": {"example.com/dev": -1}}',
+        '{"app": ["x"]}',
+        "[]",
+        "x" * 70_000,
+    ):
+        with pytest.raises(ManifestError) as err:
+            device_requests({key: bad})
+        assert str(err.value).startswith(f"annotation {key}: ") and "\n" not in str(err.value)
