@@ -4,9 +4,11 @@ One LMDB database ``index``; every key is ``<prefix><seq as big-endian u64>`` wi
 value, so a cursor range over a prefix yields, in order, the sequences of the records
 about one thing:
 
-* ``d\\0<resource>\\0<device id>\\0`` – a device (listed, health, reserved, allocated, released)
-* ``p\\0<pod uid>\\0``                – a pod (admission, devices, CPUs, claims, removal)
-* ``n\\0<namespace>/<name>\\0``       – a pod by name (admissions and refusals)
+* ``d\\0<resource>\\0<device id>\\0`` – a device (listed, health, reserved, allocated, released, and the
+                                      containers the runtime created with it)
+* ``p\\0<pod uid>\\0``                – a pod (admission, devices, CPUs, claims, removal, and what the
+                                      runtime did with its sandboxes and containers)
+* ``n\\0<namespace>/<name>\\0``       – a pod by name (admissions, refusals, sandboxes started)
 * ``c\\0<claim uid>\\0``              – a DRA claim
 
 A prefix too long for an LMDB key (511 bytes in all, the sequence included) is replaced by
@@ -67,4 +69,22 @@ def keys_for(e: ev._Event) -> list[bytes]:
         return [pod_prefix(e.pod_uid), claim_prefix(e.claim_uid)]
     if isinstance(e, DRIVER_EVENTS):
         return [claim_prefix(e.claim.uid)]
+    if isinstance(e, ev.PodSandboxStarted):
+        return (
+            [pod_prefix(e.pod.uid), name_prefix(e.pod.namespace, e.pod.name)] if e.pod.name else [pod_prefix(e.pod.uid)]
+        )
+    if isinstance(e, ev.ContainerCreated):
+        devices = [device_prefix(r, i) for r, ids in sorted(e.device_ids.items()) for i in dict.fromkeys(ids)]
+        return [pod_prefix(e.pod_uid), *devices]
+    if isinstance(e, _RUNTIME_POD_EVENTS) and e.pod_uid:  # "": the runtime did not say (never in practice)
+        return [pod_prefix(e.pod_uid)]
     return []
+
+
+_RUNTIME_POD_EVENTS = (
+    ev.PodSandboxRemoved,
+    ev.ContainerStarted,
+    ev.ContainerStopped,
+    ev.ContainerRemoved,
+    ev.ContainerCPUsUpdated,
+)
