@@ -4,6 +4,10 @@
     eventsrc audit pod UID|NAMESPACE/NAME [-o table|json]
     eventsrc audit claim UID [-o table|json]
 
+A pod run through the container runtime (NRI, docs/nri.md) also shows its sandboxes and
+containers: ids, names, cpusets, devices, with the times each was created, started, stopped,
+updated and removed; a device, the containers the runtime created with it.
+
 Every answer comes from the log's secondary index (``eventsrc.log.index``: written in the
 same LMDB transaction as the records it points at), never from a scan: a query reads the
 sequences under one prefix (``EventLog.index_seqs``) and then only those records
@@ -24,8 +28,10 @@ import msgspec
 from msgspec import Struct
 
 from eventsrc import events as ev
+from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.errors import EventsrcError
 from eventsrc.log.index import claim_prefix, device_prefix, name_prefix, pod_prefix
+from eventsrc.obs.text import escape
 from eventsrc.state.lifecycles import CLAIM, DRIVER_EVENTS
 
 if TYPE_CHECKING:
@@ -65,6 +71,67 @@ class PodName(Struct, frozen=True, kw_only=True, gc=False):
     uid: str
     namespace: str = ""
     name: str = ""
+
+
+# the container runtime -----------------------------------------------------
+
+
+class Sandbox(Struct, kw_only=True, gc=False):
+    """A pod sandbox the runtime ran (PodSandboxStarted) until it removed it."""
+
+    id: str
+    started: At | None = None  # None: before the retained log
+    removed: At | None = None
+    reason: str = ""
+
+
+class CPUsetUpdate(Struct, kw_only=True, gc=False):
+    """A running container's cpuset changed (ContainerCPUsUpdated)."""
+
+    at: At
+    cpus: list[int]
+    mems: list[int]
+    reason: str = ""
+
+
+class RuntimeContainer(Struct, kw_only=True, gc=False):
+    """A container the runtime created for the pod: what it got, and when it ran.
+    ``adjusted``: eventsrc set its cpuset and devices (enforce); otherwise they are what the
+    runtime applied (observe). ``cpus``/``mems`` are the cpuset it was created with."""
+
+    id: str
+    name: str = ""
+    sandbox_id: str = ""
+    cgroups_path: str = ""
+    cpus: list[int] = []
+    mems: list[int] = []
+    devices: list[str] = []  # device nodes, as paths in the container
+    device_ids: dict[str, list[str]] = {}
+    cdi_devices: list[str] = []
+    envs: list[str] = []  # names only
+    adjusted: bool = False
+    created: At | None = None  # None: before the retained log
+    started: At | None = None
+    cpus_updated: list[CPUsetUpdate] = []
+    stopped: At | None = None
+    exit_code: int = -1  # -1: the runtime did not say
+    removed: At | None = None
+    reason: str = ""  # why removed
+
+    @property
+    def state(self) -> str:
+        if self.removed:
+            return "removed"
+        if self.stopped:
+            return "stopped"
+        return "running" if self.started else "created"
+
+
+class ContainerRun(Struct, kw_only=True, gc=False):
+    """A container the runtime created with a device (ContainerCreated.device_ids)."""
+
+    pod: PodName
+    container: RuntimeContainer
 
 
 # device ---------------------------------------------------------------------
@@ -107,6 +174,7 @@ class DeviceTimeline(Struct, kw_only=True, gc=False):
     listed: bool = False  # listed by its plugin at the end of the window
     changes: list[DeviceChange] = []
     holders: list[Holding] = []
+    containers: list[ContainerRun] = []  # the containers the runtime ran with it
     corrupt: list[int] = []
 
 
@@ -190,6 +258,8 @@ class PodHistory(Struct, kw_only=True, gc=False):
     devices: list[DeviceGrant] = []
     cpus: list[CPUGrant] = []
     claims: list[ClaimUse] = []
+    sandboxes: list[Sandbox] = []
+    containers: list[RuntimeContainer] = []
     removed: list[Removal] = []
     events: list[Line] = []
     corrupt: list[int] = []
@@ -244,7 +314,7 @@ def _read(
     return out
 
 
-_NAMED = (ev.PodAdmissionStarted, ev.PodAdmitted, ev.AdmissionRejected)
+_NAMED = (ev.PodAdmissionStarted, ev.PodAdmitted, ev.AdmissionRejected, ev.PodSandboxStarted)
 
 
 def pod_name(log: EventLog, uid: str, cache: dict[str, PodName] | None = None) -> PodName:
@@ -267,6 +337,85 @@ def pod_name(log: EventLog, uid: str, cache: dict[str, PodName] | None = None) -
     if cache is not None:
         cache[uid] = found
     return found
+
+
+# --------------------------------------------------------------------------- the runtime
+
+_RUNTIME_EVENTS = (
+    ev.PodSandboxStarted,
+    ev.PodSandboxRemoved,
+    ev.ContainerCreated,
+    ev.ContainerStarted,
+    ev.ContainerStopped,
+    ev.ContainerRemoved,
+    ev.ContainerCPUsUpdated,
+)
+
+
+class _Runtime:
+    """One pod's sandboxes and containers, from its records in order (``feed`` each)."""
+
+    def __init__(self) -> None:
+        self.sandboxes: list[Sandbox] = []
+        self.containers: list[RuntimeContainer] = []
+        self._sandbox: dict[str, Sandbox] = {}
+        self._container: dict[str, RuntimeContainer] = {}
+
+    def _get(self, container_id: str) -> RuntimeContainer:
+        c = self._container.get(container_id)
+        if c is None:  # created before the retained log (or in a corrupt record)
+            c = self._container[container_id] = RuntimeContainer(id=container_id)
+            self.containers.append(c)
+        return c
+
+    def feed(self, r: ev.Record) -> None:
+        e, a = r.event, at(r)
+        if isinstance(e, ev.PodSandboxStarted):
+            self._sandbox[e.sandbox_id] = sb = Sandbox(id=e.sandbox_id, started=a)
+            self.sandboxes.append(sb)
+        elif isinstance(e, ev.PodSandboxRemoved):
+            sb2 = self._sandbox.pop(e.sandbox_id, None)
+            if sb2 is None:
+                sb2 = Sandbox(id=e.sandbox_id)
+                self.sandboxes.append(sb2)
+            sb2.removed, sb2.reason = a, e.reason
+            for c in self._container.values():  # the runtime removes a sandbox's containers with it
+                if c.sandbox_id == e.sandbox_id and c.removed is None:
+                    c.removed, c.reason = a, "with its sandbox" + (f": {e.reason}" if e.reason else "")
+        elif isinstance(e, ev.ContainerCreated):
+            c = RuntimeContainer(
+                id=e.container_id,
+                name=e.name,
+                sandbox_id=e.sandbox_id,
+                cgroups_path=e.cgroups_path,
+                cpus=list(e.cpus),
+                mems=list(e.mems),
+                devices=list(e.devices),
+                device_ids={k: list(v) for k, v in e.device_ids.items()},
+                cdi_devices=list(e.cdi_devices),
+                envs=list(e.envs),
+                adjusted=e.adjusted,
+                created=a,
+            )
+            self._container[e.container_id] = c
+            self.containers.append(c)
+        elif isinstance(e, ev.ContainerStarted):
+            self._get(e.container_id).started = a
+        elif isinstance(e, ev.ContainerStopped):
+            c = self._get(e.container_id)
+            c.stopped, c.exit_code = a, e.exit_code
+        elif isinstance(e, ev.ContainerRemoved):
+            c = self._get(e.container_id)
+            c.removed, c.reason = a, e.reason
+        elif isinstance(e, ev.ContainerCPUsUpdated):
+            update = CPUsetUpdate(at=a, cpus=list(e.cpus), mems=list(e.mems), reason=e.reason)
+            self._get(e.container_id).cpus_updated.append(update)
+
+    def container(self, container_id: str, created_seq: int) -> RuntimeContainer | None:
+        """The container ``container_id`` created at ``created_seq``."""
+        return next(
+            (c for c in self.containers if c.id == container_id and c.created and c.created.seq == created_seq), None
+        )
 
 
 # --------------------------------------------------------------------------- windows
@@ -342,10 +491,15 @@ def device_timeline(
     )
     holdings: list[Holding] = []
     open_: dict[tuple[str, str], Holding] = {}
+    created: list[ev.Record] = []
     for r in recs:
         e = r.event
         a = at(r)
         change: DeviceChange | None = None
+        if isinstance(e, ev.ContainerCreated):
+            if device_id in e.device_ids.get(resource, []):
+                created.append(r)
+            continue
         if isinstance(e, ev.DevicesAdded):
             info = next((d for d in e.devices if d.id == device_id), None)
             if info is not None:
@@ -386,6 +540,41 @@ def device_timeline(
             continue
         h.pod = pod_name(log, h.pod.uid, names)
         out.holders.append(h)
+    out.containers = _runs(log, created, names, corrupt, until_seq, until_ns, since_seq, since_ns)
+    return out
+
+
+def _runs(
+    log: EventLog,
+    created: list[ev.Record],
+    names: dict[str, PodName],
+    corrupt: list[int],
+    until_seq: int | None,
+    until_ns: int | None,
+    since_seq: int | None,
+    since_ns: int | None,
+) -> list[ContainerRun]:
+    """The containers created in ``created`` (ContainerCreated records), each with its life
+    up to the window's end (read from its pod's index), less those gone before the window."""
+    pods: dict[str, _Runtime] = {}
+    out: list[ContainerRun] = []
+    for r in created:
+        assert isinstance(r.event, ev.ContainerCreated)
+        uid = r.event.pod_uid
+        if uid not in pods:
+            pods[uid] = fold = _Runtime()
+            for pr in _read(log, pod_prefix(uid), corrupt, 1, until_seq):
+                if until_ns is None or pr.ts_ns <= until_ns:
+                    fold.feed(pr)
+        c = pods[uid].container(r.event.container_id, r.seq)
+        if c is None:  # not in its pod's index (a corrupt record hid it): what the device's index has
+            fold = _Runtime()
+            fold.feed(r)
+            c = fold.containers[0]
+        end = c.stopped or c.removed
+        if end is not None and before_end(end, since_seq, since_ns):
+            continue
+        out.append(ContainerRun(pod=pod_name(log, uid, names), container=c))
     return out
 
 
@@ -431,10 +620,13 @@ def pod_history(log: EventLog, uid_or_ns_name: str) -> PodHistory:
     grants: dict[tuple[str, str], DeviceGrant] = {}
     cpus: dict[str, CPUGrant] = {}
     claims: dict[str, ClaimUse] = {}
+    runtime = _Runtime()
     for r in recs:
         e = r.event
         a = at(r)
         out.events.append(Line(at=a, type=r.type, summary=record_summary(r)))
+        if isinstance(e, _RUNTIME_EVENTS):
+            runtime.feed(r)
         if isinstance(e, _NAMED) and not out.name:
             out.namespace, out.name = e.pod.namespace, e.pod.name
         if isinstance(e, ev.PodAdmissionStarted):
@@ -486,6 +678,7 @@ def pod_history(log: EventLog, uid_or_ns_name: str) -> PodHistory:
                 u2 = ClaimUse(uid=e.claim_uid)
                 out.claims.append(u2)
             u2.unreferenced = a
+    out.sandboxes, out.containers = runtime.sandboxes, runtime.containers
     for use in out.claims:
         _fill_claim_use(log, use, out.corrupt)
     return out
@@ -609,6 +802,12 @@ def device_lines(t: DeviceTimeline) -> list[str]:
             for h in t.holders
         ]
         lines += _table(["POD", "UID", "CONTAINER", "FROM", "UNTIL", "WHY RELEASED"], rows)
+    lines.append(f"containers the runtime ran with it ({len(t.containers)})")
+    for run in t.containers:
+        c = run.container
+        ids = ",".join(c.device_ids.get(t.resource, []))
+        lines.append(f"  {_pod(run.pod)} {escape(c.name) or '?'} {escape(c.id)}: {t.resource} {escape(ids)}")
+        lines.append(f"    {_container_times(c)}")
     return lines
 
 
@@ -678,10 +877,84 @@ def pod_lines(h: PodHistory) -> list[str]:
             lines.append(f"    cdi: {' '.join(u.cdi_devices)}")
         if u.error:
             lines.append(f"    error: {u.error}")
+    lines += runtime_lines(h.sandboxes, h.containers)
     for rm in h.removed:
         lines.append(f"removed {_when(rm.at)}" + (f": {rm.reason}" if rm.reason else ""))
     lines.append(f"records ({len(h.events)})")
     lines += _table(["SEQ", "TIME", "TYPE", "EVENT"], [[str(x.at.seq), x.at.time, x.type, x.summary] for x in h.events])
+    return lines
+
+
+def cpu_list(ids: list[int]) -> str:
+    """Kubelet list format: 0-3,8 ("none" when empty)."""
+    return str(CPUSet(ids)) or "none"
+
+
+def _cpuset(cpus: list[int], mems: list[int]) -> str:
+    return f"cpus {cpu_list(cpus)}, mems {cpu_list(mems)}"
+
+
+def _exit(c: RuntimeContainer) -> str:
+    return f"exit code {c.exit_code}" if c.exit_code != -1 else "exit code unknown"
+
+
+def _container_times(c: RuntimeContainer) -> str:
+    """When the container was created, started, stopped and removed, on one line."""
+    parts = [f"created {_when(c.created, '(before the log)')}"]
+    if c.started:
+        parts.append(f"started {_when(c.started)}")
+    if c.stopped:
+        parts.append(f"stopped {_when(c.stopped)} ({_exit(c)})")
+    if c.removed:
+        parts.append(f"removed {_when(c.removed)}" + (f": {escape(c.reason)}" if c.reason else ""))
+    else:
+        parts.append("not removed")
+    return "; ".join(parts)
+
+
+def runtime_lines(sandboxes: list[Sandbox], containers: list[RuntimeContainer]) -> list[str]:
+    """The pod's sandboxes and containers as the runtime ran them (values escaped)."""
+    lines = [f"sandboxes ({len(sandboxes)})"]
+    for sb in sandboxes:
+        lines.append(
+            f"  {escape(sb.id)}: started {_when(sb.started, '(before the log)')}; "
+            + (
+                f"removed {_when(sb.removed)}" + (f": {escape(sb.reason)}" if sb.reason else "")
+                if sb.removed
+                else "not removed"
+            )
+        )
+    lines.append(f"containers ({len(containers)})")
+    for c in containers:
+        lines.append(
+            f"  {escape(c.name) or '?'} {escape(c.id)}: {c.state}"
+            + (f", in sandbox {escape(c.sandbox_id)}" if c.sandbox_id else "")
+            + ("; set by eventsrc" if c.adjusted else "; as the runtime applied it" if c.created else "")
+        )
+        if c.created:
+            lines.append(f"    {_cpuset(c.cpus, c.mems)}")
+        if c.devices:
+            lines.append("    devices: " + " ".join(escape(d) for d in c.devices))
+        for resource, ids in sorted(c.device_ids.items()):
+            lines.append(f"    device ids: {escape(resource)} {escape(','.join(ids))}")
+        if c.cdi_devices:
+            lines.append("    cdi: " + " ".join(escape(n) for n in c.cdi_devices))
+        if c.envs:
+            lines.append("    envs: " + " ".join(escape(n) for n in c.envs))
+        if c.cgroups_path:
+            lines.append(f"    cgroups: {escape(c.cgroups_path)}")
+        lines.append(f"    created  {_when(c.created, '(before the log)')}")
+        if c.started:
+            lines.append(f"    started  {_when(c.started)}")
+        for u in c.cpus_updated:
+            lines.append(
+                f"    cpuset   {_when(u.at)}: {_cpuset(u.cpus, u.mems)}"
+                + (f" ({escape(u.reason)})" if u.reason else "")
+            )
+        if c.stopped:
+            lines.append(f"    stopped  {_when(c.stopped)}, {_exit(c)}")
+        if c.removed:
+            lines.append(f"    removed  {_when(c.removed)}" + (f": {escape(c.reason)}" if c.reason else ""))
     return lines
 
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from eventsrc.events import CorruptRecordError, Record
     from eventsrc.log.store import EventLog
     from eventsrc.offline.audit import Point
-    from eventsrc.state.views import DeviceView, Views
+    from eventsrc.state.views import DeviceView, RuntimeContainerView, Views
 
 # The heavy modules (lmdb, msgspec, the projections) are imported where they are used:
 # ``eventsrc`` builds this command's parser on every run.
@@ -183,6 +183,40 @@ def _cpus(ids: Iterable[int]) -> str:
     return s or "none"
 
 
+def _short_id(runtime_id: str) -> str:
+    """A runtime's id as crictl shows it (its first 12 characters)."""
+    return runtime_id[:12]
+
+
+def _pod_label(views: Views, pod_uid: str) -> str:
+    """The pod's namespace/name from its admission, else from its sandbox, else its uid."""
+    from eventsrc.core.invariants import who
+
+    label = who(views, pod_uid)
+    if label == pod_uid:
+        sb = next((s for s in views.runtime.sandboxes.values() if s.uid == pod_uid and s.name), None)
+        if sb is not None:
+            label = f"{sb.namespace}/{sb.name}"
+    return label
+
+
+def _container_state(c: RuntimeContainerView | None, gone: str) -> str:
+    if c is None:
+        return gone
+    if c.state == "stopped":
+        return f"stopped (exit code {c.exit_code})" if c.exit_code != -1 else "stopped (exit code unknown)"
+    return c.state
+
+
+def _container_devices(c: RuntimeContainerView) -> str:
+    parts = [f"{r} {_ids(ids)}" for r, ids in sorted(c.device_ids.items())]
+    if c.devices:
+        parts.append("nodes " + _ids(c.devices))
+    if c.cdi_devices:
+        parts.append("cdi " + _ids(c.cdi_devices))
+    return ", ".join(parts) or "none"
+
+
 def _probes(views: Views, rec: Record) -> list[Probe]:
     """What ``rec`` may change, each with a function giving its state now (called before
     and after the event is applied). Names are taken before, while the pod is known."""
@@ -276,6 +310,62 @@ class _Probes:
         label = "DRA driver" if kind == "DRAPlugin" else "plugin"
         self.out.append((f"{label} {resource}", state, None))
 
+    def runtime(self) -> None:
+        r = self.views.runtime
+
+        def state() -> str:
+            if not r.runtime and not r.connected:
+                return "none"
+            return f"{r.runtime or '?'} connected ({r.mode})" if r.connected else f"{r.runtime or '?'} disconnected"
+
+        self.out.append(("runtime", state, None))
+
+    def sandbox(self, sandbox_id: str, pod_uid: str, pod_label: str = "") -> None:
+        from eventsrc import events as ev
+
+        views, e = self.views, self.e
+        pod_label = pod_label or _pod_label(views, pod_uid)
+
+        def state() -> str:
+            if sandbox_id in views.runtime.sandboxes:
+                return "running"
+            return "removed" if isinstance(e, ev.PodSandboxRemoved) else "none"
+
+        self.out.append((f"sandbox {_short_id(sandbox_id)} of {pod_label}", state, None))
+
+    def container(self, container_id: str, pod_uid: str, name: str = "", *, what: str = "state") -> None:
+        """The container's ``state``, its ``cpuset``, or (``created``) all it was created with,
+        labelled with its name and pod."""
+        from eventsrc import events as ev
+
+        views, e = self.views, self.e
+        known = views.runtime.containers.get(container_id)
+        name = name or (known.name if known is not None else "")
+        pod_uid = pod_uid or (known.pod_uid if known is not None else "")
+        label = f"container {name + ' ' if name else ''}{_short_id(container_id)} of {_pod_label(views, pod_uid)}"
+        gone = "removed" if isinstance(e, (ev.ContainerRemoved, ev.PodSandboxRemoved)) else "none"
+
+        def state() -> str:
+            return _container_state(views.runtime.containers.get(container_id), gone)
+
+        def cpuset() -> str:
+            c = views.runtime.containers.get(container_id)
+            return f"cpus {_cpus(c.cpus)}, mems {_cpus(c.mems)}" if c is not None else "none"
+
+        def created() -> str:
+            c = views.runtime.containers.get(container_id)
+            if c is None:
+                return gone
+            how = "set by eventsrc" if c.adjusted else "as the runtime applied it"
+            return f"{c.state} ({how}): {cpuset()}; devices {_container_devices(c)}"
+
+        if what == "state":
+            self.out.append((label, state, None))
+        elif what == "cpuset":
+            self.out.append((f"cpuset of {label}", cpuset, None))
+        else:
+            self.out.append((label, created, None))
+
     def node(self) -> bool:
         """The daemon, a corrupt record's report, the configuration and the CPU policy;
         False when the event changes none of them."""
@@ -292,6 +382,7 @@ class _Probes:
                     None,
                 )
             )
+            self.runtime()  # a new run registers with the runtime again
         elif isinstance(e, ev.CorruptRecordFound):
             self.out.append(
                 (
@@ -358,6 +449,21 @@ class _Probes:
             self.claim(e.claim.uid, e.claim.namespace, e.claim.name)
         elif isinstance(e, (ev.PodReferenceAdded, ev.PodReferenceRemoved)):
             self.claim(e.claim_uid)
+        elif isinstance(e, (ev.RuntimeConnected, ev.RuntimeDisconnected)):
+            self.runtime()
+        elif isinstance(e, ev.PodSandboxStarted):
+            self.sandbox(e.sandbox_id, e.pod.uid, f"{e.pod.namespace}/{e.pod.name}" if e.pod.name else "")
+        elif isinstance(e, ev.PodSandboxRemoved):
+            self.sandbox(e.sandbox_id, e.pod_uid)
+            for cid, c in views.runtime.containers.items():  # removed with it
+                if c.sandbox_id == e.sandbox_id:
+                    self.container(cid, c.pod_uid, c.name)
+        elif isinstance(e, ev.ContainerCreated):
+            self.container(e.container_id, e.pod_uid, e.name, what="created")
+        elif isinstance(e, (ev.ContainerStarted, ev.ContainerStopped, ev.ContainerRemoved)):
+            self.container(e.container_id, e.pod_uid)
+        elif isinstance(e, ev.ContainerCPUsUpdated):
+            self.container(e.container_id, e.pod_uid, what="cpuset")
 
 
 def step(views: Views, item: Record | CorruptRecordError) -> list[Change]:
@@ -444,6 +550,45 @@ def step_json(item: Record | CorruptRecordError, changes: list[Change]) -> dict[
 
 # --------------------------------------------------------------------------- --check
 
+#: The rules checked here beside ``eventsrc.core.invariants.RULES``: the runtime's, whose
+#: decision is ``eventsrc.core.runtime.container_not_held``.
+RUNTIME_RULES: dict[str, str] = {
+    "container-not-held": "a container eventsrc adjusted runs only with the CPUs and devices its pod holds",
+}
+
+
+def rule_text(rule: str) -> str:
+    from eventsrc.core.invariants import RULES
+
+    return RULES.get(rule) or RUNTIME_RULES.get(rule, "")
+
+
+def feed(checker: Checker, item: Record | CorruptRecordError) -> list[Violation]:
+    """``checker.feed``, and ``container-not-held`` at each ContainerCreated or
+    ContainerCPUsUpdated (judged on the views with the event applied)."""
+    from eventsrc import events as ev
+    from eventsrc.core.invariants import Violation
+    from eventsrc.core.runtime import container_not_held
+
+    out = checker.feed(item)
+    if isinstance(item, Exception) or not isinstance(item.event, (ev.ContainerCreated, ev.ContainerCPUsUpdated)):
+        return out
+    e = item.event
+    reasons = container_not_held(checker.views, e.container_id)
+    if reasons and not any(v.rule == "container-not-held" and v.seq == item.seq for v in out):
+        c = checker.views.runtime.containers[e.container_id]
+        out.append(
+            Violation(
+                "container-not-held",
+                f"container {c.name} ({e.container_id}) of {_pod_label(checker.views, c.pod_uid)} "
+                + "; ".join(reasons),
+                item.seq,
+                item.correlation_id,
+                item.seq,
+            )
+        )
+    return out
+
 
 def correlated(log: EventLog, correlation_id: str) -> list[Record]:
     """Every record of the log with ``correlation_id``, in order."""
@@ -453,7 +598,6 @@ def correlated(log: EventLog, correlation_id: str) -> list[Record]:
 
 
 def print_violation(v: Violation, related: list[Record], output: str) -> None:
-    from eventsrc.core.invariants import RULES
     from eventsrc.offline.render import RECORD_HEADER, record_json, record_line, text_lines
 
     culprit = next((r for r in related if r.seq == v.seq), None)
@@ -464,7 +608,7 @@ def print_violation(v: Violation, related: list[Record], output: str) -> None:
                     "ok": False,
                     "violation": {
                         "rule": v.rule,
-                        "invariant": RULES.get(v.rule, ""),
+                        "invariant": rule_text(v.rule),
                         "message": v.message,
                         "seq": v.seq,
                         "detected_seq": v.detected_seq,
@@ -476,7 +620,7 @@ def print_violation(v: Violation, related: list[Record], output: str) -> None:
             )
         )
         return
-    lines = [f"invariant broken at seq {v.seq}: {v.rule} ({RULES.get(v.rule, '')})", f"  {v.message}"]
+    lines = [f"invariant broken at seq {v.seq}: {v.rule} ({rule_text(v.rule)})", f"  {v.message}"]
     if v.detected_seq != v.seq:
         lines.append(f"  seen after seq {v.detected_seq}")
     if culprit is not None:
@@ -587,12 +731,12 @@ def _check(log: EventLog, until: Point, args: argparse.Namespace, total: int) ->
         for item in _records(log, until):
             if args.step:
                 # --step with --check: each line, and the check stops after the guilty one.
-                violations, changes = _tracked(checker.views, item, functools.partial(checker.feed, item))
+                violations, changes = _tracked(checker.views, item, functools.partial(feed, checker, item))
                 if item.seq >= args.from_seq:
                     line = json.dumps(step_json(item, changes)) if as_json else step_line(item, changes)
                     sys.stdout.write(line + "\n")
             else:
-                violations = checker.feed(item)
+                violations = feed(checker, item)
             advance(item.seq)
             violations = [v for v in violations if v.seq >= args.from_seq]
             if violations:
