@@ -69,6 +69,7 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
     _daemon_flags(p)
     cpu = _cpu_manager_flags(p)
     _topology_manager_flags(p)
+    _nri_flags(p)
     cpu.add_argument(
         "--feature-gates",
         default=None,
@@ -119,6 +120,31 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="start a new, empty history although the log is missing or empty next to snapshots or the lock "
         "file of an older one (without it, serve refuses, exit 4); the start records what was lost",
+    )
+
+
+def _nri_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("container runtime (NRI; docs/nri.md)")
+    g.add_argument(
+        "--nri-socket",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="connect to the runtime's NRI socket as plugin 'eventsrc' (usually /var/run/nri/nri.sock; default: none), "
+        "and connect again whenever the runtime restarts",
+    )
+    g.add_argument(
+        "--nri-plugin-index",
+        default=None,
+        metavar="NN",
+        help="the plugin's two-digit index: the runtime calls plugins in ascending index order (default 10)",
+    )
+    g.add_argument(
+        "--nri-mode",
+        choices=["enforce", "observe"],
+        default=None,
+        help="enforce (default): containers get the CPUs and devices eventsrc decided, pods the runtime creates "
+        "are admitted; observe: record what the runtime applied, change nothing",
     )
 
 
@@ -216,6 +242,7 @@ def serve(args: argparse.Namespace) -> int:
     from eventsrc.inputs import config
     from eventsrc.inputs.cpu_config import load_cpu_config, load_topology
     from eventsrc.node.daemon import serve as run
+    from eventsrc.node.nri import NRIOptions
     from eventsrc.obs import logger as logs
 
     cfg = effective_config(args)
@@ -247,6 +274,7 @@ def serve(args: argparse.Namespace) -> int:
             config=config.recorded(cfg),
             metrics_address=cfg.metrics_address or None,  # "": no metrics server
             accept_empty_log=cfg.accept_empty_log,
+            nri=NRIOptions(Path(cfg.nri_socket), cfg.nri_plugin_index, cfg.nri_mode) if cfg.nri_socket else None,
         )
     )
     return 0

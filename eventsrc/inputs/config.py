@@ -178,6 +178,11 @@ class Configuration(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Start a new, empty history although the root shows the log held one (docs/adr/0005).
     accept_empty_log: bool = False
+    # The container runtime's NRI socket ("" connects to none), the plugin's two-digit index
+    # and whether eventsrc adjusts containers or only records them (docs/nri.md).
+    nri_socket: str = ""
+    nri_plugin_index: Annotated[str, msgspec.Meta(pattern="^[0-9]{2}$")] = "10"
+    nri_mode: Literal["enforce", "observe"] = "enforce"
 
 
 #: Each field that a ``serve`` flag sets: the field's name in the file -> the flag.
@@ -200,10 +205,13 @@ FLAGS: Mapping[str, str] = {
     "logFormat": "--log-format",
     "logLevel": "--log-level",
     "acceptEmptyLog": "--accept-empty-log",
+    "nriSocket": "--nri-socket",
+    "nriPluginIndex": "--nri-plugin-index",
+    "nriMode": "--nri-mode",
 }
 
 _FIELDS = {f.encode_name: f for f in msgspec.structs.fields(Configuration)}
-_PATH_FIELDS = ("rootDir", "topologyFile", "sysfsRoot")
+_PATH_FIELDS = ("rootDir", "topologyFile", "sysfsRoot", "nriSocket")
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 _UNKNOWN = re.compile(r"Object contains unknown field `(?P<key>[^`]*)`")
 

@@ -72,6 +72,7 @@ from eventsrc.node.admission import DEFAULT_ADMISSION_WAIT, Admission
 from eventsrc.node.device_manager import DEFAULT_GRACE, DeviceManager, RegistryHandler
 from eventsrc.node.dra_manager import DRAManager
 from eventsrc.node.interfaces import record_or_log
+from eventsrc.node.nri import NRIOptions, NRIPlugin
 from eventsrc.node.plugin_watcher import PluginWatcher
 from eventsrc.obs import systemd
 from eventsrc.obs.logger import current_correlation_id, get_logger
@@ -117,6 +118,10 @@ def refuse_newer_records(event_log: EventLog, views: Views) -> None:
         )
 
 
+#: records after which the shared pool's containers may need a new cpuset
+_CPU_CHANGES = (ev.SharedPoolChanged, ev.CPUsAssigned, ev.CPUsReleased)
+
+
 class Daemon:
     def __init__(
         self,
@@ -128,6 +133,7 @@ class Daemon:
         grace: float = DEFAULT_GRACE,
         cpus: CPUManagerConfig | None = None,
         topology: TopologyManager | None = None,
+        nri: NRIOptions | None = None,
     ) -> None:
         self.layout = layout
         self.cpus = cpus or CPUManagerConfig("none", single_cpu_topology(), CPUSet(), StaticPolicyOptions())
@@ -160,6 +166,7 @@ class Daemon:
         self.admission = Admission(
             self, AdmissionConfig(self.cpus, self.topology, admission_wait), self.devices, self.dra
         )
+        self.nri = NRIPlugin(self, self.admission, self.cpus, nri) if nri is not None else None
 
     def node_service(self) -> NodeService:
         def status() -> node_pb2.StatusResponse:
@@ -200,6 +207,8 @@ class Daemon:
 
     def _applied(self, records: list[Record]) -> None:
         apply_all(self.views, records)
+        if self.nri is not None and any(isinstance(r.event, _CPU_CHANGES) for r in records):
+            self.nri.kick()  # the shared pool's containers follow
         self.metrics.committed(records)
         self._last_commit = time.monotonic()
         if self.views.meta.last_seq - self._snapshot_seq >= self.snapshot_every:
@@ -311,6 +320,7 @@ async def serve(
     config: dict[str, Any] | None = None,
     metrics_address: str | None = None,
     accept_empty_log: bool = False,
+    nri: NRIOptions | None = None,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT (or until cancelled).
@@ -349,6 +359,7 @@ async def serve(
             grace=grace,
             cpus=cpus,
             topology=topology,
+            nri=nri,
         )
         daemon.metrics.replayed(info.seconds, info.tail_records)
         start_seq = views.meta.last_seq
@@ -369,6 +380,8 @@ async def serve(
                 await nursery.start(serve_unix, [daemon.node_service()], layout.api_socket, 0o600)
                 # 0o755 as the kubelet's, under the usual umask 022: only its owner connects
                 await nursery.start(serve_unix, [daemon.pod_resources_service()], layout.pod_resources_socket, 0o755)
+                if daemon.nri is not None:
+                    await nursery.start(daemon.nri.run)
                 nursery.start_soon(daemon.scrub, start_seq)
                 nursery.start_soon(daemon.snapshot_loop)
                 _announce_ready(daemon)

@@ -1,0 +1,552 @@
+"""eventsrc as an NRI plugin of the container runtime (containerd 2.x, CRI-O 1.30+).
+
+    run()                       connect to the runtime's NRI socket; on a closed connection or a
+                                runtime restart, connect again with backoff, and register again
+      RegisterPlugin            "NN-eventsrc" (``--nri-plugin-index``)
+      Configure                 answer the events the mode needs; RuntimeConnected
+      Synchronize               the runtime's pods and containers against the log (core.runtime
+                                .reconcile): gone sandboxes release their pods, unknown containers
+                                are recorded (and admitted, in enforce mode), cpusets corrected
+      CreateContainer           enforce: admit the pod from CRI's facts when eventsrc has not
+                                seen it; record ContainerCreated with what it gets, then answer
+                                the adjustment (cpuset, devices, envs, mounts, annotations, CDI
+                                devices) and the shared-pool updates of the other containers
+      StateChange               sandboxes run and removed (removal releases the pod), containers
+                                started and removed; observe mode: PostCreate/PostUpdate record
+                                what the runtime applied
+      StopContainer             ContainerStopped
+    follow()                    the shared pool follows: when exclusive CPUs are taken or given
+                                back outside a CreateContainer (a node-API admission, a removal),
+                                UpdateContainers for the containers in the pool
+
+Every handler answers within the runtime's request timeout (Configure says it, 2 s by default):
+an admission that does not finish in time refuses the container, and goes on to its outcome.
+The record comes before the answer, so a SIGKILL between them loses nothing; the next
+Synchronize settles what the runtime did meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import trio
+
+from eventsrc import events as ev
+from eventsrc.core.cpu.cpuset import CPUSet, CPUSetParseError, format_list
+from eventsrc.core.cpu.static import CPUManagerConfig
+from eventsrc.core.runtime import (
+    ContainerFacts,
+    Placement,
+    SandboxFacts,
+    Update,
+    container_spec,
+    created_event,
+    placement,
+    pool_updates,
+    reconcile,
+)
+from eventsrc.errors import AdmissionRefused, NotFound
+from eventsrc.gen.nri.v1alpha1 import api_pb2 as nri
+from eventsrc.inputs.manifest import ManifestError, PodSpec
+from eventsrc.inputs.runtime_annotations import device_requests
+from eventsrc.log.commit import new_correlation_id
+from eventsrc.node.interfaces import Recorder, record_or_log
+from eventsrc.obs.logger import correlation, get_logger
+from eventsrc.obs.text import escape
+from eventsrc.rpc import ttrpc
+from eventsrc.state.lifecycles import ADMITTED
+from eventsrc.state.views import PodView
+
+log = get_logger("eventsrc.node.nri")
+
+PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
+RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
+DEFAULT_SOCKET = "/var/run/nri/nri.sock"
+DEFAULT_INDEX = "10"
+PLUGIN_NAME = "eventsrc"
+MODES = ("enforce", "observe")
+DEFAULT_REQUEST_TIMEOUT = 2.0  # the runtime's, until Configure says otherwise
+REGISTER_TIMEOUT = 5.0
+BACKOFF_FIRST, BACKOFF_MAX = 0.25, 5.0
+#: the share of the runtime's request timeout an admission may take before the answer is a refusal
+ANSWER_SHARE = 0.75
+
+E = nri.Event
+_ENFORCE_EVENTS = (
+    E.RUN_POD_SANDBOX,
+    E.REMOVE_POD_SANDBOX,
+    E.CREATE_CONTAINER,
+    E.START_CONTAINER,
+    E.STOP_CONTAINER,
+    E.REMOVE_CONTAINER,
+)
+_OBSERVE_EVENTS = (
+    E.RUN_POD_SANDBOX,
+    E.REMOVE_POD_SANDBOX,
+    E.POST_CREATE_CONTAINER,
+    E.START_CONTAINER,
+    E.POST_UPDATE_CONTAINER,
+    E.STOP_CONTAINER,
+    E.REMOVE_CONTAINER,
+)
+_STATES = {
+    nri.CONTAINER_CREATED: "created",
+    nri.CONTAINER_RUNNING: "running",
+    nri.CONTAINER_PAUSED: "running",
+    nri.CONTAINER_STOPPED: "stopped",
+}
+
+
+def event_mask(events: tuple[int, ...]) -> int:
+    """NRI's subscription bitmask: event E is bit ``1 << (E - 1)``."""
+    mask = 0
+    for e in events:
+        mask |= 1 << (e - 1)
+    return mask
+
+
+@dataclass(frozen=True)
+class NRIOptions:
+    socket: Path
+    index: str = DEFAULT_INDEX
+    mode: str = "enforce"
+
+    def __post_init__(self) -> None:
+        if len(self.index) != 2 or not self.index.isdigit():
+            raise ValueError(f"NRI plugin index must be exactly two digits, not {self.index!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"NRI mode must be enforce or observe, not {self.mode!r}")
+
+
+class Admitter(Protocol):
+    async def admit(self, spec: PodSpec) -> tuple[PodView, str]: ...
+
+    async def remove(self, uid: str, reason: str = ...) -> tuple[PodView, str, int]: ...
+
+
+# --------------------------------------------------------------------------- facts from the wire
+
+
+def _cpus(text: str) -> list[int]:
+    try:
+        return CPUSet.parse(text).sorted_list() if text else []
+    except CPUSetParseError:
+        return []
+
+
+def sandbox_facts(pod: nri.PodSandbox) -> SandboxFacts:
+    return SandboxFacts(
+        id=pod.id, uid=pod.uid, namespace=pod.namespace, name=pod.name, annotations=dict(pod.annotations)
+    )
+
+
+def container_facts(c: nri.Container) -> ContainerFacts:
+    linux = c.linux
+    res = linux.resources
+    cpu, mem = res.cpu, res.memory
+    return ContainerFacts(
+        id=c.id,
+        sandbox_id=c.pod_sandbox_id,
+        name=c.name,
+        state=_STATES.get(c.state, "unknown"),
+        cgroups_path=linux.cgroups_path,
+        cpus=_cpus(cpu.cpus),
+        mems=_cpus(cpu.mems),
+        devices=[d.path for d in linux.devices],
+        envs=sorted({e.split("=", 1)[0] for e in c.env}),
+        shares=cpu.shares.value if cpu.HasField("shares") else 0,
+        quota=cpu.quota.value if cpu.HasField("quota") else 0,
+        period=cpu.period.value if cpu.HasField("period") else 0,
+        memory_limit=mem.limit.value if mem.HasField("limit") else 0,
+    )
+
+
+# --------------------------------------------------------------------------- adjustments to the wire
+
+
+def _cpu_resources(cpus: list[int], mems: list[int]) -> nri.LinuxResources:
+    return nri.LinuxResources(cpu=nri.LinuxCPU(cpus=format_list(cpus), mems=format_list(mems)))
+
+
+def _linux_device(spec: ev.DeviceSpec) -> nri.LinuxDevice | None:
+    """A device plugin's DeviceSpec as an NRI device node: the host node's type and numbers
+    (the runtime creates the node from them, as the kubelet's CRI call has it do)."""
+    try:
+        st = os.stat(spec.host_path)
+    except OSError as exc:
+        log.warning("device node not found on the host", host_path=spec.host_path, reason=exc.strerror)
+        return None
+    kind = "c" if stat.S_ISCHR(st.st_mode) else "b" if stat.S_ISBLK(st.st_mode) else ""
+    if not kind:
+        log.warning("not a device node", host_path=spec.host_path)
+        return None
+    return nri.LinuxDevice(
+        path=spec.container_path,
+        type=kind,
+        major=os.major(st.st_rdev),
+        minor=os.minor(st.st_rdev),
+        file_mode=nri.OptionalFileMode(value=stat.S_IMODE(st.st_mode)),
+    )
+
+
+def adjustment(got: Placement) -> nri.ContainerAdjustment:
+    a = got.allocation
+    adjust = nri.ContainerAdjustment(
+        annotations=dict(a.annotations),
+        env=[nri.KeyValue(key=k, value=v) for k, v in sorted(a.envs.items())],
+        mounts=[
+            nri.Mount(
+                destination=m.container_path,
+                type="bind",
+                source=m.host_path,
+                options=["rbind", "rprivate", "ro" if m.read_only else "rw"],
+            )
+            for m in a.mounts
+        ],
+        CDI_devices=[nri.CDIDevice(name=n) for n in a.cdi_devices],
+    )
+    devices = [d for d in map(_linux_device, a.devices) if d is not None]
+    if devices or got.cpus is not None:
+        adjust.linux.CopyFrom(
+            nri.LinuxContainerAdjustment(
+                devices=devices,
+                resources=_cpu_resources(got.cpus, got.mems) if got.cpus is not None else None,
+            )
+        )
+    return adjust
+
+
+def container_updates(updates: list[Update]) -> list[nri.ContainerUpdate]:
+    return [
+        nri.ContainerUpdate(
+            container_id=u.container_id,
+            linux=nri.LinuxContainerUpdate(resources=_cpu_resources(u.cpus, u.mems)),
+            ignore_failure=True,
+        )
+        for u in updates
+    ]
+
+
+def updated_events(updates: list[Update], reason: str) -> list[ev._Event]:
+    return [
+        ev.ContainerCPUsUpdated(container_id=u.container_id, pod_uid=u.pod_uid, cpus=u.cpus, mems=u.mems, reason=reason)
+        for u in updates
+    ]
+
+
+# --------------------------------------------------------------------------- the plugin
+
+
+Handler = Callable[[bytes], Awaitable[bytes]]
+
+
+class NRIPlugin:
+    def __init__(self, recorder: Recorder, admission: Admitter, cpus: CPUManagerConfig, options: NRIOptions) -> None:
+        self.recorder = recorder
+        self.admission = admission
+        self.cpus = cpus
+        self.options = options
+        self.enforce = options.mode == "enforce"
+        self.request_timeout = DEFAULT_REQUEST_TIMEOUT
+        self.registrations = 0  # counted, for tests and logs: each Configure of a new connection
+        self._kicked = trio.Event()
+        self._synced = False
+        self._sync_pods: list[nri.PodSandbox] = []
+        self._sync_containers: list[nri.Container] = []
+        self._nursery: trio.Nursery | None = None
+        self._connected = trio.Event()
+        self._methods: dict[str, Handler] = {
+            "Configure": self._configure,
+            "Synchronize": self._synchronize,
+            "Shutdown": self._shutdown,
+            "CreateContainer": self._create_container,
+            "UpdateContainer": self._update_container,
+            "StopContainer": self._stop_container,
+            "StateChange": self._state_change,
+        }
+
+    @property
+    def plugin(self) -> str:
+        return f"{self.options.index}-{PLUGIN_NAME}"
+
+    def kick(self) -> None:
+        """CPUs were assigned or released: the shared pool's containers may need updates."""
+        self._kicked.set()
+
+    async def wait_connected(self) -> None:
+        """Returns once a connection has been configured and synchronized (for tests)."""
+        await self._connected.wait()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Stay connected to the runtime for as long as the daemon runs."""
+        task_status.started()
+        backoff = BACKOFF_FIRST
+        said_away = False
+        while True:
+            try:
+                await self._connect_once()
+            except OSError as exc:  # no socket yet, or refused: the runtime is not up
+                if not said_away:
+                    log.info("NRI socket not answering; retrying", socket=str(self.options.socket), reason=exc.strerror)
+                    said_away = True
+            except (ttrpc.ConnectionLost, ttrpc.TtrpcError, trio.TooSlowError) as exc:
+                log.warning("NRI connection ended", socket=str(self.options.socket), reason=_reason(exc))
+            if self._synced:  # it was up: try again soon, and say it went
+                await record_or_log(
+                    self.recorder, [ev.RuntimeDisconnected(reason="connection closed")], "NRI disconnect"
+                )
+                backoff, said_away = BACKOFF_FIRST, False
+            else:
+                backoff = min(backoff * 2, BACKOFF_MAX)
+            self._synced = False
+            self._connected = trio.Event()
+            await trio.sleep(backoff)
+
+    async def _connect_once(self) -> None:
+        async with ttrpc.nri_session(self.options.socket, self._handle) as session, trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self._session = session
+            request = nri.RegisterPluginRequest(plugin_name=PLUGIN_NAME, plugin_idx=self.options.index)
+            await session.call(RUNTIME_SERVICE, "RegisterPlugin", request.SerializeToString(), REGISTER_TIMEOUT)
+            log.info("registered with the runtime over NRI", plugin=self.plugin, mode=self.options.mode)
+            if self.enforce:
+                nursery.start_soon(self._follow, session)
+            await session.closed()
+            nursery.cancel_scope.cancel()
+
+    async def _handle(self, service: str, method: str, payload: bytes) -> bytes:
+        handler = self._methods.get(method) if service == PLUGIN_SERVICE else None
+        if handler is None:
+            raise ttrpc.TtrpcError(12, f"{service}/{method} is not implemented by {self.plugin}")
+        with correlation(new_correlation_id()):
+            return await handler(payload)
+
+    # ------------------------------------------------------------------ registration
+
+    async def _configure(self, payload: bytes) -> bytes:
+        req = nri.ConfigureRequest.FromString(payload)
+        if req.request_timeout > 0:
+            self.request_timeout = req.request_timeout / 1000
+        self._sync_pods, self._sync_containers = [], []
+        await self.recorder.record(
+            [
+                ev.RuntimeConnected(
+                    runtime=req.runtime_name,
+                    runtime_version=req.runtime_version,
+                    plugin=self.plugin,
+                    mode=self.options.mode,
+                )
+            ]
+        )
+        self.registrations += 1
+        log.info("configured by the runtime", runtime=escape(f"{req.runtime_name} {req.runtime_version}"))
+        mask = event_mask(_ENFORCE_EVENTS if self.enforce else _OBSERVE_EVENTS)
+        return nri.ConfigureResponse(events=mask).SerializeToString()
+
+    async def _synchronize(self, payload: bytes) -> bytes:
+        req = nri.SynchronizeRequest.FromString(payload)
+        self._sync_pods += req.pods
+        self._sync_containers += req.containers
+        if req.more:
+            return nri.SynchronizeResponse(more=True).SerializeToString()
+        pods, containers = self._sync_pods, self._sync_containers
+        self._sync_pods, self._sync_containers = [], []
+        updates = await self._reconcile([sandbox_facts(p) for p in pods], [container_facts(c) for c in containers])
+        self._synced = True
+        self._connected.set()
+        log.info("synchronized with the runtime", pods=len(pods), containers=len(containers), updates=len(updates))
+        return nri.SynchronizeResponse(update=container_updates(updates)).SerializeToString()
+
+    async def _reconcile(self, sandboxes: list[SandboxFacts], containers: list[ContainerFacts]) -> list[Update]:
+        views = self.recorder.views
+        found = reconcile(views, sandboxes, containers)
+        if found.events:
+            await self.recorder.record(found.events)
+        uid_of = {s.id: s for s in sandboxes}
+        created = [
+            created_event(c, uid_of[c.sandbox_id].uid, adjusted=False) for c in found.unknown if c.sandbox_id in uid_of
+        ]
+        if created:
+            await self.recorder.record(created)
+            log.info("containers created while eventsrc was away", count=len(created))
+        if not self.enforce:
+            return []
+        for uid in found.release:
+            await self._release(uid, "pod sandbox removed")
+        unseen = [(uid_of[c.sandbox_id], c) for c in found.unknown if c.sandbox_id in uid_of]
+        if unseen and self._nursery is not None:
+            self._nursery.start_soon(self._admit_unseen, unseen)
+        updates = pool_updates(views, self.cpus)
+        if updates:
+            await self.recorder.record(updated_events(updates, "synchronized with the runtime"))
+        return updates
+
+    async def _admit_unseen(self, unseen: list[tuple[SandboxFacts, ContainerFacts]]) -> None:
+        """Containers the runtime made while eventsrc was away: admit their pods (enforce mode);
+        the follower then gives them the cpusets they must have (devices cannot be added to a
+        running container)."""
+        for sandbox, c in unseen:
+            with correlation(new_correlation_id()):
+                try:
+                    await self._admit_from_runtime(sandbox, c)
+                except (AdmissionRefused, ManifestError) as exc:
+                    log.warning(
+                        "running container not admitted", pod=_pod_name(sandbox), container=c.name, reason=str(exc)
+                    )
+        self.kick()
+
+    async def _shutdown(self, payload: bytes) -> bytes:
+        log.info("the runtime is shutting down")
+        return nri.Empty().SerializeToString()
+
+    # ------------------------------------------------------------------ containers
+
+    async def _create_container(self, payload: bytes) -> bytes:
+        req = nri.CreateContainerRequest.FromString(payload)
+        sandbox, facts = sandbox_facts(req.pod), container_facts(req.container)
+        if not self.enforce:
+            return nri.CreateContainerResponse().SerializeToString()
+        try:
+            with trio.fail_after(self.request_timeout * ANSWER_SHARE):
+                await self._admit_from_runtime(sandbox, facts)
+        except trio.TooSlowError:
+            reason = f"eventsrc: admission of pod {_pod_name(sandbox)} did not finish in time; it goes on, retry"
+            raise ttrpc.TtrpcError(4, reason) from None
+        except (AdmissionRefused, ManifestError) as exc:
+            log.info("container refused", pod=_pod_name(sandbox), container=facts.name, reason=str(exc))
+            raise ttrpc.TtrpcError(2, f"eventsrc: pod {_pod_name(sandbox)} container {facts.name}: {exc}") from None
+        views = self.recorder.views
+        got = placement(views, self.cpus, sandbox.uid, facts.name)
+        pod = views.pods.pods.get(sandbox.uid)
+        if pod is not None and facts.name not in pod.containers:
+            log.warning(
+                "container not part of its pod's admission: shared pool, no devices",
+                pod=_pod_name(sandbox),
+                container=facts.name,
+            )
+        records: list[ev._Event] = []
+        if sandbox.id not in views.runtime.sandboxes:
+            records.append(ev.PodSandboxStarted(sandbox_id=sandbox.id, pod=_ref(sandbox)))
+        records.append(created_event(facts, sandbox.uid, adjusted=True, got=got))
+        await self.recorder.record(records)
+        updates = [u for u in pool_updates(views, self.cpus) if u.container_id != facts.id]
+        if updates:
+            await self.recorder.record(updated_events(updates, "the shared pool followed"))
+        log.info(
+            "container adjusted",
+            pod=_pod_name(sandbox),
+            container=facts.name,
+            cpus=format_list(got.cpus) if got.cpus is not None else "",
+            cdi=len(got.allocation.cdi_devices),
+        )
+        return nri.CreateContainerResponse(
+            adjust=adjustment(got), update=container_updates(updates)
+        ).SerializeToString()
+
+    async def _admit_from_runtime(self, sandbox: SandboxFacts, facts: ContainerFacts) -> None:
+        """Admit the pod from what CRI carries when eventsrc has not seen it (its first container
+        stands for it: CRI tells one container at a time)."""
+        pod = self.recorder.views.pods.pods.get(sandbox.uid)
+        if pod is not None and pod.state == ADMITTED:
+            return
+        devices = device_requests(sandbox.annotations).get(facts.name, {})
+        spec = PodSpec(pod=_ref(sandbox), containers=[container_spec(facts, devices)])
+        await self.admission.admit(spec)
+
+    async def _update_container(self, payload: bytes) -> bytes:
+        return nri.UpdateContainerResponse().SerializeToString()
+
+    async def _stop_container(self, payload: bytes) -> bytes:
+        req = nri.StopContainerRequest.FromString(payload)
+        await self.recorder.record([ev.ContainerStopped(container_id=req.container.id, pod_uid=req.pod.uid)])
+        return nri.StopContainerResponse().SerializeToString()
+
+    async def _state_change(self, payload: bytes) -> bytes:
+        req = nri.StateChangeEvent.FromString(payload)
+        sandbox = sandbox_facts(req.pod)
+        views = self.recorder.views
+        events: list[ev._Event] = []
+        if req.event == E.RUN_POD_SANDBOX:
+            events.append(ev.PodSandboxStarted(sandbox_id=sandbox.id, pod=_ref(sandbox)))
+        elif req.event == E.REMOVE_POD_SANDBOX:
+            await self.recorder.record(
+                [ev.PodSandboxRemoved(sandbox_id=sandbox.id, pod_uid=sandbox.uid, reason="removed by the runtime")]
+            )
+            others = any(s.uid == sandbox.uid for s in views.runtime.sandboxes.values())
+            if self.enforce and not others:
+                await self._release(sandbox.uid, "pod sandbox removed")
+        elif req.event == E.POST_CREATE_CONTAINER:
+            events.append(created_event(container_facts(req.container), sandbox.uid, adjusted=False))
+        elif req.event == E.START_CONTAINER:
+            events.append(ev.ContainerStarted(container_id=req.container.id, pod_uid=sandbox.uid))
+        elif req.event == E.POST_UPDATE_CONTAINER:
+            facts = container_facts(req.container)
+            known = views.runtime.containers.get(facts.id)
+            if known is None or (known.cpus, known.mems) != (facts.cpus, facts.mems):
+                events.append(
+                    ev.ContainerCPUsUpdated(
+                        container_id=facts.id,
+                        pod_uid=sandbox.uid,
+                        cpus=facts.cpus,
+                        mems=facts.mems,
+                        reason="updated by the runtime",
+                    )
+                )
+        elif req.event == E.REMOVE_CONTAINER:
+            events.append(ev.ContainerRemoved(container_id=req.container.id, pod_uid=sandbox.uid))
+        if events:
+            await self.recorder.record(events)
+        return nri.Empty().SerializeToString()
+
+    async def _release(self, uid: str, reason: str) -> None:
+        if uid not in self.recorder.views.pods.pods:
+            return
+        try:
+            await self.admission.remove(uid, reason)
+        except (NotFound, AdmissionRefused) as exc:
+            log.warning("pod not released", uid=uid, reason=str(exc))
+
+    # ------------------------------------------------------------------ the shared pool follows
+
+    async def _follow(self, session: ttrpc.Session) -> None:
+        """Update the shared pool's containers whenever exclusive CPUs change hands. Runs beside
+        the handlers, never inside one: the runtime holds its lock while it waits for a handler."""
+        while True:
+            await self._kicked.wait()
+            self._kicked = trio.Event()
+            if not self._synced:
+                continue
+            updates = pool_updates(self.recorder.views, self.cpus)
+            if not updates:
+                continue
+            request = nri.UpdateContainersRequest(update=container_updates(updates))
+            try:
+                answer = await session.call(
+                    RUNTIME_SERVICE, "UpdateContainers", request.SerializeToString(), self.request_timeout * 4
+                )
+            except (ttrpc.TtrpcError, trio.TooSlowError) as exc:
+                log.warning("shared pool update failed", reason=_reason(exc))
+                continue
+            failed = {u.container_id for u in nri.UpdateContainersResponse.FromString(answer).failed}
+            done = [u for u in updates if u.container_id not in failed]
+            if failed:
+                log.warning("the runtime could not update containers", containers=sorted(failed))
+            if done:
+                await record_or_log(self.recorder, updated_events(done, "the shared pool followed"), "pool update")
+
+
+def _ref(sandbox: SandboxFacts) -> ev.PodRef:
+    return ev.PodRef(uid=sandbox.uid, namespace=sandbox.namespace, name=sandbox.name)
+
+
+def _pod_name(sandbox: SandboxFacts) -> str:
+    return escape(f"{sandbox.namespace}/{sandbox.name}")
+
+
+def _reason(exc: BaseException) -> str:
+    return escape(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
