@@ -83,6 +83,40 @@ def allocatable(views: Views, cpus: list[int]) -> pb.AllocatableResourcesRespons
     return pb.AllocatableResourcesResponse(devices=devices, cpu_ids=cpus)
 
 
+class ListCache:
+    """List's answer, kept per log sequence, and each pod's part kept from one List to the next.
+
+    A pod's resources are fixed once it is admitted (its ``admitted_seq`` names that record),
+    so its message is built once; only a device moving to other NUMA nodes (the views'
+    ``topology_seq``) changes what it shows, and then every pod's message is built again. At
+    10,000 pods a List after a few records costs a pass over the pods, not building every message."""
+
+    def __init__(self) -> None:
+        self._seq = -1
+        self._topology_seq = 0
+        self._answer = pb.ListPodResourcesResponse()
+        self._pods: dict[str, tuple[int, pb.PodResources]] = {}
+
+    def answer(self, views: Views) -> pb.ListPodResourcesResponse:
+        seq = views.meta.last_seq
+        if seq == self._seq:
+            return self._answer
+        if views.devices.topology_seq != self._topology_seq:
+            self._pods, self._topology_seq = {}, views.devices.topology_seq
+        kept: dict[str, tuple[int, pb.PodResources]] = {}
+        for uid, pod in views.pods.pods.items():
+            if pod.state != ADMITTED:
+                continue
+            cached = self._pods.get(uid)
+            if cached is None or cached[0] != pod.admitted_seq or not pod.admitted_seq:
+                cached = (pod.admitted_seq, pod_resources(views, pod))
+            kept[uid] = cached
+        self._pods = kept
+        self._answer = pb.ListPodResourcesResponse(pod_resources=[m for _, m in kept.values()])
+        self._seq = seq
+        return self._answer
+
+
 class PodResourcesService(PodResourcesListerBase):
     def __init__(
         self,
@@ -95,6 +129,7 @@ class PodResourcesService(PodResourcesListerBase):
         self._limiter = limiter or TokenBucket()
         self._cpus = cpus
         self._metrics = metrics
+        self._list = ListCache()
 
     def _admit(self, method: str) -> None:
         """The rate limit, then the request counted (the kubelet's limiter sits in front of
@@ -107,9 +142,7 @@ class PodResourcesService(PodResourcesListerBase):
     async def List(self, stream: Stream[pb.ListPodResourcesRequest, pb.ListPodResourcesResponse]) -> None:
         await stream.recv_message()
         self._admit("list")
-        views = self._views()
-        pods = [pod_resources(views, p) for p in views.pods.pods.values() if p.state == ADMITTED]
-        await stream.send_message(pb.ListPodResourcesResponse(pod_resources=pods))
+        await stream.send_message(self._list.answer(self._views()))
 
     async def GetAllocatableResources(
         self, stream: Stream[pb.AllocatableResourcesRequest, pb.AllocatableResourcesResponse]

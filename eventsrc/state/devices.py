@@ -55,22 +55,27 @@ def _enter(d: DeviceView, state: DeviceState) -> None:
 
 def _upsert(
     table: dict[str, DeviceView], seq: int, device_id: str, health: str, numa_nodes: list[int], event: EventType
-) -> None:
-    """Add a device or update a known one; a known device keeps its holder."""
+) -> bool:
+    """Add a device or update a known one; a known device keeps its holder. True when a known
+    device moved to other NUMA nodes."""
     known = table.get(device_id)
     after = DEVICE.next(_state(known), event)
+    moved = False
     if known is None:
         known = table[device_id] = DeviceView(health=health, numa_nodes=list(numa_nodes), since_seq=seq)
     else:
         known.health = health
+        moved = known.numa_nodes != numa_nodes
         known.numa_nodes = list(numa_nodes)
     _enter(known, after)
+    return moved
 
 
 def devices_added(v: Views, seq: int, e: ev.DevicesAdded) -> None:
     table = v.devices.devices.setdefault(e.resource, {})
     for d in e.devices:
-        _upsert(table, seq, d.id, d.health, d.numa_nodes, type(e))
+        if _upsert(table, seq, d.id, d.health, d.numa_nodes, type(e)):
+            v.devices.topology_seq = seq
 
 
 def devices_removed(v: Views, seq: int, e: ev.DevicesRemoved) -> None:
@@ -108,7 +113,8 @@ def resource_dropped(v: Views, seq: int, e: ev.ResourceDropped) -> None:
 
 
 def device_health_changed(v: Views, seq: int, e: ev.DeviceHealthChanged) -> None:
-    _upsert(v.devices.devices.setdefault(e.resource, {}), seq, e.device_id, e.health, e.numa_nodes, type(e))
+    if _upsert(v.devices.devices.setdefault(e.resource, {}), seq, e.device_id, e.health, e.numa_nodes, type(e)):
+        v.devices.topology_seq = seq
 
 
 def _hold(v: Views, seq: int, e: ev.DevicesReserved | ev.DevicesAllocated) -> None:

@@ -42,6 +42,8 @@ class DevicesView(Struct, kw_only=True):
     plugins: dict[str, PluginView] = field(default_factory=dict)
     # resource -> device id -> device
     devices: dict[str, dict[str, DeviceView]] = field(default_factory=dict)
+    # the last record that moved a known device to other NUMA nodes (answers built before it are stale)
+    topology_seq: int = 0
 
 
 class ContainerView(Struct, kw_only=True):

@@ -1,0 +1,74 @@
+"""PodResources List answers kept per log sequence and per admitted pod (``api.podresources.ListCache``):
+the cached answer is always the one built from scratch."""
+
+from __future__ import annotations
+
+from eventsrc import events as ev
+from eventsrc.api.podresources import ListCache, pod_resources
+from eventsrc.events import Record
+from eventsrc.gen.podresources.v1 import api_pb2 as pb
+from eventsrc.state.apply import apply_all
+from eventsrc.state.lifecycles import ADMITTED
+from eventsrc.state.views import Views
+
+DEV = "example.com/dev"
+
+
+class Node:
+    def __init__(self) -> None:
+        self.views = Views()
+        self.seq = 0
+
+    def record(self, *events: ev._Event) -> None:
+        records = []
+        for e in events:
+            self.seq += 1
+            records.append(Record(seq=self.seq, ts_ns=self.seq, correlation_id="c", version=1, event=e))  # type: ignore[arg-type]
+        apply_all(self.views, records)
+
+    def admit(self, uid: str, device: str) -> None:
+        pod = ev.PodRef(uid=uid, namespace="default", name=uid)
+        containers = [ev.ContainerSpec(name="app")]
+        self.record(
+            ev.PodAdmissionStarted(pod=pod, containers=containers),
+            ev.DevicesReserved(pod_uid=uid, container="app", resource=DEV, device_ids=[device]),
+            ev.DevicesAllocated(pod_uid=uid, container="app", resource=DEV, device_ids=[device]),
+            ev.PodAdmitted(pod=pod, containers=containers),
+        )
+
+
+def fresh(views: Views) -> pb.ListPodResourcesResponse:
+    pods = [pod_resources(views, p) for p in views.pods.pods.values() if p.state == ADMITTED]
+    return pb.ListPodResourcesResponse(pod_resources=pods)
+
+
+def test_the_cached_answer_is_the_fresh_one_through_admissions_removals_and_moves() -> None:
+    node, cache = Node(), ListCache()
+    node.record(
+        ev.DevicesAdded(
+            resource=DEV, devices=[ev.DeviceInfo(id=f"d{i}", health="Healthy", numa_nodes=[0]) for i in range(3)]
+        )
+    )
+    assert cache.answer(node.views) == fresh(node.views)
+    node.admit("a", "d0")
+    node.admit("b", "d1")
+    first = cache.answer(node.views)
+    assert first == fresh(node.views) and len(first.pod_resources) == 2
+    assert cache.answer(node.views) is first  # no record since: the same answer
+    node.record(
+        ev.PodRemoved(pod_uid="a"), ev.DevicesReleased(pod_uid="a", container="app", resource=DEV, device_ids=["d0"])
+    )
+    assert cache.answer(node.views) == fresh(node.views)
+    assert [p.name for p in cache.answer(node.views).pod_resources] == ["b"]
+    # a held device moves to NUMA node 1: the pod's message shows it
+    node.record(ev.DeviceHealthChanged(resource=DEV, device_id="d1", health="Healthy", numa_nodes=[1]))
+    moved = cache.answer(node.views)
+    assert moved == fresh(node.views)
+    assert moved.pod_resources[0].containers[0].devices[0].topology.nodes[0].ID == 1
+    # readmitted under the same uid with another device
+    node.record(
+        ev.PodRemoved(pod_uid="b"), ev.DevicesReleased(pod_uid="b", container="app", resource=DEV, device_ids=["d1"])
+    )
+    node.admit("b", "d2")
+    assert cache.answer(node.views) == fresh(node.views)
+    assert list(cache.answer(node.views).pod_resources[0].containers[0].devices[0].device_ids) == ["d2"]
