@@ -256,6 +256,7 @@ class NRIPlugin:
         self.registrations = 0  # counted, for tests and logs: each Configure of a new connection
         self._kicked = trio.Event()
         self._synced = False
+        self._said_connected = False  # RuntimeConnected recorded for this connection
         self._sync_pods: list[nri.PodSandbox] = []
         self._sync_containers: list[nri.Container] = []
         self._nursery: trio.Nursery | None = None
@@ -296,10 +297,12 @@ class NRIPlugin:
                     said_away = True
             except (ttrpc.ConnectionLost, ttrpc.TtrpcError, trio.TooSlowError) as exc:
                 log.warning("NRI connection ended", socket=str(self.options.socket), reason=_reason(exc))
-            if self._synced:  # it was up: try again soon, and say it went
+            if self._said_connected:  # the log says connected (since Configure): say it went
+                self._said_connected = False
                 await record_or_log(
                     self.recorder, [ev.RuntimeDisconnected(reason="connection closed")], "NRI disconnect"
                 )
+            if self._synced:  # it was up: try again soon
                 backoff, said_away = BACKOFF_FIRST, False
             else:
                 backoff = min(backoff * 2, BACKOFF_MAX)
@@ -333,6 +336,7 @@ class NRIPlugin:
         if req.request_timeout > 0:
             self.request_timeout = req.request_timeout / 1000
         self._sync_pods, self._sync_containers = [], []
+        self._said_connected = True  # before the record: a RuntimeDisconnected too many says nothing wrong
         await self.recorder.record(
             [
                 ev.RuntimeConnected(
