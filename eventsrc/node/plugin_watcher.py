@@ -1,7 +1,8 @@
 """The kubelet's plugin watcher: sockets in ``ROOT/plugins_registry/`` register plugins.
 
     PluginWatcher.run
-      └─ every 0.5 s (or at once after an operation ends): scan, then reconcile
+      └─ at once on an inotify event in the tree (or after an operation ends, at a failed
+         plugin's retry time, every 30 s besides): scan, then reconcile
            ├─ a new (or re-created) socket → register: GetInfo, handler, validate, register, notify
            └─ a socket gone (or re-created) → deregister the plugin registered from it
 
@@ -16,9 +17,18 @@ plugin type (``"DRAPlugin"``, ``"DevicePlugin"``).
 
 Where this differs from the kubelet, and why:
 
-- **Polling, not inotify.** The directory tree is scanned every ``period`` (0.5 s); no
-  fsnotify dependency, and nothing is lost when events would overflow. A socket that appears
-  and disappears between two scans is never seen (it was never usable anyway).
+- **inotify says when, the scan says what.** Every directory of the tree is watched with
+  inotify (``inotify_simple``, read when trio says its fd is readable; docs/adr/0016), as
+  the kubelet watches with fsnotify; any event (a name created, deleted, moved, its
+  attributes or a written file closed, an overflowed queue) starts a scan of the whole tree,
+  and the scan alone decides what is registered: events are never interpreted, so none can
+  be lost or misread. A directory is watched before it is listed, so a socket created in a
+  new directory right after it is seen by the scan or raises an event. The tree is also
+  rescanned every 30 s, in case. Where inotify cannot be had (not Linux, no instance or
+  watch left: ``fs.inotify.max_user_instances``, ``max_user_watches``), the watcher says
+  so in a warning and polls every 0.5 s as it did before (a directory it cannot watch, the
+  registry itself missing, makes it poll too). A socket that appears and disappears
+  between two scans is never seen (it was never usable anyway).
 - **Re-creation** is a new ``(st_dev, st_ino, st_mtime_ns)``: ``bind`` sets the socket's
   mtime, while ``chmod``/``chown`` (which plugins do right after ``bind``) change only its
   ctime, which would look like a re-creation. A re-created socket deregisters the old plugin,
@@ -41,13 +51,21 @@ per socket path; different sockets are handled concurrently.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import math
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import trio
+
+try:
+    import inotify_simple
+except ImportError:  # not Linux (termios, fcntl): the watcher polls
+    inotify_simple = None
 
 from eventsrc.errors import EventsrcError
 from eventsrc.gen.pluginregistration.v1 import api_pb2 as pb
@@ -64,7 +82,8 @@ CSI_PLUGIN = "CSIPlugin"
 DEVICE_PLUGIN = "DevicePlugin"
 DRA_PLUGIN = "DRAPlugin"
 
-SCAN_PERIOD = 0.5
+SCAN_PERIOD = 0.5  # without inotify (or with a directory it cannot watch)
+RESCAN_PERIOD = 30.0  # with inotify: a scan in case, no event having asked for one
 GET_INFO_TIMEOUT = 1.0  # operation_generator.go: context.WithTimeout(..., time.Second)
 NOTIFY_TIMEOUT = 5.0  # notifyTimeoutDuration
 # goroutinemap/exponentialbackoff: initialDurationBeforeRetry, maxDurationBeforeRetry
@@ -111,12 +130,15 @@ class _Slot:
     retry_at: float = 0.0
 
 
-def scan(directory: Path) -> dict[Path, SocketKey]:
-    """Every unix socket under ``directory`` whose path has no component starting with "."."""
+def scan(directory: Path, on_directory: Callable[[Path], None] | None = None) -> dict[Path, SocketKey]:
+    """Every unix socket under ``directory`` whose path has no component starting with ".".
+    ``on_directory`` is called with each directory walked into, before it is listed."""
     found: dict[Path, SocketKey] = {}
     pending = [directory]
     while pending:
         d = pending.pop()
+        if on_directory is not None:
+            on_directory(d)
         try:
             with os.scandir(d) as it:
                 entries = list(it)
@@ -136,46 +158,164 @@ def scan(directory: Path) -> dict[Path, SocketKey]:
     return found
 
 
+class _Watches:
+    """The tree's directories watched with inotify: which only tells the watcher when to scan.
+
+    Each scan calls ``watch`` for every directory it walks into (adding a watch is idempotent)
+    between ``begin`` and ``end``; ``end`` drops the watches of directories the scan no
+    longer walked into (renamed out of the tree, or to a dot name; a deleted directory's
+    watch is gone already). ``blind`` says a directory could not be watched: poll meanwhile.
+    """
+
+    def __init__(self, root: Path) -> None:
+        assert inotify_simple is not None
+        f = inotify_simple.flags
+        self.root = root
+        self._inotify = inotify_simple.INotify(nonblocking=True)
+        self._mask = (
+            f.CREATE | f.DELETE | f.MOVED_FROM | f.MOVED_TO | f.ATTRIB | f.CLOSE_WRITE | f.DELETE_SELF | f.MOVE_SELF
+        ) | f.ONLYDIR
+        self._nofollow = f.DONT_FOLLOW  # not for the root: a symbolic link to it is followed, as by the scan
+        self._overflow = f.Q_OVERFLOW
+        self._wds: set[int] = set()
+        self._walked: set[int] = set()
+        self._unwatched: tuple[Path, str] | None = None  # a directory of this scan not watched, and why
+        self.blind = False
+        self.broken = False  # reading failed: polls from then on
+
+    def begin(self) -> None:
+        self._walked, self._unwatched = set(), None
+
+    def watch(self, directory: Path) -> None:
+        root = directory == self.root
+        try:
+            wd = self._inotify.add_watch(directory, self._mask | (0 if root else self._nofollow))
+        except OSError as exc:
+            if not root and exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return  # gone (or no longer a directory) meanwhile: its listing fails too, and is ignored
+            if self._unwatched is None:
+                self._unwatched = (directory, exc.strerror or str(exc))
+            return
+        self._walked.add(wd)
+
+    def end(self) -> None:
+        for wd in self._wds - self._walked:
+            with contextlib.suppress(OSError):  # removed by the kernel already (its directory was deleted)
+                self._inotify.rm_watch(wd)
+        self._wds = self._walked
+        blind = self.broken or self._unwatched is not None
+        if blind and not self.blind and self._unwatched is not None:
+            where, why = self._unwatched
+            log.warning("cannot watch a plugin directory; polling", directory=where, reason=why, period=SCAN_PERIOD)
+        elif self.blind and not blind:
+            log.info("every plugin directory watched again")
+        self.blind = blind
+
+    async def wait(self) -> bool:
+        """Until events come; returns whether the kernel's queue overflowed."""
+        await trio.lowlevel.wait_readable(self._inotify.fd)
+        return any(e.mask & self._overflow for e in self._inotify.read(timeout=0))
+
+    def close(self) -> None:
+        trio.lowlevel.notify_closing(self._inotify.fd)
+        self._inotify.close()
+
+
+def _open_watches(root: Path) -> _Watches | None:
+    """The watches on ``root``'s tree, or None (with a warning) where inotify cannot be had."""
+    if inotify_simple is None:
+        reason = "inotify_simple cannot be imported on this platform"
+    else:
+        try:
+            return _Watches(root)
+        except (OSError, AttributeError) as exc:  # EMFILE: fs.inotify.max_user_instances; no inotify_init1
+            reason = getattr(exc, "strerror", None) or str(exc)
+    log.warning("inotify unavailable; polling the plugin registry", directory=root, reason=reason, period=SCAN_PERIOD)
+    return None
+
+
 class PluginWatcher:
     """Registers the plugins whose sockets appear under ``directory`` with ``handlers``
     (keyed by ``PluginInfo.type``), and deregisters them when their sockets go.
 
     Must run inside ``trio_asyncio.open_loop()`` (grpclib is asyncio).
+
+    ``period`` is how often the tree is scanned with nothing asking for it: by default
+    ``RESCAN_PERIOD`` with inotify, ``SCAN_PERIOD`` when polling.
     """
 
-    def __init__(self, directory: Path, handlers: Mapping[str, Handler], *, period: float = SCAN_PERIOD) -> None:
+    def __init__(self, directory: Path, handlers: Mapping[str, Handler], *, period: float | None = None) -> None:
         self.directory = directory
         self.handlers = dict(handlers)
         self.period = period
         self._slots: dict[Path, _Slot] = {}
         self._wake = trio.Event()
+        self._retry_at = math.inf  # the earliest retry of a failed registration not yet started
+        self._watches: _Watches | None = None
         self.scans = 0  # directory scans reconciled so far: a test waits for the next ones
+        self.inotify = False  # set by run: whether inotify tells the watcher when to scan
 
     @property
     def plugins(self) -> dict[Path, RegisteredPlugin]:
         """The plugins registered now, by registration socket."""
         return {p: s.registered for p, s in self._slots.items() if s.registered is not None}
 
+    def rescan(self) -> None:
+        """Scan now (whoever knows that the tree changed; a test)."""
+        self._wake.set()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        async with trio.open_nursery() as nursery:
-            self._reconcile(nursery)
-            task_status.started()
-            while True:
-                with trio.move_on_after(self.period):
-                    await self._wake.wait()
-                self._wake = trio.Event()
-                self._reconcile(nursery)
+        self._watches = watches = _open_watches(self.directory)
+        self.inotify = watches is not None
+        period = self.period if self.period is not None else RESCAN_PERIOD if watches else SCAN_PERIOD
+        try:
+            async with trio.open_nursery() as nursery:
+                self._reconcile(nursery)  # watches the tree before reading its events
+                if watches is not None:
+                    nursery.start_soon(self._read_events, watches)
+                task_status.started()
+                while True:
+                    wait = min(period, SCAN_PERIOD) if watches is None or watches.blind else period
+                    with trio.move_on_at(min(trio.current_time() + wait, self._retry_at)):
+                        await self._wake.wait()
+                    self._wake = trio.Event()
+                    self._reconcile(nursery)
+        finally:
+            self._watches = None
+            if watches is not None:
+                watches.close()
+
+    async def _read_events(self, watches: _Watches) -> None:
+        """Ask for a scan whenever events come, once they are read (the scan starts after, so it
+        sees at least what they announced); what they say is not looked at."""
+        while True:
+            try:
+                overflowed = await watches.wait()
+            except OSError:
+                log.exception("cannot read inotify events; polling", directory=self.directory, period=SCAN_PERIOD)
+                watches.broken = watches.blind = True
+                self._wake.set()
+                return
+            if overflowed:
+                log.warning("inotify queue overflowed; rescanning", directory=self.directory)
+            self._wake.set()
 
     # ------------------------------------------------------------------ reconciling
 
     def _reconcile(self, nursery: trio.Nursery) -> None:
+        watches = self._watches
         try:
-            found = scan(self.directory)
+            if watches is not None:
+                watches.begin()
+            found = scan(self.directory, None if watches is None else watches.watch)
+            if watches is not None:
+                watches.end()
         except Exception:  # never let a scan take the watcher down
             log.exception("cannot scan the plugin registry", directory=self.directory)
             return
         now = trio.current_time()
+        self._retry_at = math.inf
         for path in found.keys() - self._slots.keys():
             self._slots[path] = _Slot(path)
         for path, slot in list(self._slots.items()):
@@ -193,6 +333,8 @@ class PluginWatcher:
                 if now >= slot.retry_at:
                     slot.busy = True
                     nursery.start_soon(self._register, slot, key)
+                else:
+                    self._retry_at = min(self._retry_at, slot.retry_at)
         self.scans += 1
 
     def _done(self, slot: _Slot) -> None:

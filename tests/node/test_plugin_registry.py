@@ -3,8 +3,10 @@ driver in a subprocess, and registration servers written with grpcio."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import shutil
 import signal
 import socket
@@ -138,6 +140,14 @@ def stop_driver(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)
+
+
+async def two_scans(watcher: PluginWatcher, what: str) -> None:
+    """Two more scans of the tree as it is now, asked for (nothing else may change it)."""
+    for n in (1, 2):
+        scans = watcher.scans
+        watcher.rescan()
+        await eventually_trio(lambda: watcher.scans > scans, f"scan {n} of two {what}")  # noqa: B023
 
 
 # ---------------------------------------------------------------------------- (a) the sample DRA driver
@@ -300,8 +310,7 @@ async def test_validate_and_register_failures_are_notified(root: Path) -> None:
             # Neither registered: a socket going away deregisters nothing.
             a.stop()
             b.stop()
-            scans = watcher.scans
-            await eventually_trio(lambda: watcher.scans >= scans + 2, "two scans without the sockets")
+            await two_scans(watcher, "without the sockets")
             assert not dra_handler.of("deregister") and not dp_handler.of("deregister")
             nursery.cancel_scope.cancel()
     finally:
@@ -347,8 +356,7 @@ async def test_dot_names_and_regular_files_are_ignored(root: Path) -> None:
             seen = GrpcioRegistration(registry / "seen.sock", type="DRAPlugin", name="seen.example.com")
             try:
                 await eventually_trio(lambda: seen.statuses, "the visible plugin")
-                scans = watcher.scans
-                await eventually_trio(lambda: watcher.scans >= scans + 2, "two more scans")
+                await two_scans(watcher, "more")
             finally:
                 seen.stop()
             assert [c[1] for c in handler.of("register")] == ["seen.example.com"]
@@ -400,3 +408,114 @@ async def test_hanging_get_info_times_out_and_others_register(
             nursery.cancel_scope.cancel()
     finally:
         hung.close()
+
+
+# ---------------------------------------------------------------------------- (f) inotify, not polling
+
+NEVER = 24 * 3600.0  # a scan period no test outlives: only an inotify event (or a retry) can start a scan
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux's")
+
+
+@linux_only
+async def test_socket_created_is_registered_without_polling(root: Path) -> None:
+    registry = root / "plugins_registry"
+    handler = FakeHandler()
+    async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+        watcher = PluginWatcher(registry, {"DRAPlugin": handler}, period=NEVER)
+        await nursery.start(watcher.run)
+        assert watcher.inotify, "inotify could not be had"
+        sock = registry / "p.sock"
+        plugin = GrpcioRegistration(sock, type="DRAPlugin", name="p.example.com", versions=("v1.DRAPlugin",))
+        try:
+            await eventually_trio(lambda: plugin.statuses, "NotifyRegistrationStatus")
+            assert plugin.statuses == [(True, "")]
+        finally:
+            plugin.stop()
+        await eventually_trio(lambda: handler.of("deregister"), "deregistration")
+        assert handler.of("deregister") == [("deregister", "p.example.com", str(sock), sock)]
+        nursery.cancel_scope.cancel()
+
+
+@linux_only
+async def test_socket_in_a_new_subdirectory_is_registered_without_polling(root: Path) -> None:
+    registry = root / "plugins_registry"
+    handler = FakeHandler()
+    async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+        watcher = PluginWatcher(registry, {"DRAPlugin": handler}, period=NEVER)
+        await nursery.start(watcher.run)
+        assert watcher.inotify, "inotify could not be had"
+        # Two new levels, the socket bound right after they are made (the deeper one may be
+        # made before the watcher has watched the first: it is watched before it is listed).
+        nested = GrpcioRegistration(registry / "a" / "b" / "p.sock", type="DRAPlugin", name="nested.example.com")
+        # A directory moved in with its socket already in it.
+        outside = root / "elsewhere"
+        moved = GrpcioRegistration(outside / "q.sock", type="DRAPlugin", name="moved.example.com")
+        try:
+            await eventually_trio(lambda: nested.statuses, "the nested plugin")
+            outside.rename(registry / "moved")
+            await eventually_trio(lambda: moved.statuses, "the plugin moved in")
+            assert nested.statuses == moved.statuses == [(True, "")]
+            assert {c[4] for c in handler.of("register")} == {
+                registry / "a" / "b" / "p.sock",
+                registry / "moved" / "q.sock",
+            }
+            # The subdirectory removed: its plugin goes.
+            shutil.rmtree(registry / "a")
+            await eventually_trio(lambda: handler.of("deregister"), "the nested plugin's deregistration")
+            assert [c[1] for c in handler.of("deregister")] == ["nested.example.com"]
+        finally:
+            nested.stop()
+            moved.server.stop(None).wait()
+        nursery.cancel_scope.cancel()
+
+
+@linux_only
+async def test_registry_removed_and_made_again_is_polled_until_watched(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="eventsrc.plugins")
+    registry = root / "plugins_registry"
+    handler = FakeHandler()
+    async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+        watcher = PluginWatcher(registry, {"DRAPlugin": handler}, period=NEVER)
+        await nursery.start(watcher.run)
+        registry.rmdir()  # nothing watches its parent: the watcher polls until it is back
+        polling = lambda: [r for r in caplog.records if r.getMessage() == "cannot watch a plugin directory; polling"]  # noqa: E731
+        await eventually_trio(polling, "the warning that it polls")
+        plugin = GrpcioRegistration(registry / "p.sock", type="DRAPlugin", name="p.example.com")
+        try:
+            await eventually_trio(lambda: plugin.statuses, "the plugin in the registry made again")
+            assert plugin.statuses == [(True, "")]
+            assert any(r.getMessage() == "every plugin directory watched again" for r in caplog.records)
+        finally:
+            plugin.stop()
+        await eventually_trio(lambda: handler.of("deregister"), "deregistration")
+        nursery.cancel_scope.cancel()
+
+
+async def test_without_inotify_the_registry_is_polled(
+    root: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO, logger="eventsrc.plugins")
+
+    def emfile(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    if plugin_watcher.inotify_simple is not None:
+        monkeypatch.setattr(plugin_watcher.inotify_simple, "INotify", emfile)
+    registry = root / "plugins_registry"
+    handler = FakeHandler()
+    async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+        watcher = PluginWatcher(registry, {"DRAPlugin": handler})
+        await nursery.start(watcher.run)
+        assert not watcher.inotify
+        (warning,) = [r for r in caplog.records if r.getMessage() == "inotify unavailable; polling the plugin registry"]
+        assert getattr(warning, "fields", {})["period"] == plugin_watcher.SCAN_PERIOD
+        plugin = GrpcioRegistration(registry / "p.sock", type="DRAPlugin", name="p.example.com")
+        try:
+            await eventually_trio(lambda: plugin.statuses, "the plugin, polled")
+            assert plugin.statuses == [(True, "")]
+        finally:
+            plugin.stop()
+        await eventually_trio(lambda: handler.of("deregister"), "deregistration")
+        nursery.cancel_scope.cancel()
