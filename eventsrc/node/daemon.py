@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import signal
 import time
@@ -182,9 +183,13 @@ class Daemon:
             metrics=self.metrics,
         )
 
-    async def records_from(self, seq: int, limit: int = 512, wait: float = 1.0) -> list[Record | CorruptRecordError]:
-        """Up to ``limit`` records from ``seq``; when there are none yet, waits up to ``wait``
-        seconds for an append (an empty list then: the watcher asks again)."""
+    async def records_from(
+        self, seq: int, limit: int = 512, wait: float = math.inf
+    ) -> list[Record | CorruptRecordError]:
+        """Up to ``limit`` records from ``seq``; when there are none yet, waits for an append,
+        up to ``wait`` seconds (an empty list then: the watcher asks again). A Watch stream
+        with nothing to send waits on the committer, not on a clock: grpclib cancels it when
+        its client goes."""
         items = list(self.event_log.records(seq, seq + limit - 1))
         if not items:
             with trio.move_on_after(wait):
