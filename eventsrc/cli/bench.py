@@ -75,6 +75,17 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
     b.add_argument("--events", type=int, default=1_000_000, help="size of the log (default %(default)s)")
     b.add_argument("--runs", type=int, default=200, help="timed runs per figure (default %(default)s)")
     b.set_defaults(func=bench_audit)
+    b = bsub.add_parser(
+        "idle",
+        parents=[parents.root],
+        help="CPU of a daemon with nothing to do",
+        description="Starts a daemon with no plugin in a temporary root and, once it is ready, measures its CPU "
+        "(every thread, as a share of one core) and the wakeups of its trio thread, beside the goal of under "
+        "0.5 % of a core.",
+    )
+    b.add_argument("--seconds", type=float, default=60.0, help="length of a round (default %(default)s)")
+    b.add_argument("--rounds", type=int, default=1, help="rounds; medians are printed (default %(default)s)")
+    b.set_defaults(func=bench_idle)
 
 
 def _workdir(args: argparse.Namespace) -> Path | None:
@@ -136,4 +147,13 @@ def bench_audit(args: argparse.Namespace) -> int:
     if args.events < 1000 or args.runs < 1:
         raise EventsrcError("--events must be at least 1000 and --runs at least 1")
     run_audit_bench(events=args.events, runs=args.runs, workdir=_workdir(args))
+    return 0
+
+
+def bench_idle(args: argparse.Namespace) -> int:
+    from eventsrc.bench.idle import run_idle_bench
+
+    if args.seconds <= 0 or args.rounds < 1:
+        raise EventsrcError("--seconds must be above 0 and --rounds at least 1")
+    run_idle_bench(seconds=args.seconds, rounds=args.rounds)
     return 0

@@ -79,6 +79,13 @@ def test_bench_audit_prints_its_figures(tmp_path: Path) -> None:
     )
 
 
+def test_bench_idle_prints_its_figures() -> None:
+    proc = run_cli("bench", "idle", "--seconds", "0.2", "--rounds", "2", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    figures(proc.stdout, "daemon CPU, every thread", "wakeups of its trio thread")
+    assert "(goal < 0.5 %: " in proc.stdout
+
+
 @pytest.mark.parametrize("command", ["log", "audit"])
 def test_bench_in_a_missing_root_dir_is_one_line(tmp_path: Path, command: str) -> None:
     proc = run_cli("bench", command, root=tmp_path / "nowhere")

@@ -1,0 +1,88 @@
+"""``eventsrc bench idle``: what a daemon with nothing to do costs.
+
+``eventsrc serve`` runs as its own process under a temporary root, with no plugin, no
+client and no NRI runtime. Once ``eventsrc status`` says it is ready (and a second more,
+for the start to settle), its CPU time (every thread, read from the process's CPU clock:
+exact, unlike /proc's ticks) and the wakeups of its trio thread (context switches, from
+/proc) are measured over ``--seconds``, for ``--rounds`` rounds; the figures are medians,
+beside the goal of under 0.5 % of a core (issue 15): nothing in an idle daemon polls (the
+plugin watcher waits on inotify, docs/adr/0016), so what remains is its safety rescan.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from eventsrc.bench.devices import _cpu_seconds
+from eventsrc.errors import EventsrcError
+
+GOAL_PERCENT = 0.5  # of one core
+SETTLE_SECONDS = 1.0
+
+
+def _switches(pid: int) -> int:
+    """Context switches of ``pid``'s main thread (where trio runs): each is a wakeup."""
+    n = 0
+    with open(f"/proc/{pid}/task/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                n += int(line.split()[1])
+    return n
+
+
+def _wait_ready(root: Path, daemon: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    status = [sys.executable, "-m", "eventsrc", "--root-dir", str(root), "status"]
+    while subprocess.run(status, capture_output=True).returncode != 0:
+        if daemon.poll() is not None or time.monotonic() > deadline:
+            raise EventsrcError(f"the daemon did not become ready; see {log}")
+        time.sleep(0.1)
+
+
+def run_idle_bench(*, seconds: float, rounds: int) -> None:
+    out = sys.stdout
+    tmp = Path(tempfile.mkdtemp(prefix="esi-", dir="/tmp"))
+    root, log = tmp / "r", tmp / "daemon.log"
+    with open(log, "wb") as f:
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "eventsrc", "--log-level", "warning", "--root-dir", str(root), "serve"],
+            stdout=f,
+            stderr=f,
+        )
+    try:
+        _wait_ready(root, daemon, log)
+        out.write(
+            f"eventsrc bench idle: {os.cpu_count()} cpus, Python {sys.version.split()[0]}; a daemon with no plugin, "
+            f"client or runtime, ready; {rounds} round(s) of {seconds:g} s, medians\n\n"
+        )
+        time.sleep(SETTLE_SECONDS)
+        cpu, wakeups = [], []
+        for _ in range(rounds):
+            c0, w0, t0 = _cpu_seconds(daemon.pid), _switches(daemon.pid), time.monotonic()
+            time.sleep(seconds)
+            c1, w1, t1 = _cpu_seconds(daemon.pid), _switches(daemon.pid), time.monotonic()
+            if daemon.poll() is not None:
+                raise EventsrcError(f"the daemon exited while measured; see {log}")
+            cpu.append(100 * (c1 - c0) / (t1 - t0))
+            wakeups.append((w1 - w0) / (t1 - t0))
+        pct = statistics.median(cpu)
+        verdict = "ok" if pct < GOAL_PERCENT else "ABOVE THE GOAL"
+        out.write(
+            f"  daemon CPU, every thread            {pct:8.4f} % of a core   (goal < {GOAL_PERCENT:g} %: {verdict})\n"
+        )
+        out.write(f"  wakeups of its trio thread          {statistics.median(wakeups):8.2f} /s\n")
+    finally:
+        if daemon.poll() is None:
+            daemon.terminate()
+            try:
+                daemon.wait(10)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
