@@ -22,7 +22,8 @@ Where this differs from the kubelet, and why:
   the kubelet watches with fsnotify; any event (a name created, deleted, moved, its
   attributes or a written file closed, an overflowed queue) starts a scan of the whole tree,
   and the scan alone decides what is registered: events are never interpreted, so none can
-  be lost or misread. A directory is watched before it is listed, so a socket created in a
+  be lost or misread (the events of a burst are read together: at most 20 scans a second
+  for them). A directory is watched before it is listed, so a socket created in a
   new directory right after it is seen by the scan or raises an event. The tree is also
   rescanned every 30 s, in case. Where inotify cannot be had (not Linux, no instance or
   watch left: ``fs.inotify.max_user_instances``, ``max_user_watches``), the watcher says
@@ -84,6 +85,8 @@ DRA_PLUGIN = "DRAPlugin"
 
 SCAN_PERIOD = 0.5  # without inotify (or with a directory it cannot watch)
 RESCAN_PERIOD = 30.0  # with inotify: a scan in case, no event having asked for one
+EVENT_SCAN_INTERVAL = 0.05  # events are read at most 20 times a second: a flood of them costs no more scans
+OVERFLOW_WARNING_INTERVAL = 60.0
 GET_INFO_TIMEOUT = 1.0  # operation_generator.go: context.WithTimeout(..., time.Second)
 NOTIFY_TIMEOUT = 5.0  # notifyTimeoutDuration
 # goroutinemap/exponentialbackoff: initialDurationBeforeRetry, maxDurationBeforeRetry
@@ -288,7 +291,9 @@ class PluginWatcher:
 
     async def _read_events(self, watches: _Watches) -> None:
         """Ask for a scan whenever events come, once they are read (the scan starts after, so it
-        sees at least what they announced); what they say is not looked at."""
+        sees at least what they announced); what they say is not looked at. After a read, the
+        next waits ``EVENT_SCAN_INTERVAL``: the events of a burst are read together."""
+        warned = -math.inf
         while True:
             try:
                 overflowed = await watches.wait()
@@ -297,9 +302,11 @@ class PluginWatcher:
                 watches.broken = watches.blind = True
                 self._wake.set()
                 return
-            if overflowed:
+            if overflowed and trio.current_time() - warned >= OVERFLOW_WARNING_INTERVAL:
                 log.warning("inotify queue overflowed; rescanning", directory=self.directory)
+                warned = trio.current_time()
             self._wake.set()
+            await trio.sleep(EVENT_SCAN_INTERVAL)
 
     # ------------------------------------------------------------------ reconciling
 
