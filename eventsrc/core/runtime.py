@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import msgspec
 from msgspec import Struct
 
 from eventsrc import events as ev
@@ -176,34 +177,30 @@ def created_event(
 ) -> ev.ContainerCreated:
     """ContainerCreated: what the runtime reported, with eventsrc's placement laid over it when
     it adjusted the container (enforce mode)."""
-    if got is None:
-        return ev.ContainerCreated(
-            container_id=facts.id,
-            sandbox_id=facts.sandbox_id,
-            pod_uid=pod_uid,
-            name=facts.name,
-            cgroups_path=facts.cgroups_path,
-            cpus=list(facts.cpus),
-            mems=list(facts.mems),
-            devices=list(facts.devices),
-            cdi_devices=list(facts.cdi_devices),
-            envs=list(facts.envs),
-            adjusted=adjusted,
-        )
-    a = got.allocation
-    return ev.ContainerCreated(
+    seen = ev.ContainerCreated(
         container_id=facts.id,
         sandbox_id=facts.sandbox_id,
         pod_uid=pod_uid,
         name=facts.name,
         cgroups_path=facts.cgroups_path,
-        cpus=list(got.cpus) if got.cpus is not None else list(facts.cpus),
-        mems=list(got.mems) if got.cpus is not None else list(facts.mems),
-        devices=[*facts.devices, *(d.container_path for d in a.devices if d.container_path not in facts.devices)],
-        device_ids=got.device_ids,
-        cdi_devices=[*facts.cdi_devices, *(n for n in a.cdi_devices if n not in facts.cdi_devices)],
-        envs=sorted({*facts.envs, *a.envs}),
+        cpus=list(facts.cpus),
+        mems=list(facts.mems),
+        devices=list(facts.devices),
+        cdi_devices=list(facts.cdi_devices),
+        envs=list(facts.envs),
         adjusted=adjusted,
+    )
+    if got is None:
+        return seen
+    a = got.allocation
+    return msgspec.structs.replace(
+        seen,
+        cpus=list(got.cpus) if got.cpus is not None else seen.cpus,
+        mems=list(got.mems) if got.cpus is not None else seen.mems,
+        devices=[*seen.devices, *(d.container_path for d in a.devices if d.container_path not in seen.devices)],
+        device_ids=got.device_ids,
+        cdi_devices=[*seen.cdi_devices, *(n for n in a.cdi_devices if n not in seen.cdi_devices)],
+        envs=sorted({*seen.envs, *a.envs}),
     )
 
 
