@@ -18,61 +18,18 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
 from grpclib.client import Channel
 
+from eventsrc.bench.harness import cpu_seconds, one_device_pod, pct, start_daemon_and_plugin, stop
 from eventsrc.bench.log import lmdb_commits_per_second
-from eventsrc.errors import EventsrcError
 from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from eventsrc.gen.deviceplugin.v1beta1.api_grpc import DevicePluginStub
 from eventsrc.gen.node.v1 import node_pb2 as pb
 from eventsrc.gen.node.v1.node_grpc import NodeStub
-from eventsrc.gen.podresources.v1 import api_pb2 as pr
-from eventsrc.gen.podresources.v1.api_grpc import PodResourcesListerStub
-
-RESOURCE = "example.com/bench"
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
-def _pod(i: int) -> pb.Pod:
-    return pb.Pod(
-        uid=str(uuid.uuid4()),
-        namespace="bench",
-        name=f"p{i}",
-        containers=[pb.Container(name="main", kind="app", limits={RESOURCE: "1"}, requests={RESOURCE: "1"})],
-    )
-
-
-async def _wait_devices(root: Path, n: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        channel = Channel(path=str(root / "pod-resources" / "kubelet.sock"))
-        try:
-            resp = await PodResourcesListerStub(channel).GetAllocatableResources(
-                pr.AllocatableResourcesRequest(), timeout=2
-            )
-            if sum(len(d.device_ids) for d in resp.devices) >= n:
-                return
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        finally:
-            channel.close()
-        await asyncio.sleep(0.1)
-    raise EventsrcError(f"the sample plugin's {n} devices did not show up within {timeout:g} s")
-
-
-def _cpu_seconds(pid: int) -> float:
-    """CPU time (all threads) a process has used so far: its POSIX CPU clock, as
-    ``clock_getcpuclockid(pid)`` would name it on Linux (exact, unlike /proc's ticks)."""
-    return time.clock_gettime(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
 
 
 class _CPU:
@@ -86,13 +43,13 @@ class _CPU:
 
     @contextlib.contextmanager
     def measure(self, ops: int) -> Iterator[None]:
-        before = {k: _cpu_seconds(p) for k, p in self.pids.items()}
+        before = {k: cpu_seconds(p) for k, p in self.pids.items()}
         client = time.process_time()
         yield
         n = max(ops, 1)
         self.used["client"].append((time.process_time() - client) / n)
         for k, p in self.pids.items():
-            self.used[k].append((_cpu_seconds(p) - before[k]) / n)
+            self.used[k].append((cpu_seconds(p) - before[k]) / n)
 
     def median(self, who: str) -> float:
         return statistics.median(self.used[who]) if self.used[who] else 0.0
@@ -133,7 +90,7 @@ async def _admissions(api: Path, clients: int, per_client: int, start: int) -> t
     async def client(k: int) -> None:
         stub = NodeStub(channels[k])
         for j in range(per_client):
-            p = _pod(start + k * per_client + j)
+            p = one_device_pod(start + k * per_client + j)
             t = time.perf_counter()
             await stub.Admit(pb.AdmitRequest(pod=p), timeout=30)
             latencies.append(time.perf_counter() - t)
@@ -167,7 +124,7 @@ async def _open_loop(
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            p = _pod(start + k * per_client + j)
+            p = one_device_pod(start + k * per_client + j)
             await stub.Admit(pb.AdmitRequest(pod=p), timeout=30)
             latencies.append(time.perf_counter() - due)
             uids.append(p.uid)
@@ -205,7 +162,7 @@ def run_devices_bench(
     root = tmp / "r"
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        _start_daemon_and_plugin(tmp, root, devices, procs)
+        start_daemon_and_plugin(tmp, root, devices, procs)
         out.write(
             f"eventsrc bench devices: {os.cpu_count()} cpus, Python {sys.version.split()[0]}; "
             f"daemon and sample plugin in their own processes; {devices} devices on 2 NUMA nodes; "
@@ -216,41 +173,8 @@ def run_devices_bench(
             _measure_round(figures, tmp, root, r, devices, clients, admissions, rtt_calls, offered)
         _report(out, figures, clients, offered)
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        stop(procs)
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _start_daemon_and_plugin(tmp: Path, root: Path, devices: int, procs: list[subprocess.Popen[bytes]]) -> None:
-    """``eventsrc serve`` and the sample plugin under ``root``, appended to ``procs`` as they
-    start; returns once the plugin's devices are allocatable."""
-    log = open(tmp / "daemon.log", "wb")  # noqa: SIM115
-    procs.append(
-        subprocess.Popen(
-            [sys.executable, "-m", "eventsrc", "--log-level", "warning", "--root-dir", str(root), "serve"],
-            stdout=log,
-            stderr=log,
-        )
-    )
-    deadline = time.monotonic() + 30
-    while not (root / "device-plugins" / "kubelet.sock").exists():
-        if time.monotonic() > deadline or procs[0].poll() is not None:
-            raise EventsrcError(f"the daemon did not start; see {tmp / 'daemon.log'}")
-        time.sleep(0.05)
-    procs.append(
-        subprocess.Popen(
-            [sys.executable, "-m", "eventsrc", "--root-dir", str(root), "sample-plugin"]
-            + ["--resource", RESOURCE, "--devices", str(devices), "--numa-nodes", "2", "--socket-name", "bench.sock"],
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-    )
-    asyncio.run(_wait_devices(root, devices))
 
 
 class _Latencies:
@@ -262,8 +186,8 @@ class _Latencies:
         self.rate: list[float] = []
 
     def add(self, lat: list[float], wall: float) -> None:
-        self.p50.append(_pct(lat, 0.5))
-        self.p99.append(_pct(lat, 0.99))
+        self.p50.append(pct(lat, 0.5))
+        self.p99.append(pct(lat, 0.99))
         self.rate.append(len(lat) / wall)
 
 

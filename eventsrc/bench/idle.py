@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from eventsrc.bench.devices import _cpu_seconds
+from eventsrc.bench.harness import cpu_seconds
 from eventsrc.errors import EventsrcError
 
 GOAL_PERCENT = 0.5  # of one core
@@ -65,9 +65,9 @@ def run_idle_bench(*, seconds: float, rounds: int) -> None:
         time.sleep(SETTLE_SECONDS)
         cpu, wakeups = [], []
         for _ in range(rounds):
-            c0, w0, t0 = _cpu_seconds(daemon.pid), _switches(daemon.pid), time.monotonic()
+            c0, w0, t0 = cpu_seconds(daemon.pid), _switches(daemon.pid), time.monotonic()
             time.sleep(seconds)
-            c1, w1, t1 = _cpu_seconds(daemon.pid), _switches(daemon.pid), time.monotonic()
+            c1, w1, t1 = cpu_seconds(daemon.pid), _switches(daemon.pid), time.monotonic()
             if daemon.poll() is not None:
                 raise EventsrcError(f"the daemon exited while measured; see {log}")
             cpu.append(100 * (c1 - c0) / (t1 - t0))

@@ -76,6 +76,37 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
     b.add_argument("--runs", type=int, default=200, help="timed runs per figure (default %(default)s)")
     b.set_defaults(func=bench_audit)
     b = bsub.add_parser(
+        "scale",
+        parents=[parents.root],
+        help="how the daemon's costs grow with the pods it holds, beside the kubelet's checkpoint",
+        description="Starts a daemon and the sample plugin with --devices devices and admits one-device pods "
+        "through the node API, one at a time, up to --pods resident pods. At 10, 100, 1,000 and 10,000 pods (those "
+        "up to --pods, and --pods) prints admission p50/p99, the daemon's RSS and CPU per admission, log bytes per "
+        "pod, PodResources List latency and the longest loop stall seen (measured from outside), beside what the "
+        "kubelet's device manager pays per change to persist the same state (whole-state JSON checkpoint, temporary "
+        "file, fsync, rename) on the same disk. Then the restart time after SIGKILL at --pods pods. "
+        "The defaults take about a minute; the full run is --pods 10000 (a few minutes). "
+        "Works in a temporary directory (in --root-dir when given).",
+    )
+    b.add_argument(
+        "--devices",
+        type=int,
+        default=None,
+        help="devices of the sample plugin (default: the larger of 1024 and --pods)",
+    )
+    b.add_argument("--pods", type=int, default=1000, help="resident pods to reach (default %(default)s)")
+    b.add_argument(
+        "--samples", type=int, default=100, help="admissions per size for the percentiles (default %(default)s)"
+    )
+    b.add_argument(
+        "--repeats",
+        type=int,
+        default=11,
+        help="List calls and checkpoint writes per size; medians are printed (default %(default)s)",
+    )
+    b.add_argument("--keep", action="store_true", help="keep the bench's directory (the daemon's log and output)")
+    b.set_defaults(func=bench_scale)
+    b = bsub.add_parser(
         "idle",
         parents=[parents.root],
         help="CPU of a daemon with nothing to do",
@@ -156,4 +187,23 @@ def bench_idle(args: argparse.Namespace) -> int:
     if args.seconds <= 0 or args.rounds < 1:
         raise EventsrcError("--seconds must be above 0 and --rounds at least 1")
     run_idle_bench(seconds=args.seconds, rounds=args.rounds)
+    return 0
+
+
+def bench_scale(args: argparse.Namespace) -> int:
+    from eventsrc.bench.scale import run_scale_bench
+
+    devices = max(1024, args.pods) if args.devices is None else args.devices
+    if min(args.pods, args.samples, args.repeats) < 1:
+        raise EventsrcError("--pods, --samples and --repeats must be at least 1")
+    if devices < args.pods:
+        raise EventsrcError(f"--devices ({devices}) must be at least --pods ({args.pods}): each pod holds a device")
+    run_scale_bench(
+        devices=devices,
+        pods=args.pods,
+        samples=args.samples,
+        repeats=args.repeats,
+        workdir=_workdir(args),
+        keep=args.keep,
+    )
     return 0

@@ -100,3 +100,60 @@ def test_bench_in_a_root_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
     proc = run_cli("bench", "log", root=tmp_path / "file")
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [f"eventsrc: error: root directory {tmp_path / 'file'} is not a directory"]
+
+
+def test_bench_scale_prints_its_figures() -> None:
+    """A tiny `eventsrc bench scale`: a row at 10 pods and at --pods, each with every figure,
+    under their labels; the restart after SIGKILL; retention, which does not exist yet."""
+    proc = run_cli("bench", "scale", "--devices", "24", "--pods", "20", "--samples", "5", "--repeats", "2", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for label in (
+        "admission",
+        "samples",
+        "p50 ms",
+        "p99 ms",
+        "RSS MB",
+        "CPU/adm ms",
+        "bytes/pod",
+        "PodResources List",
+        "first ms",
+        "stall ms",
+        "kubelet-style checkpoint",
+        "per change ms",
+        "bytes",
+    ):
+        assert label in out, (label, out)
+    figure = rf"\s+-?{NUMBER}"
+    for pods in (10, 20):
+        assert re.search(rf"^\s+{pods}\s+5{figure * 8}\s+\|{figure * 2}$", out, re.M), (pods, out)
+    assert re.search(rf"restart after SIGKILL at 20 pods\s+{NUMBER} s until Status says ready", out), out
+    assert "20 pods back" in out
+    assert re.search(r"retention cut at 20 pods\s+n/a \(no retention yet\)", out), out
+
+
+def test_bench_scale_needs_a_device_per_pod() -> None:
+    proc = run_cli("bench", "scale", "--devices", "16", "--pods", "20")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        "eventsrc: error: --devices (16) must be at least --pods (20): each pod holds a device"
+    ]
+    assert proc.stdout == ""
+
+
+def test_the_checkpoint_the_scale_bench_writes_is_one_the_kubelet_reads(tmp_path: Path) -> None:
+    """Its per-change ceiling writes the device manager's own file: the checkpoint parser
+    of `eventsrc import-kubelet` (which verifies the checksum as the kubelet does) reads it back."""
+    from eventsrc.bench.scale import CHECKPOINT, RESOURCE, Held, checkpoint_checksum, checkpoint_json, write_checkpoint
+    from eventsrc.offline.kubelet_import import parse_device_checkpoint
+
+    entries = [Held(f"uid-{i}", "main", f"dev-{i}", i % 2, bytes([10, 3, i, 255])) for i in range(3)]
+    registered = [f"dev-{i}" for i in range(5)]
+    write_checkpoint(tmp_path, checkpoint_json(entries, registered, checkpoint_checksum(entries, registered)))
+    assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT]  # the temporary file renamed over it
+    cp = parse_device_checkpoint((tmp_path / CHECKPOINT).read_bytes())
+    assert cp.registered_devices == {RESOURCE: registered}
+    assert cp.entries is not None
+    assert [(e.pod_uid, e.container_name, e.resource_name, e.device_ids, e.alloc_resp) for e in cp.entries] == [
+        (h.pod_uid, "main", RESOURCE, {h.numa: [h.device]}, h.alloc_resp) for h in entries
+    ]

@@ -1,0 +1,568 @@
+"""``eventsrc bench scale``: how the daemon's costs grow with the pods it holds.
+
+A daemon and the sample plugin (``--devices`` devices) run as their own processes under a
+temporary root; this process admits one-device pods through the node API, one at a time
+(the plugin's Allocate included), until ``--pods`` pods are resident, none removed. At 10,
+100, 1,000 and 10,000 pods (those up to ``--pods``, and ``--pods`` itself) it prints:
+
+* admission p50/p99: the last ``--samples`` admissions before that size (no further back
+  than the previous size);
+* the daemon's RSS then (VmRSS) and its CPU per admission over those admissions (its
+  process CPU clock, every thread; the probe's share, measured on the idle daemon first,
+  taken off);
+* log bytes per pod: the growth of the log's ``data.mdb`` since the previous size, over the
+  pods admitted since;
+* PodResources ``List`` p50 over ``--repeats`` calls (every pod in each answer);
+* the longest loop stall: the daemon exposes none, so it is measured from outside, as the
+  worst round trip of a node API ``Status`` call sent every 10 ms by another process for
+  the whole span (its scheduling on this machine included);
+* beside them, measured in the same run on the same disk: what the kubelet's device
+  manager pays to persist the same state on each change (its whole checkpoint,
+  ``kubelet_internal_checkpoint``: PodDeviceEntries, RegisteredDevices, Checksum, as JSON,
+  to a temporary file in the log's directory, fsync, rename), median of ``--repeats``
+  changes, and that file's size. The checksum (go-spew text, FNV-1a) is computed outside
+  the timing, so the figure is a floor of the kubelet's cost.
+
+Then the daemon is SIGKILLed at ``--pods`` pods and started again: the time until Status
+says ready, beside its first start on an empty log. Retention does not exist yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TextIO
+
+from grpclib.client import Channel
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+from eventsrc.bench.harness import (
+    RESOURCE,
+    cpu_seconds,
+    one_device_pod,
+    pct,
+    rss_bytes,
+    start_daemon,
+    start_plugin,
+    stop,
+    wait_devices,
+    wait_ready,
+)
+from eventsrc.errors import EventsrcError
+from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as dp
+from eventsrc.gen.node.v1 import node_pb2 as pb
+from eventsrc.gen.node.v1.node_grpc import NodeStub
+from eventsrc.gen.podresources.v1 import api_pb2 as pr
+from eventsrc.gen.podresources.v1.api_grpc import PodResourcesListerStub
+from eventsrc.offline.kubelet_import import DeviceCheckpoint, PodDevicesEntry, device_checksum_text, fnv32a
+
+SIZES = (10, 100, 1_000, 10_000)
+PROBE_PERIOD = 0.010
+LIST_INTERVAL = 0.011  # PodResources allows 100 calls a second
+CHECKPOINT = "kubelet_internal_checkpoint"
+
+
+def sizes(pods: int) -> list[int]:
+    """The sizes a row is printed at: the decades up to ``pods``, and ``pods``."""
+    return [s for s in SIZES if s < pods] + [pods]
+
+
+# --------------------------------------------------------------------------- the kubelet's checkpoint
+
+
+@dataclass(frozen=True)
+class Held:
+    """One admitted pod's device, as the kubelet's device manager would checkpoint it."""
+
+    pod_uid: str
+    container: str
+    device: str
+    numa: int
+    alloc_resp: bytes  # the plugin's ContainerAllocateResponse, marshalled
+
+
+def held(info: pb.PodInfo, numa: dict[str, int]) -> Held:
+    """What ``info`` (an Admit answer for a one-device pod) holds."""
+    c = info.containers[0]
+    r = next(r for r in c.resources if r.resource == RESOURCE)
+    resp = dp.ContainerAllocateResponse(
+        envs=dict(r.envs),
+        mounts=[
+            dp.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only) for m in r.mounts
+        ],
+        devices=[
+            dp.DeviceSpec(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions)
+            for d in r.devices
+        ],
+        annotations=dict(r.annotations),
+        cdi_devices=[dp.CDIDevice(name=n) for n in r.cdi_devices],
+    )
+    device = r.device_ids[0]
+    return Held(info.uid, c.name, device, numa.get(device, -1), resp.SerializeToString(deterministic=True))
+
+
+def checkpoint_checksum(entries: list[Held], registered: list[str]) -> int:
+    """The device manager's checksum of that state: FNV-1a-32 of go-spew's rendering of
+    its ``checkpointData`` (the rules of ``eventsrc import-kubelet``, which verifies it)."""
+    cp = DeviceCheckpoint(
+        source=CHECKPOINT,
+        version="v2",
+        entries=[
+            PodDevicesEntry(
+                pod_uid=h.pod_uid,
+                container_name=h.container,
+                resource_name=RESOURCE,
+                device_ids={h.numa: [h.device]},
+                alloc_resp=h.alloc_resp,
+            )
+            for h in entries
+        ],
+        registered_devices={RESOURCE: registered},
+        checksum=0,
+    )
+    return fnv32a(device_checksum_text(cp))
+
+
+def checkpoint_json(entries: Iterable[Held], registered: list[str], checksum: int) -> bytes:
+    """The checkpoint file as the kubelet writes it (Go's encoding/json of the structs:
+    field names as keys, ``[]byte`` as base64)."""
+    data = {
+        "PodDeviceEntries": [
+            {
+                "PodUID": h.pod_uid,
+                "ContainerName": h.container,
+                "ResourceName": RESOURCE,
+                "DeviceIDs": {str(h.numa): [h.device]},
+                "AllocResp": base64.b64encode(h.alloc_resp).decode(),
+            }
+            for h in entries
+        ],
+        "RegisteredDevices": {RESOURCE: registered},
+    }
+    return json.dumps({"Data": data, "Checksum": checksum}, separators=(",", ":")).encode()
+
+
+def write_checkpoint(directory: Path, content: bytes) -> None:
+    """The kubelet's FileStore write: a dot-named temporary file in the same directory,
+    written, fsynced, renamed over the checkpoint."""
+    tmp = directory / f".{CHECKPOINT}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(content)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, directory / CHECKPOINT)
+
+
+def checkpoint_per_change(
+    directory: Path, entries: list[Held], registered: list[str], changes: int
+) -> tuple[float, int]:
+    """Median seconds of a change persisted the kubelet's way (the whole state encoded and
+    written, with the checksum computed beforehand), and the file's size."""
+    checksum = checkpoint_checksum(entries, registered)
+    times = []
+    size = 0
+    for _ in range(changes):
+        t = time.perf_counter()
+        content = checkpoint_json(entries, registered, checksum)
+        write_checkpoint(directory, content)
+        times.append(time.perf_counter() - t)
+        size = len(content)
+    (directory / CHECKPOINT).unlink()
+    return statistics.median(times), size
+
+
+# --------------------------------------------------------------------------- the stall probe
+
+
+def probe_main() -> None:
+    """A separate process (``python -c``; argv: the node API socket, the period): Status
+    every period; each line read on stdin is answered with the worst and median round
+    trip since the previous line, and the number of calls (an unanswered call counts as
+    its time until it failed). Ends at the end of stdin."""
+    import threading
+
+    api, period = sys.argv[1], float(sys.argv[2])
+    lock = threading.Lock()
+    seen: list[float] = []
+
+    def answer() -> None:
+        for _ in sys.stdin:
+            with lock:
+                worst = max(seen, default=0.0)
+                median = statistics.median(seen) if seen else 0.0
+                sys.stdout.write(f"{worst!r} {median!r} {len(seen)}\n")
+                sys.stdout.flush()
+                seen.clear()
+        os._exit(0)
+
+    async def probe() -> None:
+        channel = Channel(path=api)
+        stub = NodeStub(channel)
+        due = time.perf_counter()
+        while True:
+            t = time.perf_counter()
+            try:
+                await stub.Status(pb.StatusRequest(), timeout=60)
+            except Exception:  # noqa: BLE001 - counted as its time; the bench sees the daemon's state itself
+                await asyncio.sleep(period)
+            lat = time.perf_counter() - t
+            with lock:
+                seen.append(lat)
+            due += period
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                due = time.perf_counter()
+
+    threading.Thread(target=answer, daemon=True).start()
+    asyncio.run(probe())
+
+
+class Probe:
+    """The stall probe's process."""
+
+    def __init__(self, api: Path) -> None:
+        code = "from eventsrc.bench.scale import probe_main; probe_main()"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(api), str(PROBE_PERIOD)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+
+    def read(self) -> tuple[float, float, int]:
+        """(worst, median) round trip in seconds since the last read, and how many calls."""
+        stdin, stdout = self._pipes()
+        stdin.write(b"\n")
+        stdin.flush()
+        line = stdout.readline().split()
+        if len(line) != 3:
+            raise EventsrcError("the stall probe ended unexpectedly")
+        return float(line[0]), float(line[1]), int(line[2])
+
+    def _pipes(self) -> tuple[IO[bytes], IO[bytes]]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        return self.proc.stdin, self.proc.stdout
+
+    def close(self) -> None:
+        stdin, _ = self._pipes()
+        try:
+            stdin.close()
+            self.proc.wait(10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class Row:
+    pods: int
+    samples: int
+    p50: float
+    p99: float
+    rss: int
+    cpu: float
+    log_bytes: float
+    list_first: float
+    list_p50: float
+    stall: float
+    probe_p50: float
+    checkpoint: float
+    checkpoint_bytes: int
+
+
+class _Progress:
+    """Admissions so far, on stderr when it is a terminal (at most every 0.5 s)."""
+
+    def __init__(self, pods: int) -> None:
+        self.pods = pods
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+
+    def show(self, n: int, what: str = "admitting") -> None:
+        if self.tty and (time.monotonic() - self.last > 0.5 or n == self.pods):
+            self.last = time.monotonic()
+            sys.stderr.write(f"\r  {what}: {n:,}/{self.pods:,} pods ")
+            sys.stderr.flush()
+
+    def clear(self) -> None:
+        if self.tty:
+            sys.stderr.write("\r" + " " * 60 + "\r")
+            sys.stderr.flush()
+
+
+class _Bench:
+    def __init__(self, tmp: Path, devices: int, pods: int, samples: int, repeats: int, out: TextIO) -> None:
+        self.tmp, self.root = tmp, tmp / "r"
+        self.devices, self.pods, self.samples, self.repeats = devices, pods, samples, repeats
+        self.out = out
+        self.api = self.root / "eventsrc" / "api.sock"
+        self.log_dir = self.root / "eventsrc" / "log"
+        self.daemon_log = tmp / "daemon.log"
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.probe: Probe | None = None
+        self.numa: dict[str, int] = {}
+        self.held: list[Held] = []
+        self.progress = _Progress(pods)
+
+    @property
+    def daemon(self) -> subprocess.Popen[bytes]:
+        return self.procs[0]
+
+    async def start(self) -> float:
+        """The daemon (timed until ready) and the plugin; the daemon's start time."""
+        with open(self.daemon_log, "ab") as log:
+            t = time.perf_counter()
+            self.procs.append(start_daemon(self.root, log))
+            await wait_ready(self.root, self.daemon, self.daemon_log)
+            first_start = time.perf_counter() - t
+            self.procs.append(start_plugin(self.root, self.devices, log))
+        self.numa = await wait_devices(self.root, self.devices)
+        return first_start
+
+    def start_probe(self, seconds: float = 1.0) -> tuple[float, float, float]:
+        """The stall probe started on the idle daemon: what it costs the daemon (CPU seconds
+        per second, beside the idle daemon without it), and its worst and median round trip there."""
+        time.sleep(0.5)  # the plugin's registration settles
+        c, t = cpu_seconds(self.daemon.pid), time.perf_counter()
+        time.sleep(seconds)
+        idle = (cpu_seconds(self.daemon.pid) - c) / (time.perf_counter() - t)
+        self.probe = Probe(self.api)
+        time.sleep(0.3)  # its interpreter starts
+        self.probe.read()
+        c, t = cpu_seconds(self.daemon.pid), time.perf_counter()
+        time.sleep(seconds)
+        probed = (cpu_seconds(self.daemon.pid) - c) / (time.perf_counter() - t)
+        worst, median, _ = self.probe.read()
+        return max(probed - idle, 0.0), worst, median
+
+    async def admit(self, stub: NodeStub, n: int) -> list[float]:
+        """``n`` more pods, one at a time; each admission's latency."""
+        out = []
+        for _ in range(n):
+            i = len(self.held)
+            pod = one_device_pod(i)
+            t = time.perf_counter()
+            try:
+                info = await stub.Admit(pb.AdmitRequest(pod=pod), timeout=60)
+            except GRPCError as err:
+                raise EventsrcError(f"admitting pod {i + 1} failed: {err.message or err.status.name}") from None
+            out.append(time.perf_counter() - t)
+            self.held.append(held(info, self.numa))
+            self.progress.show(len(self.held))
+        return out
+
+    async def list_latencies(self, size: int) -> list[float]:
+        channel = Channel(path=str(self.root / "pod-resources" / "kubelet.sock"))
+        stub = PodResourcesListerStub(channel)
+        out = []
+        try:
+            for _ in range(self.repeats):
+                t = time.perf_counter()
+                resp = await stub.List(pr.ListPodResourcesRequest(), timeout=60)
+                out.append(time.perf_counter() - t)
+                # The kubelet's rate limit, which the daemon keeps: 100 calls/s (burst 10).
+                await asyncio.sleep(max(0.0, LIST_INTERVAL - (time.perf_counter() - t)))
+                if len(resp.pod_resources) != size:
+                    raise EventsrcError(f"PodResources List answered {len(resp.pod_resources)} pods, not {size}")
+        finally:
+            channel.close()
+        return out
+
+    async def grow(self, probe_cpu: float) -> list[Row]:
+        """Admit up to each size in turn; a row printed at each."""
+        assert self.probe is not None
+        rows = []
+        data = self.log_dir / "data.mdb"
+        registered = sorted(self.numa, key=lambda d: (len(d), d))
+        channel = Channel(path=str(self.api))
+        stub = NodeStub(channel)
+        try:
+            prev, log_before = 0, data.stat().st_size
+            self.probe.read()  # the span starts here
+            for size in sizes(self.pods):
+                window = min(self.samples, size - prev)
+                await self.admit(stub, size - window - len(self.held))
+                c, t = cpu_seconds(self.daemon.pid), time.perf_counter()
+                lat = await self.admit(stub, window)
+                cpu = (cpu_seconds(self.daemon.pid) - c - probe_cpu * (time.perf_counter() - t)) / window
+                rss = rss_bytes(self.daemon.pid)
+                log_after = data.stat().st_size
+                log_bytes = (log_after - log_before) / (size - prev)
+                self.progress.show(size, "PodResources List at")
+                lists = await self.list_latencies(size)
+                stall, probe_p50, _ = self.probe.read()
+                self.progress.show(size, "kubelet checkpoint at")
+                ckpt, ckpt_bytes = checkpoint_per_change(self.log_dir, self.held, registered, self.repeats)
+                self.probe.read()  # not the daemon's doing: the next span starts here
+                self.progress.clear()
+                row = Row(
+                    size,
+                    len(lat),
+                    pct(lat, 0.5),
+                    pct(lat, 0.99),
+                    rss,
+                    cpu,
+                    log_bytes,
+                    lists[0],
+                    statistics.median(lists),
+                    stall,
+                    probe_p50,
+                    ckpt,
+                    ckpt_bytes,
+                )
+                _row(self.out, row)
+                rows.append(row)
+                prev, log_before = size, data.stat().st_size
+        finally:
+            channel.close()
+        return rows
+
+    async def restart(self) -> tuple[float, pb.StatusResponse, int]:
+        """SIGKILL the daemon, start it again: seconds until ready, its Status, its pods."""
+        if self.probe is not None:
+            self.probe.close()
+            self.probe = None
+        self.daemon.kill()
+        self.daemon.wait()
+        with open(self.daemon_log, "ab") as log:
+            t = time.perf_counter()
+            self.procs[0] = start_daemon(self.root, log)
+            st = await wait_ready(self.root, self.daemon, self.daemon_log)
+            seconds = time.perf_counter() - t
+        channel = Channel(path=str(self.api))
+        try:
+            pods = await NodeStub(channel).ListPods(pb.ListPodsRequest(), timeout=60)
+        finally:
+            channel.close()
+        return seconds, st, len(pods.pods)
+
+    def close(self) -> None:
+        if self.probe is not None:
+            self.probe.close()
+        stop(self.procs)
+
+
+# (group, label, width) of each column; the rows are formatted to the same widths.
+_COLUMNS = (
+    ("", "pods", 8),
+    ("admission", "samples", 9),
+    ("admission", "p50 ms", 8),
+    ("admission", "p99 ms", 8),
+    ("daemon", "RSS MB", 8),
+    ("daemon", "CPU/adm ms", 12),
+    ("log", "bytes/pod", 11),
+    ("PodResources List", "first ms", 10),
+    ("PodResources List", "p50 ms", 8),
+    ("longest", "stall ms", 10),
+    ("", "|", 3),
+    ("kubelet-style checkpoint", "per change ms", 14),
+    ("kubelet-style checkpoint", "bytes", 12),
+)
+
+
+def _header(out: TextIO) -> None:
+    groups = ""
+    for group, cols in itertools.groupby(_COLUMNS, key=lambda c: c[0]):
+        width = sum(c[2] for c in cols)
+        groups += (group + " ").rjust(width) if group != "kubelet-style checkpoint" else ("  " + group).ljust(width)
+    labels = "".join(label.rjust(width) for _, label, width in _COLUMNS)
+    out.write(groups.rstrip() + "\n" + labels + "\n")
+
+
+def _row(out: TextIO, r: Row) -> None:
+    w = [width for _, _, width in _COLUMNS]
+    out.write(
+        f"{r.pods:{w[0]},}{r.samples:{w[1]}}{r.p50 * 1e3:{w[2]}.2f}{r.p99 * 1e3:{w[3]}.2f}{r.rss / 2**20:{w[4]}.1f}"
+        f"{r.cpu * 1e3:{w[5]}.2f}{r.log_bytes:{w[6]},.0f}{r.list_first * 1e3:{w[7]}.2f}{r.list_p50 * 1e3:{w[8]}.2f}"
+        f"{r.stall * 1e3:{w[9]}.1f}{'|':>{w[10]}}{r.checkpoint * 1e3:{w[11]}.2f}{r.checkpoint_bytes:{w[12]},}\n"
+    )
+    out.flush()
+
+
+def run_scale_bench(
+    *, devices: int, pods: int, samples: int, repeats: int, workdir: Path | None = None, keep: bool = False
+) -> None:
+    out = sys.stdout
+    tmp = Path(tempfile.mkdtemp(prefix="ess-", dir=workdir or "/tmp"))
+    bench = _Bench(tmp, devices, pods, samples, repeats, out)
+    t_run = time.perf_counter()
+    try:
+        first_start = asyncio.run(bench.start())
+        out.write(
+            f"eventsrc bench scale: {os.cpu_count()} cpus, Python {sys.version.split()[0]}; daemon and sample "
+            f"plugin in their own processes; {devices:,} devices on 2 NUMA nodes; one-device pods admitted one at "
+            f"a time through the node API (Allocate included) up to {pods:,}, none removed; in {tmp}\n\n"
+        )
+        out.flush()
+        probe_cpu, idle_worst, idle_p50 = bench.start_probe()
+        _header(out)
+        rows = asyncio.run(bench.grow(probe_cpu))
+        _legend(out, samples, repeats, probe_cpu, rows, idle_worst, idle_p50)
+        restart, st, back = asyncio.run(bench.restart())
+        label = f"restart after SIGKILL at {pods:,} pods"
+        out.write(
+            f"\n{label:<42}{restart:7.3f} s until Status says ready "
+            f"(log at sequence {st.last_seq:,}; {back:,} pods back; the first start, on an empty log, "
+            f"took {first_start:.3f} s; Python's start and imports included in both)\n"
+        )
+        label = f"retention cut at {pods:,} pods"
+        out.write(f"{label:<42}    n/a (no retention yet)\n")
+        out.write(f"\nwhole run: {time.perf_counter() - t_run:.1f} s\n")
+    except GRPCError as err:
+        raise EventsrcError(f"the daemon answered {err.status.name}: {err.message}; see {bench.daemon_log}") from None
+    except BrokenPipeError:
+        raise  # our stdout, closed: the command's own handling
+    except (StreamTerminatedError, ConnectionError) as err:
+        raise EventsrcError(f"the daemon stopped answering ({err}); see {bench.daemon_log}") from None
+    finally:
+        bench.close()
+        if keep:
+            with contextlib.suppress(OSError):  # stdout may be what failed
+                out.write(f"kept: {tmp} (the daemon's output in {bench.daemon_log})\n")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _legend(
+    out: TextIO, samples: int, repeats: int, probe_cpu: float, rows: list[Row], idle_worst: float, idle_p50: float
+) -> None:
+    probe = statistics.median(r.probe_p50 for r in rows) if rows else 0.0
+    out.write(
+        "\n"
+        f"  admission      latency of the last {samples} admissions before that size (fewer at 10 pods and "
+        "wherever the previous size is nearer)\n"
+        "  RSS            the daemon's VmRSS at that size\n"
+        "  CPU/adm        the daemon's CPU (every thread) over those admissions, per admission; the stall probe's "
+        f"share ({probe_cpu * 1e3:.1f} ms/s, measured on the idle daemon) taken off\n"
+        "  bytes/pod      growth of the log's data.mdb since the previous size, per pod admitted since\n"
+        f"  List           PodResources List with every pod in its answer: the first call after the admissions, "
+        f"and the median of {repeats} (the daemon keeps its answer from one List to the next while nothing changed)\n"
+        "  stall          the daemon exposes no loop-stall figure: this is the worst node API Status round trip, "
+        f"sent every {PROBE_PERIOD * 1e3:.0f} ms by another process since the previous size (its scheduling on "
+        f"this machine included; a typical one took {probe * 1e3:.2f} ms; on the idle daemon, before any pod, "
+        f"the worst of 1 s took {idle_worst * 1e3:.1f} ms, a typical one {idle_p50 * 1e3:.2f} ms)\n"
+        "  checkpoint     what the kubelet's device manager pays per change to persist the same state: its whole "
+        f"{CHECKPOINT} (the pods' entries and the registered devices) as JSON to a temporary file in the "
+        f"log's directory, fsync, rename; median of {repeats}; the checksum (go-spew + FNV) not timed, so a floor\n"
+    )
