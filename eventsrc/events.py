@@ -215,13 +215,19 @@ class ResourceDropped(_Event, frozen=True):
 
 class DeviceHealthChanged(_Event, frozen=True):
     """v1: ``healthy: bool``; v2: ``health`` string and a single ``numa_node`` (-1: none);
-    v3: ``numa_nodes`` list, as the device plugin API reports topology."""
+    v3: ``numa_nodes`` list, as the device plugin API reports topology.
+
+    ``coalesced`` (additive): changes the plugin listed for the device since its previous
+    record that this record stands for beyond its own (flaps inside the window, ADR 0017).
+    A record whose health and NUMA nodes are the ones already recorded only reports such
+    flaps: the device came back to its recorded state within the window."""
 
     VERSION: ClassVar[int] = 3
     resource: str
     device_id: str
     health: str
     numa_nodes: list[int] = []
+    coalesced: int = 0
 
 
 # --------------------------------------------------------------------------- pods

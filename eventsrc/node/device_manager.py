@@ -3,8 +3,10 @@
     DeviceManager.run
       ├─ serve_unix(Registration) on ROOT/device-plugins/kubelet.sock
       ├─ Endpoint tasks, one per registered plugin:
-      │    ├─ ListAndWatch: each list checked against the limits, kept as the newest
-      │    └─ recorder: records the newest list, at most LIST_RATE a second
+      │    ├─ ListAndWatch: each list checked against the limits, its flaps counted, kept
+      │    │  as the newest
+      │    └─ recorder: records what the newest list changed, at most LIST_RATE a second,
+      │       and again when a held health change's window ends (core.devices.flaps)
       └─ grace timers: a resource whose plugin stays away is dropped after ``grace``
 
 Decisions (what a device list changed, which devices to give) live in eventsrc.core;
@@ -27,6 +29,7 @@ from grpclib.client import Channel
 from grpclib.server import Stream
 
 from eventsrc import events as ev
+from eventsrc.core.devices.flaps import FLAP_WINDOW, HealthThrottle
 from eventsrc.core.devices.holds import DeviceList, check_device_list, list_and_watch_events
 from eventsrc.core.devices.names import endpoint_error, registration_error
 from eventsrc.errors import EventsrcError
@@ -95,16 +98,22 @@ class Endpoint:
     channel: Channel
     stub: DevicePluginStub
     options: ev.PluginOptions
+    flap_window: float = FLAP_WINDOW
     listed: trio.Event = field(default_factory=trio.Event)  # first ListAndWatch message handled
     cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
-    # ListAndWatch lists received and not recorded yet: only the newest is kept.
-    latest: list[ev.DeviceInfo] | None = None
+    # The newest ListAndWatch list, and how many lists arrived since the last recording pass.
+    newest: list[ev.DeviceInfo] | None = None
     unrecorded: int = 0
     arrived: trio.Event = field(default_factory=trio.Event)  # a list arrived, or the stream ended
     ended: bool = False
+    health: HealthThrottle = field(init=False)  # what of the devices' changes is held, counted
+    due: float = math.inf  # when a held change's window ends
     coalesced: int = 0  # lists never recorded, since the last log line saying so
     coalesced_logged: float = -math.inf
     reported: frozenset[str] = frozenset()  # what was wrong with its list, already logged
+
+    def __post_init__(self) -> None:
+        self.health = HealthThrottle(self.resource, self.flap_window)
 
     def close(self) -> None:
         self.channel.close()
@@ -259,11 +268,13 @@ def _log_checked(ep: Endpoint, checked: DeviceList, machine_numa_nodes: Sequence
 
 
 def _log_listed(events: list[ev._Event]) -> None:
-    """One line per change a plugin's ListAndWatch made: devices added, removed, health."""
+    """One line per change a plugin's ListAndWatch made: devices added, removed, health (with
+    the flaps the record stands for)."""
     for e in events:
         if isinstance(e, ev.DeviceHealthChanged):
+            flaps = {"coalesced": e.coalesced} if e.coalesced else {}
             (log.info if e.health == "Healthy" else log.warning)(
-                "device health changed", resource=e.resource, device=e.device_id, health=e.health
+                "device health changed", resource=e.resource, device=e.device_id, health=e.health, **flaps
             )
         elif isinstance(e, ev.DevicesAdded):
             log.info("devices added", resource=e.resource, count=len(e.devices))
@@ -276,10 +287,16 @@ class DeviceManager:
     ``directory`` (its ``kubelet.sock``) and through plugins_registry (``RegistryHandler``)."""
 
     def __init__(
-        self, recorder: Recorder, directory: Path, grace: float = DEFAULT_GRACE, machine_numa_nodes: Sequence[int] = ()
+        self,
+        recorder: Recorder,
+        directory: Path,
+        grace: float = DEFAULT_GRACE,
+        machine_numa_nodes: Sequence[int] = (),
+        flap_window: float = FLAP_WINDOW,
     ) -> None:
         self.recorder = recorder
         self.directory = directory
+        self.flap_window = flap_window  # seconds between two records of a device's health (ADR 0017)
         # NUMA ids a device may be aligned on (the CPU topology's); others are reported.
         self.machine_numa_nodes = list(machine_numa_nodes)
         self.socket = self.directory / "kubelet.sock"
@@ -342,7 +359,7 @@ class DeviceManager:
             pre_start_required=opts.pre_start_required,
             get_preferred_allocation_available=opts.get_preferred_allocation_available,
         )
-        ep = Endpoint(resource, endpoint, target, channel, stub, options)
+        ep = Endpoint(resource, endpoint, target, channel, stub, options, flap_window=self.flap_window)
         old = self.endpoints.get(resource)
         self.endpoints[resource] = ep
         if old is not None:
@@ -366,8 +383,10 @@ class DeviceManager:
 
     async def _run_endpoint(self, ep: Endpoint) -> None:
         """Stream the plugin's lists until the stream ends, the plugin is cut off, or a newer
-        registration cancels ``ep.cancel``; then record the disconnection."""
+        registration cancels ``ep.cancel``; then record what the newest list changed that is
+        still held, and the disconnection."""
         reason = "ListAndWatch stream ended"
+        recorded = True
         with ep.cancel:
             try:
                 async with trio.open_nursery() as nursery:
@@ -382,16 +401,19 @@ class DeviceManager:
                     except Exception as exc:  # a plugin must never take the daemon down
                         log.exception("ListAndWatch failed unexpectedly", resource=ep.resource)
                         reason = f"ListAndWatch failed: {type(exc).__name__}: {exc}"
-                    ep.ended = True  # the recorder records the newest list, then returns
+                    ep.ended = True  # the recorder returns
                     ep.arrived.set()
             except Exception as exc:  # the recorder failed: recording the plugin's list did
                 log.exception("recording a ListAndWatch list failed", resource=ep.resource)
                 while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
                     exc = exc.exceptions[0]
                 reason = f"recording its list failed: {type(exc).__name__}: {exc}"
+                recorded = False
         ep.close()
         if self.endpoints.get(ep.resource) is not ep:
-            return  # replaced by a newer registration: nothing was lost
+            return  # replaced by a newer registration: its list carries the truth, nothing was lost
+        if recorded:  # the newest list at once, held changes and flap counts with it (ADR 0017)
+            await self._devices_listed(ep, ep.unrecorded, final=True)
         del self.endpoints[ep.resource]
         with correlation(new_correlation_id()):
             recs = await record_or_log(
@@ -412,40 +434,43 @@ class DeviceManager:
                 await to_trio(self._devices_received)(ep, msg)
 
     async def _devices_received(self, ep: Endpoint, msg: pb.ListAndWatchResponse) -> None:
-        """Check one list and keep it as the newest, for the recorder; raises PluginCutOff
-        when it breaks a limit."""
+        """Check one list, count the flaps it makes and keep it as the newest, for the
+        recorder; raises PluginCutOff when it breaks a limit."""
         reason = list_and_watch_error(msg)
         if reason:
             raise PluginCutOff(f"its ListAndWatch message {reason}")
-        ep.latest = [
+        ep.newest = [
             ev.DeviceInfo(id=d.ID, health=d.health, numa_nodes=[n.ID for n in d.topology.nodes]) for d in msg.devices
         ]
+        ep.health.listed(ep.newest)
         ep.unrecorded += 1
         ep.arrived.set()
 
     async def _record_lists(self, ep: Endpoint) -> None:
-        """Record the newest list of ``ep`` whenever one arrives, at most LIST_RATE times a
-        second after a burst of LIST_BURST; lists that arrive meanwhile are coalesced into the
-        newest. Returns once the stream has ended and its newest list is recorded."""
+        """Record what the newest list of ``ep`` changed whenever one arrives, and again when a
+        held health change's window ends (``ep.due``); at most LIST_RATE passes a second after a
+        burst of LIST_BURST: lists that arrive meanwhile are coalesced into the newest. Returns
+        once the stream has ended (``_run_endpoint`` records the rest)."""
         bucket = TokenBucket(LIST_RATE, LIST_BURST, clock=trio.current_time)
         while True:
-            await ep.arrived.wait()
-            ep.arrived = trio.Event()
-            if ep.latest is not None:
-                if not ep.ended and (delay := bucket.delay()) > 0:
-                    await trio.sleep(delay)  # lists arriving meanwhile replace ep.latest
-                bucket.spend()  # the stream's last list is recorded at once
-                update, count = ep.latest, ep.unrecorded
-                ep.latest, ep.unrecorded = None, 0
-                await self._devices_listed(ep, update, count)
-            if ep.ended and ep.latest is None:
+            with trio.move_on_at(ep.due):  # the window's end, as a cancel scope's deadline
+                await ep.arrived.wait()
+            if ep.arrived.is_set():
+                ep.arrived = trio.Event()
+            if ep.ended:
                 return
+            if (delay := bucket.delay()) > 0:
+                await trio.sleep(delay)  # lists arriving meanwhile replace ep.newest
+            bucket.spend()
+            await self._devices_listed(ep, ep.unrecorded)
 
-    async def _devices_listed(self, ep: Endpoint, update: list[ev.DeviceInfo], count: int = 1) -> None:
-        """Record what ``update``, the newest of ``count`` lists, changed."""
-        if self.endpoints.get(ep.resource) is not ep:
+    async def _devices_listed(self, ep: Endpoint, count: int, *, final: bool = False) -> None:
+        """Record what the newest list of ``ep``, the newest of ``count`` lists since the last
+        pass, changed and the flap throttle lets through now (``final``: all it holds)."""
+        if self.endpoints.get(ep.resource) is not ep or ep.newest is None:
             return
-        ep.coalesced += count - 1
+        ep.unrecorded = 0
+        ep.coalesced += max(count - 1, 0)
         now = trio.current_time()
         if ep.coalesced and now - ep.coalesced_logged >= 60.0:
             log.warning(
@@ -457,13 +482,21 @@ class DeviceManager:
             )
             ep.coalesced, ep.coalesced_logged = 0, now
         known = self.recorder.views.devices.devices.get(ep.resource, {})
+        listed = {k: d for k, d in known.items() if not d.removed}
         machine = self.machine_numa_nodes
-        _log_checked(ep, check_device_list(update, machine), machine)
-        events = list_and_watch_events(ep.resource, {k: d for k, d in known.items() if not d.removed}, update, machine)
-        if events:
+        if count:
+            _log_checked(ep, check_device_list(ep.newest, machine), machine)
+        changed = list_and_watch_events(ep.resource, listed, ep.newest, machine)
+        decision = ep.health.decide(changed, listed, now, final=final)
+        ep.due = decision.due
+        if decision.events:
             with correlation(new_correlation_id()):  # one update of the plugin's list
-                await self.recorder.record(events)
-                _log_listed(events)
+                if final:  # the stream is over: a refused append is logged, the disconnection follows
+                    if await record_or_log(self.recorder, decision.events, "device list") is None:
+                        return
+                else:
+                    await self.recorder.record(decision.events)
+                _log_listed(decision.events)
         if not ep.listed.is_set():
             ep.listed.set()
         self._notify()

@@ -35,6 +35,7 @@ import trio
 import trio_asyncio
 
 from eventsrc import events as ev
+from eventsrc.core.devices.flaps import FLAP_WINDOW
 from eventsrc.events import chain_hash, decode_record, encode_payload, prev_hash_of
 from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as pb
 from eventsrc.gen.dra.v1 import api_pb2 as drapb
@@ -656,7 +657,7 @@ def test_limits_are_the_documented_ones() -> None:
         131_072,
         1_048_576,
     )
-    assert (device_plugins.LIST_RATE, device_plugins.LIST_BURST) == (10.0, 20)
+    assert (device_plugins.LIST_RATE, device_plugins.LIST_BURST, FLAP_WINDOW) == (10.0, 20, 1.0)
     assert (device_plugins.REGISTER_RATE, device_plugins.REGISTER_BURST, device_plugins.MAX_REGISTER_BYTES) == (
         10.0,
         32,

@@ -8,6 +8,7 @@ sends and accepts is checked against another implementation of the protocol.
     ok, error = plugin.register()
     ...
     plugin.set_devices([...])      # pushes a new ListAndWatch message
+    plugin.flap("gpu-0", [...])    # one message per health, each sent even to a lagging stream
     plugin.calls("Allocate")       # what the daemon asked
     plugin.stop()
 """
@@ -77,9 +78,12 @@ class _Servicer(dp.DevicePluginServicer):  # type: ignore[misc,name-defined]
                     cond.wait(0.1)  # wake up now and then to notice a cancelled stream
                 if self.p._stopping or not context.is_active():
                     return
+                # The lists ``flap`` made since the last message, each; else only the newest.
+                flaps = range(sent + 1, self.p._generation) if sent >= 0 else range(0)
+                msgs = [self.p._list_message(self.p._flaps[g]) for g in flaps if g in self.p._flaps]
+                msgs.append(self.p._list_message())
                 sent = self.p._generation
-                msg = self.p._list_message()
-            yield msg
+            yield from msgs
 
     def GetPreferredAllocation(self, request: Any, context: grpc.ServicerContext) -> Any:
         responses = []
@@ -145,6 +149,7 @@ class GrpcioPlugin:
         self.preferred_error: tuple[grpc.StatusCode, str] | None = None
         self._devices = list(devices)
         self._generation = 0
+        self._flaps: dict[int, list[Dev]] = {}  # generation -> the list ``flap`` made
         self._stopping = False
         self._cond = threading.Condition()
         self._calls: list[Call] = []
@@ -161,9 +166,9 @@ class GrpcioPlugin:
         with self._calls_lock:
             return [c for c in self._calls if method is None or c.method == method]
 
-    def _list_message(self) -> Any:
+    def _list_message(self, devices: list[Dev] | None = None) -> Any:
         out = []
-        for d in self._devices:
+        for d in self._devices if devices is None else devices:
             dev = pb.Device(ID=d.id, health=d.health)
             if d.numa is not None:
                 dev.topology.nodes.append(pb.NUMANode(ID=d.numa))
@@ -186,6 +191,16 @@ class GrpcioPlugin:
         with self._cond:
             devices = [Dev(d.id, health, d.numa) if d.id == device_id else d for d in self._devices]
         self.set_devices(devices)
+
+    def flap(self, device_id: str, healths: Iterable[str]) -> None:
+        """Give ``device_id`` each health of ``healths`` in turn: one ListAndWatch message each,
+        all of them sent to a stream that lags (``set_devices`` sends it only the newest)."""
+        with self._cond:
+            for health in healths:
+                self._devices = [Dev(d.id, health, d.numa) if d.id == device_id else d for d in self._devices]
+                self._generation += 1
+                self._flaps[self._generation] = self._devices
+            self._cond.notify_all()
 
     # ------------------------------------------------------------------ running
 
