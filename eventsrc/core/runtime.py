@@ -23,6 +23,7 @@ from msgspec import Struct
 
 from eventsrc import events as ev
 from eventsrc.core.cpu.static import CPUManagerConfig
+from eventsrc.state.lifecycles import ADMITTED
 from eventsrc.state.views import Views
 
 #: The pod annotation that carries device requests, which CRI does not (docs/nri.md).
@@ -205,19 +206,23 @@ def created_event(
 
 
 class Reconciled(Struct, frozen=True, kw_only=True):
-    """What Synchronize found: ``events`` to record (sandboxes and containers appeared or gone),
-    ``release`` the admitted pods whose sandboxes vanished, ``unknown`` the containers the log
-    has never seen (to be recorded, and admitted in enforce mode)."""
+    """What Synchronize found: ``events`` to record (sandboxes and containers appeared or gone,
+    and cpusets that are not what the log says: a container created unadjusted while eventsrc
+    was away, or the runtime's own change), and ``unadmitted`` the running containers whose pods
+    are not admitted (to be admitted, in enforce mode), each with its sandbox."""
 
     events: list[ev._Event] = []
-    release: list[str] = []
-    unknown: list[ContainerFacts] = []
+    unadmitted: list[tuple[SandboxFacts, ContainerFacts]] = []
+
+
+def pod_ref(sandbox: SandboxFacts) -> ev.PodRef:
+    return ev.PodRef(uid=sandbox.uid, namespace=sandbox.namespace, name=sandbox.name)
 
 
 def reconcile(views: Views, sandboxes: list[SandboxFacts], containers: list[ContainerFacts]) -> Reconciled:
-    """The runtime's current state against the log's. A pod is released only when the log saw
-    its sandbox and the runtime no longer has it: a pod admitted through the node API whose
-    sandbox the runtime has not made yet is left alone."""
+    """The runtime's current state against the log's. Sandboxes gone make their pods owed a
+    release (``owed_releases``, from the log once recorded): a pod admitted through the node
+    API whose sandbox the runtime has not made yet is left alone."""
     rt = views.runtime
     have_sandboxes = {s.id: s for s in sandboxes}
     have_containers = {c.id: c for c in containers}
@@ -225,26 +230,46 @@ def reconcile(views: Views, sandboxes: list[SandboxFacts], containers: list[Cont
     for cid, c in sorted(rt.containers.items()):
         if cid not in have_containers:
             events.append(ev.ContainerRemoved(container_id=cid, pod_uid=c.pod_uid, reason="gone from the runtime"))
-    release = []
     for sid, s in sorted(rt.sandboxes.items()):
         if sid not in have_sandboxes:
             events.append(ev.PodSandboxRemoved(sandbox_id=sid, pod_uid=s.uid, reason="gone from the runtime"))
-            still_elsewhere = any(o.uid == s.uid for o in sandboxes)
-            pod = views.pods.pods.get(s.uid)
-            if pod is not None and not still_elsewhere and s.uid not in release:
-                release.append(s.uid)
     for sid, found in sorted(have_sandboxes.items()):
         if sid not in rt.sandboxes:
-            ref = ev.PodRef(uid=found.uid, namespace=found.namespace, name=found.name)
-            events.append(ev.PodSandboxStarted(sandbox_id=sid, pod=ref))
-    unknown = [c for _, c in sorted(have_containers.items()) if c.id not in rt.containers and c.state != "stopped"]
+            events.append(ev.PodSandboxStarted(sandbox_id=sid, pod=pod_ref(found)))
+    unadmitted = []
     for cid, now in sorted(have_containers.items()):
+        sandbox = have_sandboxes.get(now.sandbox_id)
         known = rt.containers.get(cid)
-        if known is not None and now.state == "running" and known.state == "created":
-            events.append(ev.ContainerStarted(container_id=cid, pod_uid=known.pod_uid))
-        elif known is not None and now.state == "stopped" and known.state != "stopped":
-            events.append(ev.ContainerStopped(container_id=cid, pod_uid=known.pod_uid))
-    return Reconciled(events=events, release=release, unknown=unknown)
+        if sandbox is None:
+            continue  # a container of no pod the runtime listed: nothing to attach it to
+        if known is None:
+            if now.state != "stopped":
+                events.append(created_event(now, sandbox.uid, adjusted=False))
+        else:
+            if now.state == "running" and known.state == "created":
+                events.append(ev.ContainerStarted(container_id=cid, pod_uid=known.pod_uid))
+            elif now.state == "stopped" and known.state != "stopped":
+                events.append(ev.ContainerStopped(container_id=cid, pod_uid=known.pod_uid))
+            if (now.cpus, now.mems) != (known.cpus, known.mems):
+                events.append(
+                    ev.ContainerCPUsUpdated(
+                        container_id=cid,
+                        pod_uid=known.pod_uid,
+                        cpus=list(now.cpus),
+                        mems=list(now.mems),
+                        reason="as the runtime reports",
+                    )
+                )
+        pod = views.pods.pods.get(sandbox.uid)
+        if now.state != "stopped" and (pod is None or pod.state != ADMITTED):
+            unadmitted.append((sandbox, now))
+    return Reconciled(events=events, unadmitted=unadmitted)
+
+
+def owed_releases(views: Views) -> list[str]:
+    """Pods whose last sandbox the log saw removed and that still hold what they were given:
+    each is released (``pod sandbox removed``); after a crash, the next start finds them here."""
+    return sorted(uid for uid in views.runtime.gone if uid in views.pods.pods)
 
 
 def container_not_held(views: Views, container_id: str) -> list[str]:

@@ -19,22 +19,25 @@
                                 back outside a CreateContainer (a node-API admission, a removal),
                                 UpdateContainers for the containers in the pool
 
-Every handler answers within the runtime's request timeout (Configure says it, 2 s by default):
-an admission that does not finish in time refuses the container, and goes on to its outcome.
-The record comes before the answer, so a SIGKILL between them loses nothing; the next
-Synchronize settles what the runtime did meanwhile.
+Handlers answer within the runtime's request timeout (Configure says it, 2 s by default):
+admissions run as tasks of their own and a slow one is answered DeadlineExceeded; releases
+and the admissions Synchronize finds owed run beside the handlers. The record comes before
+the answer; a SIGKILL between them makes containerd create the container unadjusted, and the
+next Synchronize records the cpuset the runtime reports and puts it right (docs/nri.md).
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import msgspec
 import trio
+from google.protobuf.message import DecodeError
 
 from eventsrc import events as ev
 from eventsrc.core.cpu.cpuset import CPUSet, CPUSetParseError, format_list
@@ -46,11 +49,13 @@ from eventsrc.core.runtime import (
     Update,
     container_spec,
     created_event,
+    owed_releases,
     placement,
+    pod_ref,
     pool_updates,
     reconcile,
 )
-from eventsrc.errors import AdmissionRefused, NotFound
+from eventsrc.errors import AdmissionRefused, EventsrcError, NotFound
 from eventsrc.gen.nri.v1alpha1 import api_pb2 as nri
 from eventsrc.inputs.manifest import ManifestError, PodSpec
 from eventsrc.inputs.runtime_annotations import device_requests
@@ -75,6 +80,8 @@ REGISTER_TIMEOUT = 5.0
 BACKOFF_FIRST, BACKOFF_MAX = 0.25, 5.0
 #: the share of the runtime's request timeout an admission may take before the answer is a refusal
 ANSWER_SHARE = 0.75
+#: pods plus containers one Synchronize may carry (containerd sends them all, in chunks)
+MAX_SYNC_OBJECTS = 200_000
 
 E = nri.Event
 _ENFORCE_EVENTS = (
@@ -194,7 +201,9 @@ def _linux_device(spec: ev.DeviceSpec) -> nri.LinuxDevice | None:
     )
 
 
-def adjustment(got: Placement) -> nri.ContainerAdjustment:
+def adjustment(got: Placement) -> tuple[nri.ContainerAdjustment, Placement]:
+    """The adjustment for ``got``, and ``got`` with only the device nodes it carries (a node
+    missing on the host is left out of both, with a warning)."""
     a = got.allocation
     adjust = nri.ContainerAdjustment(
         annotations=dict(a.annotations),
@@ -210,7 +219,11 @@ def adjustment(got: Placement) -> nri.ContainerAdjustment:
         ],
         CDI_devices=[nri.CDIDevice(name=n) for n in a.cdi_devices],
     )
-    devices = [d for d in map(_linux_device, a.devices) if d is not None]
+    nodes = [(spec, _linux_device(spec)) for spec in a.devices]
+    devices = [d for _, d in nodes if d is not None]
+    sent = [spec for spec, d in nodes if d is not None]
+    if len(sent) != len(a.devices):
+        got = msgspec.structs.replace(got, allocation=msgspec.structs.replace(a, devices=sent))
     if devices or got.cpus is not None:
         adjust.linux.CopyFrom(
             nri.LinuxContainerAdjustment(
@@ -218,15 +231,17 @@ def adjustment(got: Placement) -> nri.ContainerAdjustment:
                 resources=_cpu_resources(got.cpus, got.mems) if got.cpus is not None else None,
             )
         )
-    return adjust
+    return adjust, got
 
 
-def container_updates(updates: list[Update]) -> list[nri.ContainerUpdate]:
+def container_updates(updates: list[Update], ignore_failure: bool = True) -> list[nri.ContainerUpdate]:
+    """``ignore_failure`` in an answer (the runtime applies them as part of its request);
+    ``False`` for UpdateContainers, so a failure is an error, not silently skipped."""
     return [
         nri.ContainerUpdate(
             container_id=u.container_id,
             linux=nri.LinuxContainerUpdate(resources=_cpu_resources(u.cpus, u.mems)),
-            ignore_failure=True,
+            ignore_failure=ignore_failure,
         )
         for u in updates
     ]
@@ -261,6 +276,10 @@ class NRIPlugin:
         self._sync_containers: list[nri.Container] = []
         self._nursery: trio.Nursery | None = None
         self._connected = trio.Event()
+        self._creating = 0  # CreateContainer answers in the making (they carry their own pool updates)
+        self._pool_lock = trio.Lock()
+        self._session: ttrpc.Session | None = None
+        self._created = trio.Event()
         self._methods: dict[str, Handler] = {
             "Configure": self._configure,
             "Synchronize": self._synchronize,
@@ -297,6 +316,8 @@ class NRIPlugin:
                     said_away = True
             except (ttrpc.ConnectionLost, ttrpc.TtrpcError, trio.TooSlowError) as exc:
                 log.warning("NRI connection ended", socket=str(self.options.socket), reason=_reason(exc))
+            except Exception:  # a bug must not end the daemon: the runtime goes on without eventsrc, so must it
+                log.exception("NRI connection failed unexpectedly", socket=str(self.options.socket))
             if self._said_connected:  # the log says connected (since Configure): say it went
                 self._said_connected = False
                 await record_or_log(
@@ -307,13 +328,13 @@ class NRIPlugin:
             else:
                 backoff = min(backoff * 2, BACKOFF_MAX)
             self._synced = False
+            self._session = None
             self._connected = trio.Event()
             await trio.sleep(backoff)
 
     async def _connect_once(self) -> None:
         async with ttrpc.nri_session(self.options.socket, self._handle) as session, trio.open_nursery() as nursery:
             self._nursery = nursery
-            self._session = session
             request = nri.RegisterPluginRequest(plugin_name=PLUGIN_NAME, plugin_idx=self.options.index)
             await session.call(RUNTIME_SERVICE, "RegisterPlugin", request.SerializeToString(), REGISTER_TIMEOUT)
             log.info("registered with the runtime over NRI", plugin=self.plugin, mode=self.options.mode)
@@ -348,7 +369,7 @@ class NRIPlugin:
             ]
         )
         self.registrations += 1
-        log.info("configured by the runtime", runtime=escape(f"{req.runtime_name} {req.runtime_version}"))
+        log.info("configured by the runtime", runtime=f"{req.runtime_name} {req.runtime_version}")
         mask = event_mask(_ENFORCE_EVENTS if self.enforce else _OBSERVE_EVENTS)
         return nri.ConfigureResponse(events=mask).SerializeToString()
 
@@ -356,6 +377,9 @@ class NRIPlugin:
         req = nri.SynchronizeRequest.FromString(payload)
         self._sync_pods += req.pods
         self._sync_containers += req.containers
+        if len(self._sync_pods) + len(self._sync_containers) > MAX_SYNC_OBJECTS:
+            self._sync_pods, self._sync_containers = [], []
+            raise ttrpc.TtrpcError(8, f"eventsrc: Synchronize carries more than {MAX_SYNC_OBJECTS} pods and containers")
         if req.more:
             return nri.SynchronizeResponse(more=True).SerializeToString()
         pods, containers = self._sync_pods, self._sync_containers
@@ -367,41 +391,43 @@ class NRIPlugin:
         return nri.SynchronizeResponse(update=container_updates(updates)).SerializeToString()
 
     async def _reconcile(self, sandboxes: list[SandboxFacts], containers: list[ContainerFacts]) -> list[Update]:
+        """Record what the runtime did meanwhile; the updates that put every cpuset right. The
+        releases owed and the admissions of running containers go on in the background: the
+        runtime gives the whole Synchronize one request timeout."""
         views = self.recorder.views
         found = reconcile(views, sandboxes, containers)
         if found.events:
             await self.recorder.record(found.events)
-        uid_of = {s.id: s for s in sandboxes}
-        created = [
-            created_event(c, uid_of[c.sandbox_id].uid, adjusted=False) for c in found.unknown if c.sandbox_id in uid_of
-        ]
-        if created:
-            await self.recorder.record(created)
-            log.info("containers created while eventsrc was away", count=len(created))
         if not self.enforce:
             return []
-        for uid in found.release:
-            await self._release(uid, "pod sandbox removed")
-        unseen = [(uid_of[c.sandbox_id], c) for c in found.unknown if c.sandbox_id in uid_of]
-        if unseen and self._nursery is not None:
-            self._nursery.start_soon(self._admit_unseen, unseen)
+        if self._nursery is not None:
+            self._nursery.start_soon(self._settle, found.unadmitted)
         updates = pool_updates(views, self.cpus)
         if updates:
             await self.recorder.record(updated_events(updates, "synchronized with the runtime"))
         return updates
 
-    async def _admit_unseen(self, unseen: list[tuple[SandboxFacts, ContainerFacts]]) -> None:
-        """Containers the runtime made while eventsrc was away: admit their pods (enforce mode);
-        the follower then gives them the cpusets they must have (devices cannot be added to a
-        running container)."""
-        for sandbox, c in unseen:
+    async def _settle(self, unadmitted: Sequence[tuple[SandboxFacts, ContainerFacts]] = ()) -> None:
+        """What the log says is owed: release the pods whose sandboxes are gone, and admit the
+        running containers' pods (created while eventsrc was away, or whose admission a crash
+        cut short); the follower then gives them the cpusets they must have. Devices cannot be
+        added to a running container."""
+        for uid in owed_releases(self.recorder.views):
+            await self._release(uid, "pod sandbox removed")
+        if unadmitted:
+            # The pool takes back what the releases freed before an admission takes from it: a
+            # shared container is never widened onto a CPU an admission has just given away.
+            await self._apply_pool()
+        for sandbox, c in unadmitted:
             with correlation(new_correlation_id()):
                 try:
                     await self._admit_from_runtime(sandbox, c)
-                except (AdmissionRefused, ManifestError) as exc:
+                except (AdmissionRefused, ManifestError, EventsrcError) as exc:
                     log.warning(
                         "running container not admitted", pod=_pod_name(sandbox), container=c.name, reason=str(exc)
                     )
+                except Exception:  # a bug in one admission must not cut the runtime's connection
+                    log.exception("running container not admitted", pod=_pod_name(sandbox), container=c.name)
         self.kick()
 
     async def _shutdown(self, payload: bytes) -> bytes:
@@ -415,15 +441,60 @@ class NRIPlugin:
         sandbox, facts = sandbox_facts(req.pod), container_facts(req.container)
         if not self.enforce:
             return nri.CreateContainerResponse().SerializeToString()
+        self._creating += 1
         try:
-            with trio.fail_after(self.request_timeout * ANSWER_SHARE):
-                await self._admit_from_runtime(sandbox, facts)
-        except trio.TooSlowError:
+            await self._admitted_in_time(sandbox, facts)
+            return await self._adjust(sandbox, facts)
+        finally:
+            self._creating -= 1
+            if not self._creating:
+                self._created.set()
+                self._created = trio.Event()
+
+    async def _admitted_in_time(self, sandbox: SandboxFacts, facts: ContainerFacts) -> None:
+        """Admit the pod when eventsrc has not, within a share of the runtime's request timeout.
+        The admission runs as a task of its own: once its intent is recorded it goes on to its
+        outcome (Allocate may take long), and a runtime that waits longer than its timeout
+        would close the plugin and create the container unadjusted. So the answer is a refusal
+        in time, and the runtime's retry finds the pod admitted."""
+        pod = self.recorder.views.pods.pods.get(sandbox.uid)
+        if pod is not None and pod.state == ADMITTED:
+            return
+        try:
+            spec = runtime_pod(sandbox, facts)
+        except ManifestError as exc:
+            raise self._refusal(sandbox, facts, str(exc)) from None
+        done = trio.Event()
+        outcome: list[Exception] = []
+
+        async def admit() -> None:
+            try:
+                await self.admission.admit(spec)
+            except (AdmissionRefused, EventsrcError) as exc:
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        assert self._nursery is not None
+        self._nursery.start_soon(admit)
+        with trio.move_on_after(self.request_timeout * ANSWER_SHARE):
+            await done.wait()
+        if not done.is_set():
             reason = f"eventsrc: admission of pod {_pod_name(sandbox)} did not finish in time; it goes on, retry"
-            raise ttrpc.TtrpcError(4, reason) from None
-        except (AdmissionRefused, ManifestError) as exc:
-            log.info("container refused", pod=_pod_name(sandbox), container=facts.name, reason=str(exc))
-            raise ttrpc.TtrpcError(2, f"eventsrc: pod {_pod_name(sandbox)} container {facts.name}: {exc}") from None
+            raise ttrpc.TtrpcError(4, escape(reason))
+        if outcome:
+            raise self._refusal(sandbox, facts, str(outcome[0]))
+        if self.recorder.views.pods.pods.get(sandbox.uid) is None:  # admit() ended some other way (a bug)
+            raise ttrpc.TtrpcError(2, f"eventsrc: admission of pod {escape(_pod_name(sandbox))} failed; see its log")
+
+    def _refusal(self, sandbox: SandboxFacts, facts: ContainerFacts, reason: str) -> ttrpc.TtrpcError:
+        log.info("container refused", pod=_pod_name(sandbox), container=facts.name, reason=reason)
+        return ttrpc.TtrpcError(
+            2, escape(f"eventsrc: pod {sandbox.namespace}/{sandbox.name} container {facts.name}: {reason}")
+        )
+
+    async def _adjust(self, sandbox: SandboxFacts, facts: ContainerFacts) -> bytes:
+        """Record what the container gets, and the shared pool's updates, in one append; then answer."""
         views = self.recorder.views
         got = placement(views, self.cpus, sandbox.uid, facts.name)
         pod = views.pods.pods.get(sandbox.uid)
@@ -433,14 +504,16 @@ class NRIPlugin:
                 pod=_pod_name(sandbox),
                 container=facts.name,
             )
+        adjust, got = adjustment(got)  # device nodes missing on the host are neither sent nor recorded
+        created = created_event(facts, sandbox.uid, adjusted=True, got=got)
         records: list[ev._Event] = []
         if sandbox.id not in views.runtime.sandboxes:
-            records.append(ev.PodSandboxStarted(sandbox_id=sandbox.id, pod=_ref(sandbox)))
-        records.append(created_event(facts, sandbox.uid, adjusted=True, got=got))
-        await self.recorder.record(records)
+            records.append(ev.PodSandboxStarted(sandbox_id=sandbox.id, pod=pod_ref(sandbox)))
+        records.append(created)
+        # The admission recorded the pool's change already: the containers there follow it.
         updates = [u for u in pool_updates(views, self.cpus) if u.container_id != facts.id]
-        if updates:
-            await self.recorder.record(updated_events(updates, "the shared pool followed"))
+        records += updated_events(updates, "the shared pool followed")
+        await self.recorder.record(records)
         log.info(
             "container adjusted",
             pod=_pod_name(sandbox),
@@ -448,19 +521,12 @@ class NRIPlugin:
             cpus=format_list(got.cpus) if got.cpus is not None else "",
             cdi=len(got.allocation.cdi_devices),
         )
-        return nri.CreateContainerResponse(
-            adjust=adjustment(got), update=container_updates(updates)
-        ).SerializeToString()
+        return nri.CreateContainerResponse(adjust=adjust, update=container_updates(updates)).SerializeToString()
 
     async def _admit_from_runtime(self, sandbox: SandboxFacts, facts: ContainerFacts) -> None:
-        """Admit the pod from what CRI carries when eventsrc has not seen it (its first container
-        stands for it: CRI tells one container at a time)."""
         pod = self.recorder.views.pods.pods.get(sandbox.uid)
-        if pod is not None and pod.state == ADMITTED:
-            return
-        devices = device_requests(sandbox.annotations).get(facts.name, {})
-        spec = PodSpec(pod=_ref(sandbox), containers=[container_spec(facts, devices)])
-        await self.admission.admit(spec)
+        if pod is None or pod.state != ADMITTED:
+            await self.admission.admit(runtime_pod(sandbox, facts))
 
     async def _update_container(self, payload: bytes) -> bytes:
         return nri.UpdateContainerResponse().SerializeToString()
@@ -476,14 +542,15 @@ class NRIPlugin:
         views = self.recorder.views
         events: list[ev._Event] = []
         if req.event == E.RUN_POD_SANDBOX:
-            events.append(ev.PodSandboxStarted(sandbox_id=sandbox.id, pod=_ref(sandbox)))
+            events.append(ev.PodSandboxStarted(sandbox_id=sandbox.id, pod=pod_ref(sandbox)))
         elif req.event == E.REMOVE_POD_SANDBOX:
+            # The release it owes is in the log from here on (views.runtime.gone); it is made
+            # beside the handler, as a crash before it would have it made at the next start.
             await self.recorder.record(
                 [ev.PodSandboxRemoved(sandbox_id=sandbox.id, pod_uid=sandbox.uid, reason="removed by the runtime")]
             )
-            others = any(s.uid == sandbox.uid for s in views.runtime.sandboxes.values())
-            if self.enforce and not others:
-                await self._release(sandbox.uid, "pod sandbox removed")
+            if self.enforce and self._nursery is not None:
+                self._nursery.start_soon(self._settle)
         elif req.event == E.POST_CREATE_CONTAINER:
             events.append(created_event(container_facts(req.container), sandbox.uid, adjusted=False))
         elif req.event == E.START_CONTAINER:
@@ -512,31 +579,41 @@ class NRIPlugin:
             return
         try:
             await self.admission.remove(uid, reason)
-        except (NotFound, AdmissionRefused) as exc:
+        except (NotFound, AdmissionRefused, EventsrcError) as exc:  # still owed: the next Synchronize retries
             log.warning("pod not released", uid=uid, reason=str(exc))
 
     # ------------------------------------------------------------------ the shared pool follows
 
     async def _follow(self, session: ttrpc.Session) -> None:
         """Update the shared pool's containers whenever exclusive CPUs change hands. Runs beside
-        the handlers, never inside one: the runtime holds its lock while it waits for a handler."""
+        the handlers, never inside one: the runtime holds its lock while it waits for a handler.
+        A CreateContainer in the making carries its own updates: the follower waits for it."""
+        self._session = session
         while True:
             await self._kicked.wait()
             self._kicked = trio.Event()
-            if not self._synced:
-                continue
+            while self._creating:
+                await self._created.wait()
+            if self._synced:
+                await self._apply_pool()
+
+    async def _apply_pool(self) -> None:
+        """One round of shared-pool updates through UpdateContainers, recorded once applied; one
+        round at a time (the follower's, or a settling's before it admits)."""
+        async with self._pool_lock:
             updates = pool_updates(self.recorder.views, self.cpus)
-            if not updates:
-                continue
-            request = nri.UpdateContainersRequest(update=container_updates(updates))
+            if not updates or self._session is None:
+                return
+            request = nri.UpdateContainersRequest(update=container_updates(updates, ignore_failure=False))
             try:
-                answer = await session.call(
+                answer = await self._session.call(
                     RUNTIME_SERVICE, "UpdateContainers", request.SerializeToString(), self.request_timeout * 4
                 )
-            except (ttrpc.TtrpcError, trio.TooSlowError) as exc:
+                failed = {u.container_id for u in nri.UpdateContainersResponse.FromString(answer).failed}
+            except (ttrpc.TtrpcError, trio.TooSlowError, DecodeError) as exc:
+                # Nothing recorded: what was applied is read back at the next Synchronize.
                 log.warning("shared pool update failed", reason=_reason(exc))
-                continue
-            failed = {u.container_id for u in nri.UpdateContainersResponse.FromString(answer).failed}
+                return
             done = [u for u in updates if u.container_id not in failed]
             if failed:
                 log.warning("the runtime could not update containers", containers=sorted(failed))
@@ -544,13 +621,16 @@ class NRIPlugin:
                 await record_or_log(self.recorder, updated_events(done, "the shared pool followed"), "pool update")
 
 
-def _ref(sandbox: SandboxFacts) -> ev.PodRef:
-    return ev.PodRef(uid=sandbox.uid, namespace=sandbox.namespace, name=sandbox.name)
+def runtime_pod(sandbox: SandboxFacts, facts: ContainerFacts) -> PodSpec:
+    """The pod as admission reads it from CRI's facts: its first container stands for it (CRI
+    tells one container at a time). Raises ManifestError for a bad annotation."""
+    devices = device_requests(sandbox.annotations).get(facts.name, {})
+    return PodSpec(pod=pod_ref(sandbox), containers=[container_spec(facts, devices)])
 
 
 def _pod_name(sandbox: SandboxFacts) -> str:
-    return escape(f"{sandbox.namespace}/{sandbox.name}")
+    return f"{sandbox.namespace}/{sandbox.name}"  # the log's formatter escapes what it writes
 
 
 def _reason(exc: BaseException) -> str:
-    return escape(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -25,12 +25,20 @@ def daemon_started(v: Views, seq: int, e: ev.DaemonStarted) -> None:
 def sandbox_started(v: Views, seq: int, e: ev.PodSandboxStarted) -> None:
     p = e.pod
     v.runtime.sandboxes[e.sandbox_id] = SandboxView(uid=p.uid, namespace=p.namespace, name=p.name, since_seq=seq)
+    v.runtime.gone.pop(p.uid, None)
 
 
 def sandbox_removed(v: Views, seq: int, e: ev.PodSandboxRemoved) -> None:
-    v.runtime.sandboxes.pop(e.sandbox_id, None)
-    for cid in [cid for cid, c in v.runtime.containers.items() if c.sandbox_id == e.sandbox_id]:
-        del v.runtime.containers[cid]
+    rt = v.runtime
+    rt.sandboxes.pop(e.sandbox_id, None)
+    for cid in [cid for cid, c in rt.containers.items() if c.sandbox_id == e.sandbox_id]:
+        del rt.containers[cid]
+    if e.pod_uid in v.pods.pods and not any(s.uid == e.pod_uid for s in rt.sandboxes.values()):
+        rt.gone[e.pod_uid] = seq
+
+
+def pod_removed(v: Views, seq: int, e: ev.PodRemoved | ev.AdmissionRejected) -> None:
+    v.runtime.gone.pop(e.pod_uid if isinstance(e, ev.PodRemoved) else e.pod.uid, None)
 
 
 def container_created(v: Views, seq: int, e: ev.ContainerCreated) -> None:
@@ -79,6 +87,8 @@ HANDLERS: Handlers = {
     ev.DaemonStarted: daemon_started,
     ev.PodSandboxStarted: sandbox_started,
     ev.PodSandboxRemoved: sandbox_removed,
+    ev.PodRemoved: pod_removed,
+    ev.AdmissionRejected: pod_removed,
     ev.ContainerCreated: container_created,
     ev.ContainerStarted: container_started,
     ev.ContainerStopped: container_stopped,

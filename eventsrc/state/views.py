@@ -140,6 +140,9 @@ class RuntimeView(Struct, kw_only=True):
     # sandbox id -> sandbox; container id -> container (both dropped when removed)
     sandboxes: dict[str, SandboxView] = field(default_factory=dict)
     containers: dict[str, RuntimeContainerView] = field(default_factory=dict)
+    # pod uid -> the PodSandboxRemoved seq that took its last sandbox, until the pod is removed
+    # (or runs again): what a release still owes, known from the log alone
+    gone: dict[str, int] = field(default_factory=dict)
 
 
 class MetaView(Struct, kw_only=True):

@@ -347,9 +347,10 @@ def container(
     state: nri.ContainerState = nri.CONTAINER_CREATED,
     cpus: str = "",
     whole_cpus: int = 0,
+    mems: str = "",
 ) -> nri.Container:
     """A container as CRI carries it; ``whole_cpus`` makes it Guaranteed with that many CPUs."""
-    cpu = nri.LinuxCPU(cpus=cpus)
+    cpu = nri.LinuxCPU(cpus=cpus, mems=mems)
     memory = nri.LinuxMemory()
     if whole_cpus:
         cpu.shares.value = 1024 * whole_cpus
@@ -361,9 +362,12 @@ def container(
 
 
 def a_shared_container_recorded_earlier() -> list[ev._Event]:
-    """A pod u0 whose container "shared" runs on the whole shared pool, CPUs 0-3."""
+    """An admitted pod u0 whose container "shared" runs on the whole shared pool, CPUs 0-3."""
+    u0 = ev.PodRef(uid="u0", namespace="default", name="u0")
     return [
         ev.SharedPoolChanged(cpus=[0, 1, 2, 3]),
+        ev.PodAdmissionStarted(pod=u0, containers=[ev.ContainerSpec(name="c")]),
+        ev.PodAdmitted(pod=u0, containers=[ev.ContainerSpec(name="c")]),
         ev.PodSandboxStarted(sandbox_id="s0", pod=ev.PodRef(uid="u0", namespace="default", name="u0")),
         ev.ContainerCreated(
             container_id="shared", sandbox_id="s0", pod_uid="u0", name="c", cpus=[0, 1, 2, 3], mems=[0, 1]
@@ -373,7 +377,7 @@ def a_shared_container_recorded_earlier() -> list[ev._Event]:
 
 
 SHARED_POD = sandbox("s0", "u0")
-SHARED_CONTAINER = container("shared", "s0", "c", state=nri.CONTAINER_RUNNING, cpus="0-3")
+SHARED_CONTAINER = container("shared", "s0", "c", state=nri.CONTAINER_RUNNING, cpus="0-3", mems="0-1")
 
 
 # ------------------------------------------------------------------ registration
@@ -608,7 +612,10 @@ async def test_state_changes_are_recorded_and_a_removed_sandbox_releases_its_pod
 
         await conn.state_change(E.REMOVE_POD_SANDBOX, pod)
         assert "s1" not in recorder.views.runtime.sandboxes
+        # the release is owed in the log from the answer on, and made beside the handler
+        await trio.testing.wait_all_tasks_blocked()
         assert admission.removed == [("u1", "pod sandbox removed")]
+        assert recorder.views.runtime.gone == {}
         assert "u1" not in recorder.views.pods.pods
 
 

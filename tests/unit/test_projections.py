@@ -295,7 +295,10 @@ def test_snapshots_are_only_a_cache(tmp_path: Path, caplog) -> None:  # type: ig
 
     # Old version, another log, or every snapshot deleted: a full replay, same views.
     for path in list(snapdir.iterdir()):
-        snap = msgspec.msgpack.decode(path.read_bytes())
+        try:
+            snap = msgspec.msgpack.decode(path.read_bytes())
+        except msgspec.DecodeError:  # the one damaged above (how depends on where its last bytes fall)
+            continue
         snap["schema"] = "0ld"
         path.write_bytes(msgspec.msgpack.encode(snap))
     views, info = load_views(log, snapdir)

@@ -19,6 +19,7 @@ from eventsrc.core.runtime import (
     container_spec,
     created_event,
     milli_from_cgroups,
+    owed_releases,
     placement,
     pool_updates,
     reconcile,
@@ -177,11 +178,50 @@ def test_synchronize_releases_only_pods_whose_recorded_sandbox_vanished() -> Non
         ev.PodAdmitted(pod=ev.PodRef(uid="u9")),  # admitted through the node API, never run: kept
     )
     running = facts("k2", sandbox="s2", state="running", cpus=[0, 1, 2, 3])
-    found = reconcile(views, [SandboxFacts(id="s2", uid="u2")], [running])
-    assert found.release == ["u1"]
-    assert [type(e).__name__ for e in found.events] == ["ContainerRemoved", "PodSandboxRemoved", "PodSandboxStarted"]
-    assert found.unknown == [running]
-    assert created_event(running, "u2", adjusted=False).cpus == [0, 1, 2, 3]
+    s2 = SandboxFacts(id="s2", uid="u2")
+    found = reconcile(views, [s2], [running])
+    assert [type(e).__name__ for e in found.events] == [
+        "ContainerRemoved",
+        "PodSandboxRemoved",
+        "PodSandboxStarted",
+        "ContainerCreated",
+    ]
+    assert found.unadmitted == [(s2, running)]
+    assert found.events[-1] == created_event(running, "u2", adjusted=False)
+    assert owed_releases(views) == []
+    after = views_of(
+        *admitted_pod(),
+        ev.PodAdmitted(pod=ev.PodRef(uid="u9")),
+        ev.PodSandboxStarted(sandbox_id="s1", pod=ev.PodRef(uid="u1")),
+        *found.events,
+    )
+    assert owed_releases(after) == ["u1"]  # u9 never ran: kept
+    released = views_of(
+        *admitted_pod(),
+        ev.PodSandboxStarted(sandbox_id="s1", pod=ev.PodRef(uid="u1")),
+        ev.PodSandboxRemoved(sandbox_id="s1", pod_uid="u1"),
+        ev.PodRemoved(pod_uid="u1"),
+    )
+    assert owed_releases(released) == []
+
+
+def test_a_cpuset_the_runtime_reports_otherwise_is_recorded_and_put_right() -> None:
+    views = views_of(
+        *admitted_pod(),
+        ev.PodSandboxStarted(sandbox_id="s1", pod=ev.PodRef(uid="u1")),
+        ev.ContainerCreated(container_id="k1", sandbox_id="s1", pod_uid="u1", name="app", cpus=[2], adjusted=True),
+    )
+    # created unadjusted: eventsrc was killed between recording and answering
+    now = facts("k1", sandbox="s1", state="running", cpus=[])
+    found = reconcile(views, [SandboxFacts(id="s1", uid="u1")], [now])
+    assert [type(e).__name__ for e in found.events] == ["ContainerStarted", "ContainerCPUsUpdated"]
+    fixed = views_of(
+        *admitted_pod(),
+        ev.PodSandboxStarted(sandbox_id="s1", pod=ev.PodRef(uid="u1")),
+        ev.ContainerCreated(container_id="k1", sandbox_id="s1", pod_uid="u1", name="app", cpus=[2], adjusted=True),
+        *found.events,
+    )
+    assert [(u.container_id, u.cpus) for u in pool_updates(fixed, STATIC)] == [("k1", [2])]
 
 
 def test_synchronize_with_nothing_changed_asks_nothing() -> None:
@@ -191,7 +231,8 @@ def test_synchronize_with_nothing_changed_asks_nothing() -> None:
         ev.ContainerStarted(container_id="k1"),
     )
     found = reconcile(views, [SandboxFacts(id="s1", uid="u1")], [facts("k1", state="running")])
-    assert (found.events, found.release, found.unknown) == ([], [], [])
+    assert found.events == []
+    assert found.unadmitted == [(SandboxFacts(id="s1", uid="u1"), facts("k1", state="running"))]  # never admitted
 
 
 def test_the_annotation_is_read_and_bad_values_are_one_line_naming_it() -> None:
