@@ -414,6 +414,8 @@ class DeviceManager:
             return  # replaced by a newer registration: its list carries the truth, nothing was lost
         if recorded:  # the newest list at once, held changes and flap counts with it (ADR 0017)
             await self._devices_listed(ep, ep.unrecorded, final=True)
+            if self.endpoints.get(ep.resource) is not ep:
+                return  # a newer registration came while that was recorded: it is the plugin now
         del self.endpoints[ep.resource]
         with correlation(new_correlation_id()):
             recs = await record_or_log(

@@ -575,7 +575,7 @@ def feed(checker: Checker, item: Record | CorruptRecordError) -> list[Violation]
         return out
     e = item.event
     reasons = container_not_held(checker.views, e.container_id)
-    if reasons and not any(v.rule == "container-not-held" and v.seq == item.seq for v in out):
+    if reasons:
         c = checker.views.runtime.containers[e.container_id]
         out.append(
             Violation(

@@ -21,9 +21,12 @@ act on it; recorded one by one, a plugin flapping a device 1,000 times a second 
 The bound: a record other than an out-of-service one comes at least ``window`` after the
 device's previous record, so those are ``window`` apart; an out-of-service record needs the
 recorded health to be "Healthy" again, which only such a record can make it, so those too
-are ``window`` apart. A device has at most 2 * (floor(T / window) + 1) records in T seconds,
-however fast it flaps, and one more when the stream ends (``final``: what is held is
-recorded then, without waiting).
+are ``window`` apart. A device that stays in its plugin's list
+has at most 2 * (floor(T / window) + 1) records in T seconds, however fast its health flaps,
+and one more when the stream ends (``final``: what is held is recorded then, without
+waiting). A device that leaves the list and comes back (DevicesRemoved, DevicesAdded) is not
+held by this bound: each list pass can record it again, so such flaps are bounded by the
+list pacing (10 recorded passes a second), not by the window.
 
 Pure: lists and the views in, events out; the shell passes the time in and asks again at
 ``Decision.due``.
