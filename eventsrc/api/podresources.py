@@ -86,9 +86,11 @@ def allocatable(views: Views, cpus: list[int]) -> pb.AllocatableResourcesRespons
 class ListCache:
     """List's answer, kept per log sequence, and each pod's part kept from one List to the next.
 
-    A pod's resources are fixed once it is admitted (its ``admitted_seq`` names that record),
-    so its message is built once; only a device moving to other NUMA nodes (the views'
-    ``topology_seq``) changes what it shows, and then every pod's message is built again. At
+    A pod's message is built again only when a record changed what it holds (its
+    ``changed_seq``: its admission, a device or CPU given or taken) or a device moved to other
+    NUMA nodes (the views' ``topology_seq``: then every pod's message is built again). A
+    claim's devices are fixed while a pod references it (prepared before the pod is admitted,
+    unprepared after it is removed). At
     10,000 pods a List after a few records costs a pass over the pods, not building every message."""
 
     def __init__(self) -> None:
@@ -108,8 +110,8 @@ class ListCache:
             if pod.state != ADMITTED:
                 continue
             cached = self._pods.get(uid)
-            if cached is None or cached[0] != pod.admitted_seq or not pod.admitted_seq:
-                cached = (pod.admitted_seq, pod_resources(views, pod))
+            if cached is None or cached[0] != pod.changed_seq or not pod.changed_seq:
+                cached = (pod.changed_seq, pod_resources(views, pod))
             kept[uid] = cached
         self._pods = kept
         self._answer = pb.ListPodResourcesResponse(pod_resources=[m for _, m in kept.values()])

@@ -37,7 +37,7 @@ def pod_admitted(v: Views, seq: int, e: ev.PodAdmitted) -> None:
     if pod is None:
         pod = v.pods.pods[e.pod.uid] = _new_pod(e.pod, e.containers, after, seq)
     pod.state = after
-    pod.admitted_seq = seq
+    pod.admitted_seq = pod.changed_seq = seq
     pod.qos_class = e.qos_class or pod.qos_class
     for c in e.containers:  # what the admission started with, kept with what it got
         if c.name not in pod.containers:
@@ -85,10 +85,12 @@ def pod_removed(v: Views, seq: int, e: ev.PodRemoved) -> None:
         v.pods.pods.pop(e.pod_uid, None)
 
 
-def _container(v: Views, pod_uid: str, name: str) -> ContainerView | None:
+def _container(v: Views, seq: int, pod_uid: str, name: str) -> ContainerView | None:
+    """The container a record changes; its pod's ``changed_seq`` says so."""
     pod = v.pods.pods.get(pod_uid)
     if pod is None:
         return None
+    pod.changed_seq = seq
     c = pod.containers.get(name)
     if c is None:
         c = pod.containers[name] = ContainerView()
@@ -96,33 +98,33 @@ def _container(v: Views, pod_uid: str, name: str) -> ContainerView | None:
 
 
 def devices_reserved(v: Views, seq: int, e: ev.DevicesReserved) -> None:
-    c = _container(v, e.pod_uid, e.container)
+    c = _container(v, seq, e.pod_uid, e.container)
     if c is not None:
         c.devices[e.resource] = list(e.device_ids)
 
 
 def devices_allocated(v: Views, seq: int, e: ev.DevicesAllocated) -> None:
-    c = _container(v, e.pod_uid, e.container)
+    c = _container(v, seq, e.pod_uid, e.container)
     if c is not None:
         c.devices[e.resource] = list(e.device_ids)
         c.allocations[e.resource] = e.response
 
 
 def devices_gone(v: Views, seq: int, e: ev.AllocationFailed | ev.DevicesReleased) -> None:
-    c = _container(v, e.pod_uid, e.container)
+    c = _container(v, seq, e.pod_uid, e.container)
     if c is not None:
         c.devices.pop(e.resource, None)
         c.allocations.pop(e.resource, None)
 
 
 def cpus_assigned(v: Views, seq: int, e: ev.CPUsAssigned) -> None:
-    c = _container(v, e.pod_uid, e.container)
+    c = _container(v, seq, e.pod_uid, e.container)
     if c is not None:
         c.cpus = list(e.cpus)
 
 
 def cpus_released(v: Views, seq: int, e: ev.CPUsReleased) -> None:
-    c = _container(v, e.pod_uid, e.container)
+    c = _container(v, seq, e.pod_uid, e.container)
     if c is not None:
         c.cpus = []
 

@@ -67,6 +67,8 @@ class PodView(Struct, kw_only=True):
     # "quarantined" when its records are in doubt (docs/adr/0005).
     state: PodState = ADMITTED
     admitted_seq: int = 0
+    # the last record that changed what it holds (its admission, a device or CPU given or taken)
+    changed_seq: int = 0
     # quarantined: the corrupt records that may have been its own, and the PodQuarantined record
     in_doubt: list[int] = []
     quarantined_seq: int = 0

@@ -65,6 +65,12 @@ def test_the_cached_answer_is_the_fresh_one_through_admissions_removals_and_move
     moved = cache.answer(node.views)
     assert moved == fresh(node.views)
     assert moved.pod_resources[0].containers[0].devices[0].topology.nodes[0].ID == 1
+    # a CPU released from an admitted pod (as a policy change at start does): shown at once
+    node.record(ev.CPUsAssigned(pod_uid="b", container="app", cpus=[3]))
+    assert cache.answer(node.views) == fresh(node.views)
+    node.record(ev.CPUsReleased(pod_uid="b", container="app", cpus=[3]))
+    assert cache.answer(node.views) == fresh(node.views)
+    assert list(cache.answer(node.views).pod_resources[0].containers[0].cpu_ids) == []
     # readmitted under the same uid with another device
     node.record(
         ev.PodRemoved(pod_uid="b"), ev.DevicesReleased(pod_uid="b", container="app", resource=DEV, device_ids=["d1"])
