@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from eventsrc.bench.harness import cpu_seconds
+from eventsrc.bench.harness import cpu_seconds, start_daemon, stop
 from eventsrc.errors import EventsrcError
 
 GOAL_PERCENT = 0.5  # of one core
@@ -51,11 +51,7 @@ def run_idle_bench(*, seconds: float, rounds: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="esi-", dir="/tmp"))
     root, log = tmp / "r", tmp / "daemon.log"
     with open(log, "wb") as f:
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "eventsrc", "--log-level", "warning", "--root-dir", str(root), "serve"],
-            stdout=f,
-            stderr=f,
-        )
+        daemon = start_daemon(root, f)
     try:
         _wait_ready(root, daemon, log)
         out.write(
@@ -79,10 +75,5 @@ def run_idle_bench(*, seconds: float, rounds: int) -> None:
         )
         out.write(f"  wakeups of its trio thread          {statistics.median(wakeups):8.2f} /s\n")
     finally:
-        if daemon.poll() is None:
-            daemon.terminate()
-            try:
-                daemon.wait(10)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
+        stop([daemon])
         shutil.rmtree(tmp, ignore_errors=True)
