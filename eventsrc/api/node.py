@@ -7,7 +7,7 @@ shell, which records events.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Protocol
 
 import msgspec
@@ -16,6 +16,7 @@ from grpclib.server import Stream
 
 from eventsrc import __version__
 from eventsrc import events as ev
+from eventsrc.api.podresources import SeqCache
 from eventsrc.core.claims import cdi_devices
 from eventsrc.errors import AdmissionRefused, BadRequest, EventsrcError, NotFound
 from eventsrc.events import CorruptRecordError, Record
@@ -24,7 +25,8 @@ from eventsrc.gen.node.v1.node_grpc import NodeBase
 from eventsrc.inputs.manifest import PodClaim, PodSpec, checked_pod
 from eventsrc.obs.text import escape
 from eventsrc.rpc.bridge import to_trio
-from eventsrc.state.views import PodView, Views
+from eventsrc.state.lifecycles import ADMITTED
+from eventsrc.state.views import ClaimView, PodView, Views
 
 
 class Admitter(Protocol):
@@ -162,6 +164,69 @@ def pod_info(
     return info
 
 
+#: What a pod's PodInfo was built from: its state, changed_seq (0 unless admitted), the log
+#: sequence (0 when admitted), admitted_seq, quarantined_seq (in_doubt changes with it), the
+#: shared pool's generation (``PodsCache``).
+PodKey = tuple[str, int, int, int, int, int]
+
+
+class PodsCache(SeqCache[pb.ListPodsResponse]):
+    """ListPods' answer, kept per log sequence, and each pod's PodInfo kept from one call to
+    the next (``api.podresources.SeqCache``: built in chunks, from one views state).
+
+    An admitted pod's message is built again when a record changed what it holds (its
+    ``changed_seq``), its state, admission or quarantine changed, the shared pool changed
+    (containers without exclusive CPUs show it), or a claim it uses changed (checked through
+    each claim's ``since_seq``, for the few pods that use claims). A pod in any other state
+    (admitting, quarantined) is built again at every new sequence: such pods are few."""
+
+    def __init__(self) -> None:
+        super().__init__(pb.ListPodsResponse())
+        self._shared: list[int] | None = None
+        self._shared_gen = 0
+        # uid -> (key, the claims its containers use with their since_seq, message)
+        self._pods: dict[str, tuple[PodKey, tuple[tuple[str, int], ...], pb.PodInfo]] = {}
+
+    def _build(self, views: Views) -> Iterator[None]:
+        if views.cpus.shared != self._shared:
+            self._shared, self._shared_gen = list(views.cpus.shared), self._shared_gen + 1
+        gen, seq, claims = self._shared_gen, views.meta.last_seq, views.claims.claims
+        kept: dict[str, tuple[PodKey, tuple[tuple[str, int], ...], pb.PodInfo]] = {}
+        built = 0
+        for uid, pod in views.pods.pods.items():
+            admitted = pod.state == ADMITTED and pod.changed_seq > 0
+            key: PodKey = (
+                pod.state,
+                pod.changed_seq if admitted else 0,
+                0 if admitted else seq,
+                pod.admitted_seq,
+                pod.quarantined_seq,
+                gen,
+            )
+            cached = self._pods.get(uid)
+            if cached is None or cached[0] != key or not _claims_same(claims, cached[1]):
+                used = tuple(
+                    (u, c.since_seq if (c := claims.get(u)) is not None else -1)
+                    for ct in pod.containers.values()
+                    for u in ct.claims
+                )
+                cached = self._pods[uid] = (key, used, pod_info(pod, shared=views.cpus.shared, views=views))
+                built += 1
+                if built % self.chunk == 0:
+                    yield
+            kept[uid] = cached
+        self._pods = kept
+        self._answer = pb.ListPodsResponse(pods=[m for _, _, m in kept.values()])
+
+
+def _claims_same(claims: dict[str, ClaimView], used: tuple[tuple[str, int], ...]) -> bool:
+    for uid, since in used:
+        c = claims.get(uid)
+        if (c.since_seq if c is not None else -1) != since:
+            return False
+    return True
+
+
 def find_pod(views: Views, sel: pb.PodSelector) -> PodView:
     if sel.uid:
         pod = views.pods.pods.get(sel.uid)
@@ -206,6 +271,7 @@ class NodeService(NodeBase):
         self._admitter = admitter
         self._status = status
         self._records = records
+        self._pods = PodsCache()
 
     async def Watch(self, stream: Stream[pb.WatchRequest, pb.WatchEvent]) -> None:
         req = await stream.recv_message()
@@ -249,12 +315,7 @@ class NodeService(NodeBase):
 
     async def ListPods(self, stream: Stream[pb.ListPodsRequest, pb.ListPodsResponse]) -> None:
         await stream.recv_message()
-        views = self._views()
-        await stream.send_message(
-            pb.ListPodsResponse(
-                pods=[pod_info(p, shared=views.cpus.shared, views=views) for p in views.pods.pods.values()]
-            )
-        )
+        await stream.send_message(await self._pods.answer_paced(self._views))
 
     async def GetPod(self, stream: Stream[pb.PodSelector, pb.PodInfo]) -> None:
         sel = await stream.recv_message()

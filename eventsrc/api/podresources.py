@@ -6,9 +6,10 @@ applies: 100 requests per second with a burst of 10; excess calls get RESOURCE_E
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from grpclib import GRPCError, Status
 from grpclib.server import Stream
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from eventsrc.obs.metrics import Metrics
 
 NO_TOPOLOGY = -1
+T = TypeVar("T")
 
 
 def container_devices(resource: str, ids: Iterable[str], table: dict[str, DeviceView]) -> list[pb.ContainerDevices]:
@@ -83,7 +85,65 @@ def allocatable(views: Views, cpus: list[int]) -> pb.AllocatableResourcesRespons
     return pb.AllocatableResourcesResponse(devices=devices, cpu_ids=cpus)
 
 
-class ListCache:
+#: Messages a paced build makes between two pauses (a few ms of work at most).
+CHUNK = 500
+#: Paced passes a build tries before it builds without pausing (records kept landing).
+PACED_PASSES = 3
+
+
+async def _yield_to_loop() -> None:
+    """Lets the loop run others: handlers are asyncio coroutines on trio-asyncio's loop, which
+    passes through a trio checkpoint between two asyncio callbacks (``rpc.bridge``)."""
+    await asyncio.sleep(0)
+
+
+class SeqCache(Generic[T]):
+    """An answer kept per log sequence (``views.meta.last_seq``) and built in chunks.
+
+    ``_build`` makes the answer from one views state, yielding after every ``CHUNK`` messages it
+    had to build. ``answer`` runs it through; ``answer_paced`` pauses at each yield so that
+    the loop runs others meanwhile, and starts again when a record landed during a pause (the
+    answer is always that of one sequence). After ``PACED_PASSES`` passes that records kept
+    interrupting, it builds without pausing. Messages built by an interrupted pass stay
+    cached under their own keys: the next pass reuses those still current."""
+
+    #: messages built between two yields (tests make it small)
+    chunk = CHUNK
+
+    def __init__(self, empty: T) -> None:
+        self._seq = -1
+        self._answer = empty
+
+    def _build(self, views: Views) -> Iterator[None]:
+        raise NotImplementedError
+
+    def answer(self, views: Views) -> T:
+        seq = views.meta.last_seq
+        if seq != self._seq:
+            for _ in self._build(views):
+                pass
+            self._seq = seq
+        return self._answer
+
+    async def answer_paced(
+        self, views: Callable[[], Views], pause: Callable[[], Awaitable[None]] = _yield_to_loop
+    ) -> T:
+        for _ in range(PACED_PASSES):
+            v = views()
+            seq = v.meta.last_seq
+            if seq == self._seq:
+                return self._answer
+            for _ in self._build(v):
+                await pause()
+                if views() is not v or v.meta.last_seq != seq:
+                    break  # a record landed: this pass would mix two states
+            else:
+                self._seq = seq
+                return self._answer
+        return self.answer(views())
+
+
+class ListCache(SeqCache[pb.ListPodResourcesResponse]):
     """List's answer, kept per log sequence, and each pod's part kept from one List to the next.
 
     A pod's message is built again only when a record changed what it holds (its
@@ -94,28 +154,41 @@ class ListCache:
     10,000 pods a List after a few records costs a pass over the pods, not building every message."""
 
     def __init__(self) -> None:
-        self._seq = -1
-        self._topology_seq = 0
-        self._answer = pb.ListPodResourcesResponse()
-        self._pods: dict[str, tuple[int, pb.PodResources]] = {}
+        super().__init__(pb.ListPodResourcesResponse())
+        # uid -> ((changed_seq, topology_seq), message)
+        self._pods: dict[str, tuple[tuple[int, int], pb.PodResources]] = {}
 
-    def answer(self, views: Views) -> pb.ListPodResourcesResponse:
-        seq = views.meta.last_seq
-        if seq == self._seq:
-            return self._answer
-        if views.devices.topology_seq != self._topology_seq:
-            self._pods, self._topology_seq = {}, views.devices.topology_seq
-        kept: dict[str, tuple[int, pb.PodResources]] = {}
+    def _build(self, views: Views) -> Iterator[None]:
+        topology = views.devices.topology_seq
+        kept: dict[str, tuple[tuple[int, int], pb.PodResources]] = {}
+        built = 0
         for uid, pod in views.pods.pods.items():
             if pod.state != ADMITTED:
                 continue
+            key = (pod.changed_seq, topology)
             cached = self._pods.get(uid)
-            if cached is None or cached[0] != pod.changed_seq or not pod.changed_seq:
-                cached = (pod.changed_seq, pod_resources(views, pod))
+            if cached is None or cached[0] != key or not pod.changed_seq:
+                cached = self._pods[uid] = (key, pod_resources(views, pod))
+                built += 1
+                if built % self.chunk == 0:
+                    yield
             kept[uid] = cached
         self._pods = kept
         self._answer = pb.ListPodResourcesResponse(pod_resources=[m for _, m in kept.values()])
-        self._seq = seq
+
+
+class AllocatableCache:
+    """GetAllocatableResources' answer, kept while the log sequence and the CPUs stay the same
+    (devices, their health and topology and the plugins change only with records)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, tuple[int, ...]] | None = None
+        self._answer = pb.AllocatableResourcesResponse()
+
+    def answer(self, views: Views, cpus: list[int]) -> pb.AllocatableResourcesResponse:
+        key = (views.meta.last_seq, tuple(cpus))
+        if key != self._key:
+            self._answer, self._key = allocatable(views, cpus), key
         return self._answer
 
 
@@ -132,6 +205,7 @@ class PodResourcesService(PodResourcesListerBase):
         self._cpus = cpus
         self._metrics = metrics
         self._list = ListCache()
+        self._allocatable = AllocatableCache()
 
     def _admit(self, method: str) -> None:
         """The rate limit, then the request counted (the kubelet's limiter sits in front of
@@ -144,14 +218,14 @@ class PodResourcesService(PodResourcesListerBase):
     async def List(self, stream: Stream[pb.ListPodResourcesRequest, pb.ListPodResourcesResponse]) -> None:
         await stream.recv_message()
         self._admit("list")
-        await stream.send_message(self._list.answer(self._views()))
+        await stream.send_message(await self._list.answer_paced(self._views))
 
     async def GetAllocatableResources(
         self, stream: Stream[pb.AllocatableResourcesRequest, pb.AllocatableResourcesResponse]
     ) -> None:
         await stream.recv_message()
         self._admit("get_allocatable")
-        await stream.send_message(allocatable(self._views(), self._cpus()))
+        await stream.send_message(self._allocatable.answer(self._views(), self._cpus()))
 
     async def Get(self, stream: Stream[pb.GetPodResourcesRequest, pb.GetPodResourcesResponse]) -> None:
         req = await stream.recv_message()
