@@ -70,6 +70,21 @@ def test_a_removed_record(tmp_path: Path) -> None:
     assert findings[0].seq == 12 and findings[0].what == "removed"
 
 
+def test_a_key_damaged_into_a_huge_sequence_is_one_finding_not_a_loop(tmp_path: Path) -> None:
+    log = fresh(tmp_path)
+
+    def damage(txn) -> None:  # type: ignore[no-untyped-def]
+        value = txn.get(key(20))
+        txn.delete(key(20))
+        txn.put(key(1 << 62), value)
+
+    edit(log, damage)
+    checked, findings = verify(log)
+    assert checked == 20
+    assert [(f.seq, f.what) for f in findings][:1] == [(20, "removed")]
+    assert f"records 20 to {(1 << 62) - 1} were removed" in findings[0].message
+
+
 def test_two_swapped_records(tmp_path: Path) -> None:
     log = fresh(tmp_path)
 
