@@ -271,7 +271,6 @@ class NRIPlugin:
         self.registrations = 0  # counted, for tests and logs: each Configure of a new connection
         self._kicked = trio.Event()
         self._synced = False
-        self._said_connected = False  # RuntimeConnected recorded for this connection
         self._sync_pods: list[nri.PodSandbox] = []
         self._sync_containers: list[nri.Container] = []
         self._nursery: trio.Nursery | None = None
@@ -318,8 +317,7 @@ class NRIPlugin:
                 log.warning("NRI connection ended", socket=str(self.options.socket), reason=_reason(exc))
             except Exception:  # a bug must not end the daemon: the runtime goes on without eventsrc, so must it
                 log.exception("NRI connection failed unexpectedly", socket=str(self.options.socket))
-            if self._said_connected:  # the log says connected (since Configure): say it went
-                self._said_connected = False
+            if self.recorder.views.runtime.connected:  # the log says connected (since Configure): say it went
                 await record_or_log(
                     self.recorder, [ev.RuntimeDisconnected(reason="connection closed")], "NRI disconnect"
                 )
@@ -357,7 +355,6 @@ class NRIPlugin:
         if req.request_timeout > 0:
             self.request_timeout = req.request_timeout / 1000
         self._sync_pods, self._sync_containers = [], []
-        self._said_connected = True  # before the record: a RuntimeDisconnected too many says nothing wrong
         await self.recorder.record(
             [
                 ev.RuntimeConnected(

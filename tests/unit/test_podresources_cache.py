@@ -5,36 +5,10 @@ from __future__ import annotations
 
 from eventsrc import events as ev
 from eventsrc.api.podresources import ListCache, pod_resources
-from eventsrc.events import Record
 from eventsrc.gen.podresources.v1 import api_pb2 as pb
-from eventsrc.state.apply import apply_all
 from eventsrc.state.lifecycles import ADMITTED
 from eventsrc.state.views import Views
-
-DEV = "example.com/dev"
-
-
-class Node:
-    def __init__(self) -> None:
-        self.views = Views()
-        self.seq = 0
-
-    def record(self, *events: ev._Event) -> None:
-        records = []
-        for e in events:
-            self.seq += 1
-            records.append(Record(seq=self.seq, ts_ns=self.seq, correlation_id="c", version=1, event=e))  # type: ignore[arg-type]
-        apply_all(self.views, records)
-
-    def admit(self, uid: str, device: str) -> None:
-        pod = ev.PodRef(uid=uid, namespace="default", name=uid)
-        containers = [ev.ContainerSpec(name="app")]
-        self.record(
-            ev.PodAdmissionStarted(pod=pod, containers=containers),
-            ev.DevicesReserved(pod_uid=uid, container="app", resource=DEV, device_ids=[device]),
-            ev.DevicesAllocated(pod_uid=uid, container="app", resource=DEV, device_ids=[device]),
-            ev.PodAdmitted(pod=pod, containers=containers),
-        )
+from tests.unit.test_listing_caches import DEV, Node
 
 
 def fresh(views: Views) -> pb.ListPodResourcesResponse:
