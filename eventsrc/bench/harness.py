@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -54,10 +55,11 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-def start_daemon(root: Path, log: BinaryIO) -> subprocess.Popen[bytes]:
-    """``eventsrc serve`` on ``root``, its output to ``log``; returns at once."""
+def start_daemon(root: Path, log: BinaryIO, extra_args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """``eventsrc serve`` on ``root`` (with ``extra_args``, serve's own flags), its output to
+    ``log``; returns at once."""
     return subprocess.Popen(
-        [sys.executable, "-m", "eventsrc", "--log-level", "warning", "--root-dir", str(root), "serve"],
+        [sys.executable, "-m", "eventsrc", "--log-level", "warning", "--root-dir", str(root), "serve", *extra_args],
         stdout=log,
         stderr=log,
     )
