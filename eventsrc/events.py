@@ -143,6 +143,16 @@ class DaemonStopped(_Event, frozen=True):
     reason: str = ""
 
 
+class LogTrimmed(_Event, frozen=True):
+    """A retention cut (docs/adr/0018): records up to ``base_seq`` left the live log, into
+    the archive segment ``segment`` ("" when the archive is off). Recorded after the cut."""
+
+    base_seq: int
+    records: int
+    segment: str = ""
+    reason: str = ""  # "maxSize" or "maxAge" and the figures that decided it
+
+
 class CorruptRecordFound(_Event, frozen=True):
     """A record whose checksum or encoding is wrong; it is left in place, never rewritten."""
 
@@ -470,6 +480,7 @@ Event = (
     DaemonStarted
     | DaemonStopped
     | CorruptRecordFound
+    | LogTrimmed
     | PolicyConfigurationChanged
     | ConfigurationChanged
     | PluginRegistered

@@ -49,6 +49,11 @@ class Layout:
         return self.state / "snapshots"
 
     @property
+    def archive(self) -> Path:
+        """Sealed segments of what retention cuts took out of the live log (docs/adr/0018)."""
+        return self.state / "archive"
+
+    @property
     def lock(self) -> Path:
         return self.state / "daemon.lock"
 

@@ -65,7 +65,14 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         help="check the hash chain: name the first record altered, removed or reordered",
         description="Walk the log and check every record's checksum and its link to the record before it (the "
         "hash chain), and the anchor over records written before the chain existed. Names each record that was "
-        "altered, removed or reordered; exit 1 if any.",
+        "altered, removed or reordered; exit 1 if any. After retention cuts (docs/adr/0018) the live log is "
+        "checked from its base, and each archive segment the log's ledger names is checked on its own and "
+        "against its neighbours: a segment missing, altered, or not in the ledger is named too.",
+    )
+    a.add_argument(
+        "--live-only",
+        action="store_true",
+        help="check the live log only, not the archive segments (for an archive moved elsewhere)",
     )
     add_output(a)
     a.set_defaults(func=verify)
@@ -82,15 +89,38 @@ def verify(args: argparse.Namespace) -> int:
     from eventsrc.log.verify import verify
     from eventsrc.offline.render import escape
 
-    checked, findings = verify(open_reader(args.layout))
+    log = open_reader(args.layout)
+    checked, findings = verify(log)
+    base = log.base()
+    segments, archived = 0, []
+    if base is not None and not args.live_only:
+        from eventsrc.log.archive import verify_archive
+
+        segments, archived = verify_archive(args.layout.archive, log.ledger(), base.seq, base.hash, log.log_id())
+    problems = [f.message for f in findings] + [a.message for a in archived]
     if args.output == "json":
-        print(json.dumps({"checked": checked, "findings": [f.__dict__ for f in findings]}))
+        print(
+            json.dumps(
+                {
+                    "checked": checked,
+                    "first_seq": log.first_seq(),
+                    "findings": [f.__dict__ for f in findings],
+                    "segments": segments,
+                    "archive_findings": [a.__dict__ for a in archived],
+                }
+            )
+        )
     else:
         for f in findings:
             print(escape(f"{f.seq:>8}  {f.what:<10} {f.message}"))
+        for a in archived:
+            print(escape(f"{'archive':>8}  {a.what:<10} {a.message}"))
         if not findings:
-            print(f"{checked} records checked: the chain holds")
-    if findings:
-        print(f"eventsrc: error: {escape(findings[0].message)}", file=sys.stderr)
+            start = f" (the live log starts at {log.first_seq()})" if base is not None else ""
+            print(f"{checked} records checked{start}: the chain holds")
+        if base is not None and not archived and not args.live_only:
+            print(f"{segments} archive segments checked: records 1..{base.seq} chain into the live log")
+    if problems:
+        print(f"eventsrc: error: {escape(problems[0])}", file=sys.stderr)
         return 1
     return 0

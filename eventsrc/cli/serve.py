@@ -70,6 +70,7 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
     cpu = _cpu_manager_flags(p)
     _topology_manager_flags(p)
     _nri_flags(p)
+    _retention_flags(p)
     cpu.add_argument(
         "--feature-gates",
         default=None,
@@ -120,6 +121,46 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="start a new, empty history although the log is missing or empty next to snapshots or the lock "
         "file of an older one (without it, serve refuses, exit 4); the start records what was lost",
+    )
+
+
+def _size(text: str) -> Any:
+    from eventsrc.inputs.config import ByteSize
+
+    try:
+        return ByteSize.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _retention_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "log retention (docs/adr/0018; default: keep every record)",
+        "Records older than a cut leave the live log in whole pieces of --snapshot-every records; the views "
+        "never change because of it. Unless --no-log-retention-archive, they are first written to sealed "
+        "archive segments under ROOT/eventsrc/archive, which 'audit', 'replay', 'export' and 'audit verify' read.",
+    )
+    g.add_argument(
+        "--log-retention-max-age",
+        type=_duration,
+        default=None,
+        metavar="DURATION",
+        help='cut pieces whose records are all older than this (a Go duration, e.g. "720h"; default 0: no limit)',
+    )
+    g.add_argument(
+        "--log-retention-max-size",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help='cut the oldest pieces while the live records take more than SIZE bytes ("512Mi", "2G"; default 0: '
+        "no limit); the live log stays under SIZE plus one piece",
+    )
+    g.add_argument(
+        "--log-retention-archive",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="write what a cut takes out to sealed archive segments first (default: yes); with "
+        "--no-log-retention-archive it is gone",
     )
 
 
@@ -238,6 +279,7 @@ def effective_config(args: argparse.Namespace) -> Configuration:
 def serve(args: argparse.Namespace) -> int:
     import trio
 
+    from eventsrc.core.retention import Retention
     from eventsrc.core.topology_manager import parse_topology_manager
     from eventsrc.inputs import config
     from eventsrc.inputs.cpu_config import load_cpu_config, load_topology
@@ -275,6 +317,11 @@ def serve(args: argparse.Namespace) -> int:
             metrics_address=cfg.metrics_address or None,  # "": no metrics server
             accept_empty_log=cfg.accept_empty_log,
             nri=NRIOptions(Path(cfg.nri_socket), cfg.nri_plugin_index, cfg.nri_mode) if cfg.nri_socket else None,
+            retention=Retention(
+                max_age_ns=cfg.log_retention.max_age.ns,
+                max_size=cfg.log_retention.max_size.n,
+                archive=cfg.log_retention.archive,
+            ),
         )
     )
     return 0

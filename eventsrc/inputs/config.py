@@ -133,7 +133,66 @@ def parse_seconds_or_duration(text: str) -> Duration:
     return Duration.of_seconds(seconds)
 
 
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(|k|K|M|G|T|Ki|Mi|Gi|Ti|KB|MB|GB|TB|KiB|MiB|GiB|TiB|B)$")
+_SIZE_UNITS = (
+    {"": 1, "B": 1}
+    | {
+        u: 1000**i
+        for i, units in enumerate((("k", "K", "KB"), ("M", "MB"), ("G", "GB"), ("T", "TB")), 1)
+        for u in units
+    }
+    | {
+        u: 1024**i
+        for i, units in enumerate((("Ki", "KiB"), ("Mi", "MiB"), ("Gi", "GiB"), ("Ti", "TiB")), 1)
+        for u in units
+    }
+)
+
+
+class ByteSize:
+    """A size in bytes: a number, or one with a suffix ("512Mi", "1G", "10MB", "4KiB"):
+    k/M/G/T and KB/MB/GB/TB are powers of 1000, Ki/Mi/Gi/Ti and KiB/MiB/GiB/TiB of 1024.
+    ``str()`` prints the largest binary suffix that divides it."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        if n < 0:
+            raise ValueError("a size must not be negative")
+        self.n = n
+
+    @classmethod
+    def parse(cls, text: str | int) -> ByteSize:
+        if isinstance(text, int) and not isinstance(text, bool):
+            return cls(text)
+        m = _SIZE.match(str(text).strip())
+        if not m:
+            raise ValueError(f'invalid size "{text}" (expected bytes, or e.g. "512Mi", "1G", "10MB")')
+        return cls(round(float(m.group(1)) * _SIZE_UNITS[m.group(2)]))
+
+    def __str__(self) -> str:
+        for suffix, unit in (("Ti", 1024**4), ("Gi", 1024**3), ("Mi", 1024**2), ("Ki", 1024)):
+            if self.n and self.n % unit == 0:
+                return f"{self.n // unit}{suffix}"
+        return str(self.n)
+
+    def __repr__(self) -> str:
+        return f"ByteSize({str(self)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ByteSize) and other.n == self.n
+
+    def __hash__(self) -> int:
+        return hash(self.n)
+
+
 def _dec_hook(t: type, obj: Any) -> Any:
+    if t is ByteSize:
+        if isinstance(obj, ByteSize):
+            return obj
+        if isinstance(obj, bool) or not isinstance(obj, (str, int)):
+            raise TypeError(f'expected a size like "512Mi" or a number of bytes, got {type(obj).__name__}')
+        return ByteSize.parse(obj)
     if t is Duration:
         if isinstance(obj, Duration):
             return obj
@@ -144,12 +203,20 @@ def _dec_hook(t: type, obj: Any) -> Any:
 
 
 def _enc_hook(obj: Any) -> Any:
-    if isinstance(obj, Duration):
+    if isinstance(obj, (Duration, ByteSize)):
         return str(obj)
     raise NotImplementedError
 
 
 # --------------------------------------------------------------------------- the schema
+
+
+class LogRetention(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    """What the live log keeps (docs/adr/0018); 0 is "no limit", and both 0 keep everything."""
+
+    max_age: Duration = Duration(0)
+    max_size: ByteSize = ByteSize(0)
+    archive: bool = True  # what leaves is written to ROOT/eventsrc/archive first
 
 
 class Configuration(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, rename="camel"):
@@ -183,6 +250,7 @@ class Configuration(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     nri_socket: str = ""
     nri_plugin_index: Annotated[str, msgspec.Meta(pattern="^[0-9]{2}$")] = "10"
     nri_mode: Literal["enforce", "observe"] = "enforce"
+    log_retention: LogRetention = LogRetention()
 
 
 #: Each field that a ``serve`` flag sets: the field's name in the file -> the flag.
@@ -208,6 +276,9 @@ FLAGS: Mapping[str, str] = {
     "nriSocket": "--nri-socket",
     "nriPluginIndex": "--nri-plugin-index",
     "nriMode": "--nri-mode",
+    "logRetention.maxAge": "--log-retention-max-age",
+    "logRetention.maxSize": "--log-retention-max-size",
+    "logRetention.archive": "--log-retention-archive",
 }
 
 _FIELDS = {f.encode_name: f for f in msgspec.structs.fields(Configuration)}
@@ -316,7 +387,12 @@ def merge(base: Configuration, overrides: Mapping[str, Any]) -> Configuration:
         return base
     fields = msgspec.to_builtins(base, enc_hook=_enc_hook)
     for name, value in overrides.items():
-        fields[name] = str(value) if isinstance(value, Duration) else value
+        value = str(value) if isinstance(value, (Duration, ByteSize)) else value
+        outer, _, inner = name.partition(".")
+        if inner:  # a field of a nested section: logRetention.maxSize
+            fields[outer] = {**fields.get(outer, {}), inner: value}
+        else:
+            fields[name] = value
     try:
         return msgspec.convert(fields, Configuration, dec_hook=_dec_hook)
     except msgspec.ValidationError as err:

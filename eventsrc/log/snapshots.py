@@ -21,6 +21,7 @@ from pathlib import Path
 
 import msgspec
 
+from eventsrc.errors import DamagedLogError, EventsrcError
 from eventsrc.events import CorruptRecordError, Record
 from eventsrc.log.store import EventLog
 from eventsrc.obs.logger import get_logger
@@ -159,6 +160,41 @@ def furthest(snapdir: Path, log_id: str) -> tuple[int, str]:
     return 0, ""
 
 
+def decode_views(data: bytes, log_id: str, what: str) -> Views:
+    """The views in an encoded snapshot (a file's bytes, or the log's base): its checks as
+    ``read_snapshot``'s, but a snapshot of another views shape is decoded all the same
+    when it can be (fields added since have their defaults)."""
+    try:
+        snap = _file_decoder.decode(data)
+    except (ValueError, msgspec.MsgspecError) as exc:
+        raise DamagedLogError(f"{what} is unreadable ({exc})") from None
+    if snap.log_id != log_id or zlib.crc32(snap.views) != snap.crc:
+        raise DamagedLogError(f"{what} is damaged (checksum or log id)")
+    try:
+        return _views_decoder.decode(snap.views)
+    except (ValueError, msgspec.MsgspecError) as exc:
+        raise DamagedLogError(
+            f"{what} was written by an eventsrc whose views this one cannot read ({exc}); "
+            "run that version, or rebuild from the archive with 'eventsrc state --archive'"
+        ) from None
+
+
+def base_views(log: EventLog, log_id: str, until_seq: int | None = None) -> Views:
+    """The views at the live log's base (docs/adr/0018). Refuses a sequence before it:
+    those views can only come from the archive."""
+    base = log.base()
+    assert base is not None
+    if until_seq is not None and until_seq < base.seq:
+        raise EventsrcError(
+            f"record {until_seq} is before the live log's start ({base.seq + 1}): it is in the archive "
+            "(read it with --archive)"
+        )
+    data = log.base_views()
+    if data is None:
+        raise DamagedLogError(f"the event log at {log.path} is damaged: its base ({base.seq}) has no views")
+    return decode_views(data, log_id, f"the views at the event log's base ({base.seq})")
+
+
 def load_views(
     log: EventLog,
     snapdir: Path | None,
@@ -173,15 +209,21 @@ def load_views(
     views: Views | None = None
     skipped: list[str] = []
     files = snapshot_files(snapdir) if snapdir is not None else []
-    log_id = log.log_id() if files else ""
+    base = log.base()
+    log_id = log.log_id() if files or base else ""
     for path in files:
         try:
             views = read_snapshot(path, log_id, last)
+            if base is not None and views.meta.last_seq < base.seq:
+                views = None
+                raise ValueError(f"older than the live log's base ({base.seq})")
         except ValueError as exc:
             skipped.append(f"snapshot {path.name} ignored: {exc}")
             _log.warning("snapshot ignored; trying an older one or a full replay", snapshot=path.name, reason=str(exc))
             continue
         break
+    if views is None and base is not None:
+        views = base_views(log, log_id, until_seq)
     reason = "; ".join(skipped) if skipped else ("" if views is not None else "no snapshot")
     from_seq = 1 if views is None else views.meta.last_seq + 1
     snapshot_seq = None if views is None else views.meta.last_seq

@@ -4,7 +4,9 @@ Layout (see docs/adr/0001-lmdb-log.md): one LMDB environment with the named data
 
 * ``events``: key = big-endian u64 sequence number (first record is 1), value = CRC32 +
   msgpack envelope (see ``eventsrc.events``);
-* ``meta``: small facts about the log itself (format version, log id).
+* ``meta``: small facts about the log itself (format version, log id), and after a
+  retention cut (docs/adr/0018) its base: the sequence the live log starts after, that
+  record's chain hash, the views at it (``base_views``) and the ledger of what left.
 
 This module is synchronous and knows nothing of trio: the trio side
 (``eventsrc.log.commit``) runs ``commit`` in a worker thread so that many appenders
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import lmdb
+import msgspec
 
 from eventsrc.errors import (
     AlreadyRunningError,
@@ -46,6 +49,7 @@ from eventsrc.events import (
     decode_record,
     encode_payload,
 )
+from eventsrc.log.archive import LedgerEntry, decode_entry, encode_entry
 from eventsrc.log.index import keys_for
 from eventsrc.obs.logger import get_logger
 
@@ -127,6 +131,20 @@ def _damaged(path: Path, exc: lmdb.Error) -> DamagedLogError:
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Base(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the live log starts after retention cuts: record ``seq`` and everything
+    before it have left; ``hash`` is that record's chain hash (the first live record links
+    to it) and ``ts_ns`` its time. The views at ``seq`` are kept beside it (``base_views``)."""
+
+    seq: int
+    hash: bytes
+    ts_ns: int
+
+
+_base_decoder = msgspec.msgpack.Decoder(Base)
+_LEDGER = b"seg/"
 
 
 def _reading(method: F) -> F:
@@ -299,6 +317,7 @@ class EventLog:
                     txn.put(b"format", LOG_FORMAT)
                     txn.put(b"log_id", uuid.uuid4().hex.encode())
         self._refuse_newer_formats()
+        self._base = self._read_base()
         self._last_seq = self._read_last_seq()  # durable
         self._assigned = self._last_seq  # given to prepared batches, durable or not yet
         self._prev_hash = self._last_value_hash()  # the chain's link to the newest record
@@ -316,7 +335,53 @@ class EventLog:
     def _read_last_seq(self) -> int:
         with self._txn_lock, self._read_txn() as txn:
             cur = txn.cursor()
-            return key_seq(bytes(cur.key())) if cur.last() else 0
+            last = key_seq(bytes(cur.key())) if cur.last() else 0
+        return max(last, self._base.seq if self._base else 0)
+
+    def _read_base(self) -> Base | None:
+        raw = self._meta(b"base")
+        if raw is None:
+            return None
+        try:
+            return _base_decoder.decode(raw)
+        except msgspec.MsgspecError as exc:
+            raise DamagedLogError(
+                f"the event log at {self.path} is damaged: its base record is unreadable ({exc})"
+            ) from None
+
+    def base(self) -> Base | None:
+        """Where the live log starts (None: at record 1). A reader reads it afresh: the
+        daemon may cut meanwhile."""
+        if self.readonly:
+            self._base = self._read_base()
+        return self._base
+
+    def first_seq(self) -> int:
+        """The first record the live log holds (or will hold): the base plus one."""
+        b = self.base()
+        return b.seq + 1 if b else 1
+
+    def base_views(self) -> bytes | None:
+        """The encoded views at the base (a snapshot file's bytes), or None before any cut."""
+        return self._meta(b"base_views")
+
+    @_reading
+    def ledger(self) -> list[LedgerEntry]:
+        """What retention cuts took out of the live log, oldest first."""
+        out = []
+        with self._txn_lock, self.env.begin(db=self.meta_db) as txn:
+            cur = txn.cursor()
+            if cur.set_range(_LEDGER):
+                for k, v in cur:
+                    if not bytes(k).startswith(_LEDGER):
+                        break
+                    try:
+                        out.append(decode_entry(bytes(v)))
+                    except msgspec.MsgspecError as exc:
+                        raise DamagedLogError(
+                            f"the event log at {self.path}: a ledger entry is unreadable ({exc})"
+                        ) from None
+        return out
 
     def last_seq(self) -> int:
         """The newest sequence: this writer's own count, or re-read for a reader."""
@@ -325,9 +390,12 @@ class EventLog:
         return self._last_seq
 
     def _last_value_hash(self) -> bytes:
+        base = self._base.seq if self._base else 0
         with self._txn_lock, self._read_txn() as txn:
             cur = txn.cursor()
-            return chain_hash(bytes(cur.value())) if cur.last() else b""
+            if cur.last() and key_seq(bytes(cur.key())) > base:
+                return chain_hash(bytes(cur.value()))
+        return self._base.hash if self._base else b""
 
     def _meta(self, key: bytes) -> bytes | None:
         with self._txn_lock, self.env.begin(db=self.meta_db) as txn:
@@ -385,7 +453,7 @@ class EventLog:
                 f"the log at {self.path} has an index from a newer eventsrc: run that version to query it"
             )
         out = []
-        start = prefix + max(from_seq, 1).to_bytes(8, "big")
+        start = prefix + max(from_seq, self.first_seq()).to_bytes(8, "big")
         with self._txn_lock, self.env.begin(db=self.index_db) as txn:
             cur = txn.cursor()
             if cur.set_range(start):
@@ -422,8 +490,10 @@ class EventLog:
         return v.decode() if v else ""
 
     def raw_chunks(self, from_seq: int = 1, until_seq: int | None = None) -> Iterator[list[tuple[bytes, bytes]]]:
-        """(key, value) pairs in chunks; each chunk is read in its own short transaction."""
-        start = seq_key(max(from_seq, 1))
+        """(key, value) pairs in chunks; each chunk is read in its own short transaction.
+        Only the live log: records up to the base, which a cut may not have deleted yet, are
+        never read."""
+        start = seq_key(max(from_seq, self.first_seq()))
         while True:
             chunk = self._chunk(start)
             if not chunk:
@@ -609,6 +679,93 @@ class EventLog:
         if req.error is not None:
             raise req.error
         return req.records
+
+    # ------------------------------------------------------------------ retention (docs/adr/0018)
+
+    def _write_meta(self, puts: list[tuple[bytes, bytes]]) -> None:
+        """One write transaction on ``meta`` (held under the resize lock, like a reader)."""
+        if self.check_file():
+            raise EventsrcError(self.lost)
+        while True:
+            try:
+                with self._txn_lock, self.env.begin(write=True, db=self.meta_db) as txn:
+                    for k, v in puts:
+                        txn.put(k, v)
+                return
+            except lmdb.MapFullError:
+                pass
+            except lmdb.Error as exc:
+                raise EventsrcError(f"cannot write to the event log at {self.path}: {exc}") from None
+            self._grow()
+
+    def set_base(self, base: Base, views: bytes, entry: LedgerEntry) -> None:
+        """Move the live log's start to ``base`` in one transaction: the base, the views at
+        it and the ledger entry of what left. The records up to it are deleted afterwards
+        (``delete_through``); until then they are never read."""
+        self._write_meta(
+            [
+                (b"base", msgspec.msgpack.encode(base)),
+                (b"base_views", views),
+                (_LEDGER + entry.first.to_bytes(8, "big"), encode_entry(entry)),
+            ]
+        )
+        self._base = base
+        if self._last_seq < base.seq:  # cannot happen: a cut stops at a record the log holds
+            self._last_seq = self._assigned = base.seq
+
+    def delete_through(self, seq: int, limit: int = 256) -> int:
+        """Delete up to ``limit`` of the oldest records at or before ``seq`` (which must not
+        be after the base), with their index keys, in one short transaction; the number
+        deleted, 0 once none is left. Short, so that appends wait little for the writer."""
+        base = self._base.seq if self._base else 0
+        if seq > base:
+            raise EventsrcError(f"cannot delete record {seq}: the live log's base is {base}")
+        while True:
+            try:
+                with self._txn_lock, self.env.begin(write=True, db=self.events_db) as txn:
+                    cur = txn.cursor()
+                    if not cur.first():
+                        return 0
+                    doomed: list[tuple[bytes, bytes]] = []
+                    for k, v in cur:
+                        if key_seq(k) > seq or len(doomed) >= limit:
+                            break
+                        doomed.append((bytes(k), bytes(v)))
+                    index = txn.cursor(db=self.index_db)
+                    for k, v in doomed:
+                        txn.delete(k)
+                        try:
+                            rec = decode_record(key_seq(k), v)
+                        except CorruptRecordError:
+                            continue  # its keys, if any, stay: queries start after the base
+                        for prefix in keys_for(rec.event):
+                            if index.set_key(prefix + k):
+                                index.delete()
+                    return len(doomed)
+            except lmdb.MapFullError:
+                pass
+            except lmdb.Error as exc:
+                raise EventsrcError(f"cannot delete from the event log at {self.path}: {exc}") from None
+            self._grow()
+
+    @_reading
+    def oldest_stored(self) -> int:
+        """The oldest record still in the file, base or not (0: none)."""
+        with self._txn_lock, self._read_txn() as txn:
+            cur = txn.cursor()
+            return key_seq(bytes(cur.key())) if cur.first() else 0
+
+    @_reading
+    def used_bytes(self) -> int:
+        """What the live records and their index keys take in the file (B-tree pages)."""
+        total = 0
+        with self._txn_lock, self.env.begin() as txn:
+            for db in (self.events_db, self.index_db):
+                if db is None:
+                    continue
+                st = txn.stat(db)
+                total += (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]) * st["psize"]
+        return total
 
     def _grow(self) -> None:
         with self._txn_lock:

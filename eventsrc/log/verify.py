@@ -8,6 +8,10 @@ digest over their chain hashes, taken when the log was upgraded. What can be tol
 * a record changed and its CRC recomputed: the next record's link no longer matches;
 * a record removed: a gap in the sequence numbers;
 * two records swapped: both links break, and each points at the other's predecessor.
+
+After a retention cut (docs/adr/0018) the live log starts after its base: the first live
+record must link to the base's hash, and the archive's segments are checked on their own
+(``eventsrc.log.archive.verify_archive``).
 """
 
 from __future__ import annotations
@@ -33,16 +37,19 @@ MAX_NAMED_GAP = 1000
 
 def verify(log: EventLog) -> tuple[int, list[Finding]]:
     """(records checked, findings in log order)."""
+    base = log.base()
     anchor = log._meta(b"chain_anchor")
     anchor_seq = int.from_bytes(anchor[:8], "big") if anchor else 0
+    if base is not None and anchor_seq <= base.seq:
+        anchor, anchor_seq = None, 0  # the records it covers left the live log (the archive checks them)
     digest = hashlib.blake2b(digest_size=16)
     findings: list[Finding] = []
     window: dict[int, bytes] = {}  # the last three values, for telling swaps apart
     pending: int | None = None  # a broken link, decided when the next record is seen
     swapped_at: int | None = None  # records swapped-1 and swapped were found swapped
-    expected = 1
+    expected = log.first_seq()
     checked = 0
-    for chunk in log.raw_chunks(1):
+    for chunk in log.raw_chunks(expected):
         for k, v in chunk:
             seq = key_seq(k)
             value = bytes(v)
@@ -70,6 +77,10 @@ def verify(log: EventLog) -> tuple[int, list[Finding]]:
             if seq <= anchor_seq:
                 digest.update(chain_hash(value))
             link = prev_hash_of(value)
+            if base is not None and seq == base.seq + 1 and link != base.hash:
+                findings.append(
+                    Finding(seq, "anchor", f"record {seq} does not link to the live log's base (record {base.seq})")
+                )
             broken = seq > anchor_seq and (seq - 1) in window and link != chain_hash(window[seq - 1])
             if broken and swapped_at == seq - 1 and (seq - 2) in window and link == chain_hash(window[seq - 2]):
                 broken = False  # it follows the record that was moved before its neighbour

@@ -16,6 +16,8 @@
       ├─ serve_unix(PodResources)    pod-resources/kubelet.sock (api/podresources.py)
       ├─ Daemon.scrub                checks every record written before this start
       ├─ Daemon.snapshot_loop        writes a snapshot every ``snapshot_every`` records
+      ├─ Retainer.run                finishes an interrupted retention cut; with logRetention,
+      │                              cuts the live log at piece boundaries (node/retention.py)
       └─ (ready; waits for SIGTERM / SIGINT, records DaemonStopped, writes a snapshot, cancels)
 
 Every unix socket is served by grpclib through ``rpc/bridge.serve_unix``. State changes only
@@ -50,6 +52,7 @@ from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.core.cpu.static import CPUManagerConfig, allocatable_cpus, pool_events, startup_events
 from eventsrc.core.cpu.topology import single_cpu_topology
 from eventsrc.core.devices.holds import restart_events
+from eventsrc.core.retention import Retention
 from eventsrc.core.topology_manager import TopologyManager, parse_topology_manager
 from eventsrc.errors import DamagedLogError, EventsrcError, NewerLogError
 from eventsrc.events import CorruptRecordError, FutureRecordError, Record, newer_unreadable
@@ -59,6 +62,7 @@ from eventsrc.inputs.config import changes as configuration_changes
 from eventsrc.inputs.config import recorded as recorded_config
 from eventsrc.layout import Layout
 from eventsrc.log.commit import GroupCommitter
+from eventsrc.log.retention import undo_unfinished
 from eventsrc.log.snapshots import (
     RebuildInfo,
     encode_snapshot,
@@ -75,6 +79,7 @@ from eventsrc.node.dra_manager import DRAManager
 from eventsrc.node.interfaces import record_or_log
 from eventsrc.node.nri import NRIOptions, NRIPlugin
 from eventsrc.node.plugin_watcher import PluginWatcher
+from eventsrc.node.retention import Retainer
 from eventsrc.obs import systemd
 from eventsrc.obs.logger import current_correlation_id, get_logger
 from eventsrc.obs.metrics import (
@@ -135,6 +140,7 @@ class Daemon:
         cpus: CPUManagerConfig | None = None,
         topology: TopologyManager | None = None,
         nri: NRIOptions | None = None,
+        retention: Retention | None = None,
     ) -> None:
         self.layout = layout
         self.cpus = cpus or CPUManagerConfig("none", single_cpu_topology(), CPUSet(), StaticPolicyOptions())
@@ -168,6 +174,7 @@ class Daemon:
             self, AdmissionConfig(self.cpus, self.topology, admission_wait), self.devices, self.dra
         )
         self.nri = NRIPlugin(self, self.admission, self.cpus, nri) if nri is not None else None
+        self.retainer = Retainer(self, log_, layout.archive, retention or Retention(), snapshot_every)
 
     def node_service(self) -> NodeService:
         def status() -> node_pb2.StatusResponse:
@@ -218,6 +225,7 @@ class Daemon:
         self._last_commit = time.monotonic()
         if self.views.meta.last_seq - self._snapshot_seq >= self.snapshot_every:
             self._snapshot_due.set()
+        self.retainer.maybe_due(self.views.meta.last_seq)
 
     async def record(self, events: Sequence[ev._Event], correlation_id: str | None = None) -> list[Record]:
         """Append ``events`` as one unit; they are in the views when this returns. Without
@@ -326,6 +334,7 @@ async def serve(
     metrics_address: str | None = None,
     accept_empty_log: bool = False,
     nri: NRIOptions | None = None,
+    retention: Retention | None = None,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT (or until cancelled).
@@ -354,6 +363,8 @@ async def serve(
             lost = _refuse_lost_history(lost_records(layout, event_log), accept_empty_log)
         if lost:
             log.warning("starting a new history over a lost log (--accept-empty-log)", lost=lost)
+        for undone in undo_unfinished(event_log, layout.archive):
+            log.warning("archive segment of an unfinished retention cut removed (its records are live)", path=undone)
         views, info = _rebuild_views(layout, event_log)
         daemon = Daemon(
             layout,
@@ -365,6 +376,7 @@ async def serve(
             cpus=cpus,
             topology=topology,
             nri=nri,
+            retention=retention,
         )
         daemon.metrics.replayed(info.seconds, info.tail_records)
         start_seq = views.meta.last_seq
@@ -389,6 +401,7 @@ async def serve(
                     await nursery.start(daemon.nri.run)
                 nursery.start_soon(daemon.scrub, start_seq)
                 nursery.start_soon(daemon.snapshot_loop)
+                nursery.start_soon(daemon.retainer.run)
                 _announce_ready(daemon)
                 task_status.started(daemon)
                 reason = await _stop_signal(signals)

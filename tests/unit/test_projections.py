@@ -51,6 +51,7 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
     ),
     ev.DaemonStopped: st.builds(ev.DaemonStopped, boot_id=text, instance_id=text, reason=text),
     ev.CorruptRecordFound: st.builds(ev.CorruptRecordFound, seq=st.integers(1, 50), reason=text),
+    ev.LogTrimmed: st.builds(ev.LogTrimmed, base_seq=st.integers(1, 50), records=st.integers(1, 50), segment=text),
     ev.PolicyConfigurationChanged: st.builds(
         ev.PolicyConfigurationChanged, manager=st.sampled_from(["cpu", "topology"]), new=st.just({"policy": "static"})
     ),

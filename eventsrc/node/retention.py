@@ -1,0 +1,146 @@
+"""The daemon's retention task (docs/adr/0018): when the live log outgrows ``logRetention``,
+cut it at a piece boundary, in the steps of ``eventsrc.log.retention``, each in a worker
+thread, none holding the log's writer for more than one short transaction.
+
+The task wakes when the log crosses a piece boundary (``maybe_due``, from the commit
+path), and, with ``maxAge``, on a clock as well. It first deletes what an interrupted cut
+left (records before the base). Where to cut is ``eventsrc.core.retention.plan_cut``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from eventsrc import events as ev
+from eventsrc.core.retention import Retention, boundaries, plan_cut
+from eventsrc.errors import EventsrcError
+from eventsrc.log import retention as steps
+from eventsrc.log.store import EventLog
+from eventsrc.node.interfaces import Recorder
+from eventsrc.obs.logger import get_logger
+
+log = get_logger("eventsrc.node.retention")
+
+#: the most records one cut takes (a long log is cut in several)
+MAX_RECORDS_PER_CUT = 100_000
+#: how often ``maxAge`` is looked at when nothing crosses a boundary
+AGE_CHECK_SECONDS = 60.0
+
+
+@dataclass
+class CutReport:
+    base_seq: int
+    records: int
+    segment: str
+    seconds: float  # the whole cut, prepare to the last deletion
+    longest_pause: float  # the longest transaction that held the log's writer
+
+
+class Retainer:
+    def __init__(self, recorder: Recorder, event_log: EventLog, archive: Path, policy: Retention, piece: int) -> None:
+        self.recorder = recorder
+        self.event_log = event_log
+        self.archive = archive
+        self.policy = policy
+        self.piece = max(1, piece)
+        self._due = trio.Event()
+        self._mark = event_log.last_seq() // self.piece
+        self.cuts: list[CutReport] = []  # this run's, newest last (for bench and tests)
+
+    def maybe_due(self, last_seq: int) -> None:
+        """Called after each commit: wake the task when the log crossed a piece boundary."""
+        mark = last_seq // self.piece
+        if mark != self._mark:
+            self._mark = mark
+            self._due.set()
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await self._delete_leftovers()
+        if not self.policy.enabled:
+            return
+        period = min(AGE_CHECK_SECONDS, self.policy.max_age_ns / 1e9 / 10) if self.policy.max_age_ns else None
+        while True:
+            try:
+                await self.cut_while_due()
+            except EventsrcError as err:  # a full disk, a lost log: the next boundary tries again
+                log.error("retention cut failed; the log keeps its records", reason=str(err))
+            if period is None:
+                await self._due.wait()
+            else:
+                with trio.move_on_after(period):
+                    await self._due.wait()
+            self._due = trio.Event()
+
+    async def cut_while_due(self) -> None:
+        """Cut until the plan says the live log is within its bounds."""
+        while True:
+            seq, reason = await trio.to_thread.run_sync(self._plan)
+            if not seq:
+                return
+            await self.cut(seq, reason)
+
+    def _plan(self) -> tuple[int, str]:
+        el = self.event_log
+        base, last = el.first_seq() - 1, el.last_seq()
+        used = el.used_bytes()
+        marks = boundaries(base, last, self.piece) if self.policy.max_age_ns else []
+        times = steps.record_times(el, marks) if marks else {}
+        now = time.time_ns()
+        seq = plan_cut(
+            self.policy,
+            base=base,
+            last=last,
+            piece=self.piece,
+            used_bytes=used,
+            boundary_ts=times,
+            now_ns=now,
+            max_records=MAX_RECORDS_PER_CUT,
+        )
+        if not seq:
+            return 0, ""
+        why = []
+        if self.policy.max_size and used > self.policy.max_size:
+            why.append(f"maxSize: live records take {used} bytes, over {self.policy.max_size}")
+        if self.policy.max_age_ns and times.get(seq, now) < now - self.policy.max_age_ns:
+            why.append(f"maxAge: record {seq} is older than {self.policy.max_age_ns / 1e9:g} s")
+        return seq, "; ".join(why)
+
+    async def cut(self, seq: int, reason: str = "") -> CutReport:
+        """Cut the live log at ``seq`` (a record it holds): archive, move the base, record it,
+        delete. Each step is a worker thread's; the appends go on between the transactions."""
+        t0 = time.perf_counter()
+        archive = self.archive if self.policy.archive else None
+        prepared = await trio.to_thread.run_sync(steps.prepare, self.event_log, archive, seq)
+        pause = await trio.to_thread.run_sync(steps.commit, self.event_log, prepared)
+        entry = prepared.entry
+        await self.recorder.record([ev.LogTrimmed(base_seq=seq, records=entry.records, segment=entry.file, reason=reason)])
+        deleted, longest = await self._delete_leftovers()
+        report = CutReport(seq, entry.records, entry.file, time.perf_counter() - t0, max(pause, longest))
+        self.cuts.append(report)
+        log.info(
+            "log cut",
+            base_seq=seq,
+            records=entry.records,
+            deleted=deleted,
+            segment=entry.file or "(not archived)",
+            seconds=round(report.seconds, 3),
+            prepare_seconds=round(prepared.seconds, 3),
+            longest_pause_ms=round(report.longest_pause * 1000, 2),
+            reason=reason,
+        )
+        return report
+
+    async def _delete_leftovers(self) -> tuple[int, float]:
+        """Delete the records at or before the base, a short transaction at a time."""
+        deleted, longest = 0, 0.0
+        while True:
+            n, seconds = await trio.to_thread.run_sync(steps.delete_some, self.event_log)
+            if not n:
+                return deleted, longest
+            deleted += n
+            longest = max(longest, seconds)

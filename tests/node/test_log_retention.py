@@ -1,0 +1,165 @@
+"""Retention cuts on the log itself (docs/adr/0018): the views never change because of a cut,
+the chain is verifiable across the archive and the live log, an interrupted cut is undone or
+finished, and a segment missing, altered or foreign is named."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from eventsrc import events as ev
+from eventsrc.core.retention import boundaries
+from eventsrc.log import retention as steps
+from eventsrc.log.archive import iter_records, segment_files, verify_archive, verify_segment
+from eventsrc.log.index import pod_prefix
+from eventsrc.log.snapshots import load_views
+from eventsrc.log.store import EventLog
+from eventsrc.log.verify import verify
+from eventsrc.state.apply import rebuild
+from tests.unit.test_projections import events
+
+
+def filled(path: Path, evs: list[ev._Event]) -> EventLog:
+    log = EventLog(path)
+    for i, e in enumerate(evs, start=1):
+        log.append([e], f"c{i}", 1000 + i)
+    return log
+
+
+def cut(log: EventLog, archive: Path | None, seq: int, delete: bool = True) -> steps.Prepared:
+    prepared = steps.prepare(log, archive, seq)
+    steps.commit(log, prepared)
+    while delete and steps.delete_some(log, limit=3)[0]:
+        pass
+    return prepared
+
+
+def pods(n: int) -> list[ev._Event]:
+    return [ev.PodRemoved(pod_uid=f"pod-{i % 7}", reason=f"r{i}") for i in range(n)]
+
+
+def check_whole(log: EventLog, archive: Path) -> None:
+    checked, findings = verify(log)
+    assert findings == []
+    base = log.base()
+    assert base is not None
+    segs, problems = verify_archive(archive, log.ledger(), base.seq, base.hash, log.log_id())
+    assert problems == []
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(events, min_size=1, max_size=40), st.data())
+def test_views_after_cuts_equal_the_full_rebuild(tmp_path_factory, evs: list[ev._Event], data: st.DataObject) -> None:  # type: ignore[no-untyped-def]
+    d = tmp_path_factory.mktemp("r")
+    log = filled(d / "log", evs)
+    full = rebuild(log.records())
+    piece = data.draw(st.integers(1, 8))
+    archive = d / "archive"
+    for _ in range(data.draw(st.integers(1, 3))):
+        marks = boundaries(log.first_seq() - 1, log.last_seq(), piece)
+        if not marks:
+            break
+        cut(log, archive, data.draw(st.sampled_from(marks)), delete=data.draw(st.booleans()))
+    views, info = load_views(log, None)
+    assert msgspec.msgpack.encode(views) == msgspec.msgpack.encode(full)
+    assert [r.seq for r in log.records()] == list(range(log.first_seq(), len(evs) + 1))
+    if log.base() is not None:
+        check_whole(log, archive)
+        # the archive and the live log together are every record, once, in order
+        archived = [seq for _f, _l, p in segment_files(archive) for seq, _v in iter_records(p)]
+        assert archived + [r.seq for r in log.records()] == list(range(1, len(evs) + 1))
+    log.close()
+
+
+def test_a_cut_moves_the_start_and_queries_begin_after_it(tmp_path: Path) -> None:
+    log = filled(tmp_path / "log", pods(40))
+    p = cut(log, tmp_path / "archive", 20)
+    assert p.entry.records == 20 and p.entry.file
+    assert log.first_seq() == 21 and log.last_seq() == 40
+    assert log.oldest_stored() == 21
+    assert all(s > 20 for s in log.index_seqs(pod_prefix("pod-1")))
+    assert log.index_seqs(pod_prefix("pod-1")) == [s for s in range(21, 41) if (s - 1) % 7 == 1]
+    check_whole(log, tmp_path / "archive")
+    # appends go on linking to the chain
+    log.append([ev.PodRemoved(pod_uid="later", reason="x")], "c", 5000)
+    assert verify(log)[1] == []
+    log.close()
+    reader = EventLog(tmp_path / "log", readonly=True)
+    assert reader.first_seq() == 21 and reader.last_seq() == 41
+    reader.close()
+
+
+def test_a_deleted_segment_is_reported(tmp_path: Path) -> None:
+    log = filled(tmp_path / "log", pods(30))
+    cut(log, tmp_path / "archive", 10)
+    second = cut(log, tmp_path / "archive", 20)
+    check_whole(log, tmp_path / "archive")
+    (tmp_path / "archive" / second.entry.file).unlink()
+    base = log.base()
+    assert base is not None
+    _, problems = verify_archive(tmp_path / "archive", log.ledger(), base.seq, base.hash, log.log_id())
+    assert [p.what for p in problems] == ["missing"]
+    assert "records 11..20" in problems[0].message
+
+
+def test_an_altered_segment_is_reported(tmp_path: Path) -> None:
+    log = filled(tmp_path / "log", pods(30))
+    entry = cut(log, tmp_path / "archive", 10).entry
+    path = tmp_path / "archive" / entry.file
+    os.chmod(path, 0o640)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    assert not verify_segment(path).ok
+    base = log.base()
+    assert base is not None
+    _, problems = verify_archive(tmp_path / "archive", log.ledger(), base.seq, base.hash, log.log_id())
+    assert problems and all(p.what == "altered" for p in problems)
+
+
+def test_a_segment_not_in_the_ledger_is_named_and_an_unfinished_cut_is_undone(tmp_path: Path) -> None:
+    log = filled(tmp_path / "log", pods(30))
+    archive = tmp_path / "archive"
+    cut(log, archive, 10)
+    # killed after the segment was sealed, before the base moved: its records are still live
+    orphan = steps.prepare(log, archive, 20).entry
+    base = log.base()
+    assert base is not None and base.seq == 10
+    _, problems = verify_archive(archive, log.ledger(), base.seq, base.hash, log.log_id())
+    assert [p.what for p in problems] == ["unknown"] and orphan.file in problems[0].message
+    (archive / f".{orphan.file}.x.tmp").write_bytes(b"torn")
+    removed = steps.undo_unfinished(log, archive)
+    assert [p.name for p in removed] == [orphan.file]
+    assert not list(archive.glob(".*.tmp"))
+    check_whole(log, archive)
+    assert log.first_seq() == 11 and [r.seq for r in log.records()][0] == 11
+
+
+def test_a_cut_killed_before_its_deletions_is_finished(tmp_path: Path) -> None:
+    log = filled(tmp_path / "log", pods(30))
+    full = rebuild(log.records())
+    cut(log, tmp_path / "archive", 20, delete=False)
+    assert steps.leftovers(log)
+    log.close()
+    log = EventLog(tmp_path / "log")
+    # the records before the base are never read, though still in the file
+    assert [r.seq for r in log.records()] == list(range(21, 31))
+    views, _ = load_views(log, None)
+    assert msgspec.msgpack.encode(views) == msgspec.msgpack.encode(full)
+    while steps.delete_some(log)[0]:
+        pass
+    assert not steps.leftovers(log) and log.oldest_stored() == 21
+    check_whole(log, tmp_path / "archive")
+
+
+def test_a_cut_without_the_archive_keeps_the_chain_in_the_ledger(tmp_path: Path) -> None:
+    log = filled(tmp_path / "log", pods(30))
+    cut(log, None, 10)
+    cut(log, tmp_path / "archive", 20)
+    assert [e.file == "" for e in log.ledger()] == [True, False]
+    check_whole(log, tmp_path / "archive")
+    assert len(segment_files(tmp_path / "archive")) == 1
