@@ -145,6 +145,10 @@ class Base(msgspec.Struct, frozen=True, kw_only=True):
 
 _base_decoder = msgspec.msgpack.Decoder(Base)
 _LEDGER = b"seg/"
+_VIEWS = b"base_views/"
+#: the base views are kept in pieces this long: each fits in a page, so no cut needs a run
+#: of contiguous free pages (an overflow value's), which a fragmented file would grow for
+VIEWS_CHUNK = 1536
 
 
 def _reading(method: F) -> F:
@@ -361,9 +365,18 @@ class EventLog:
         b = self.base()
         return b.seq + 1 if b else 1
 
+    @_reading
     def base_views(self) -> bytes | None:
         """The encoded views at the base (a snapshot file's bytes), or None before any cut."""
-        return self._meta(b"base_views")
+        parts = []
+        with self._txn_lock, self.env.begin(db=self.meta_db) as txn:
+            cur = txn.cursor()
+            if cur.set_range(_VIEWS):
+                for k, v in cur:
+                    if not bytes(k).startswith(_VIEWS):
+                        break
+                    parts.append(bytes(v))
+        return b"".join(parts) if parts else None
 
     @_reading
     def ledger(self) -> list[LedgerEntry]:
@@ -682,13 +695,19 @@ class EventLog:
 
     # ------------------------------------------------------------------ retention (docs/adr/0018)
 
-    def _write_meta(self, puts: list[tuple[bytes, bytes]]) -> None:
-        """One write transaction on ``meta`` (held under the resize lock, like a reader)."""
+    def _write_meta(self, puts: list[tuple[bytes, bytes]], drop_prefix: bytes = b"") -> None:
+        """One write transaction on ``meta`` (held under the resize lock, like a reader):
+        the keys under ``drop_prefix`` are deleted, then ``puts`` written."""
         if self.check_file():
             raise EventsrcError(self.lost)
         while True:
             try:
                 with self._txn_lock, self.env.begin(write=True, db=self.meta_db) as txn:
+                    if drop_prefix:
+                        cur = txn.cursor()
+                        if cur.set_range(drop_prefix):
+                            while bytes(cur.key()).startswith(drop_prefix) and cur.delete():
+                                pass
                     for k, v in puts:
                         txn.put(k, v)
                 return
@@ -702,12 +721,17 @@ class EventLog:
         """Move the live log's start to ``base`` in one transaction: the base, the views at
         it and the ledger entry of what left. The records up to it are deleted afterwards
         (``delete_through``); until then they are never read."""
+        chunks = [
+            (_VIEWS + i.to_bytes(4, "big"), views[at : at + VIEWS_CHUNK])
+            for i, at in enumerate(range(0, len(views), VIEWS_CHUNK))
+        ]
         self._write_meta(
             [
                 (b"base", msgspec.msgpack.encode(base)),
-                (b"base_views", views),
+                *chunks,
                 (_LEDGER + entry.first.to_bytes(8, "big"), encode_entry(entry)),
-            ]
+            ],
+            drop_prefix=_VIEWS,
         )
         self._base = base
         if self._last_seq < base.seq:  # cannot happen: a cut stops at a record the log holds
