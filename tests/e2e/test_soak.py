@@ -60,10 +60,9 @@ def test_the_daemons_rss_levels_off(soak: tuple[SoakResult, str]) -> None:
 
 def test_the_chain_holds_and_the_daemon_stopped_cleanly(soak: tuple[SoakResult, str]) -> None:
     result, out = soak
-    assert result.verify_findings == [], out
-    assert result.verify_checked > 0, out
+    assert result.verify_status == 0, out
+    assert any("the chain holds" in line for line in result.verify_output), out
     assert result.daemon_exit == 0, out
-    assert "the chain holds" in out
 
 
 def test_the_live_log_levels_off_where_retention_cuts_it(soak: tuple[SoakResult, str], retention: bool) -> None:
