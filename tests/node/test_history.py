@@ -1,0 +1,192 @@
+"""Reading the whole history after retention cuts (``eventsrc.log.history``): the archive
+segments and the live log read as one, their index covered by scanning the segments, views
+rebuilt from record 1, and a missing or damaged segment named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from eventsrc import events as ev
+from eventsrc.errors import EventsrcError
+from eventsrc.log import retention as steps
+from eventsrc.log.archive import segment_name
+from eventsrc.log.history import History
+from eventsrc.log.index import device_prefix, name_prefix, pod_prefix
+from eventsrc.log.store import EventLog
+from eventsrc.offline import audit
+from eventsrc.state.apply import rebuild
+from eventsrc.state.views import Views
+
+RES = "example.com/dev"
+T0 = 1_767_225_600_000_000_000
+SPEC = [ev.ContainerSpec(name="main", requests={RES: "1"}, limits={RES: "1"})]
+
+
+def held_then_cut(path: Path, archive: Path | None, cuts: tuple[int, ...] = (10, 20)) -> EventLog:
+    """A log where pod ``hold`` takes dev-0 in records 3..6, then dev-1 flaps to record 20,
+    then ``cuts`` (each followed by its LogTrimmed), then dev-0 turns unhealthy."""
+    log = EventLog(path)
+    n = 0
+
+    def add(*events: ev._Event) -> None:
+        nonlocal n
+        n += 1
+        log.append(list(events), f"c{n}", T0 + n)
+
+    hold = ev.PodRef(uid="uid-hold", namespace="default", name="hold")
+    add(ev.PluginRegistered(resource=RES, endpoint="dev.sock"))
+    add(ev.DevicesAdded(resource=RES, devices=[ev.DeviceInfo(id=d, health="Healthy") for d in ("dev-0", "dev-1")]))
+    add(ev.PodAdmissionStarted(pod=hold, containers=SPEC))
+    add(ev.DevicesReserved(pod_uid="uid-hold", container="main", resource=RES, device_ids=["dev-0"]))
+    add(ev.DevicesAllocated(pod_uid="uid-hold", container="main", resource=RES, device_ids=["dev-0"]))
+    add(ev.PodAdmitted(pod=hold, containers=SPEC))
+    for i in range(14):
+        add(ev.DeviceHealthChanged(resource=RES, device_id="dev-1", health=("Unhealthy", "Healthy")[i % 2]))
+    for seq in cuts:
+        prepared = steps.prepare(log, archive, seq)
+        steps.commit(log, prepared)
+        while steps.delete_some(log, limit=4)[0]:
+            pass
+        add(ev.LogTrimmed(base_seq=seq, records=prepared.entry.records, segment=prepared.entry.file, reason="test"))
+    add(ev.DeviceHealthChanged(resource=RES, device_id="dev-0", health="Unhealthy"))
+    return log
+
+
+def whole(path: Path) -> EventLog:
+    """The same log, never cut: what every reading of the history must equal."""
+    return held_then_cut(path, None, cuts=())
+
+
+def encoded(items: list[ev.Record | ev.CorruptRecordError]) -> list[tuple[int, bytes]]:
+    return [(r.seq, msgspec.msgpack.encode(r.event)) for r in items if isinstance(r, ev.Record)]
+
+
+def test_records_are_the_archive_then_the_live_log(tmp_path: Path) -> None:
+    log = held_then_cut(tmp_path / "log", tmp_path / "archive")
+    history = History(log, tmp_path / "archive")
+    assert history.reading_archive and history.complete() and history.missing() == []
+    assert (history.first_seq(), history.live_first_seq()) == (1, 21)
+    # the uncut log's records 1..20 are the archive's
+    full = whole(tmp_path / "whole")
+    got = list(history.records())
+    assert [r.seq for r in got] == list(range(1, 24))
+    assert encoded(got)[:20] == encoded(list(full.records(1, 20)))
+    assert [r.seq for r in history.records(8, 12)] == [8, 9, 10, 11, 12]
+    assert [r.seq for r in history.records(19, 22)] == [19, 20, 21, 22]
+    assert [r.seq for r in History(log, tmp_path / "archive", live_only=True).records()] == [21, 22, 23]
+    # without segments in the directory, only the live log is read
+    assert not History(log, tmp_path / "elsewhere").reading_archive
+
+
+def test_the_index_covers_the_archive(tmp_path: Path) -> None:
+    log = held_then_cut(tmp_path / "log", tmp_path / "archive")
+    full = whole(tmp_path / "whole")
+    history = History(log, tmp_path / "archive")
+    live_only = History(log, tmp_path / "archive", live_only=True)
+    for prefix in (
+        device_prefix(RES, "dev-0"),
+        device_prefix(RES, "dev-1"),
+        pod_prefix("uid-hold"),
+        name_prefix("default", "hold"),
+    ):
+        # records 1..20 are the same in the uncut log: their index there is what the archive must give
+        expected = [s for s in full.index_seqs(prefix) if s <= 20]
+        assert history.index_seqs(prefix)[: len(expected)] == expected
+        assert history.index_seqs(prefix, 4, 15) == [s for s in expected if 4 <= s <= 15]
+        assert all(s >= 21 for s in live_only.index_seqs(prefix))
+    assert history.index_seqs(device_prefix(RES, "dev-0")) == [2, 4, 5, 23]
+    records = history.read_many([23, 5, 4, 2])
+    assert [r.seq for r in records] == [23, 5, 4, 2]
+    assert all(isinstance(r, ev.Record) for r in records)
+    assert isinstance(records[1], ev.Record) and isinstance(records[1].event, ev.DevicesAllocated)
+
+
+def test_a_device_held_by_a_pod_in_the_archive_is_still_held(tmp_path: Path) -> None:
+    log = held_then_cut(tmp_path / "log", tmp_path / "archive")
+    t = audit.device_timeline(History(log, tmp_path / "archive"), RES, "dev-0")
+    assert [(h.pod.name, h.still_held, h.start.seq if h.start else None) for h in t.holders] == [("hold", True, 4)]
+    assert [c.what for c in t.changes] == ["listed", "health"]
+    live = audit.device_timeline(History(log, tmp_path / "archive", live_only=True), RES, "dev-0")
+    assert live.holders == [] and [c.at.seq for c in live.changes] == [23]
+
+
+def test_views_from_record_one_equal_the_uncut_log(tmp_path: Path) -> None:
+    log = held_then_cut(tmp_path / "log", tmp_path / "archive")
+    full = whole(tmp_path / "whole")
+    history = History(log, tmp_path / "archive")
+    views = history.start_views(5)
+    assert views.meta.last_seq == 0
+    from eventsrc.state.apply import apply_all
+
+    at5 = apply_all(views, history.records(1, 5))
+    assert msgspec.msgpack.encode(at5) == msgspec.msgpack.encode(rebuild(full.records(1, 5)))
+    live = History(log, tmp_path / "archive", live_only=True)
+    base = live.start_views()
+    assert base.meta.last_seq == 20
+    assert msgspec.msgpack.encode(base.devices) == msgspec.msgpack.encode(rebuild(full.records(1, 20)).devices)
+    with pytest.raises(EventsrcError, match=r"record 5 is before the live log's start \(record 21\).*--live-only"):
+        live.start_views(5)
+
+
+def test_a_missing_segment_is_named_and_the_rest_is_read(tmp_path: Path) -> None:
+    archive = tmp_path / "archive"
+    log = held_then_cut(tmp_path / "log", archive)
+    (archive / segment_name(11, 20)).unlink()
+    history = History(log, archive)
+    assert [(g.first, g.last, g.why) for g in history.missing()] == [(11, 20, "missing")]
+    assert "records 11..20" in history.missing_note() and segment_name(11, 20) in history.missing_note()
+    assert [r.seq for r in history.records()] == [*range(1, 11), 21, 22, 23]
+    assert history.index_seqs(device_prefix(RES, "dev-1")) == [2, *range(7, 11)]
+    assert not history.complete()
+    # the views cannot come from record 1: the base's views, and no point before the base
+    assert history.start_views().meta.last_seq == 20
+    with pytest.raises(EventsrcError, match="cannot rebuild the views before it: it lacks records 11..20"):
+        history.start_views(5)
+
+
+def test_a_cut_without_archive_is_a_gap(tmp_path: Path) -> None:
+    archive = tmp_path / "archive"
+    log = EventLog(tmp_path / "log")
+    for i in range(30):
+        log.append([ev.PodRemoved(pod_uid=f"p{i % 3}", reason="x")], f"c{i}", T0 + i)
+    for seq, where in ((10, None), (20, archive)):
+        steps.commit(log, steps.prepare(log, where, seq))
+    history = History(log, archive)
+    assert [(g.first, g.last, g.why) for g in history.missing()] == [(1, 10, "not archived")]
+    assert [r.seq for r in history.records()][:2] == [11, 12]
+    assert history.first_seq() == 11
+
+
+def test_a_damaged_segment_stops_the_reading_with_one_line(tmp_path: Path) -> None:
+    archive = tmp_path / "archive"
+    log = held_then_cut(tmp_path / "log", archive)
+    path = archive / segment_name(1, 10)
+    path.chmod(0o640)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(EventsrcError) as err:
+        list(History(log, archive).records())
+    assert segment_name(1, 10) in str(err.value) and "\n" not in str(err.value)
+    assert "--live-only" in str(err.value)
+
+
+def test_a_segment_of_another_log_is_refused(tmp_path: Path) -> None:
+    archive = tmp_path / "archive"
+    log = held_then_cut(tmp_path / "log", archive)
+    other = held_then_cut(tmp_path / "other", tmp_path / "other-archive")
+    (archive / segment_name(1, 10)).unlink()
+    (archive / segment_name(1, 10)).write_bytes((tmp_path / "other-archive" / segment_name(1, 10)).read_bytes())
+    other.close()
+    with pytest.raises(EventsrcError, match="not the segment this log archived"):
+        list(History(log, archive).records(1, 3))
+
+
+def test_start_views_of_a_log_never_cut_are_empty(tmp_path: Path) -> None:
+    log = whole(tmp_path / "log")
+    history = History(log, tmp_path / "archive")
+    assert history.complete() and not history.reading_archive and history.start_note() == ""
+    assert msgspec.msgpack.encode(history.start_views()) == msgspec.msgpack.encode(Views())
+    assert [r.seq for r in history.records()] == list(range(1, 22))
