@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from eventsrc.cli.options import Parents, Subparsers, add_output, open_reader
+from eventsrc.cli.options import Parents, Subparsers, add_live_only, add_output, open_history, open_reader
 
 
 def add_parser(sub: Subparsers, parents: Parents) -> None:
@@ -16,7 +16,8 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         parents=[parents.root],
         help="who held a device and when, a pod's or a claim's history (from the log's index)",
         description="Audit queries answered from the log's secondary index (no scan), read-only: the daemon "
-        "may run. An unknown device, pod or claim is one line on stderr and exit 1.",
+        "may run. After retention cuts the archive segments are read too (scanned: they have no index), unless "
+        "--live-only. An unknown device, pod or claim is one line on stderr and exit 1.",
     )
     asub = p.add_subparsers(dest="audit", metavar="WHAT", required=True)
     a = asub.add_parser(
@@ -36,6 +37,7 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         help="from record SEQ, or from TIME (RFC 3339, e.g. 2026-11-21T23:40:00Z)",
     )
     a.add_argument("--until", default=None, metavar="SEQ|TIME", help="up to record SEQ, or up to TIME (RFC 3339)")
+    add_live_only(a)
     add_output(a)
     a.set_defaults(func=query)
     a = asub.add_parser(
@@ -47,6 +49,7 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         "and sequence. NAMESPACE/NAME names the newest pod with that name (the answer says which uid).",
     )
     a.add_argument("pod", metavar="UID|NAMESPACE/NAME")
+    add_live_only(a)
     add_output(a)
     a.set_defaults(func=query)
     a = asub.add_parser(
@@ -57,6 +60,7 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         "devices and the driver's errors.",
     )
     a.add_argument("claim", metavar="UID")
+    add_live_only(a)
     add_output(a)
     a.set_defaults(func=query)
     a = asub.add_parser(
@@ -79,10 +83,10 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
 
 
 def query(args: argparse.Namespace) -> int:
-    """audit device, pod or claim: a query of the index."""
+    """audit device, pod or claim: a query of the index (and of the archive, unless --live-only)."""
     from eventsrc.offline import audit as queries
 
-    return queries.run(args, open_reader(args.layout))
+    return queries.run(args, open_history(args.layout, args.live_only))
 
 
 def verify(args: argparse.Namespace) -> int:

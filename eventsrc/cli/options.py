@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 from eventsrc.layout import DEFAULT_ROOT, Layout
 
 if TYPE_CHECKING:
+    from eventsrc.log.history import History
     from eventsrc.log.store import EventLog
 
 Command = Callable[[argparse.Namespace], int]
@@ -77,3 +78,27 @@ def open_reader(layout: Layout) -> EventLog:
     from eventsrc.log.store import EventLog
 
     return EventLog(layout.require_log(), readonly=True)
+
+
+def add_live_only(p: argparse.ArgumentParser) -> None:
+    """``--live-only``: read the live log alone, not the archive of what retention cut."""
+    p.add_argument(
+        "--live-only",
+        action="store_true",
+        help="read only the live log, from where it starts (by default, after retention cuts, the archive "
+        "segments under eventsrc/archive are read first, from record 1)",
+    )
+
+
+def open_history(layout: Layout, live_only: bool) -> History:
+    """The log under ``layout`` read-only, with its archive unless ``live_only``; a line on
+    stderr names the ranges the archive lacks."""
+    import sys
+
+    from eventsrc.log.history import History
+    from eventsrc.offline.render import escape
+
+    history = History(open_reader(layout), layout.archive, live_only=live_only)
+    if note := history.missing_note():
+        print(f"eventsrc: warning: {escape(note)}", file=sys.stderr)
+    return history

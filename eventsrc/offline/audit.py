@@ -10,9 +10,13 @@ updated and removed; a device, the containers the runtime created with it.
 
 Every answer comes from the log's secondary index (``eventsrc.log.index``: written in the
 same LMDB transaction as the records it points at), never from a scan: a query reads the
-sequences under one prefix (``EventLog.index_seqs``) and then only those records
-(``EventLog.read_many``). A device's holders are named through each pod's own index (the
-first admission record of that uid), a pod's claims through each claim's index.
+sequences under one prefix (``index_seqs``) and then only those records (``read_many``). A
+device's holders are named through each pod's own index (the first admission record of that
+uid), a pod's claims through each claim's index.
+
+After retention cuts (docs/adr/0018) the query reads through ``eventsrc.log.history``: the
+archive segments first (they have no index: each segment the window overlaps is scanned once),
+then the live log; with ``--live-only`` the live log alone, and the answer says where it starts.
 
 Times are the records' own (the time the log stamped them); every item carries its
 sequence number too, so that ``eventsrc log --from SEQ`` shows the record itself.
@@ -35,7 +39,7 @@ from eventsrc.obs.text import escape
 from eventsrc.state.lifecycles import CLAIM, DRIVER_EVENTS
 
 if TYPE_CHECKING:
-    from eventsrc.log.store import EventLog
+    from eventsrc.log.history import History, Reader
 
 
 class UsageError(EventsrcError):
@@ -71,6 +75,17 @@ class PodName(Struct, frozen=True, kw_only=True, gc=False):
     uid: str
     namespace: str = ""
     name: str = ""
+
+
+class LogStart(Struct, frozen=True, kw_only=True, gc=False):
+    """What an answer read after retention cuts: from ``first_seq`` (1 through the archive),
+    the live log from ``live_first_seq``; ``missing``: the ranges the archive lacks."""
+
+    first_seq: int
+    live_first_seq: int
+    archive_segments: int
+    live_only: bool
+    missing: list[str] = []
 
 
 # the container runtime -----------------------------------------------------
@@ -176,6 +191,7 @@ class DeviceTimeline(Struct, kw_only=True, gc=False):
     holders: list[Holding] = []
     containers: list[ContainerRun] = []  # the containers the runtime ran with it
     corrupt: list[int] = []
+    log: LogStart | None = None  # None: the log was never cut
 
 
 # pod ------------------------------------------------------------------------
@@ -263,6 +279,7 @@ class PodHistory(Struct, kw_only=True, gc=False):
     removed: list[Removal] = []
     events: list[Line] = []
     corrupt: list[int] = []
+    log: LogStart | None = None  # None: the log was never cut
 
 
 # claim ----------------------------------------------------------------------
@@ -296,13 +313,14 @@ class ClaimHistory(Struct, kw_only=True, gc=False):
     devices: list[ev.PreparedDevice] = []
     errors: list[ClaimStep] = []
     corrupt: list[int] = []
+    log: LogStart | None = None  # None: the log was never cut
 
 
 # --------------------------------------------------------------------------- reading
 
 
 def _read(
-    log: EventLog, prefix: bytes, corrupt: list[int], from_seq: int = 1, until_seq: int | None = None
+    log: Reader, prefix: bytes, corrupt: list[int], from_seq: int = 1, until_seq: int | None = None
 ) -> list[ev.Record]:
     seqs = log.index_seqs(prefix, from_seq, until_seq)
     out: list[ev.Record] = []
@@ -317,7 +335,7 @@ def _read(
 _NAMED = (ev.PodAdmissionStarted, ev.PodAdmitted, ev.AdmissionRejected, ev.PodSandboxStarted)
 
 
-def pod_name(log: EventLog, uid: str, cache: dict[str, PodName] | None = None) -> PodName:
+def pod_name(log: Reader, uid: str, cache: dict[str, PodName] | None = None) -> PodName:
     """The pod's namespace and name: from the first admission record in its own index."""
     if cache is not None and uid in cache:
         return cache[uid]
@@ -458,7 +476,7 @@ def _window_at(seq: int | None, ts_ns: int | None) -> At | None:
 
 
 def device_timeline(
-    log: EventLog,
+    log: Reader,
     resource: str,
     device_id: str,
     since_ns: int | None = None,
@@ -545,7 +563,7 @@ def device_timeline(
 
 
 def _runs(
-    log: EventLog,
+    log: Reader,
     created: list[ev.Record],
     names: dict[str, PodName],
     corrupt: list[int],
@@ -586,7 +604,7 @@ def before_end(end: At, since_seq: int | None, since_ns: int | None) -> bool:
 # --------------------------------------------------------------------------- pod
 
 
-def resolve_pod(log: EventLog, target: str) -> tuple[str, str, list[str]]:
+def resolve_pod(log: Reader, target: str) -> tuple[str, str, list[str]]:
     """(uid, how it was resolved, other uids with that name) for ``UID`` or ``NAMESPACE/NAME``."""
     if "/" not in target:
         return target, "", []
@@ -607,7 +625,7 @@ def resolve_pod(log: EventLog, target: str) -> tuple[str, str, list[str]]:
     return newest, how, [u for u in reversed(uids[:-1])]
 
 
-def pod_history(log: EventLog, uid_or_ns_name: str) -> PodHistory:
+def pod_history(log: Reader, uid_or_ns_name: str) -> PodHistory:
     """Everything the pod asked for, got, was refused and released, with times and sequences."""
     from eventsrc.offline.render import record_summary
 
@@ -684,7 +702,7 @@ def pod_history(log: EventLog, uid_or_ns_name: str) -> PodHistory:
     return out
 
 
-def _fill_claim_use(log: EventLog, use: ClaimUse, corrupt: list[int]) -> None:
+def _fill_claim_use(log: Reader, use: ClaimUse, corrupt: list[int]) -> None:
     """The claim as it was while the pod used it: its name, driver, CDI devices, error."""
     until = use.unreferenced.seq if use.unreferenced is not None else None
     for r in _read(log, claim_prefix(use.uid), corrupt, 1, until):
@@ -706,7 +724,7 @@ def _fill_claim_use(log: EventLog, use: ClaimUse, corrupt: list[int]) -> None:
 _CLAIM_STATES: dict[type[ev._Event], str] = {t: CLAIM.target(t) for t in DRIVER_EVENTS}
 
 
-def claim_history(log: EventLog, uid: str) -> ClaimHistory:
+def claim_history(log: Reader, uid: str) -> ClaimHistory:
     """The claim's prepare/unprepare lifecycle, the pods that referenced it, its devices, its errors."""
     corrupt: list[int] = []
     recs = _read(log, claim_prefix(uid), corrupt)
@@ -1005,26 +1023,48 @@ def claim_lines(c: ClaimHistory) -> list[str]:
 # --------------------------------------------------------------------------- command
 
 
-def run(args: Any, log: EventLog) -> int:
-    """``eventsrc audit device|pod|claim``: print the answer; 1 when records were corrupt."""
+def log_start(history: History) -> LogStart | None:
+    """What the answer read, when the log was cut (None otherwise)."""
+    if history.base is None:
+        return None
+    return LogStart(
+        first_seq=history.first_seq(),
+        live_first_seq=history.live_first_seq(),
+        archive_segments=len(history.segments),
+        live_only=history.live_only,
+        missing=[g.text() for g in history.missing()],
+    )
+
+
+def start_line(start: LogStart) -> str:
+    """The answer's line saying what it read."""
+    live = start.live_first_seq
+    if start.live_only:
+        return f"the live log starts at record {live}: records 1..{live - 1} were not read (--live-only)"
+    if start.archive_segments == 0:
+        return f"the live log starts at record {live}: records 1..{live - 1} are not in the archive, not read"
+    segs = f"{start.archive_segments} archive segment{'s' if start.archive_segments != 1 else ''}"
+    lacking = f" (lacking {'; '.join(start.missing)})" if start.missing else ""
+    return f"the live log starts at record {live}: records before it read from {segs}{lacking}"
+
+
+def run(args: Any, log: Reader) -> int:
+    """``eventsrc audit device|pod|claim``: print the answer; 1 when records were corrupt.
+    ``log`` is a ``History`` (the command) or the live log alone (the bench)."""
     import sys
 
-    what = args.audit
-    answer: DeviceTimeline | PodHistory | ClaimHistory
-    if what == "device":
-        since, until = parse_point(args.since, "--since"), parse_point(args.until, "--until")
-        timeline = device_timeline(
-            log, args.resource, args.device_id, since.ts_ns, until.ts_ns, since_seq=since.seq, until_seq=until.seq
-        )
-        answer, lines = timeline, device_lines(timeline)
-    elif what == "pod":
-        history = pod_history(log, args.pod)
-        answer, lines = history, pod_lines(history)
-    elif what == "claim":
-        claim = claim_history(log, args.claim)
-        answer, lines = claim, claim_lines(claim)
-    else:
-        raise UsageError(f"unknown audit query {what!r}")
+    from eventsrc.log.history import History
+
+    start = log_start(log) if isinstance(log, History) else None
+    try:
+        answer, lines = _answer(args, log)
+    except NotInLogError as err:
+        if start is None:
+            raise
+        raise NotInLogError(f"{err} ({start_line(start)})") from None
+    if start is not None:
+        answer.log = start
+        lines.insert(1, start_line(start))
     if args.output == "json":
         sys.stdout.buffer.write(to_json(answer) + b"\n")
     else:
@@ -1040,3 +1080,20 @@ def run(args: Any, log: EventLog) -> int:
         )
         return 1
     return 0
+
+
+def _answer(args: Any, log: Reader) -> tuple[DeviceTimeline | PodHistory | ClaimHistory, list[str]]:
+    what = args.audit
+    if what == "device":
+        since, until = parse_point(args.since, "--since"), parse_point(args.until, "--until")
+        timeline = device_timeline(
+            log, args.resource, args.device_id, since.ts_ns, until.ts_ns, since_seq=since.seq, until_seq=until.seq
+        )
+        return timeline, device_lines(timeline)
+    if what == "pod":
+        history = pod_history(log, args.pod)
+        return history, pod_lines(history)
+    if what == "claim":
+        claim = claim_history(log, args.claim)
+        return claim, claim_lines(claim)
+    raise UsageError(f"unknown audit query {what!r}")
