@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from eventsrc.events import CorruptRecordError, FutureRecordError, Record
+from eventsrc.events import CorruptRecordError, FutureRecordError, LogTrimmed, Record
 from eventsrc.obs.text import escape
 from eventsrc.state.lifecycles import QUARANTINED
 from eventsrc.state.views import Views
@@ -57,9 +57,19 @@ def short(value: Any) -> str:
 
 
 def record_summary(rec: Record) -> str:
+    if isinstance(rec.event, LogTrimmed):
+        return trimmed(rec.event)
     fields = msgspec.to_builtins(rec.event)
     fields.pop("type", None)
     return " ".join(f"{k}={short(v)}" for k, v in fields.items() if v not in ("", [], {}))
+
+
+def trimmed(e: LogTrimmed) -> str:
+    """A retention cut in words (docs/adr/0018): which records left the live log, and to where."""
+    first = e.base_seq - e.records + 1
+    where = f"into archive segment {e.segment}" if e.segment else "without an archive (not kept)"
+    reason = f" ({e.reason})" if e.reason else ""
+    return f"records {first}..{e.base_seq} left the live log {where}{reason}; it starts at {e.base_seq + 1}"
 
 
 def raw_body(item: FutureRecordError) -> str:
@@ -114,22 +124,21 @@ def record_json(item: Record | CorruptRecordError) -> dict[str, Any]:
     }
 
 
-def views_tables(views: Views) -> list[Any]:
-    """rich renderables: one table per view."""
+def views_tables(views: Views, start: str = "") -> list[Any]:
+    """rich renderables: one table per view. ``start``: where the live log starts and what
+    was read before it, after retention cuts."""
     m = views.meta
     corrupt = ", ".join(f"{s} ({r})" for s, r in sorted(m.corrupt.items())) if m.corrupt else "none"
-    meta = table(
-        "log",
-        ("", ""),
-        [
-            ("last sequence", m.last_seq),
-            ("daemon", f"{'running' if m.running else 'stopped'} (boots {m.boots}, version {m.version or '-'})"),
-            ("instance", m.instance_id or "-"),
-            ("corrupt records", corrupt),
-            ("quarantined pods", quarantined(views) or "none"),
-        ],
-        header=False,
-    )
+    rows: list[tuple[str, object]] = [
+        ("last sequence", m.last_seq),
+        ("daemon", f"{'running' if m.running else 'stopped'} (boots {m.boots}, version {m.version or '-'})"),
+        ("instance", m.instance_id or "-"),
+        ("corrupt records", corrupt),
+        ("quarantined pods", quarantined(views) or "none"),
+    ]
+    if start:
+        rows.insert(1, ("history", start))
+    meta = table("log", ("", ""), rows, header=False)
     plugins = table(
         "plugins",
         ("resource", "kind", "endpoint", "connected", "since seq"),

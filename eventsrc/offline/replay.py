@@ -8,6 +8,11 @@ PATH is a kubelet root (with eventsrc/log/ inside), the log directory itself, or
 directory holding a copied data.mdb (taken from another machine, say). The log is opened
 read-only and without LMDB's lock file, so nothing is ever written to what is read.
 Uses only eventsrc.log, eventsrc.state and eventsrc.core: never the daemon.
+
+After retention cuts (docs/adr/0018) the replay starts at record 1 through the archive
+segments in ``archive/`` beside the log directory (``eventsrc.log.history``), when they are
+there and none is missing; with ``--live-only``, or when the archive lacks a range, it starts
+from the views the log keeps at its base.
 """
 
 from __future__ import annotations
@@ -20,14 +25,14 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 from eventsrc.errors import EventsrcError
 
 if TYPE_CHECKING:
     from eventsrc.core.invariants import Checker, Violation
     from eventsrc.events import CorruptRecordError, Record
-    from eventsrc.log.store import EventLog
+    from eventsrc.log.history import History
     from eventsrc.offline.audit import Point
     from eventsrc.state.views import DeviceView, RuntimeContainerView, Views
 
@@ -106,6 +111,12 @@ def add_arguments(p: argparse.ArgumentParser, path_required: bool = True) -> Non
         "does not finish it counts at once). Counted in sequence order, never by the records' clock",
     )
     p.add_argument(
+        "--live-only",
+        action="store_true",
+        help="replay only the live log, from the views at its base (by default, after retention cuts, from record 1 "
+        "through the archive segments beside the log)",
+    )
+    p.add_argument(
         "-o", "--output", choices=["table", "json"], default="table", help="output format (default %(default)s)"
     )
 
@@ -113,11 +124,16 @@ def add_arguments(p: argparse.ArgumentParser, path_required: bool = True) -> Non
 # --------------------------------------------------------------------------- reading
 
 
-def _records(log: EventLog, until: Point) -> Iterator[Record | CorruptRecordError]:
-    """The records up to ``until``, in sequence order. With a time: every record stamped at or
-    before it, as ``audit --until`` filters. Stamps are the wall clock of each batch and may step
-    back: a record stamped later than TIME is left out, and those after it still count."""
-    for item in log.records(1, until.seq):
+class _Source(Protocol):
+    def records(self, from_seq: int = 1, until_seq: int | None = None) -> Iterator[Record | CorruptRecordError]: ...
+
+
+def _records(source: _Source, until: Point, from_seq: int = 1) -> Iterator[Record | CorruptRecordError]:
+    """The records from ``from_seq`` up to ``until``, in sequence order. With a time: every
+    record stamped at or before it, as ``audit --until`` filters. Stamps are the wall clock of
+    each batch and may step back: a record stamped later than TIME is left out, and those after
+    it still count."""
+    for item in source.records(from_seq, until.seq):
         if until.ts_ns is not None and not isinstance(item, Exception) and item.ts_ns > until.ts_ns:
             continue
         yield item
@@ -495,6 +511,12 @@ def _ids(ids: list[str], limit: int = 8) -> str:
 
 def change_text(rec: Record, changes: list[Change]) -> str:
     """The changes of one event as one readable line."""
+    from eventsrc.events import LogTrimmed
+
+    if isinstance(rec.event, LogTrimmed):  # no change to the views: the history moved
+        from eventsrc.offline.render import trimmed
+
+        return "log trimmed: " + trimmed(rec.event)
     if not changes:
         from eventsrc.offline.render import record_summary
 
@@ -590,7 +612,7 @@ def feed(checker: Checker, item: Record | CorruptRecordError) -> list[Violation]
     return out
 
 
-def correlated(log: EventLog, correlation_id: str) -> list[Record]:
+def correlated(log: History, correlation_id: str) -> list[Record]:
     """Every record of the log with ``correlation_id``, in order."""
     if not correlation_id:
         return []
@@ -636,7 +658,9 @@ def print_violation(v: Violation, related: list[Record], output: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The replay, from parsed arguments (``eventsrc replay`` and tools/replay share it)."""
+    from eventsrc.log.history import History, archive_dir_of
     from eventsrc.log.store import EventLog
+    from eventsrc.offline.render import escape
 
     until = parse_until(args.until)
     if args.from_seq < 1:
@@ -649,14 +673,23 @@ def run(args: argparse.Namespace) -> int:
         if root is None:
             raise UsageError("no PATH given")
         path = Path(root)
-    log = EventLog(find_log(path), readonly=True, lock=False)
+    log_dir = find_log(path)
+    log = EventLog(log_dir, readonly=True, lock=False)
     try:
+        history = History(log, archive_dir_of(log_dir), live_only=getattr(args, "live_only", False))
+        prog = getattr(args, "prog", "eventsrc")
+        # Where the live log starts: in the views' table when there is one, else on stderr.
+        tabled = not (args.step or args.check or args.output == "json")
+        for note in ("" if tabled else history.start_note(), history.missing_note()):
+            if note:
+                print(f"{prog}: {escape(note)}", file=sys.stderr)
+        views = history.start_views(until.seq, until.ts_ns)
         total = until.seq if until.seq is not None else log.last_seq()
         if args.check:
-            return _check(log, until, args, total)
+            return _check(history, views, until, args, total)
         if args.step:
-            return _step(log, until, args, total)
-        return _views(log, until, args, total)
+            return _step(history, views, until, args, total)
+        return _views(history, views, until, args, total)
     finally:
         log.close()
 
@@ -669,15 +702,13 @@ def _corrupt_note(views: Views, prog: str) -> int:
     return 0
 
 
-def _views(log: EventLog, until: Point, args: argparse.Namespace, total: int) -> int:
+def _views(history: History, views: Views, until: Point, args: argparse.Namespace, total: int) -> int:
     import msgspec
 
     from eventsrc.state.apply import apply
-    from eventsrc.state.views import Views
 
-    views = Views()
     with _progress(total, True) as advance:
-        for item in _records(log, until):
+        for item in _records(history, until, views.meta.last_seq + 1):
             apply(views, item)
             advance(item.seq)
     if args.output == "json":
@@ -686,19 +717,16 @@ def _views(log: EventLog, until: Point, args: argparse.Namespace, total: int) ->
         from eventsrc.offline.render import console, views_tables
 
         out = console()
-        for table in views_tables(views):
+        for table in views_tables(views, history.start_note()):
             out.print(table)
     return _corrupt_note(views, getattr(args, "prog", "eventsrc"))
 
 
-def _step(log: EventLog, until: Point, args: argparse.Namespace, total: int) -> int:
-    from eventsrc.state.views import Views
-
-    views = Views()
+def _step(history: History, views: Views, until: Point, args: argparse.Namespace, total: int) -> int:
     as_json = args.output == "json"
     write = sys.stdout.write
     with _progress(total, not sys.stdout.isatty()) as advance:
-        for item in _records(log, until):
+        for item in _records(history, until, views.meta.last_seq + 1):
             changes = step(views, item)
             advance(item.seq)
             if item.seq < args.from_seq:
@@ -711,7 +739,7 @@ def _step(log: EventLog, until: Point, args: argparse.Namespace, total: int) -> 
     return _corrupt_note(views, getattr(args, "prog", "eventsrc"))
 
 
-def _group_complete(log: EventLog, checker: Checker) -> bool:
+def _group_complete(log: History, checker: Checker) -> bool:
     """Whether the replay's last run of records sharing a correlation id ends with it
     (false when --until stopped inside it)."""
     if not checker.group:
@@ -721,14 +749,15 @@ def _group_complete(log: EventLog, checker: Checker) -> bool:
     return after is None or isinstance(after, Exception) or after.correlation_id != last.correlation_id
 
 
-def _check(log: EventLog, until: Point, args: argparse.Namespace, total: int) -> int:
+def _check(log: History, views: Views, until: Point, args: argparse.Namespace, total: int) -> int:
     from eventsrc.core.invariants import Checker
 
-    checker = Checker(reservation_window=args.reservation_window)
+    # From the base's views the checker knows nothing of admissions under way at the base.
+    checker = Checker(views=views, reservation_window=args.reservation_window)
     as_json = args.output == "json"
     found: Violation | None = None
     with _progress(total, not (args.step and sys.stdout.isatty())) as advance:
-        for item in _records(log, until):
+        for item in _records(log, until, views.meta.last_seq + 1):
             if args.step:
                 # --step with --check: each line, and the check stops after the guilty one.
                 violations, changes = _tracked(checker.views, item, functools.partial(feed, checker, item))
