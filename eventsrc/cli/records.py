@@ -1,5 +1,9 @@
 """The log as it is: ``eventsrc log`` (its records, for people), ``export`` (the same as JSON
-lines, for fleet pipelines) and ``state`` (the views rebuilt from it)."""
+lines, for fleet pipelines) and ``state`` (the views rebuilt from it).
+
+After retention cuts (docs/adr/0018) each reads the archive segments first, then the live log
+(``eventsrc.log.history``), unless ``--live-only``; where the live log starts is said on stderr
+(and in ``state``'s table), so that stdout stays the records or the views alone."""
 
 from __future__ import annotations
 
@@ -7,15 +11,18 @@ import argparse
 import contextlib
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from eventsrc.cli.options import Parents, Subparsers, add_output, open_reader
+from eventsrc.cli.options import Parents, Subparsers, add_live_only, add_output, open_history
 from eventsrc.errors import EventsrcError
 
 if TYPE_CHECKING:
     from eventsrc.events import CorruptRecordError
+    from eventsrc.log.history import History
     from eventsrc.log.store import EventLog
+    from eventsrc.state.views import Views
 
 
 def add_parser(sub: Subparsers, parents: Parents) -> None:
@@ -31,6 +38,7 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
     )
     p.add_argument("--until", dest="until_seq", type=int, default=None, metavar="SEQ", help="last sequence to print")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new records as they are appended")
+    add_live_only(p)
     add_output(p)
     p.set_defaults(func=log)
 
@@ -45,6 +53,7 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
     p.add_argument("--from", dest="from_seq", type=int, default=1, metavar="SEQ", help="first sequence (default 1)")
     p.add_argument("--until", dest="until_seq", type=int, default=None, metavar="SEQ", help="last sequence")
     p.add_argument("-f", "--follow", action="store_true", help="keep streaming new records")
+    add_live_only(p)
     p.add_argument("-o", "--output", choices=["jsonl"], default="jsonl", help="output format (default %(default)s)")
     p.set_defaults(func=export)
 
@@ -53,7 +62,9 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         parents=[parents.root],
         help="print the views rebuilt from the log",
         description="Rebuild the devices, CPUs, claims and pods views from the whole log "
-        "(the truth; snapshots are not trusted here unless --use-snapshot) and print them. "
+        "(the truth; snapshots are not trusted here unless --use-snapshot) and print them. After retention "
+        "cuts the whole history is replayed, from record 1 through the archive segments; with --live-only (or "
+        "when the archive lacks a range) from the views the log keeps where the live log starts. "
         "Corrupt records are named; the exit status is then 1.",
     )
     p.add_argument(
@@ -62,13 +73,14 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         type=int,
         default=None,
         metavar="SEQ",
-        help="the views as they were after record SEQ",
+        help="the views as they were after record SEQ (before the live log's start: from the archive)",
     )
     p.add_argument(
         "--use-snapshot",
         action="store_true",
         help="start from the newest valid snapshot (faster; skips checking older records)",
     )
+    add_live_only(p)
     add_output(p)
     p.set_defaults(func=state)
 
@@ -76,19 +88,32 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
 def log(args: argparse.Namespace) -> int:
     from eventsrc.offline import render
 
-    event_log = open_reader(args.layout)
+    history = open_history(args.layout, args.live_only)
+    _say_start(history)
     corrupt: list[CorruptRecordError] = []
     show = _printer(sys.stdout, args.output == "json", corrupt)
     if args.output != "json":
         sys.stdout.write(render.RECORD_HEADER + "\n")
     if args.follow:
-        _follow(event_log, args.from_seq, show)
+        # the archive's records, then the live log's, followed
+        live = history.live_first_seq()
+        for item in history.records(args.from_seq, live - 1) if args.from_seq < live else ():
+            show(item)
+        _follow(history.log, max(args.from_seq, live), show)
     else:
-        for item in event_log.records(args.from_seq, args.until_seq):
+        for item in history.records(args.from_seq, args.until_seq):
             show(item)
     sys.stdout.flush()
     _report_corrupt(corrupt)
     return 1 if corrupt else 0
+
+
+def _say_start(history: History) -> None:
+    """Where the live log starts, on stderr (nothing for a log never cut)."""
+    from eventsrc.offline.render import escape
+
+    if note := history.start_note():
+        print(f"eventsrc: {escape(note)}", file=sys.stderr)
 
 
 def _printer(out: TextIO, as_json: bool, corrupt: list[CorruptRecordError]) -> Callable[[Any], None]:
@@ -152,18 +177,19 @@ def export(args: argparse.Namespace) -> int:
 def state(args: argparse.Namespace) -> int:
     import msgspec
 
-    from eventsrc.log.snapshots import load_views
     from eventsrc.offline import render
 
-    event_log = open_reader(args.layout)
-    snapdir = args.layout.snapshots if args.use_snapshot else None
-    with _progress("replaying", event_log.last_seq()) as advance:
-        views, _info = load_views(event_log, snapdir, until_seq=args.until_seq, progress=advance)
+    history = open_history(args.layout, args.live_only)
+    start = history.start_note()
+    with _progress("replaying", history.last_seq()) as advance:
+        views = _rebuild(history, args.layout.snapshots if args.use_snapshot else None, args.until_seq, advance)
     if args.output == "json":
         sys.stdout.write(msgspec.json.encode(views).decode() + "\n")
+        if start:
+            print(f"eventsrc: {render.escape(start)}", file=sys.stderr)
     else:
         console = render.console()
-        for table in render.views_tables(views):
+        for table in render.views_tables(views, start):
             console.print(table)
     if views.meta.corrupt:
         seqs = ", ".join(str(s) for s in sorted(views.meta.corrupt))
@@ -172,6 +198,31 @@ def state(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _rebuild(
+    history: History, snapdir: Path | None, until_seq: int | None, progress: Callable[[int], None] | None
+) -> Views:
+    """The views after ``until_seq`` (or now): from the newest usable snapshot when ``snapdir``
+    is given and the point is in the live log, else from the start the history allows."""
+    from eventsrc.log.snapshots import load_views
+    from eventsrc.state.apply import apply_all
+
+    base = history.base
+    if snapdir is not None and (base is None or until_seq is None or until_seq >= base.seq):
+        return load_views(history.log, snapdir, until_seq=until_seq, progress=progress)[0]
+    views = history.start_views(until_seq)
+    records = history.records(views.meta.last_seq + 1, until_seq)
+    if progress is not None:
+        records = _reporting(records, progress)
+    return apply_all(views, records)
+
+
+def _reporting(items: Iterable[Any], progress: Callable[[int], None]) -> Iterator[Any]:
+    for item in items:
+        if item.seq % 50_000 == 0:
+            progress(item.seq)
+        yield item
 
 
 @contextlib.contextmanager
