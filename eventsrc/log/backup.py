@@ -8,13 +8,19 @@ copy can mix pages of different commits (see docs/operations.md).
 
 Snapshots are a cache (ADR 0003): the ones at or before the copied sequence are copied
 too, so that a start from the backup is quick; without them it replays the whole log.
+
+After retention cuts (docs/adr/0018) the archive segments the copied log's ledger names are
+copied too (after the log, so a cut meanwhile adds no segment the copy does not name). They
+are sealed and never rewritten, so a plain copy of each is consistent; ``audit verify`` on
+the backup checks them against the copied ledger. A segment the ledger names that is not
+there is listed in ``BackupInfo.missing``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import lmdb
@@ -31,6 +37,8 @@ class BackupInfo:
     last_seq: int
     log_bytes: int
     snapshots: list[Path]
+    segments: list[Path] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # segments the ledger names, not found
 
 
 def backup(layout: Layout, dest: Path) -> BackupInfo:
@@ -62,6 +70,8 @@ def backup(layout: Layout, dest: Path) -> BackupInfo:
             raise EventsrcError(f"cannot copy the event log to {target.log}: {exc}") from None
     with EventLog(target.log, readonly=True, lock=False) as copy:
         last = copy.last_seq()
+        ledger = copy.ledger()
+    segments, missing = _copy_segments(layout.archive, target.archive, [e.file for e in ledger if e.file])
     copied = []
     for snap in snapshot_files(layout.snapshots):
         # snapshot-<seq>.msgpack; one ahead of the copy would be ignored on start anyway.
@@ -69,4 +79,20 @@ def backup(layout: Layout, dest: Path) -> BackupInfo:
             target.snapshots.mkdir(mode=0o700, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):  # pruned by the daemon meanwhile
                 copied.append(Path(shutil.copy2(snap, target.snapshots / snap.name)))
-    return BackupInfo(dest, last, (target.log / "data.mdb").stat().st_size, copied)
+    return BackupInfo(dest, last, (target.log / "data.mdb").stat().st_size, copied, segments, missing)
+
+
+def _copy_segments(src: Path, dest: Path, names: list[str]) -> tuple[list[Path], list[str]]:
+    """Copy the segments ``names`` from ``src`` into ``dest``: (copied, not found)."""
+    copied: list[Path] = []
+    missing: list[str] = []
+    for name in names:
+        if not (src / name).is_file():
+            missing.append(name)
+            continue
+        try:
+            dest.mkdir(mode=0o750, exist_ok=True)
+            copied.append(Path(shutil.copy2(src / name, dest / name)))
+        except OSError as exc:
+            raise EventsrcError(f"cannot copy archive segment {src / name} to {dest}: {exc.strerror}") from None
+    return copied, missing
