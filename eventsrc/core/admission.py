@@ -46,7 +46,7 @@ from eventsrc.core.claims import ClaimWork
 from eventsrc.core.claims import admission_events as claim_admission_events
 from eventsrc.core.claims import release_events as claim_release_events
 from eventsrc.core.cpu.assignment import TakeError
-from eventsrc.core.cpu.static import CPUManagerConfig, CPUPlanner, pool_events, without_pod
+from eventsrc.core.cpu.static import CPUManagerConfig, CPUPlanner, pool_change
 from eventsrc.core.devices.choice import (
     Hint,
     PreferredAsk,
@@ -68,6 +68,8 @@ from eventsrc.core.topology_manager import (
 )
 from eventsrc.errors import AdmissionRefused, NotFound
 from eventsrc.events import ContainerSpec
+from eventsrc.state.cpus import index_of as cpu_index_of
+from eventsrc.state.devices import ResourceIndex, index_of
 from eventsrc.state.lifecycles import ADMITTED, QUARANTINED
 from eventsrc.state.views import PodView, Views
 
@@ -401,14 +403,23 @@ class PodAdmission:
         views = self.views
         uid = self.uid
         resources = {}
+        index = index_of(views.devices)
         for resource, options in self._options.items():
-            table = views.devices.devices.get(resource, {})
-            in_use = {i for i, d in table.items() if d.holder}
+            # The index's free devices stand for "every device but those held": in_use is
+            # only what this pod takes as it goes (no pass over the devices, nor a copy).
+            r = index.resources.get(resource) or ResourceIndex()
             resources[resource] = ResourceState(
-                table=table, in_use=in_use, offers_preferred=options.get_preferred_allocation_available
+                table=views.devices.devices.get(resource, {}),
+                in_use=set(),
+                offers_preferred=options.get_preferred_allocation_available,
+                free=r.free,
+                everywhere=r.everywhere,
+                healthy=r.healthy,
             )
         held = holdings(views, uid) if uid in views.pods.pods else {}
-        cpus = CPUPlanner(self.config.cpus, views.cpus.assignments, uid, qos_class(self.pod.containers))
+        cpus = CPUPlanner(
+            self.config.cpus, views.cpus.assignments, uid, qos_class(self.pod.containers), cpu_index_of(views.cpus)
+        )
         tm = self.config.topology
         pinning: list[bool] = []
         try:
@@ -465,8 +476,9 @@ class PodAdmission:
             ev.CPUsAssigned(pod_uid=uid, container=s.container, cpus=s.cpus.sorted_list()) for s in cpus.steps if s.new
         ]
         if any(s.new for s in cpus.steps):
-            after = {**views.cpus.assignments, uid: {s.container: s.cpus.sorted_list() for s in cpus.steps}}
-            intent += pool_events(self.config.cpus, views.cpus.shared, after, f"exclusive CPUs for pod {uid}")
+            # the pool with this pod's CPUs as planned in place of any it had
+            after = cpu_index_of(views.cpus).assigned(without_pod=uid).union(*(s.cpus for s in cpus.steps))
+            intent += pool_change(self.config.cpus, views.cpus.shared, after, f"exclusive CPUs for pod {uid}")
         claims = claim_admission_events(views, uid, [(c.ref, c.driver) for c in self.pod.claims])
         intent += claims.events
         allocations = [
@@ -494,7 +506,9 @@ class PodAdmission:
             n = pod_request(containers, self.requests, resource)
             pod_held = [i for (_, r), ids in held.items() if r == resource for i in ids]
             machine = self._machine_numa_nodes()
-            device_hints[resource] = container_hints(state.table, pod_held, state.in_use, [], n, machine)
+            device_hints[resource] = container_hints(
+                state.table, pod_held, state.in_use, [], n, machine, free=state.free, everywhere=state.everywhere
+            )
         best, admit = self.config.topology.policy.merge(
             [_cpu_provider(cpus.pod_hints(containers)), _device_provider(device_hints)]
         )
@@ -542,7 +556,7 @@ class PodAdmission:
         views = self.views
         uid = self.uid
         out: list[ev._Event] = list(release_events(views, uid, UNDO_REASON))
-        out += pool_events(self.config.cpus, views.cpus.shared, without_pod(views.cpus.assignments, uid), UNDO_REASON)
+        out += pool_change(self.config.cpus, views.cpus.shared, cpu_index_of(views.cpus).assigned(uid), UNDO_REASON)
         out += claim_release_events(views, uid)[0]
         return out
 
@@ -566,6 +580,6 @@ def removal(views: Views, cpus: CPUManagerConfig, uid: str, reason: str) -> list
     elif pod.state != ADMITTED:
         raise AdmissionRefused(f"pod {pod.namespace}/{pod.name} ({uid}) is being admitted; remove it once that ends")
     events = remove_pod_events(views, uid, reason)
-    events += pool_events(cpus, views.cpus.shared, without_pod(views.cpus.assignments, uid), f"pod {uid} removed")
+    events += pool_change(cpus, views.cpus.shared, cpu_index_of(views.cpus).assigned(uid), f"pod {uid} removed")
     events[-1:-1] = claim_release_events(views, uid)[0]
     return events

@@ -1,6 +1,24 @@
-"""Device plugins and their devices: registration, health, who holds what."""
+"""Device plugins and their devices: registration, health, who holds what.
+
+Beside the device table, ``DeviceIndex`` keeps what an admission asks of it, so that an
+admission costs the same with eight devices or ten thousand, and with ten pods or five
+thousand: the healthy listed devices nobody holds (per resource and NUMA set, each set in
+natural id order), every device per NUMA set, the count of healthy listed ones, and what
+each pod holds. It is derived from the table alone: never in a snapshot (an attribute
+beside ``DevicesView``'s fields, which msgspec neither encodes nor compares), built from
+the table the first time it is asked for (``index_of``), then kept by the reducers below,
+device by device (``_indexed``). ``tests/unit/test_device_index.py`` checks that it equals
+one built from scratch after any sequence of events.
+"""
 
 from __future__ import annotations
+
+import bisect
+import functools
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from eventsrc import events as ev
 from eventsrc.state.lifecycles import (
@@ -13,10 +31,171 @@ from eventsrc.state.lifecycles import (
     hold_of,
     holder_text,
     is_listed,
+    parse_holder,
     step,
 )
 from eventsrc.state.types import Handlers
-from eventsrc.state.views import DeviceView, PluginView, Views
+from eventsrc.state.views import DevicesView, DeviceView, PluginView, Views, index_beside, index_built
+
+# --------------------------------------------------------------------------- the index
+
+_DIGITS = re.compile(r"(\d+)")
+
+#: A device's NUMA nodes as a set: sorted, each once (at most 2**n - 1 of them on n nodes).
+NumaSet = tuple[int, ...]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def natural_key(device_id: str) -> tuple[object, ...]:
+    """``dev-2`` before ``dev-10``."""
+    return tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(device_id))
+
+
+def device_order(device_id: str) -> tuple[tuple[object, ...], str]:
+    """The natural order, then the id itself (``dev-01`` and ``dev-1`` are one natural key)."""
+    return natural_key(device_id), device_id
+
+
+def numa_set(nodes: Iterable[int]) -> NumaSet:
+    return tuple(sorted(set(nodes)))
+
+
+@dataclass
+class DeviceSets:
+    """Device ids per NUMA set, each set's ids in ``device_order``."""
+
+    by_set: dict[NumaSet, list[str]] = field(default_factory=dict)
+    set_of: dict[str, NumaSet] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, devices: Iterable[tuple[str, Iterable[int]]]) -> DeviceSets:
+        out = cls()
+        for device_id, nodes in devices:
+            if device_id not in out.set_of:
+                key = out.set_of[device_id] = numa_set(nodes)
+                out.by_set.setdefault(key, []).append(device_id)
+        for ids in out.by_set.values():
+            ids.sort(key=device_order)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.set_of)
+
+    def __contains__(self, device_id: object) -> bool:
+        return device_id in self.set_of
+
+    def add(self, device_id: str, key: NumaSet) -> None:
+        self.set_of[device_id] = key
+        bisect.insort(self.by_set.setdefault(key, []), device_id, key=device_order)
+
+    def discard(self, device_id: str) -> None:
+        key = self.set_of.pop(device_id, None)
+        if key is None:
+            return
+        ids = self.by_set[key]
+        del ids[bisect.bisect_left(ids, device_order(device_id), key=device_order)]
+        if not ids:
+            del self.by_set[key]
+
+
+class _Indexed(NamedTuple):
+    """A device as the index last saw it."""
+
+    numa: NumaSet
+    healthy: bool  # healthy and listed, held or not
+    free: bool  # healthy, listed and held by nobody
+    holder: str
+
+
+@dataclass
+class ResourceIndex:
+    """One resource's devices, as an admission asks for them."""
+
+    devices: dict[str, _Indexed] = field(default_factory=dict)
+    everywhere: dict[NumaSet, int] = field(default_factory=dict)  # every device, any health, per NUMA set
+    free: DeviceSets = field(default_factory=DeviceSets)
+    healthy: int = 0
+
+
+@dataclass
+class DeviceIndex:
+    """What an admission asks of the device table, kept beside it (see the module's header)."""
+
+    source: dict[str, dict[str, DeviceView]] = field(compare=False, repr=False)
+    resources: dict[str, ResourceIndex] = field(default_factory=dict)
+    # pod uid -> (container, resource) -> the device ids it holds (a dict for its order)
+    holders: dict[str, dict[tuple[str, str], dict[str, None]]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, devices: dict[str, dict[str, DeviceView]]) -> DeviceIndex:
+        index = cls(devices)
+        for resource, table in devices.items():
+            for device_id, d in table.items():
+                index.sync(resource, device_id, d)
+        return index
+
+    def sync(self, resource: str, device_id: str, d: DeviceView | None) -> None:
+        """``device_id`` of ``resource`` is now ``d`` (None: gone from the table)."""
+        r = self.resources.get(resource)
+        old = r.devices.pop(device_id, None) if r is not None else None
+        if r is not None and old is not None:
+            _count(r.everywhere, old.numa, -1)
+            r.healthy -= old.healthy
+            if old.free:
+                r.free.discard(device_id)
+            if old.holder:
+                self._hold(old.holder, resource, device_id, held=False)
+        if d is not None:
+            r = self.resources.setdefault(resource, ResourceIndex())
+            healthy = d.health == "Healthy" and not d.removed
+            new = r.devices[device_id] = _Indexed(numa_set(d.numa_nodes), healthy, healthy and not d.holder, d.holder)
+            _count(r.everywhere, new.numa, 1)
+            r.healthy += healthy
+            if new.free:
+                r.free.add(device_id, new.numa)
+            if new.holder:
+                self._hold(new.holder, resource, device_id, held=True)
+        if r is not None and not r.devices:
+            del self.resources[resource]
+
+    def _hold(self, holder_text: str, resource: str, device_id: str, *, held: bool) -> None:
+        holder = parse_holder(holder_text)
+        assert holder is not None
+        key = (holder.container, resource)
+        if held:
+            self.holders.setdefault(holder.pod_uid, {}).setdefault(key, {})[device_id] = None
+            return
+        pod = self.holders[holder.pod_uid]
+        del pod[key][device_id]
+        if not pod[key]:
+            del pod[key]
+            if not pod:
+                del self.holders[holder.pod_uid]
+
+    def held_by(self, pod_uid: str) -> dict[tuple[str, str], list[str]]:
+        """(container, resource) -> the device ids ``pod_uid`` holds, reserved or allocated."""
+        return {key: list(ids) for key, ids in self.holders.get(pod_uid, {}).items()}
+
+
+def _count(counts: dict[NumaSet, int], key: NumaSet, n: int) -> None:
+    counts[key] = counts.get(key, 0) + n
+    if not counts[key]:
+        del counts[key]
+
+
+def index_of(view: DevicesView) -> DeviceIndex:
+    """The index of ``view``'s devices, built from the table the first time it is asked for."""
+    return index_beside(view, view.devices, DeviceIndex.build)
+
+
+def _indexed(v: Views, resource: str, device_id: str) -> None:
+    """Tell the index (once one is built) that a reducer changed ``device_id``."""
+    index: DeviceIndex | None = index_built(v.devices, v.devices.devices)
+    if index is not None:
+        index.sync(resource, device_id, v.devices.devices.get(resource, {}).get(device_id))
+
+
+# --------------------------------------------------------------------------- the reducers
 
 
 def plugin_registered(v: Views, seq: int, e: ev.PluginRegistered) -> None:
@@ -76,6 +255,7 @@ def devices_added(v: Views, seq: int, e: ev.DevicesAdded) -> None:
     for d in e.devices:
         if _upsert(table, seq, d.id, d.health, d.numa_nodes, type(e)):
             v.devices.topology_seq = seq
+        _indexed(v, e.resource, d.id)
 
 
 def devices_removed(v: Views, seq: int, e: ev.DevicesRemoved) -> None:
@@ -84,6 +264,7 @@ def devices_removed(v: Views, seq: int, e: ev.DevicesRemoved) -> None:
         return
     for device_id in e.device_ids:
         _remove(table, device_id, type(e))
+        _indexed(v, e.resource, device_id)
     if not table:
         del v.devices.devices[e.resource]
 
@@ -108,6 +289,7 @@ def resource_dropped(v: Views, seq: int, e: ev.ResourceDropped) -> None:
         return
     for device_id in list(table):
         _remove(table, device_id, type(e))
+        _indexed(v, e.resource, device_id)
     if not table:
         del v.devices.devices[e.resource]
 
@@ -115,6 +297,7 @@ def resource_dropped(v: Views, seq: int, e: ev.ResourceDropped) -> None:
 def device_health_changed(v: Views, seq: int, e: ev.DeviceHealthChanged) -> None:
     if _upsert(v.devices.devices.setdefault(e.resource, {}), seq, e.device_id, e.health, e.numa_nodes, type(e)):
         v.devices.topology_seq = seq
+    _indexed(v, e.resource, e.device_id)
 
 
 def _hold(v: Views, seq: int, e: ev.DevicesReserved | ev.DevicesAllocated) -> None:
@@ -128,6 +311,7 @@ def _hold(v: Views, seq: int, e: ev.DevicesReserved | ev.DevicesAllocated) -> No
         d.holder = holder_text(e.pod_uid, e.container)
         _enter(d, after)
         d.since_seq = seq
+        _indexed(v, e.resource, device_id)
 
 
 def _held_by(table: dict[str, DeviceView], e: ev.AllocationFailed | ev.DevicesReleased) -> list[str]:
@@ -146,10 +330,11 @@ def _free(v: Views, seq: int, e: ev.AllocationFailed | ev.DevicesReleased) -> No
         after = DEVICE.next(_state(d), type(e))
         if after == DEVICE_ABSENT:
             del table[device_id]
-            continue
-        d.holder = ""
-        _enter(d, after)
-        d.since_seq = seq
+        else:
+            d.holder = ""
+            _enter(d, after)
+            d.since_seq = seq
+        _indexed(v, e.resource, device_id)
     if not table:
         del v.devices.devices[e.resource]
 

@@ -7,7 +7,8 @@ a clock, a socket or the log (see ``eventsrc.state.apply``).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from msgspec import Struct, field
 
@@ -38,7 +39,35 @@ class DeviceView(Struct, kw_only=True):
     removed: bool = False
 
 
-class DevicesView(Struct, kw_only=True):
+class _Index(Protocol):
+    @property
+    def source(self) -> Any: ...
+
+
+_I = TypeVar("_I", bound=_Index)
+
+
+def index_beside(view: Struct, source: Any, build: Callable[[Any], _I]) -> _I:
+    """The index of ``source`` (a field of ``view``) kept beside ``view``'s fields, built the
+    first time it is asked for, or again once ``source`` is another object. ``view`` is a
+    Struct with ``dict=True``: msgspec neither encodes nor compares what is beside its fields,
+    so an index is never in a snapshot, and the views equal with or without it."""
+    index: _I | None = getattr(view, "_index", None)
+    if index is None or index.source is not source:
+        index = build(source)
+        setattr(view, "_index", index)  # noqa: B010 - beside the Struct's fields, not one of them
+    return index
+
+
+def index_built(view: Struct, source: Any) -> Any:
+    """The index ``index_beside`` keeps for ``source``, or None when none is built: the
+    reducers keep one up to date once it is."""
+    index = getattr(view, "_index", None)
+    return index if index is not None and index.source is source else None
+
+
+# ``dict=True``: room for the derived index beside the fields (``state.devices.index_of``).
+class DevicesView(Struct, kw_only=True, dict=True):
     plugins: dict[str, PluginView] = field(default_factory=dict)
     # resource -> device id -> device
     devices: dict[str, dict[str, DeviceView]] = field(default_factory=dict)
@@ -81,7 +110,8 @@ class PodsView(Struct, kw_only=True):
     rejected: dict[str, str] = field(default_factory=dict)
 
 
-class CPUsView(Struct, kw_only=True):
+# ``dict=True``: room for the derived index beside the fields (``state.cpus.index_of``).
+class CPUsView(Struct, kw_only=True, dict=True):
     policy: dict[str, Any] = field(default_factory=dict)
     # the shared pool, as last recorded (containers without exclusive CPUs run there)
     shared: list[int] = []

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from eventsrc.core.cpu.assignment import (
     StaticPolicyOptions,
@@ -38,6 +39,12 @@ from eventsrc.events import (
     SharedPoolChanged,
     _Event,
 )
+
+
+class AssignedCPUs(Protocol):
+    """Every CPU assigned to a container (``state.cpus.CPUIndex``)."""
+
+    def assigned(self, without_pod: str = "") -> set[int]: ...
 
 
 class CPUPolicyError(TakeError):
@@ -104,9 +111,14 @@ def all_cpus(cfg: CPUManagerConfig) -> CPUSet:
 
 def shared_pool(cfg: CPUManagerConfig, assignments: Mapping[str, Mapping[str, Iterable[int]]]) -> CPUSet:
     """The default set: where every container without exclusive CPUs runs."""
+    return shared_pool_of(cfg, assigned(assignments) if cfg.static else CPUSet())
+
+
+def shared_pool_of(cfg: CPUManagerConfig, assigned_cpus: Iterable[int]) -> CPUSet:
+    """The default set, given every CPU assigned to a container (``state.cpus.CPUIndex``)."""
     if not cfg.static:
         return cfg.topology.cpu_details.cpus()
-    result: CPUSet = all_cpus(cfg) - assigned(assignments)
+    result: CPUSet = all_cpus(cfg) - CPUSet(assigned_cpus)
     return result
 
 
@@ -184,16 +196,17 @@ def pool_events(
     reason: str,
 ) -> list[SharedPoolChanged]:
     """A SharedPoolChanged when the pool for ``assignments`` differs from the one recorded."""
-    pool = shared_pool(cfg, assignments)
+    return pool_change(cfg, recorded, assigned(assignments), reason)
+
+
+def pool_change(
+    cfg: CPUManagerConfig, recorded: Iterable[int], assigned_cpus: Iterable[int], reason: str
+) -> list[SharedPoolChanged]:
+    """``pool_events`` given every CPU assigned to a container, not the assignments."""
+    pool = shared_pool_of(cfg, assigned_cpus)
     if pool == CPUSet(recorded):
         return []
     return [SharedPoolChanged(cpus=pool.sorted_list(), reason=reason)]
-
-
-def without_pod(
-    assignments: Mapping[str, Mapping[str, Iterable[int]]], pod_uid: str
-) -> dict[str, Mapping[str, Iterable[int]]]:
-    return {uid: c for uid, c in assignments.items() if uid != pod_uid}
 
 
 def startup_events(
@@ -283,12 +296,21 @@ class CPUPlanner:
     container scope asks for a container's hints after the previous ones are allocated)."""
 
     def __init__(
-        self, cfg: CPUManagerConfig, assignments: Mapping[str, Mapping[str, Iterable[int]]], pod_uid: str, qos: str
+        self,
+        cfg: CPUManagerConfig,
+        assignments: Mapping[str, Mapping[str, Iterable[int]]],
+        pod_uid: str,
+        qos: str,
+        assigned_cpus: AssignedCPUs | None = None,
     ) -> None:
+        """``assigned_cpus``: the views' index of the assigned CPUs, so that the shared pool
+        is not worked out from every assignment."""
         self.cfg = cfg
         self.qos = qos
         self.have = {name: CPUSet(c) for name, c in assignments.get(pod_uid, {}).items()}
-        self.default = shared_pool(cfg, assignments)
+        self.default = (
+            shared_pool(cfg, assignments) if assigned_cpus is None else shared_pool_of(cfg, assigned_cpus.assigned())
+        )
         self.reusable = CPUSet()
         self.steps: list[CPUStep] = []
 

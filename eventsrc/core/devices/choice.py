@@ -24,27 +24,18 @@ returns the ``PodPlan``. No I/O happens here; the shell does the asking.
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
-import re
-from collections.abc import Callable, Collection, Generator, Iterable, Mapping
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from eventsrc.events import ContainerSpec
+from eventsrc.state.devices import DeviceSets, NumaSet, device_order, natural_key, numa_set
 from eventsrc.state.views import DeviceView
-
-_DIGITS = re.compile(r"(\d+)")
 
 
 class Refusal(Exception):
     """The pod cannot get its devices; the message is the kubelet's reason."""
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def natural_key(device_id: str) -> tuple[object, ...]:
-    """``dev-2`` before ``dev-10``."""
-    return tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(device_id))
 
 
 # --------------------------------------------------------------------------- topology hints
@@ -81,11 +72,26 @@ def generate_hints(
     ``preferred`` marks the masks as narrow as the narrowest that could hold the request
     on an empty node.
     """
-    reusable = list(reusable)
     # Devices are counted per distinct NUMA set once: each mask is then a sum over the
     # few sets, not a pass over every device (the same counts as the kubelet's loops).
-    everywhere = _count_per_set(devices.values())
-    free = _count_per_set(devices.get(i) for i in available)
+    return _hints(
+        _count_per_set(devices.values()),
+        _count_per_set(devices.get(i) for i in available),
+        [devices.get(i) for i in reusable],
+        request,
+        numa_nodes,
+    )
+
+
+def _hints(
+    everywhere: Mapping[NumaSet, int],
+    free: Mapping[NumaSet, int],
+    reusable: list[list[int] | None],
+    request: int,
+    numa_nodes: list[int],
+) -> list[Hint]:
+    """generate_hints from the counts per NUMA set of every device and of the available ones,
+    and the NUMA nodes of each reusable device."""
     min_size = len(numa_nodes)
     hints: list[Hint] = []
     for size in range(1, len(numa_nodes) + 1):
@@ -95,8 +101,7 @@ def generate_hints(
                 min_size = min(min_size, size)
             count = 0
             ok = True
-            for device_id in reusable:
-                nodes = devices.get(device_id)
+            for nodes in reusable:
                 if not nodes:
                     # No topology (the kubelet's Topology == nil, or an unknown device): skipped.
                     continue
@@ -117,13 +122,36 @@ def changed_request(pod_uid: str, container: str, resource: str, got: int, wante
     return f'pod "{pod_uid}" container "{container}" changed request for resource "{resource}" from {got} to {wanted}'
 
 
-def _count_per_set(node_lists: Iterable[list[int] | None]) -> dict[tuple[int, ...], int]:
+def _count_per_set(node_lists: Iterable[list[int] | None]) -> dict[NumaSet, int]:
     """How many devices sit on each distinct NUMA set (devices without topology left out)."""
-    per_set: dict[tuple[int, ...], int] = {}
+    per_set: dict[NumaSet, int] = {}
     for nodes in node_lists:
         if nodes:
-            key = tuple(sorted(set(nodes)))  # at most 2**n - 1 keys on n nodes, whatever a plugin lists
+            key = numa_set(nodes)  # at most 2**n - 1 keys on n nodes, whatever a plugin lists
             per_set[key] = per_set.get(key, 0) + 1
+    return per_set
+
+
+def _aligned_set(nodes: NumaSet, machine: Collection[int]) -> NumaSet:
+    """``aligned_nodes`` of a NUMA set."""
+    return nodes if all(n in machine for n in nodes) else ()
+
+
+def _aligned_counts(per_set: Mapping[NumaSet, int], machine: Collection[int]) -> dict[NumaSet, int]:
+    """Counts per NUMA set, as alignment sees the sets (those with topology only)."""
+    out: dict[NumaSet, int] = {}
+    for nodes, n in per_set.items():
+        if n > 0 and (key := _aligned_set(nodes, machine)):
+            out[key] = out.get(key, 0) + n
+    return out
+
+
+def _every_set(table: Mapping[str, DeviceView]) -> dict[NumaSet, int]:
+    """Every device of ``table`` per NUMA set (those without topology under ``()``)."""
+    per_set: dict[NumaSet, int] = {}
+    for d in table.values():
+        key = numa_set(d.numa_nodes)
+        per_set[key] = per_set.get(key, 0) + 1
     return per_set
 
 
@@ -134,24 +162,44 @@ def container_hints(
     reusable: Iterable[str],
     request: int,
     numa_nodes: list[int],
+    *,
+    free: DeviceSets | None = None,
+    everywhere: Mapping[NumaSet, int] | None = None,
 ) -> list[Hint] | None:
     """GetTopologyHints for one resource of one container: None means "no preference"
-    (no device has topology); an empty list means it cannot be satisfied."""
+    (no device has topology); an empty list means it cannot be satisfied.
+
+    ``free`` (the healthy devices nobody holds; ``in_use`` then need only name the ones
+    this pod took since) and ``everywhere`` (every device per NUMA set) come from the
+    views' index (``state.devices.index_of``); without them they are worked out from
+    ``table``."""
     machine = frozenset(numa_nodes)
-    topology = {i: aligned_nodes(d.numa_nodes, machine) for i, d in table.items()}
-    if not any(topology.values()):
+    every = _aligned_counts(_every_set(table) if everywhere is None else everywhere, machine)
+    if not every:
         return None
+
+    def nodes_of(device_id: str) -> list[int] | None:
+        d = table.get(device_id)
+        return None if d is None else aligned_nodes(d.numa_nodes, machine)
+
     held = list(held_by_container)
     if held:
         if len(held) != request:
             return []
-        return _sorted(generate_hints(topology, held, [], request, numa_nodes))
+        return _sorted(_hints(every, _count_per_set(nodes_of(i) for i in held), [], request, numa_nodes))
     used = set(in_use)
-    free = [i for i, d in table.items() if d.health == "Healthy" and i not in used]
     reuse = list(reusable)
-    if len(set(free) | set(reuse)) < request:
+    if free is None:
+        ids = [i for i, d in table.items() if d.health == "Healthy" and i not in used]
+        free_counts = _count_per_set(nodes_of(i) for i in ids)
+        free_ids: Collection[str] = set(ids)
+    else:
+        pool = _Pool(free, used)
+        free_counts = _aligned_counts(pool.counts(), machine)
+        free_ids = pool
+    if len(free_ids) + len({i for i in reuse if i not in free_ids}) < request:
         return []
-    return _sorted(generate_hints(topology, free, reuse, request, numa_nodes))
+    return _sorted(_hints(every, free_counts, [nodes_of(i) for i in reuse], request, numa_nodes))
 
 
 def _sorted(hints: list[Hint]) -> list[Hint]:
@@ -184,6 +232,66 @@ def filter_by_affinity(
         else:
             unaligned.add(device_id)
     return aligned, unaligned, none
+
+
+@dataclass(frozen=True)
+class _Pool(Collection[str]):
+    """Candidate devices without a pass over them: those of ``sets`` (on the NUMA sets
+    ``on``, all when None) but ``minus``. Counting it costs the sets and ``minus``."""
+
+    sets: DeviceSets
+    minus: Collection[str] = frozenset()
+    on: frozenset[NumaSet] | None = None
+
+    @classmethod
+    def of(cls, ids: Iterable[str], table: Mapping[str, DeviceView]) -> _Pool:
+        return cls(DeviceSets.of((i, table[i].numa_nodes if i in table else ()) for i in ids))
+
+    def __contains__(self, device_id: object) -> bool:
+        key = self.sets.set_of.get(device_id) if isinstance(device_id, str) else None
+        return key is not None and device_id not in self.minus and (self.on is None or key in self.on)
+
+    def lists(self) -> Iterator[tuple[NumaSet, list[str]]]:
+        """Each NUMA set's ids (``minus`` still in them), in ``device_order``."""
+        for key, ids in self.sets.by_set.items():
+            if self.on is None or key in self.on:
+                yield key, ids
+
+    def counts(self) -> dict[NumaSet, int]:
+        out = {key: len(ids) for key, ids in self.lists()}
+        for device_id in self.minus:
+            key = self.sets.set_of.get(device_id)
+            if key is not None and key in out:
+                out[key] -= 1
+        return out
+
+    def __len__(self) -> int:
+        return sum(self.counts().values())
+
+    def __iter__(self) -> Iterator[str]:
+        return (i for _, ids in self.lists() for i in ids if i not in self.minus)
+
+    def only(self, on: Iterable[NumaSet]) -> _Pool:
+        return _Pool(self.sets, self.minus, frozenset(on))
+
+    def without(self, ids: Collection[str]) -> _Pool:
+        return _Pool(self.sets, {*self.minus, *ids}, self.on) if ids else self
+
+
+def _split_by_affinity(
+    available: _Pool, everywhere: Mapping[NumaSet, int], hint: frozenset[int] | None, numa_nodes: Collection[int]
+) -> tuple[_Pool, _Pool, _Pool]:
+    """filter_by_affinity, with the machine's nodes, of a pool: whole NUMA sets at a time."""
+    machine = frozenset(numa_nodes)
+    if hint is None or not _aligned_counts(everywhere, machine):
+        return available.only(()), available.only(()), available
+    aligned: list[NumaSet] = []
+    unaligned: list[NumaSet] = []
+    none: list[NumaSet] = []
+    for key, _ in available.lists():
+        nodes = _aligned_set(key, machine)
+        (none if not nodes else aligned if hint.intersection(nodes) else unaligned).append(key)
+    return available.only(aligned), available.only(unaligned), available.only(none)
 
 
 # --------------------------------------------------------------------------- the planner
@@ -227,11 +335,44 @@ class PodPlan:
 
 @dataclass
 class ResourceState:
-    """What the planner needs to know about one resource."""
+    """What the planner needs to know about one resource.
+
+    The admission hands over the views' index (``state.devices.index_of``): ``free``,
+    ``everywhere`` and ``healthy``, and ``in_use`` empty; the planner then costs the same
+    whatever the number of devices. Without them, they are worked out from ``table`` and
+    ``in_use`` (every device held) once."""
 
     table: Mapping[str, DeviceView]  # every device of the resource, with health and NUMA
-    in_use: set[str]  # held by any container (this pod's earlier steps are added as it goes)
+    # held by any container beside ``free`` (this pod's earlier steps are added as it goes)
+    in_use: set[str]
     offers_preferred: bool = False
+    free: DeviceSets | None = None  # healthy, listed devices nobody holds, per NUMA set
+    everywhere: Mapping[NumaSet, int] | None = None  # every device per NUMA set
+    healthy: int | None = None  # healthy, listed devices, held or not
+    _listed: DeviceSets | None = field(default=None, repr=False)  # without ``free``: the healthy, listed ones
+
+    def free_sets(self) -> DeviceSets:
+        if self.free is not None:
+            return self.free
+        if self._listed is None:
+            self._listed = DeviceSets.of(
+                (i, d.numa_nodes) for i, d in self.table.items() if d.health == "Healthy" and not d.removed
+            )
+        return self._listed
+
+    def every_set(self) -> Mapping[NumaSet, int]:
+        if self.everywhere is None:
+            self.everywhere = _every_set(self.table)
+        return self.everywhere
+
+    def healthy_count(self) -> int:
+        if self.healthy is None:
+            self.healthy = sum(1 for d in self.table.values() if d.health == "Healthy" and not d.removed)
+        return self.healthy
+
+    def is_healthy(self, device_id: str) -> bool:
+        d = self.table.get(device_id)
+        return d is not None and d.health == "Healthy" and not d.removed
 
 
 def _packing_order(
@@ -240,23 +381,35 @@ def _packing_order(
     """The first ``needed`` devices in packing order: those on the narrowest NUMA set that
     can hold ``needed`` among ``ids`` first (the lowest such set on a tie), then by NUMA
     nodes, then by natural id."""
-    ids = list(ids)
-    if needed <= 0 or not ids:
+    return _pack(_Pool.of(ids, table), needed, numa_nodes)
+
+
+def _pack(pool: _Pool, needed: int, numa_nodes: list[int]) -> list[str]:
+    """``_packing_order`` of a pool: a pass over its NUMA sets, then over the ids it takes
+    (those of ``pool.minus`` passed over on the way), never over the rest."""
+    if needed <= 0:
         return []
     machine = frozenset(numa_nodes)
-    nodes_of = {i: tuple(sorted(set(aligned_nodes(table[i].numa_nodes, machine)))) if i in table else () for i in ids}
+    lists: dict[NumaSet, list[list[str]]] = {}  # per set as alignment sees it: the sets' lists
+    for key, ids in pool.lists():
+        lists.setdefault(_aligned_set(key, machine), []).append(ids)
     # Count per distinct node set once; then each mask is a sum over the few sets.
-    per_set = _count_per_set(list(n) for n in nodes_of.values())
+    per_set = _aligned_counts(pool.counts(), machine)
     best = _narrowest_holding(sorted(machine), per_set, needed)
 
-    def key(i: str) -> tuple[object, ...]:
-        nodes = nodes_of[i]
+    def order(nodes: NumaSet) -> tuple[bool, NumaSet]:
         inside = bool(best) and bool(nodes) and best.issuperset(nodes)
-        return (not inside, nodes or (1 << 30,), natural_key(i))
+        return (not inside, nodes or (1 << 30,))
 
-    if needed < 16:
-        return heapq.nsmallest(needed, ids, key=key)
-    return sorted(ids, key=key)[:needed]
+    out: list[str] = []
+    for nodes in sorted(lists, key=order):
+        same = lists[nodes]
+        for i in same[0] if len(same) == 1 else heapq.merge(*same, key=device_order):
+            if i not in pool.minus:
+                out.append(i)
+                if len(out) == needed:
+                    return out
+    return out
 
 
 # Above this many NUMA nodes, the packing order's mask is found greedily: every subset would be
@@ -320,7 +473,7 @@ def plan_pod(
     nodes_all = (
         numa_nodes
         if numa_nodes is not None
-        else sorted({n for r in resources.values() for d in r.table.values() for n in d.numa_nodes})
+        else sorted({n for r in resources.values() for nodes in r.every_set() for n in nodes})
     )
     plan = PodPlan()
     pool: dict[str, set[str]] = {}  # devicesToReuse, per resource
@@ -338,6 +491,8 @@ def plan_pod(
                         pool.get(resource, set()),
                         required,
                         nodes_all,
+                        free=st.free,
+                        everywhere=st.every_set(),
                     )
             container_affinity = affinity_of(c, device_hints)
         for resource in sorted(requests.get(c.name, {})):
@@ -378,13 +533,12 @@ def _devices_to_allocate(
     pod_uid: str = "",
 ) -> Generator[PreferredAsk, list[str] | PreferredFailed, Step]:
     table = state.table
-    healthy = {i for i, d in table.items() if d.health == "Healthy" and not d.removed}
     if current and len(current) != required:
         raise Refusal(changed_request(pod_uid, container, resource, len(current), required))
-    if not healthy:
+    if not state.healthy_count():
         raise Refusal(f"no healthy devices present; cannot allocate unhealthy devices {resource}")
     if current:
-        if not healthy.issuperset(current):
+        if not all(state.is_healthy(i) for i in current):
             raise Refusal(
                 f"previously allocated devices are no longer healthy; cannot allocate unhealthy devices {resource}"
             )
@@ -393,10 +547,14 @@ def _devices_to_allocate(
     needed = required
     allocated: list[str] = []
 
-    def take(candidates: Iterable[str]) -> bool:
+    def take(candidates: _Pool | Iterable[str]) -> bool:
         nonlocal needed
-        taken = set(allocated)
-        for i in _packing_order([i for i in candidates if i not in taken], table, needed, numa_nodes):
+        if isinstance(candidates, _Pool):
+            pool = candidates.without(allocated)
+        else:
+            taken = set(allocated)
+            pool = _Pool.of([i for i in candidates if i not in taken], table)
+        for i in _pack(pool, needed, numa_nodes):
             allocated.append(i)
             needed -= 1
         return needed == 0
@@ -406,29 +564,30 @@ def _devices_to_allocate(
 
     if take(reusable):
         return done("reused")
-    available = healthy - state.in_use - set(allocated)
-    if len(available) < needed:
+    # healthy - in_use - allocated, as the index has it: no pass over the devices
+    available = _Pool(state.free_sets(), state.in_use.union(allocated))
+    if (count := len(available)) < needed:
         raise Refusal(
-            f"requested number of devices unavailable for {resource}. Requested: {needed}, Available: {len(available)}"
+            f"requested number of devices unavailable for {resource}. Requested: {needed}, Available: {count}"
         )
-    aligned, unaligned, no_affinity = filter_by_affinity(available, table, hint, numa_nodes)
+    aligned, unaligned, no_affinity = _split_by_affinity(available, state.every_set(), hint, numa_nodes)
     choice, note = "daemon", ""
 
-    def ask(candidates: set[str]) -> Generator[PreferredAsk, list[str] | PreferredFailed, set[str]]:
+    def ask(candidates: _Pool) -> Generator[PreferredAsk, list[str] | PreferredFailed, set[str]]:
         nonlocal choice, note
         if not state.offers_preferred:
             return set()
         answer = yield PreferredAsk(
             container,
             resource,
-            sorted(candidates | set(allocated), key=natural_key),
-            sorted(allocated, key=natural_key),
+            sorted({*candidates, *allocated}, key=device_order),
+            sorted(allocated, key=device_order),
             required,
         )
         if isinstance(answer, PreferredFailed):
             note = f"GetPreferredAllocation failed, the daemon chose instead: {answer.reason}"
             return set()
-        preferred = set(answer) & candidates
+        preferred = {i for i in answer if i in candidates}
         choice = "plugin"
         if len(preferred) < len(set(answer)):
             note = "the plugin's preference named devices that were not candidates; they were ignored"
@@ -436,13 +595,13 @@ def _devices_to_allocate(
 
     if needed < len(aligned):
         preferred = yield from ask(aligned)
-        if take(preferred & aligned) or take(aligned):
+        if take(preferred) or take(aligned):
             return done(choice, note)
     else:
         if take(aligned):
             return done("daemon")
         preferred = yield from ask(available)
-        if take(preferred & available) or take(unaligned) or take(no_affinity):
+        if take(preferred) or take(unaligned) or take(no_affinity):
             return done(choice, note)
     raise Refusal(
         f"unexpectedly allocated less resources than required. Requested: {required}, Got: {required - needed}"
