@@ -25,6 +25,10 @@ temporary root; this process admits one-device pods through the node API, one at
 
 Then the daemon is SIGKILLed at ``--pods`` pods and started again: the time until Status
 says ready, beside its first start on an empty log. Retention does not exist yet.
+
+``--ratios`` measures instead whether one admission costs the same whatever the number of
+devices and pods (``run_ratio_bench``): the one-device admission p50 with 8 and with 6,000
+devices at 10 resident pods, and with 6,000 devices at 5,000 resident pods, and the ratios.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -566,3 +571,183 @@ def _legend(
         f"{CHECKPOINT} (the pods' entries and the registered devices) as JSON to a temporary file in the "
         f"log's directory, fsync, rename; median of {repeats}; the checksum (go-spew + FNV) not timed, so a floor\n"
     )
+
+
+# --------------------------------------------------------------------------- admission cost ratios (issue 15 item 2)
+
+
+def empty_pod(i: int) -> pb.Pod:
+    """Resident number ``i`` that holds nothing: one app container with no device."""
+    return pb.Pod(
+        uid=str(uuid.uuid4()), namespace="bench", name=f"r{i}", containers=[pb.Container(name="main", kind="app")]
+    )
+
+
+@dataclass(frozen=True)
+class RatioRow:
+    devices: int
+    resident: int
+    samples: int
+    p50: float
+    p99: float
+    cpu_admit: float
+    cpu_remove: float
+
+
+class _RatioDaemon:
+    """A daemon and the sample plugin with ``devices`` devices, under a root of their own,
+    with ``resident`` pods to admit before the samples."""
+
+    def __init__(self, tmp: Path, name: str, devices: int, resident: int, base_pods: int) -> None:
+        self.root = tmp / name
+        self.devices, self.target, self.base_pods = devices, resident, base_pods
+        self.daemon_log = tmp / f"{name}.log"
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.resident = 0
+        self.serial = 0
+        self.channel: Channel | None = None
+        self.lat: list[float] = []
+        self.cpu_admit = self.cpu_remove = 0.0
+
+    @property
+    def stub(self) -> NodeStub:
+        if self.channel is None:
+            self.channel = Channel(path=str(self.root / "eventsrc" / "api.sock"))
+        return NodeStub(self.channel)
+
+    async def start(self) -> None:
+        with open(self.daemon_log, "ab") as log:
+            self.procs.append(start_daemon(self.root, log))
+            await wait_ready(self.root, self.procs[0], self.daemon_log)
+            self.procs.append(start_plugin(self.root, self.devices, log))
+        await wait_devices(self.root, self.devices)
+
+    async def _admit(self, pod: pb.Pod) -> None:
+        try:
+            await self.stub.Admit(pb.AdmitRequest(pod=pod), timeout=60)
+        except GRPCError as err:
+            raise EventsrcError(f"admitting pod {pod.name} failed: {err.message or err.status.name}") from None
+
+    async def reside(self, progress: _Progress) -> None:
+        """Admit the residents: the first ``base_pods`` hold nothing, the rest a device each."""
+        while self.resident < self.target:
+            i = self.resident
+            await self._admit(empty_pod(i) if i < self.base_pods else one_device_pod(i))
+            self.resident += 1
+            progress.show(self.resident, f"residents ({self.devices:,} devices)")
+        progress.clear()
+
+    async def sample(self, *, measured: bool) -> None:
+        """One one-device admission, removed again (the free devices and the residents stay
+        as they are); its latency and the daemon's CPU kept when ``measured``."""
+        self.serial += 1
+        pod = one_device_pod(1_000_000 + self.serial)
+        pid = self.procs[0].pid
+        c, t = cpu_seconds(pid), time.perf_counter()
+        await self._admit(pod)
+        took, c2 = time.perf_counter() - t, cpu_seconds(pid)
+        await self.stub.Remove(pb.RemoveRequest(pod=pb.PodSelector(uid=pod.uid)), timeout=60)
+        if measured:
+            self.lat.append(took)
+            self.cpu_admit += c2 - c
+            self.cpu_remove += cpu_seconds(pid) - c2
+
+    def row(self) -> RatioRow:
+        n = len(self.lat)
+        return RatioRow(
+            self.devices,
+            self.resident,
+            n,
+            pct(self.lat, 0.5),
+            pct(self.lat, 0.99),
+            self.cpu_admit / n,
+            self.cpu_remove / n,
+        )
+
+    def close_channel(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+
+    def close(self) -> None:
+        stop(self.procs)
+
+
+def run_ratio_bench(
+    *,
+    small_devices: int,
+    devices: int,
+    base_pods: int,
+    pods: int,
+    samples: int,
+    warmup: int = 20,
+    workdir: Path | None = None,
+    keep: bool = False,
+) -> tuple[float, float]:
+    """Issue 15 item 2's figures: one-device admission p50 with ``small_devices`` and with
+    ``devices`` devices at ``base_pods`` resident pods, and with ``devices`` devices at
+    ``pods`` resident pods; printed with the two ratios, which are returned.
+
+    Three daemons run side by side, one per figure, and their samples are taken in turn, so
+    that whatever else the machine does weighs on the three alike. The first ``base_pods``
+    residents hold nothing (so that a few devices can host them); the rest hold one device
+    each. Each measured pod is removed again before the next."""
+    out = sys.stdout
+    tmp = Path(tempfile.mkdtemp(prefix="ess-ratio-", dir=workdir or "/tmp"))
+    progress = _Progress(pods)
+    configs = [(small_devices, base_pods), (devices, base_pods), (devices, pods)]
+    daemons = [_RatioDaemon(tmp, f"r{k}", n, resident, base_pods) for k, (n, resident) in enumerate(configs)]
+    out.write(
+        f"eventsrc bench scale --ratios: {os.cpu_count()} cpus, Python {sys.version.split()[0]}; three daemons, "
+        f"each with the sample plugin, in their own processes (devices on 2 NUMA nodes); one-device pods admitted "
+        f"one at a time through the node API (Allocate included), each removed again before the next, the three "
+        f"daemons in turn; in {tmp}\n\n"
+    )
+    out.flush()
+
+    async def run() -> None:
+        try:
+            for d in daemons:
+                await d.start()
+                await d.reside(progress)
+            for k in range(warmup + samples):
+                for d in daemons:
+                    await d.sample(measured=k >= warmup)
+        finally:
+            for d in daemons:
+                d.close_channel()
+
+    try:
+        asyncio.run(run())
+    except GRPCError as err:
+        raise EventsrcError(f"the daemon answered {err.status.name}: {err.message}; see {tmp}") from None
+    except (StreamTerminatedError, ConnectionError) as err:
+        raise EventsrcError(f"the daemon stopped answering ({err}); see {tmp}") from None
+    finally:
+        for d in daemons:
+            d.close()
+        if keep:
+            with contextlib.suppress(OSError):
+                out.write(f"kept: {tmp}\n")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    small, base, grown = (d.row() for d in daemons)
+    out.write(f"{'devices':>8}{'resident':>10}{'samples':>9}{'p50 ms':>9}{'p99 ms':>9}{'CPU/adm ms':>12}")
+    out.write(f"{'CPU/remove ms':>15}\n")
+    for row in (small, base, grown):
+        out.write(
+            f"{row.devices:8,}{row.resident:10,}{row.samples:9}{row.p50 * 1e3:9.2f}{row.p99 * 1e3:9.2f}"
+            f"{row.cpu_admit * 1e3:12.2f}{row.cpu_remove * 1e3:15.2f}\n"
+        )
+    by_devices, by_pods = base.p50 / small.p50, grown.p50 / base.p50
+    out.write(
+        f"\np50 ratio, {devices:,} / {small_devices:,} devices at {base_pods:,} resident pods: {by_devices:.2f} "
+        f"(goal <= 1.2)\np50 ratio, {pods:,} / {base_pods:,} resident pods with {devices:,} devices: {by_pods:.2f} "
+        f"(goal <= 1.2)\n\n"
+        f"  resident   pods admitted before the samples: the first {base_pods:,} hold nothing (so that "
+        f"{small_devices:,} devices can host them), the rest one device each\n"
+        f"  p50/p99    latency of {samples} one-device admissions through the node API, after {warmup} unmeasured\n"
+        "  CPU        the daemon's CPU (every thread) per admission, and per removal after it\n"
+    )
+    out.flush()
+    return by_devices, by_pods

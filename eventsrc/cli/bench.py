@@ -94,9 +94,21 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         default=None,
         help="devices of the sample plugin (default: the larger of 1024 and --pods)",
     )
-    b.add_argument("--pods", type=int, default=1000, help="resident pods to reach (default %(default)s)")
+    b.add_argument("--pods", type=int, default=None, help="resident pods to reach (default 1000; 5000 with --ratios)")
     b.add_argument(
         "--samples", type=int, default=100, help="admissions per size for the percentiles (default %(default)s)"
+    )
+    b.add_argument(
+        "--ratios",
+        action="store_true",
+        help="instead, the admission cost ratios: one-device admission p50 with --small-devices and with "
+        "--devices devices (default 6000) at --base-pods resident pods, and with --devices devices at --pods "
+        "resident pods (three daemons side by side, sampled in turn, each admission removed again); prints the "
+        "figures and the two ratios",
+    )
+    b.add_argument("--small-devices", type=int, default=8, help="with --ratios: the few devices (default %(default)s)")
+    b.add_argument(
+        "--base-pods", type=int, default=10, help="with --ratios: the few resident pods (default %(default)s)"
     )
     b.add_argument(
         "--repeats",
@@ -239,6 +251,9 @@ def bench_idle(args: argparse.Namespace) -> int:
 def bench_scale(args: argparse.Namespace) -> int:
     from eventsrc.bench.scale import run_scale_bench
 
+    if args.ratios:
+        return _bench_scale_ratios(args)
+    args.pods = 1000 if args.pods is None else args.pods
     devices = max(1024, args.pods) if args.devices is None else args.devices
     if min(args.pods, args.samples, args.repeats) < 1:
         raise EventsrcError("--pods, --samples and --repeats must be at least 1")
@@ -281,4 +296,30 @@ def bench_soak(args: argparse.Namespace) -> int:
     if result.failures:
         print(f"eventsrc: soak failed: {'; '.join(result.failures)}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _bench_scale_ratios(args: argparse.Namespace) -> int:
+    from eventsrc.bench.scale import run_ratio_bench
+
+    pods = 5000 if args.pods is None else args.pods
+    devices = 6000 if args.devices is None else args.devices
+    if min(args.small_devices, args.base_pods, args.samples) < 1:
+        raise EventsrcError("--small-devices, --base-pods and --samples must be at least 1")
+    if pods < args.base_pods:
+        raise EventsrcError(f"--pods ({pods}) must be at least --base-pods ({args.base_pods})")
+    if devices <= pods - args.base_pods:
+        raise EventsrcError(
+            f"--devices ({devices}) must be more than --pods - --base-pods ({pods - args.base_pods}): "
+            "the residents past --base-pods hold a device each, and the measured pod one more"
+        )
+    run_ratio_bench(
+        small_devices=args.small_devices,
+        devices=devices,
+        base_pods=args.base_pods,
+        pods=pods,
+        samples=args.samples,
+        workdir=_workdir(args),
+        keep=args.keep,
+    )
     return 0
