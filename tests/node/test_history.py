@@ -190,3 +190,37 @@ def test_start_views_of_a_log_never_cut_are_empty(tmp_path: Path) -> None:
     assert history.complete() and not history.reading_archive and history.start_note() == ""
     assert msgspec.msgpack.encode(history.start_views()) == msgspec.msgpack.encode(Views())
     assert [r.seq for r in history.records()] == list(range(1, 22))
+
+
+def test_a_corrupt_archived_record_counts_under_every_query(tmp_path: Path) -> None:
+    """The archive has no index to say what a corrupt record was about: every query whose
+    window covers it names it (and the answer holds every other record)."""
+    from eventsrc.log.archive import iter_records, write_segment
+
+    archive = tmp_path / "archive"
+    log = held_then_cut(tmp_path / "log", archive)
+    path = archive / segment_name(1, 10)
+    items = list(iter_records(path))
+    seq7, value = items[6]
+    items[6] = (seq7, value[:-1] + bytes([value[-1] ^ 0x01]))  # its CRC no longer holds
+    path.unlink()
+    write_segment(archive, log.log_id(), 1, 10, iter(items))
+    history = History(log, archive)
+    assert [type(r).__name__ for r in history.records(6, 8)] == ["Record", "CorruptRecordError", "Record"]
+    assert history.index_seqs(pod_prefix("uid-hold")) == [3, 4, 5, 6, 7]
+    assert history.index_seqs(pod_prefix("uid-hold"), 8) == []
+    t = audit.device_timeline(history, RES, "dev-0")
+    assert t.corrupt == [7] and [h.pod.name for h in t.holders] == ["hold"]
+
+
+def test_a_trim_is_shown_in_words_and_escaped(tmp_path: Path) -> None:
+    from eventsrc.offline.render import record_json, record_line
+
+    e = ev.LogTrimmed(base_seq=20, records=10, segment="segment-x.zst", reason="maxSize\x1b[2J")
+    rec = ev.Record(seq=21, ts_ns=T0, correlation_id="c", version=1, event=e)
+    line = record_line(rec)
+    assert "records 11..20 left the live log into archive segment segment-x.zst (maxSize\\x1b[2J)" in line
+    assert "\x1b" not in line
+    assert record_json(rec)["event"]["reason"] == "maxSize\x1b[2J"  # JSON stays exact
+    unarchived = ev.Record(seq=21, ts_ns=T0, correlation_id="c", version=1, event=ev.LogTrimmed(base_seq=5, records=5))
+    assert "records 1..5 left the live log without an archive (not kept); it starts at 6" in record_line(unarchived)
