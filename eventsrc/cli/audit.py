@@ -90,15 +90,15 @@ def query(args: argparse.Namespace) -> int:
 
 
 def verify(args: argparse.Namespace) -> int:
+    from eventsrc.log.archive import ArchiveFinding, verify_archive
     from eventsrc.log.verify import verify
     from eventsrc.offline.render import escape
 
     log = open_reader(args.layout)
     checked, findings = verify(log)
     base = log.base()
-    segments, archived = 0, []
+    segments, archived = 0, list[ArchiveFinding]()
     if base is not None and not args.live_only:
-        from eventsrc.log.archive import verify_archive
 
         segments, archived = verify_archive(args.layout.archive, log.ledger(), base.seq, base.hash, log.log_id())
     problems = [f.message for f in findings] + [a.message for a in archived]

@@ -175,7 +175,7 @@ def decode_views(data: bytes, log_id: str, what: str) -> Views:
     except (ValueError, msgspec.MsgspecError) as exc:
         raise DamagedLogError(
             f"{what} was written by an eventsrc whose views this one cannot read ({exc}); "
-            "run that version, or rebuild from the archive with 'eventsrc state --archive'"
+            "run that version, or rebuild from the archive with 'eventsrc state' (without --live-only)"
         ) from None
 
 
@@ -187,7 +187,7 @@ def base_views(log: EventLog, log_id: str, until_seq: int | None = None) -> View
     if until_seq is not None and until_seq < base.seq:
         raise EventsrcError(
             f"record {until_seq} is before the live log's start ({base.seq + 1}): it is in the archive "
-            "(read it with --archive)"
+            "(read it without --live-only)"
         )
     data = log.base_views()
     if data is None:

@@ -118,7 +118,8 @@ class Retainer:
         prepared = await trio.to_thread.run_sync(steps.prepare, self.event_log, archive, seq)
         pause = await trio.to_thread.run_sync(steps.commit, self.event_log, prepared)
         entry = prepared.entry
-        await self.recorder.record([ev.LogTrimmed(base_seq=seq, records=entry.records, segment=entry.file, reason=reason)])
+        trimmed = ev.LogTrimmed(base_seq=seq, records=entry.records, segment=entry.file, reason=reason)
+        await self.recorder.record([trimmed])
         deleted, longest = await self._delete_leftovers()
         report = CutReport(seq, entry.records, entry.file, time.perf_counter() - t0, max(pause, longest))
         self.cuts.append(report)
