@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -151,6 +152,17 @@ def plateau(values: Sequence[int], share: float, floor: int) -> Plateau:
     early, late = max(rest[:half]), max(rest[half:])
     allowed = early + max(int(early * share), floor)
     return Plateau(late <= allowed, early, late, allowed)
+
+
+def trend(samples: Sequence[Sample], value: Callable[[Sample], int]) -> float:
+    """Bytes a minute: the least-squares slope of ``value`` after the warm-up. Printed beside
+    the verdict and never part of it: over a short run it is mostly noise, over a long one it
+    shows a slow rise that still fits within the plateau's slack."""
+    rest = samples[max(1, int(len(samples) * WARMUP_SHARE)) :]
+    if len(rest) < 2:
+        return 0.0
+    fit = statistics.linear_regression([s.elapsed for s in rest], [float(value(s)) for s in rest])
+    return fit.slope * 60
 
 
 # --------------------------------------------------------------------------- the load
@@ -514,8 +526,16 @@ def _verdict(out: TextIO, r: SoakResult) -> None:
         f"{RSS_SLACK[1] // 2**20} MiB (RSS), whichever is more\n\n"
     )
     archived = r.samples[-1].archive_bytes if r.samples else 0
-    out.write(f"live log plateau   {'yes' if r.disk.holds else 'NO '}  {r.disk.describe(_mib)}\n")
-    out.write(f"RSS plateau        {'yes' if r.rss.holds else 'NO '}  {r.rss.describe(_mib)}\n")
+    disk_trend = trend(r.samples, lambda s: s.live_bytes) / 2**20
+    rss_trend = trend(r.samples, lambda s: s.rss) / 2**20
+    out.write(
+        f"live log plateau   {'yes' if r.disk.holds else 'NO '}  {r.disk.describe(_mib)}; "
+        f"trend after warm-up {disk_trend:+.2f} MiB/min\n"
+    )
+    out.write(
+        f"RSS plateau        {'yes' if r.rss.holds else 'NO '}  {r.rss.describe(_mib)}; "
+        f"trend after warm-up {rss_trend:+.2f} MiB/min\n"
+    )
     out.write(f"archive            {_mib(archived)} at the end\n")
     out.write("audit verify\n")
     for line in r.verify_output:

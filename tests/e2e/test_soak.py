@@ -100,3 +100,14 @@ def test_soak_options_are_checked_in_one_line() -> None:
     assert proc.stderr.splitlines() == [
         "eventsrc: error: --interval leaves fewer than 3 rows: the plateau cannot be judged"
     ]
+
+
+def test_trend_is_the_slope_after_the_warm_up_per_minute() -> None:
+    from eventsrc.bench.soak import Sample, trend
+
+    def at(t: float, rss: int) -> Sample:
+        return Sample(t, 0, 0, 0, rss, 0, 0.0, 0, 0, 0.0, 0, 0)
+
+    # A steep warm-up, then 1,000 bytes a second.
+    samples = [at(0, 0), at(10, 10**6), at(20, 10**6 + 10_000), at(30, 10**6 + 20_000), at(40, 10**6 + 30_000)]
+    assert trend(samples, lambda s: s.rss) == pytest.approx(60_000)
