@@ -84,9 +84,14 @@ class DeviceSets:
     def __contains__(self, device_id: object) -> bool:
         return device_id in self.set_of
 
-    def add(self, device_id: str, key: NumaSet) -> None:
+    def add(self, device_id: str, key: NumaSet, *, in_order: bool = True) -> None:
+        """Add ``device_id`` in its place (``in_order``), or at the end: the caller sorts."""
         self.set_of[device_id] = key
-        bisect.insort(self.by_set.setdefault(key, []), device_id, key=device_order)
+        ids = self.by_set.setdefault(key, [])
+        if in_order:
+            bisect.insort(ids, device_id, key=device_order)
+        else:
+            ids.append(device_id)
 
     def discard(self, device_id: str) -> None:
         key = self.set_of.pop(device_id, None)
@@ -131,7 +136,10 @@ class DeviceIndex:
         index = cls(devices)
         for resource, table in devices.items():
             for device_id, d in table.items():
-                index.sync(resource, device_id, d)
+                index._add(resource, device_id, d, in_order=False)
+        for r in index.resources.values():  # once, not a sorted insert per device
+            for ids in r.free.by_set.values():
+                ids.sort(key=device_order)
         return index
 
     def sync(self, resource: str, device_id: str, d: DeviceView | None) -> None:
@@ -146,17 +154,20 @@ class DeviceIndex:
             if old.holder:
                 self._hold(old.holder, resource, device_id, held=False)
         if d is not None:
-            r = self.resources.setdefault(resource, ResourceIndex())
-            healthy = d.health == "Healthy" and not d.removed
-            new = r.devices[device_id] = _Indexed(numa_set(d.numa_nodes), healthy, healthy and not d.holder, d.holder)
-            _count(r.everywhere, new.numa, 1)
-            r.healthy += healthy
-            if new.free:
-                r.free.add(device_id, new.numa)
-            if new.holder:
-                self._hold(new.holder, resource, device_id, held=True)
-        if r is not None and not r.devices:
+            self._add(resource, device_id, d)
+        elif r is not None and not r.devices:
             del self.resources[resource]
+
+    def _add(self, resource: str, device_id: str, d: DeviceView, *, in_order: bool = True) -> None:
+        r = self.resources.setdefault(resource, ResourceIndex())
+        healthy = d.health == "Healthy" and not d.removed
+        new = r.devices[device_id] = _Indexed(numa_set(d.numa_nodes), healthy, healthy and not d.holder, d.holder)
+        _count(r.everywhere, new.numa, 1)
+        r.healthy += healthy
+        if new.free:
+            r.free.add(device_id, new.numa, in_order=in_order)
+        if new.holder:
+            self._hold(new.holder, resource, device_id, held=True)
 
     def _hold(self, holder_text: str, resource: str, device_id: str, *, held: bool) -> None:
         holder = parse_holder(holder_text)
