@@ -65,16 +65,22 @@ class Retainer:
             return
         period = min(AGE_CHECK_SECONDS, self.policy.max_age_ns / 1e9 / 10) if self.policy.max_age_ns else None
         while True:
-            try:
-                await self.cut_while_due()
-            except EventsrcError as err:  # a full disk, a lost log: the next boundary tries again
-                log.error("retention cut failed; the log keeps its records", reason=str(err))
+            await self.attempt()
             if period is None:
                 await self._due.wait()
             else:
                 with trio.move_on_after(period):
                     await self._due.wait()
             self._due = trio.Event()
+
+    async def attempt(self) -> bool:
+        """Cut while due; False when a cut failed (logged: the next boundary tries again)."""
+        try:
+            await self.cut_while_due()
+        except (EventsrcError, OSError) as err:  # a full disk, a lost log, an unwritable archive
+            log.error("retention cut failed; the log keeps its records", reason=str(err))
+            return False
+        return True
 
     async def cut_while_due(self) -> None:
         """Cut until the plan says the live log is within its bounds."""

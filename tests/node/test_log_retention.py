@@ -12,14 +12,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventsrc import events as ev
-from eventsrc.core.retention import boundaries
+from eventsrc.core.retention import Retention, boundaries
 from eventsrc.log import retention as steps
 from eventsrc.log.archive import iter_records, segment_files, verify_archive, verify_segment
 from eventsrc.log.index import pod_prefix
 from eventsrc.log.snapshots import load_views
 from eventsrc.log.store import EventLog
 from eventsrc.log.verify import verify
+from eventsrc.node.retention import Retainer
 from eventsrc.state.apply import rebuild
+from tests.node.test_nri_plugin import FakeRecorder
 from tests.unit.test_projections import events
 
 
@@ -51,7 +53,9 @@ def check_whole(log: EventLog, archive: Path) -> None:
     assert problems == []
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(events, min_size=1, max_size=40), st.data())
 def test_views_after_cuts_equal_the_full_rebuild(tmp_path_factory, evs: list[ev._Event], data: st.DataObject) -> None:  # type: ignore[no-untyped-def]
     d = tmp_path_factory.mktemp("r")
@@ -163,3 +167,33 @@ def test_a_cut_without_the_archive_keeps_the_chain_in_the_ledger(tmp_path: Path)
     assert [e.file == "" for e in log.ledger()] == [True, False]
     check_whole(log, tmp_path / "archive")
     assert len(segment_files(tmp_path / "archive")) == 1
+
+
+def test_a_corrupt_record_is_archived_as_it_is_and_named_by_the_segment_check(tmp_path: Path) -> None:
+    log = filled(tmp_path / "log", pods(30))
+    with log.env.begin(write=True, db=log.events_db) as txn:
+        v = bytearray(txn.get((10).to_bytes(8, "big")))
+        v[-3] ^= 0x01
+        txn.put((10).to_bytes(8, "big"), bytes(v))
+    entry = cut(log, tmp_path / "archive", 10).entry
+    base = log.base()
+    assert base is not None and base.seq == 10 and base.ts_ns == 0  # its time could not be read
+    report = verify_segment(tmp_path / "archive" / entry.file)
+    assert report.problems == ["record 10 was altered (checksum mismatch)"]
+    # record 11 links to record 10 as it was written, not as it was archived: the break shows
+    [finding] = verify(log)[1]
+    assert (finding.seq, finding.what) == (11, "anchor")
+
+
+async def test_a_cut_that_cannot_write_its_segment_leaves_the_log_whole(tmp_path: Path) -> None:
+    log = filled(tmp_path / "log", pods(40))
+    not_a_dir = tmp_path / "archive"
+    not_a_dir.write_text("a file where the archive directory should be")
+    retainer = Retainer(FakeRecorder(), log, not_a_dir, Retention(max_size=1), piece=10)
+    assert await retainer.attempt() is False
+    assert log.base() is None and log.first_seq() == 1 and len(list(log.records())) == 40
+    assert not retainer.cuts
+    # once the archive can be written, the next attempt cuts
+    not_a_dir.unlink()
+    assert await retainer.attempt() is True
+    assert log.base() is not None and retainer.cuts
