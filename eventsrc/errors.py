@@ -38,6 +38,19 @@ class NewerLogError(EventsrcError):
     exit_code = 3
 
 
+class LogCutWhileReadingError(EventsrcError):
+    """A retention cut moved the live log's start past a record a strict reader was about
+    to read (docs/adr/0018): the records it wanted are in the archive now."""
+
+    def __init__(self, next_seq: int, base_seq: int) -> None:
+        super().__init__(
+            f"the daemon cut the live log while it was read: records {next_seq}..{base_seq} left for the "
+            "archive meanwhile; run the command again"
+        )
+        self.next_seq = next_seq
+        self.base_seq = base_seq
+
+
 class DamagedLogError(EventsrcError):
     """The log's files are damaged or gone in a way no start can repair: a truncated
     ``data.mdb``, one that is not LMDB, a log lost next to the history that proves it

@@ -6,8 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from eventsrc.cli.options import Parents, Subparsers, add_live_only, add_output, open_history, open_reader
+
+if TYPE_CHECKING:
+    from eventsrc.log.archive import ArchiveFinding
+    from eventsrc.log.store import EventLog
 
 
 def add_parser(sub: Subparsers, parents: Parents) -> None:
@@ -89,19 +94,42 @@ def query(args: argparse.Namespace) -> int:
     return queries.run(args, open_history(args.layout, args.live_only))
 
 
+def _check_base_views(log: EventLog) -> list[ArchiveFinding]:
+    """The views kept at the live log's base must decode (every start begins from them)."""
+    from eventsrc.errors import EventsrcError
+    from eventsrc.log.archive import ArchiveFinding
+    from eventsrc.log.snapshots import base_views
+
+    try:
+        base_views(log, log.log_id())
+    except EventsrcError as err:
+        return [ArchiveFinding("altered", str(err))]
+    return []
+
+
 def verify(args: argparse.Namespace) -> int:
+    from eventsrc.errors import LogCutWhileReadingError
     from eventsrc.log.archive import ArchiveFinding, verify_archive
     from eventsrc.log.verify import verify
     from eventsrc.offline.render import escape
 
     log = open_reader(args.layout)
-    checked, findings = verify(log)
-    base = log.base()
-    segments, archived = 0, list[ArchiveFinding]()
-    if base is not None and not args.live_only:
-
-        segments, archived = verify_archive(args.layout.archive, log.ledger(), base.seq, base.hash, log.log_id())
-    problems = [f.message for f in findings] + [a.message for a in archived]
+    # A cut by the running daemon while this reads moves the base: check again from the top.
+    for attempt in range(5):
+        base = log.base()
+        try:
+            checked, findings = verify(log)
+        except LogCutWhileReadingError:
+            if attempt == 4:
+                raise
+            continue
+        segments, archived = 0, list[ArchiveFinding]()
+        if base is not None and not args.live_only:
+            segments, archived = verify_archive(args.layout.archive, log.ledger(), base.seq, base.hash, log.log_id())
+            archived += _check_base_views(log)
+        if log.base() == base:
+            break
+    problems = [f.message for f in findings] + [a.message for a in archived if a.what != "pending"]
     if args.output == "json":
         print(
             json.dumps(

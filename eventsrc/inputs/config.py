@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -165,10 +166,14 @@ class ByteSize:
     def parse(cls, text: str | int) -> ByteSize:
         if isinstance(text, int) and not isinstance(text, bool):
             return cls(text)
+        shown = str(text) if len(str(text)) <= 40 else str(text)[:40] + "..."
         m = _SIZE.match(str(text).strip())
         if not m:
-            raise ValueError(f'invalid size "{text}" (expected bytes, or e.g. "512Mi", "1G", "10MB")')
-        return cls(round(float(m.group(1)) * _SIZE_UNITS[m.group(2)]))
+            raise ValueError(f'invalid size "{shown}" (expected bytes, or e.g. "512Mi", "1G", "10MB")')
+        n = int(Decimal(m.group(1)) * _SIZE_UNITS[m.group(2)]) if len(m.group(1)) <= 24 else 1 << 63
+        if n >= 1 << 63:
+            raise ValueError(f'size "{shown}" is too large (at most 2^63-1 bytes)')
+        return cls(n)
 
     def __str__(self) -> str:
         for suffix, unit in (("Ti", 1024**4), ("Gi", 1024**3), ("Mi", 1024**2), ("Ki", 1024)):

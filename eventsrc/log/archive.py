@@ -330,7 +330,7 @@ def verify_segment(path: Path) -> SegmentReport:
 
 @dataclass(frozen=True)
 class ArchiveFinding:
-    what: str  # "missing", "altered", "gap", "unknown"
+    what: str  # "missing", "altered", "gap", "unknown"; "pending" is no damage (a cut not finished)
     message: str
 
 
@@ -381,7 +381,17 @@ def verify_archive(
         findings.append(
             ArchiveFinding("altered", f"the last archived record does not match the live log's base {base_seq}")
         )
-    for _first, _last, path in segment_files(archive):
-        if path.name not in named:
+    for first, _last, path in segment_files(archive):
+        if path.name in named:
+            continue
+        if first == base_seq + 1:  # sealed by a cut that has not moved the base (yet)
+            findings.append(
+                ArchiveFinding(
+                    "pending",
+                    f"archive segment {path.name} is not in the ledger yet: a cut in progress, or one a crash "
+                    "interrupted (the daemon's next start removes it; its records are still live)",
+                )
+            )
+        else:
             findings.append(ArchiveFinding("unknown", f"archive segment {path.name} is not in the log's ledger"))
     return checked, findings

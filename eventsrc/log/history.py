@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from eventsrc.errors import EventsrcError
+from eventsrc.errors import EventsrcError, LogCutWhileReadingError
 from eventsrc.events import CorruptRecordError, Record, decode_record
 from eventsrc.log.archive import LedgerEntry, SegmentError, iter_records, read_header, segment_files
 from eventsrc.log.index import keys_for
@@ -36,8 +36,9 @@ from eventsrc.log.snapshots import base_views
 from eventsrc.log.store import EventLog
 from eventsrc.state.views import Views
 
-#: Segments whose records are kept in memory at once (each scanned segment's index stays).
-KEEP_SEGMENTS = 8
+#: Records of loaded segments kept in memory at once (at least the segment in use; each
+#: scanned segment's index stays).
+KEEP_RECORDS = 200_000
 
 
 class Reader(Protocol):
@@ -183,17 +184,46 @@ class History:
     def records(self, from_seq: int = 1, until_seq: int | None = None) -> Iterator[Record | CorruptRecordError]:
         """Every record from ``from_seq`` to ``until_seq`` (inclusive), in order: the archive's
         first, then the live log's. A corrupt record is yielded as a ``CorruptRecordError``.
-        A segment that cannot be read to its end raises EventsrcError."""
-        for entry, path in self._overlapping(from_seq, until_seq):
-            cached = self._values.get(entry.file)
-            items = iter(cached.items()) if cached is not None else self._segment_items(entry, path)
-            for seq, value in items:
-                if seq < from_seq:
-                    continue
-                if until_seq is not None and seq > until_seq:
-                    return
-                yield _decode(seq, value)
-        yield from self.log.records(from_seq, until_seq)
+        A segment that cannot be read to its end raises EventsrcError. When the daemon cuts
+        the live log meanwhile, what left is read from its new segment, then the live log
+        goes on (with ``live_only``, or without the archive, the cut is an error instead:
+        records would be skipped)."""
+        next_seq = from_seq
+        while True:
+            for entry, path in self._overlapping(next_seq, until_seq):
+                cached = self._values.get(entry.file)
+                items = iter(cached.items()) if cached is not None else self._segment_items(entry, path)
+                for seq, value in items:
+                    if seq < next_seq:
+                        continue
+                    if until_seq is not None and seq > until_seq:
+                        return
+                    yield _decode(seq, value)
+                    next_seq = seq + 1
+            strict = next_seq > 1 and (self.reading_archive or next_seq >= self.live_first_seq())
+            try:
+                for item in self.log.records(next_seq, until_seq, strict=strict):
+                    yield item
+                    next_seq = item.seq + 1
+                return
+            except LogCutWhileReadingError:
+                if self.live_only or self.archive_dir is None:
+                    raise
+                self._refresh()
+                if not any(e.first <= next_seq <= e.last for e, _ in self.segments):
+                    raise
+
+    def _refresh(self) -> None:
+        """Read the base, the ledger and the segments again (the daemon cut the log)."""
+        assert self.archive_dir is not None
+        self.base = self.log.base()
+        self.segments, self.gaps = [], []
+        self.ledger = sorted(self.log.ledger(), key=lambda e: e.first)
+        present = segment_files(self.archive_dir)
+        self.reading_archive = not self.live_only and self.base is not None and bool(present)
+        if self.reading_archive:
+            self._join({p.name: p for _f, _l, p in present})
+        self._firsts = [e.first for e, _ in self.segments]
 
     def index_seqs(self, prefix: bytes, from_seq: int = 1, until_seq: int | None = None) -> list[int]:
         """The sequences of the records under ``prefix`` (``eventsrc.log.index``), archive and
@@ -251,12 +281,12 @@ class History:
             raise EventsrcError(_damaged(entry, f"{exc}, after record {last}")) from None
 
     def _load(self, entry: LedgerEntry, path: Path) -> dict[int, bytes]:
-        """The segment's stored values by sequence (the last KEEP_SEGMENTS loaded are kept)."""
+        """The segment's stored values by sequence (the newest loaded, up to KEEP_RECORDS, are kept)."""
         values = self._values.get(entry.file)
         if values is None:
             values = dict(self._segment_items(entry, path))
             self._values[entry.file] = values
-            while len(self._values) > KEEP_SEGMENTS:
+            while len(self._values) > 1 and sum(map(len, self._values.values())) > KEEP_RECORDS:
                 self._values.popitem(last=False)
         self._values.move_to_end(entry.file)
         return values

@@ -23,7 +23,14 @@ from pathlib import Path
 
 from eventsrc.errors import EventsrcError
 from eventsrc.events import CorruptRecordError, chain_hash, decode_record, prev_hash_of
-from eventsrc.log.archive import LedgerEntry, remove_temporaries, segment_files, write_segment
+from eventsrc.log.archive import (
+    LedgerEntry,
+    SegmentError,
+    read_header,
+    remove_temporaries,
+    segment_files,
+    write_segment,
+)
 from eventsrc.log.snapshots import base_views, encode_snapshot
 from eventsrc.log.store import Base, EventLog, key_seq
 from eventsrc.state.apply import apply_all
@@ -119,14 +126,23 @@ def leftovers(log: EventLog) -> bool:
 
 
 def undo_unfinished(log: EventLog, archive: Path) -> list[Path]:
-    """At start: delete the temporary files and the segments of a cut that never moved the
-    base (the ledger does not name them, and their records are still live)."""
+    """At start: delete the temporary files and the segment of a cut that never moved the
+    base: one the ledger does not name, of this log, starting at the live log's first
+    record, whose records are all still live. Any other segment the ledger does not name
+    (another log's, one from before a restored or lost log) is left for the operator:
+    ``audit verify`` names it."""
     remove_temporaries(archive)
     named = {e.file for e in log.ledger()}
-    first = log.first_seq()
+    first, last, log_id = log.first_seq(), log.last_seq(), log.log_id()
     removed = []
-    for seg_first, _last, path in segment_files(archive):
-        if path.name not in named and seg_first >= first:
+    for seg_first, seg_last, path in segment_files(archive):
+        if path.name in named or seg_first != first or seg_last > last:
+            continue
+        try:
+            header = read_header(path)
+        except SegmentError:
+            continue
+        if header.log_id == log_id and (header.first_seq, header.last_seq) == (seg_first, seg_last):
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed

@@ -38,6 +38,7 @@ from eventsrc.errors import (
     ConcurrencyConflictError,
     DamagedLogError,
     EventsrcError,
+    LogCutWhileReadingError,
     NewerLogError,
     NoLogError,
 )
@@ -294,6 +295,10 @@ class EventLog:
         # Resizing the map must not overlap a transaction of this process: readers take
         # this lock per chunk, the writer takes it to grow the map.
         self._txn_lock = threading.Lock()
+        # One write transaction of this process at a time (the committer's, a cut's): LMDB
+        # serialises them anyway, but the map may only be resized with none open, and a
+        # thread waiting for LMDB's writer mutex must not hold the readers' lock meanwhile.
+        self._write_lock = threading.Lock()
         try:
             self._open_dbs(readonly)
         except lmdb.Error as exc:
@@ -502,13 +507,18 @@ class EventLog:
             v = txn.get(b"log_id")
         return v.decode() if v else ""
 
-    def raw_chunks(self, from_seq: int = 1, until_seq: int | None = None) -> Iterator[list[tuple[bytes, bytes]]]:
+    def raw_chunks(
+        self, from_seq: int = 1, until_seq: int | None = None, strict: bool = False
+    ) -> Iterator[list[tuple[bytes, bytes]]]:
         """(key, value) pairs in chunks; each chunk is read in its own short transaction.
         Only the live log: records up to the base, which a cut may not have deleted yet, are
-        never read."""
+        never read. ``strict``: raise LogCutWhileReadingError when a cut has moved the base
+        to or past the next record wanted (``from_seq`` first), instead of going on after it."""
         start = seq_key(max(from_seq, self.first_seq()))
         while True:
-            chunk = self._chunk(start)
+            chunk, base_seq = self._chunk(start)
+            if strict and base_seq >= key_seq(start):
+                raise LogCutWhileReadingError(key_seq(start), base_seq)
             if not chunk:
                 return
             if until_seq is not None:
@@ -523,29 +533,35 @@ class EventLog:
                 return
             start = seq_key(key_seq(chunk[-1][0]) + 1)
 
-    def _chunk(self, start: bytes) -> list[tuple[bytes, bytes]]:
-        """Up to READ_CHUNK (key, value) pairs from key ``start``, in one read transaction."""
+    def _chunk(self, start: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
+        """Up to READ_CHUNK (key, value) pairs from key ``start``, and the base they were read
+        under, in one read transaction."""
         chunk: list[tuple[bytes, bytes]] = []
         try:
             with self._txn_lock, self._read_txn() as txn:
+                raw = txn.get(b"base", db=self.meta_db)
+                base_seq = _base_decoder.decode(raw).seq if raw is not None else 0
                 cur = txn.cursor()
                 if not cur.set_range(start):
-                    return chunk
+                    return chunk, base_seq
                 for kv in cur:
                     chunk.append(kv)  # type: ignore[arg-type]  # bytes: buffers=False
                     if len(chunk) >= READ_CHUNK:
                         break
-        except lmdb.Error as exc:
-            raise _damaged(self.path, exc) from None
-        return chunk
+        except (lmdb.Error, msgspec.MsgspecError) as exc:
+            raise DamagedLogError(f"the event log file {self.path / 'data.mdb'} is damaged: {exc}") from None
+        return chunk, base_seq
 
-    def records(self, from_seq: int = 1, until_seq: int | None = None) -> Iterator[Record | CorruptRecordError]:
+    def records(
+        self, from_seq: int = 1, until_seq: int | None = None, strict: bool = False
+    ) -> Iterator[Record | CorruptRecordError]:
         """Every record from ``from_seq`` to ``until_seq`` (inclusive), in order.
 
         A corrupt record is *yielded* as a ``CorruptRecordError`` (never skipped, never
-        raised), so that callers can name it and go on with the rest.
+        raised), so that callers can name it and go on with the rest. ``strict``: as in
+        ``raw_chunks``.
         """
-        for chunk in self.raw_chunks(from_seq, until_seq):
+        for chunk in self.raw_chunks(from_seq, until_seq, strict):
             for k, v in chunk:
                 seq = key_seq(k)
                 try:
@@ -640,6 +656,10 @@ class EventLog:
         """
         if self.check_file():
             raise EventsrcError(self.lost)
+        with self._write_lock:
+            self._write_locked(items, index)
+
+    def _write_locked(self, items: list[tuple[bytes, bytes]], index: list[tuple[bytes, bytes]] | None) -> None:
         while True:
             try:
                 with self.env.begin(write=True, db=self.events_db) as txn:
@@ -659,10 +679,7 @@ class EventLog:
                     self._last_seq = key_seq(items[-1][0])
                     self._durable_hash = chain_hash(items[-1][1])
                 return
-            try:
-                self._grow()
-            except lmdb.Error as exc:
-                raise EventsrcError(f"cannot grow the event log at {self.path}: {exc}") from None
+            self._grow()
 
     def abandon(self) -> None:
         """Forget the sequences given to prepared batches that were not written."""
@@ -700,9 +717,13 @@ class EventLog:
         the keys under ``drop_prefix`` are deleted, then ``puts`` written."""
         if self.check_file():
             raise EventsrcError(self.lost)
+        with self._write_lock:
+            self._write_meta_locked(puts, drop_prefix)
+
+    def _write_meta_locked(self, puts: list[tuple[bytes, bytes]], drop_prefix: bytes) -> None:
         while True:
             try:
-                with self._txn_lock, self.env.begin(write=True, db=self.meta_db) as txn:
+                with self.env.begin(write=True, db=self.meta_db) as txn:
                     if drop_prefix:
                         cur = txn.cursor()
                         if cur.set_range(drop_prefix):
@@ -744,9 +765,13 @@ class EventLog:
         base = self._base.seq if self._base else 0
         if seq > base:
             raise EventsrcError(f"cannot delete record {seq}: the live log's base is {base}")
+        with self._write_lock:
+            return self._delete_locked(seq, limit)
+
+    def _delete_locked(self, seq: int, limit: int) -> int:
         while True:
             try:
-                with self._txn_lock, self.env.begin(write=True, db=self.events_db) as txn:
+                with self.env.begin(write=True, db=self.events_db) as txn:
                     cur = txn.cursor()
                     if not cur.first():
                         return 0
@@ -792,9 +817,14 @@ class EventLog:
         return total
 
     def _grow(self) -> None:
-        with self._txn_lock:
-            size = self.env.info()["map_size"]
-            self.env.set_mapsize(size * 2)
+        """Double the map. The caller holds ``_write_lock`` (no write transaction of this
+        process is open); readers are kept out by ``_txn_lock``."""
+        try:
+            with self._txn_lock:
+                size = self.env.info()["map_size"]
+                self.env.set_mapsize(size * 2)
+        except lmdb.Error as exc:
+            raise EventsrcError(f"cannot grow the event log at {self.path}: {exc}") from None
 
     def map_size(self) -> int:
         return int(self.env.info()["map_size"])

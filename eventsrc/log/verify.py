@@ -49,7 +49,7 @@ def verify(log: EventLog) -> tuple[int, list[Finding]]:
     swapped_at: int | None = None  # records swapped-1 and swapped were found swapped
     expected = log.first_seq()
     checked = 0
-    for chunk in log.raw_chunks(expected):
+    for chunk in log.raw_chunks(expected, strict=True):  # a cut meanwhile: LogCutWhileReadingError
         for k, v in chunk:
             seq = key_seq(k)
             value = bytes(v)

@@ -27,8 +27,11 @@ log = get_logger("eventsrc.node.retention")
 
 #: the most records one cut takes (a long log is cut in several)
 MAX_RECORDS_PER_CUT = 100_000
-#: how often ``maxAge`` is looked at when nothing crosses a boundary
+#: how often ``maxAge`` is looked at when nothing crosses a boundary (a tenth of it, within these)
 AGE_CHECK_SECONDS = 60.0
+MIN_AGE_CHECK_SECONDS = 1.0
+#: how far into the live log a cut's LogTrimmed is looked for at start
+TRIMMED_WITHIN = 10_000
 
 
 @dataclass
@@ -60,10 +63,13 @@ class Retainer:
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
+        await self._record_unrecorded_cut()
         await self._delete_leftovers()
         if not self.policy.enabled:
             return
-        period = min(AGE_CHECK_SECONDS, self.policy.max_age_ns / 1e9 / 10) if self.policy.max_age_ns else None
+        period = None
+        if self.policy.max_age_ns:
+            period = min(AGE_CHECK_SECONDS, max(MIN_AGE_CHECK_SECONDS, self.policy.max_age_ns / 1e9 / 10))
         while True:
             await self.attempt()
             if period is None:
@@ -141,6 +147,33 @@ class Retainer:
             reason=reason,
         )
         return report
+
+    async def _record_unrecorded_cut(self) -> None:
+        """A kill between moving the base and appending LogTrimmed leaves a cut the history
+        does not tell of: the newest ledger entry's record is appended at start (before any
+        new cut, only the newest can lack it)."""
+
+        def missing() -> ev.LogTrimmed | None:
+            ledger = self.event_log.ledger()
+            if not ledger:
+                return None
+            newest = max(ledger, key=lambda e: e.last)
+            first = self.event_log.first_seq()
+            for item in self.event_log.records(first, first + TRIMMED_WITHIN - 1):
+                trimmed = isinstance(item, ev.Record) and isinstance(item.event, ev.LogTrimmed)
+                if trimmed and item.event.base_seq == newest.last:  # type: ignore[union-attr]
+                    return None
+            return ev.LogTrimmed(
+                base_seq=newest.last,
+                records=newest.records,
+                segment=newest.file,
+                reason="recorded at start: the daemon stopped between the cut and its record",
+            )
+
+        trimmed = await trio.to_thread.run_sync(missing)
+        if trimmed is not None:
+            await self.recorder.record([trimmed])
+            log.warning("a cut's record was missing; recorded now", base_seq=trimmed.base_seq)
 
     async def _delete_leftovers(self) -> tuple[int, float]:
         """Delete the records at or before the base, a short transaction at a time."""

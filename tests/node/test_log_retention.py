@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -134,7 +135,7 @@ def test_a_segment_not_in_the_ledger_is_named_and_an_unfinished_cut_is_undone(tm
     base = log.base()
     assert base is not None and base.seq == 10
     _, problems = verify_archive(archive, log.ledger(), base.seq, base.hash, log.log_id())
-    assert [p.what for p in problems] == ["unknown"] and orphan.file in problems[0].message
+    assert [p.what for p in problems] == ["pending"] and orphan.file in problems[0].message
     (archive / f".{orphan.file}.x.tmp").write_bytes(b"torn")
     removed = steps.undo_unfinished(log, archive)
     assert [p.name for p in removed] == [orphan.file]
@@ -197,3 +198,51 @@ async def test_a_cut_that_cannot_write_its_segment_leaves_the_log_whole(tmp_path
     not_a_dir.unlink()
     assert await retainer.attempt() is True
     assert log.base() is not None and retainer.cuts
+
+
+def test_a_start_removes_no_segment_but_its_own_unfinished_one(tmp_path: Path) -> None:
+    """Segments of an older history (a lost or restored log, another log) stay for the operator."""
+    old = filled(tmp_path / "old", pods(30))
+    cut(old, tmp_path / "archive", 10)
+    cut(old, tmp_path / "archive", 20)
+    old.close()
+    fresh = filled(tmp_path / "log", pods(25))  # a new history starting at record 1
+    assert steps.undo_unfinished(fresh, tmp_path / "archive") == []
+    assert len(segment_files(tmp_path / "archive")) == 2
+
+
+def test_a_reader_goes_on_through_a_cut_made_while_it_reads(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from eventsrc.errors import LogCutWhileReadingError
+    from eventsrc.log import store
+    from eventsrc.log.history import History
+
+    monkeypatch.setattr(store, "READ_CHUNK", 5)
+    log = filled(tmp_path / "log", pods(60))
+    archive = tmp_path / "archive"
+    cut(log, archive, 10)
+    history = History(log, archive)
+    it = history.records(1)
+    seen = [next(it).seq for _ in range(15)]  # 1..10 from the archive, 11..15 from the live log
+    cut(log, archive, 40)  # the daemon cuts meanwhile
+    seen += [r.seq for r in it]
+    assert seen == list(range(1, 61))
+
+    live = History(log, archive, live_only=True)
+    it = live.records(41)
+    next(it)
+    cut(log, archive, 50)
+    with pytest.raises(LogCutWhileReadingError):
+        list(it)
+
+
+async def test_a_cut_whose_record_a_kill_prevented_is_recorded_at_start(tmp_path: Path) -> None:
+    log = filled(tmp_path / "log", pods(30))
+    cut(log, tmp_path / "archive", 10)
+    recorder = FakeRecorder()
+    await Retainer(recorder, log, tmp_path / "archive", Retention(), piece=10)._record_unrecorded_cut()
+    [trimmed] = recorder.of(ev.LogTrimmed)
+    assert (trimmed.base_seq, trimmed.records) == (10, 10) and "recorded at start" in trimmed.reason
+    log.append([trimmed], "c", 9999)  # as the daemon's recorder would have
+    again = FakeRecorder()
+    await Retainer(again, log, tmp_path / "archive", Retention(), piece=10)._record_unrecorded_cut()
+    assert again.of(ev.LogTrimmed) == []
