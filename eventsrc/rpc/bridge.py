@@ -4,8 +4,8 @@ grpclib is asyncio-only. The daemon opens one asyncio loop inside ``trio.run`` w
 ``trio_asyncio.open_loop()``; servers are started and stopped from trio tasks here
 (``serve_unix``), trio code calls a peer with ``to_aio`` on a channel from
 ``unix_channel``, and handlers (asyncio coroutines) reach trio code with ``to_trio``.
-Every channel and server made here bounds what it receives (``rpc.limits``). Everything
-else in eventsrc stays trio.
+Every channel and server made here bounds what it receives and what each connection
+remembers of its closed streams (``rpc.limits``). Everything else in eventsrc stays trio.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from grpclib.server import Server
 
 from eventsrc.errors import EventsrcError
 from eventsrc.obs.logger import get_logger
-from eventsrc.rpc.limits import MAX_MESSAGE_BYTES, BoundedCodec
+from eventsrc.rpc.limits import MAX_MESSAGE_BYTES, BoundedCodec, bound_closed_streams
 
 #: Call a trio function from an asyncio handler: ``await to_trio(fn)(*args)``.
 to_trio = trio_asyncio.trio_as_aio
@@ -72,6 +72,7 @@ def why(exc: BaseException) -> str:
 def unix_channel(path: str, max_message: int = MAX_MESSAGE_BYTES) -> Channel:
     """A grpclib channel to the unix socket ``path`` that refuses answers longer than
     ``max_message`` (it connects on its first call; close it when done)."""
+    bound_closed_streams()
     # No status details codec: the daemon reads none, and a peer's cannot fail a call.
     return Channel(path=path, codec=BoundedCodec(max_message), status_details_codec=None)
 
@@ -230,6 +231,7 @@ async def serve_unix(
     ``max_connections`` (default ``connection_cap()``) connections are held at a time; one
     over that is closed at once (``CappedListener``).
     """
+    bound_closed_streams()
     server = Server(list(handlers), codec=BoundedCodec(max_message), status_details_codec=None)
     sock = bind_unix(path, mode, connection_cap() if max_connections is None else max_connections)
     try:

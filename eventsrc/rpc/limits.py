@@ -1,4 +1,5 @@
-"""What the daemon takes from a gRPC peer: the received-message limit (docs/adr/0012).
+"""What the daemon takes from a gRPC peer: the received-message limit (docs/adr/0012), and
+what it remembers of each connection's closed streams.
 
 grpclib has no message size option on its Channel or Server. Every message it receives
 goes through the codec it was given, whole, before anyone sees it; so the limit is a codec,
@@ -10,6 +11,11 @@ peer gets that status.
 
 The codec sees a message once grpclib has read all of it: an oversized message is refused
 after it arrived, not from its 5-byte length prefix (docs/adr/0012 says what that costs).
+
+h2, under grpclib, remembers how each closed stream of a connection ended, up to 65,536 of
+them: on a long-lived connection (the node API's client, a PodResources poller, the daemon's
+channel to each plugin) every call leaves about 150 bytes until then, 10 MiB or so a
+connection, reached after hours. ``bound_closed_streams`` keeps ``MAX_CLOSED_STREAMS``.
 """
 
 from __future__ import annotations
@@ -19,11 +25,25 @@ from typing import Any
 from grpclib.const import Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
+from h2.connection import H2Connection
 
 #: The largest message the daemon takes from a peer: grpc-go's default receive limit, which
 #: the kubelet keeps for its device-plugin client and its registration and PodResources
 #: servers (none of them sets MaxRecvMsgSize).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+#: Closed streams each HTTP/2 connection remembers (h2's default: 65,536). h2 keeps them so
+#: that a frame still in flight for a stream it reset draws a RST_STREAM rather than a
+#: connection error; such a frame is for a stream closed moments before, while at most 100
+#: streams were open together (h2's SETTINGS_MAX_CONCURRENT_STREAMS).
+MAX_CLOSED_STREAMS = 256
+
+
+def bound_closed_streams(limit: int = MAX_CLOSED_STREAMS) -> None:
+    """Every HTTP/2 connection this process opens or accepts from now on remembers at most
+    ``limit`` closed streams. grpclib makes its ``H2Connection`` itself, with no option for
+    it; h2 reads the class's ``MAX_CLOSED_STREAMS`` when it makes one."""
+    H2Connection.MAX_CLOSED_STREAMS = limit
 
 
 class BoundedCodec(ProtoCodec):
