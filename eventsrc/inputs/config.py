@@ -208,7 +208,10 @@ def _dec_hook(t: type, obj: Any) -> Any:
 
 
 def _enc_hook(obj: Any) -> Any:
-    if isinstance(obj, (Duration, ByteSize)):
+    if isinstance(obj, ByteSize):
+        text = str(obj)
+        return int(text) if text.isdigit() else text  # 0 and odd sizes as numbers, not '0'
+    if isinstance(obj, Duration):
         return str(obj)
     raise NotImplementedError
 
