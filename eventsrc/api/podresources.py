@@ -85,8 +85,9 @@ def allocatable(views: Views, cpus: list[int]) -> pb.AllocatableResourcesRespons
     return pb.AllocatableResourcesResponse(devices=devices, cpu_ids=cpus)
 
 
-#: Messages a paced build makes between two pauses (a few ms of work at most).
-CHUNK = 500
+#: Messages a paced build makes between two pauses (a few ms of work at most: at 500, a
+#: chunk of List's took 8-16 ms of the loop on a busy machine).
+CHUNK = 150
 #: Paced passes a build tries before it builds without pausing (records kept landing).
 PACED_PASSES = 3
 

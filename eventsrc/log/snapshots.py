@@ -10,8 +10,10 @@ start-up time.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
+import signal
 import tempfile
 import time
 import zlib
@@ -125,6 +127,56 @@ def write_snapshot(snapdir: Path, data: bytes, last_seq: int) -> Path:
     for old in snapshot_files(snapdir)[KEEP:]:
         old.unlink(missing_ok=True)
     return final
+
+
+def snapshot_path(snapdir: Path, seq: int) -> Path:
+    """Where ``write_snapshot`` puts the snapshot taken after record ``seq``."""
+    return snapdir / _name(seq)
+
+
+#: Exit statuses of ``fork_snapshot``'s child: the write failed (OSError), anything else failed.
+CHILD_WRITE_FAILED, CHILD_FAILED = 1, 2
+
+
+def fork_snapshot(snapdir: Path, views: Views, log_id: str) -> int:
+    """Start writing a snapshot of ``views`` in a forked child; its pid (``wait_snapshot``).
+
+    The child sees the parent's memory as it was at the fork (copy on write), so it encodes
+    the views at exactly ``views.meta.last_seq`` whatever the parent applies meanwhile, and
+    the parent's interpreter never waits for the encoding: msgspec holds the GIL for the
+    whole of it, 25-60 ms at 10,000 pods, so a worker thread would stall the loop as much.
+    The child touches nothing another thread may have held at the fork (no logging, LMDB,
+    trio or asyncio): it closes the descriptors it inherited (the state directory's flock
+    among them, so that a daemon killed meanwhile can be started again at once), encodes,
+    writes (``write_snapshot``) and ends with ``os._exit``."""
+    seq = views.meta.last_seq
+    pid = os.fork()
+    if pid:
+        return pid
+    status = CHILD_FAILED
+    try:
+        gc.disable()  # a collection would only copy the parent's pages
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_DFL)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        data = encode_snapshot(views, log_id)
+        status = CHILD_WRITE_FAILED
+        write_snapshot(snapdir, data, seq)
+        status = 0
+    finally:
+        os._exit(status)
+
+
+def wait_snapshot(pid: int) -> str:
+    """Wait for ``fork_snapshot``'s child ``pid`` to end (blocks: call it in a thread); ""
+    when it wrote the snapshot, else what went wrong."""
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code == 0:
+        return ""
+    if code == CHILD_WRITE_FAILED:
+        return "the snapshot could not be written (disk full or failing?)"
+    return f"the snapshot's process failed (exit status {code})"
 
 
 def read_snapshot(path: Path, log_id: str, log_last_seq: int) -> Views:
