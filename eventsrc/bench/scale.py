@@ -24,7 +24,10 @@ temporary root; this process admits one-device pods through the node API, one at
   the timing, so the figure is a floor of the kubelet's cost.
 
 Then the daemon is SIGKILLed at ``--pods`` pods and started again: the time until Status
-says ready, beside its first start on an empty log. Retention does not exist yet.
+says ready, beside its first start on an empty log. Last, it is stopped and started with
+``--log-retention-max-size`` below its live log, so that it cuts at once every whole piece
+(``--snapshot-every`` records) it holds: the cut's duration and its longest writer pause, as
+the daemon's ``log cut`` line says them, and the worst Status round trip while it cut.
 
 ``--ratios`` measures instead whether one admission costs the same whatever the number of
 devices and pods (``run_ratio_bench``): the one-device admission p50 with 8 and with 6,000
@@ -49,7 +52,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TextIO
+from typing import IO, Any, TextIO
 
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, StreamTerminatedError
@@ -462,10 +465,69 @@ class _Bench:
             channel.close()
         return seconds, st, len(pods.pods)
 
+    async def retention_cut(self) -> CutFigures:
+        """Stop the daemon (SIGTERM) and start it again with retention below its live log:
+        the figures of the cut it makes at once. The stall probe runs from before the start
+        (its calls fail until the socket is there); its worst round trip is taken from ready,
+        when the retention task starts, until the cut's line."""
+        if self.probe is not None:
+            self.probe.close()
+        stop(self.procs[:1])
+        self.probe = Probe(self.api)
+        cut_log = self.tmp / "cut.log"
+        args = ["--log-level", "info", "--log-format", "json", "--log-retention-max-size", CUT_MAX_SIZE]
+        with open(cut_log, "ab") as log:
+            self.procs[0] = start_daemon(self.root, log, args)
+        await wait_ready(self.root, self.daemon, cut_log)
+        self.probe.read()  # the start, and the calls before the socket was there
+        deadline = time.monotonic() + CUT_TIMEOUT
+        while (line := _log_line(cut_log, "log cut", "retention cut failed")) is None:
+            if self.daemon.poll() is not None or time.monotonic() > deadline:
+                raise EventsrcError(f"the daemon made no retention cut; see {cut_log}")
+            await asyncio.sleep(0.05)
+        stall, _, _ = self.probe.read()
+        if line["msg"] != "log cut":
+            raise EventsrcError(f"the retention cut failed: {line.get('reason')}; see {cut_log}")
+        return CutFigures(
+            records=int(line["records"]),
+            seconds=float(line["seconds"]),
+            prepare=float(line["prepare_seconds"]),
+            writer_pause=float(line["longest_pause_ms"]) / 1e3,
+            stall=stall,
+        )
+
     def close(self) -> None:
         if self.probe is not None:
             self.probe.close()
         stop(self.procs)
+
+
+#: serve's --log-retention-max-size for the cut: below any live log, so every whole piece goes
+CUT_MAX_SIZE = "4Ki"
+#: a piece: serve's default --snapshot-every (a cut takes whole pieces)
+CUT_PIECE = 10_000
+CUT_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class CutFigures:
+    records: int
+    seconds: float  # the whole cut, as the daemon says
+    prepare: float  # its first step (the views at the cut, the sealed segment)
+    writer_pause: float  # the longest transaction that held the log's writer
+    stall: float  # the worst Status round trip meanwhile
+
+
+def _log_line(path: Path, *messages: str) -> dict[str, Any] | None:
+    """The first JSON line of the daemon's log at ``path`` whose ``msg`` is one of ``messages``."""
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.startswith(b"{"):
+                with contextlib.suppress(ValueError):
+                    line = json.loads(raw)
+                    if line.get("msg") in messages:
+                        return dict(line)
+    return None
 
 
 # (group, label, width) of each column; the rows are formatted to the same widths.
@@ -532,7 +594,16 @@ def run_scale_bench(
             f"took {first_start:.3f} s; Python's start and imports included in both)\n"
         )
         label = f"retention cut at {pods:,} pods"
-        out.write(f"{label:<42}    n/a (no retention yet)\n")
+        if st.last_seq < CUT_PIECE:
+            out.write(f"{label:<42}    n/a (the log holds no whole piece of {CUT_PIECE:,} records to cut)\n")
+        else:
+            cut = asyncio.run(bench.retention_cut())
+            out.write(
+                f"{label:<42}{cut.seconds:7.3f} s for {cut.records:,} records (its first step, the views at the "
+                f"cut and the sealed segment, {cut.prepare:.3f} s); the longest transaction holding the log's "
+                f"writer {cut.writer_pause * 1e3:.1f} ms; the longest Status round trip meanwhile "
+                f"{cut.stall * 1e3:.1f} ms (serve --log-retention-max-size {CUT_MAX_SIZE}, after a clean stop)\n"
+            )
         out.write(f"\nwhole run: {time.perf_counter() - t_run:.1f} s\n")
     except GRPCError as err:
         raise EventsrcError(f"the daemon answered {err.status.name}: {err.message}; see {bench.daemon_log}") from None

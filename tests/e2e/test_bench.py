@@ -104,7 +104,7 @@ def test_bench_in_a_root_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
 
 def test_bench_scale_prints_its_figures() -> None:
     """A tiny `eventsrc bench scale`: a row at 10 pods and at --pods, each with every figure,
-    under their labels; the restart after SIGKILL; retention, which does not exist yet."""
+    under their labels; the restart after SIGKILL; no retention cut (no whole piece to cut)."""
     proc = run_cli("bench", "scale", "--devices", "24", "--pods", "20", "--samples", "5", "--repeats", "2", timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -129,7 +129,7 @@ def test_bench_scale_prints_its_figures() -> None:
         assert re.search(rf"^\s+{pods}\s+5{figure * 8}\s+\|{figure * 2}$", out, re.M), (pods, out)
     assert re.search(rf"restart after SIGKILL at 20 pods\s+{NUMBER} s until Status says ready", out), out
     assert "20 pods back" in out
-    assert re.search(r"retention cut at 20 pods\s+n/a \(no retention yet\)", out), out
+    assert re.search(r"retention cut at 20 pods\s+n/a \(the log holds no whole piece", out), out
 
 
 def test_bench_scale_needs_a_device_per_pod() -> None:
