@@ -84,7 +84,8 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         "up to --pods, and --pods) prints admission p50/p99, the daemon's RSS and CPU per admission, log bytes per "
         "pod, PodResources List latency and the longest loop stall seen (measured from outside), beside what the "
         "kubelet's device manager pays per change to persist the same state (whole-state JSON checkpoint, temporary "
-        "file, fsync, rename) on the same disk. Then the restart time after SIGKILL at --pods pods. "
+        "file, fsync, rename) on the same disk. Then the restart time after SIGKILL at --pods pods, and a "
+        "retention cut of every whole piece of the log: its duration, its longest writer pause and loop stall. "
         "The defaults take about a minute; the full run is --pods 10000 (a few minutes). "
         "Works in a temporary directory (in --root-dir when given).",
     )
