@@ -10,6 +10,7 @@ left (records before the base). Where to cut is ``eventsrc.core.retention.plan_c
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +53,7 @@ class Retainer:
         self.piece = max(1, piece)
         self._due = trio.Event()
         self._mark = event_log.last_seq() // self.piece
-        self.cuts: list[CutReport] = []  # this run's, newest last (for bench and tests)
+        self.cuts: deque[CutReport] = deque(maxlen=64)  # this run's last cuts, newest last (bench, tests)
 
     def maybe_due(self, last_seq: int) -> None:
         """Called after each commit: wake the task when the log crossed a piece boundary."""
