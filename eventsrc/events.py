@@ -251,7 +251,11 @@ class PodAdmissionStarted(_Event, frozen=True):
 
 
 class PodAdmitted(_Event, frozen=True):
-    """v1: flat ``uid``/``namespace``/``name``; v2: ``pod`` reference and containers."""
+    """v1: flat ``uid``/``namespace``/``name``; v2: ``pod`` reference and containers.
+
+    ``containers`` is empty when the admission's PodAdmissionStarted holds them (every
+    admission since issue 15: the log does not repeat them); a pod imported from the
+    kubelet's checkpoints, which has no intent record, carries them here."""
 
     VERSION: ClassVar[int] = 2
     pod: PodRef

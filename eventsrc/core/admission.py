@@ -546,8 +546,9 @@ class PodAdmission:
             yield outcome  # what the drivers answered, claim by claim
             yield [*self._undo(), ev.AdmissionRejected(pod=self.pod.pod, reason=claim_failure.reason)]
             return Outcome(admitted=False, reason=claim_failure.reason)
-        containers = self.pod.containers
-        yield [*outcome, ev.PodAdmitted(pod=self.pod.pod, containers=containers, qos_class=qos_class(containers))]
+        # Its containers are in this admission's PodAdmissionStarted: not written twice.
+        admitted = ev.PodAdmitted(pod=self.pod.pod, qos_class=qos_class(self.pod.containers))
+        yield [*outcome, admitted]
         return Outcome(admitted=True)
 
     def _undo(self) -> list[ev._Event]:

@@ -61,8 +61,12 @@ def keys_for(e: ev._Event) -> list[bytes]:
         return [device_prefix(e.resource, e.device_id)]
     if isinstance(e, (ev.DevicesReserved, ev.DevicesAllocated, ev.AllocationFailed, ev.DevicesReleased)):
         return [pod_prefix(e.pod_uid), *(device_prefix(e.resource, i) for i in e.device_ids)]
-    if isinstance(e, (ev.PodAdmissionStarted, ev.PodAdmitted, ev.AdmissionRejected)):
+    if isinstance(e, (ev.PodAdmissionStarted, ev.AdmissionRejected)):
         return [pod_prefix(e.pod.uid), name_prefix(e.pod.namespace, e.pod.name)]
+    if isinstance(e, ev.PodAdmitted):
+        # Without containers its PodAdmissionStarted holds them, and the name is indexed there.
+        named = [name_prefix(e.pod.namespace, e.pod.name)] if e.containers else []
+        return [pod_prefix(e.pod.uid), *named]
     if isinstance(e, (ev.PodRemoved, ev.CPUsAssigned, ev.CPUsReleased)):
         return [pod_prefix(e.pod_uid)]
     if isinstance(e, (ev.PodReferenceAdded, ev.PodReferenceRemoved)):

@@ -229,8 +229,10 @@ def test_a_new_pod_is_admitted_intent_first_then_outcome() -> None:
     assert outcome.admitted
     (batch,) = n.recorded[-1:]
     assert kinds(batch) == ["DevicesAllocated", "PodAdmitted"]
-    assert batch[-1] == ev.PodAdmitted(pod=spec.pod, containers=spec.containers, qos_class="Guaranteed")
+    # the containers are the intent's (PodAdmissionStarted): not written a second time
+    assert batch[-1] == ev.PodAdmitted(pod=spec.pod, containers=[], qos_class="Guaranteed")
     assert n.views.pods.pods["pod-1"].state == "admitted"
+    assert list(n.views.pods.pods["pod-1"].containers) == ["app"]
     assert holders(n) == {"gpu-0": "pod-1/app", "gpu-1": "pod-1/app"}
 
 
@@ -521,7 +523,7 @@ def test_a_pod_with_claims_only_asks_for_its_driver_and_prepares_them() -> None:
     assert outcome.admitted
     assert n.recorded[-1] == [
         prepared,
-        ev.PodAdmitted(pod=spec.pod, containers=spec.containers, qos_class="BestEffort"),
+        ev.PodAdmitted(pod=spec.pod, qos_class="BestEffort"),
     ]
     assert n.views.claims.claims["claim-1"].state == "prepared"
 
