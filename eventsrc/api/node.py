@@ -16,7 +16,7 @@ from grpclib.server import Stream
 
 from eventsrc import __version__
 from eventsrc import events as ev
-from eventsrc.api.podresources import SeqCache
+from eventsrc.api.podresources import SeqCache, element
 from eventsrc.core.claims import cdi_devices
 from eventsrc.errors import AdmissionRefused, BadRequest, EventsrcError, NotFound
 from eventsrc.events import CorruptRecordError, Record
@@ -25,6 +25,7 @@ from eventsrc.gen.node.v1.node_grpc import NodeBase
 from eventsrc.inputs.manifest import PodClaim, PodSpec, checked_pod
 from eventsrc.obs.text import escape
 from eventsrc.rpc.bridge import to_trio
+from eventsrc.rpc.limits import send_encoded
 from eventsrc.state.lifecycles import ADMITTED
 from eventsrc.state.views import ClaimView, PodView, Views
 
@@ -169,10 +170,14 @@ def pod_info(
 #: shared pool's generation (``PodsCache``).
 PodKey = tuple[str, int, int, int, int, int]
 
+#: pods' field number in ListPodsResponse
+_PODS = pb.ListPodsResponse.DESCRIPTOR.fields_by_name["pods"].number
+
 
 class PodsCache(SeqCache[pb.ListPodsResponse]):
-    """ListPods' answer, kept per log sequence, and each pod's PodInfo kept from one call to
-    the next (``api.podresources.SeqCache``: built in chunks, from one views state).
+    """ListPods' answer, kept encoded per log sequence, and each pod's PodInfo kept encoded
+    from one call to the next (``api.podresources.SeqCache``: built in chunks, from one views
+    state, sent as it is).
 
     An admitted pod's message is built again when a record changed what it holds (its
     ``changed_seq``), its state, admission or quarantine changed, the shared pool changed
@@ -181,19 +186,21 @@ class PodsCache(SeqCache[pb.ListPodsResponse]):
     (admitting, quarantined) is built again at every new sequence: such pods are few."""
 
     def __init__(self) -> None:
-        super().__init__(pb.ListPodsResponse())
+        super().__init__(pb.ListPodsResponse)
         self._shared: list[int] | None = None
         self._shared_gen = 0
-        # uid -> (key, the claims its containers use with their since_seq, message)
-        self._pods: dict[str, tuple[PodKey, tuple[tuple[str, int], ...], pb.PodInfo]] = {}
+        # uid -> (key, the claims its containers use with their since_seq, its element of pods)
+        self._pods: dict[str, tuple[PodKey, tuple[tuple[str, int], ...], bytes]] = {}
 
     def _build(self, views: Views) -> Iterator[None]:
         if views.cpus.shared != self._shared:
             self._shared, self._shared_gen = list(views.cpus.shared), self._shared_gen + 1
         gen, seq, claims = self._shared_gen, views.meta.last_seq, views.claims.claims
-        kept: dict[str, tuple[PodKey, tuple[tuple[str, int], ...], pb.PodInfo]] = {}
+        kept: dict[str, tuple[PodKey, tuple[tuple[str, int], ...], bytes]] = {}
         built = 0
-        for uid, pod in views.pods.pods.items():
+        for visited, (uid, pod) in enumerate(views.pods.pods.items(), 1):
+            if visited % self.visits == 0:
+                yield
             admitted = pod.state == ADMITTED and pod.changed_seq > 0
             key: PodKey = (
                 pod.state,
@@ -210,13 +217,14 @@ class PodsCache(SeqCache[pb.ListPodsResponse]):
                     for ct in pod.containers.values()
                     for u in ct.claims
                 )
-                cached = self._pods[uid] = (key, used, pod_info(pod, shared=views.cpus.shared, views=views))
+                info = pod_info(pod, shared=views.cpus.shared, views=views)
+                cached = self._pods[uid] = (key, used, element(_PODS, info))
                 built += 1
                 if built % self.chunk == 0:
                     yield
             kept[uid] = cached
         self._pods = kept
-        self._answer = pb.ListPodsResponse(pods=[m for _, _, m in kept.values()])
+        self._parts = [part for _, _, part in kept.values()]
 
 
 def _claims_same(claims: dict[str, ClaimView], used: tuple[tuple[str, int], ...]) -> bool:
@@ -315,7 +323,7 @@ class NodeService(NodeBase):
 
     async def ListPods(self, stream: Stream[pb.ListPodsRequest, pb.ListPodsResponse]) -> None:
         await stream.recv_message()
-        await stream.send_message(await self._pods.answer_paced(self._views))
+        await send_encoded(stream, await self._pods.answer_paced(self._views))
 
     async def GetPod(self, stream: Stream[pb.PodSelector, pb.PodInfo]) -> None:
         sel = await stream.recv_message()

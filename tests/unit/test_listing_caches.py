@@ -1,11 +1,15 @@
 """Listings kept per log sequence and per pod (``api.podresources.ListCache``,
 ``AllocatableCache``, ``api.node.PodsCache``) and built in paced chunks: the cached answer is
-always the one built from scratch, and a paced build never mixes two views states."""
+always the one built from scratch (for List and ListPods, kept encoded: byte for byte the
+fresh answer serialised whole), and a paced build never mixes two views states."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TypeVar
+
+from google.protobuf.message import Message
 
 from eventsrc import events as ev
 from eventsrc.api.node import PodsCache, pod_info
@@ -13,11 +17,23 @@ from eventsrc.api.podresources import PACED_PASSES, AllocatableCache, ListCache,
 from eventsrc.events import Record
 from eventsrc.gen.node.v1 import node_pb2 as npb
 from eventsrc.gen.podresources.v1 import api_pb2 as pb
+from eventsrc.rpc.limits import PreEncoded
 from eventsrc.state.apply import apply_all
 from eventsrc.state.lifecycles import ADMITTED
 from eventsrc.state.views import Views
 
 DEV = "example.com/dev"
+M = TypeVar("M", bound=Message)
+
+
+def same(got: PreEncoded[M], fresh: M) -> M:
+    """``got`` is ``fresh`` byte for byte, as the whole message serialises (deterministic:
+    maps by key), and decodes to it; the decoded answer."""
+    assert got.message_type is type(fresh)
+    assert got.data == fresh.SerializeToString(deterministic=True)
+    decoded = got.decoded()
+    assert decoded == fresh
+    return decoded
 
 
 class Node:
@@ -92,15 +108,13 @@ def test_list_pods_is_the_fresh_answer_through_admissions_quarantine_shared_pool
     node, cache = node_with_devices(), PodsCache()
 
     def check() -> npb.ListPodsResponse:
-        got = cache.answer(node.views)
-        assert got == fresh_pods(node.views)
-        return got
+        return same(cache.answer(node.views), fresh_pods(node.views))
 
     check()
     node.admit("a", "d0")
     node.admit("b", "d1")
-    first = check()
-    assert [p.state for p in first.pods] == ["admitted", "admitted"]
+    first = cache.answer(node.views)
+    assert [p.state for p in same(first, fresh_pods(node.views)).pods] == ["admitted", "admitted"]
     assert cache.answer(node.views) is first  # no record since: the same answer
     node.admit("c", "d2", started_only=True)  # admitting: listed, built again at each sequence
     assert [p.state for p in check().pods] == ["admitted", "admitted", "admitting"]
@@ -139,13 +153,12 @@ def test_list_is_the_fresh_answer_through_a_quarantine_and_a_numa_move() -> None
     node, cache = node_with_devices(), ListCache()
     node.admit("a", "d0")
     node.admit("b", "d1")
-    assert cache.answer(node.views) == fresh_list(node.views)
+    same(cache.answer(node.views), fresh_list(node.views))
     node.record(ev.PodQuarantined(pod=ev.PodRef(uid="a", namespace="default", name="a"), corrupt_seqs=[3]))
-    got = cache.answer(node.views)
-    assert got == fresh_list(node.views) and [p.name for p in got.pod_resources] == ["b"]
+    got = same(cache.answer(node.views), fresh_list(node.views))
+    assert [p.name for p in got.pod_resources] == ["b"]
     node.record(ev.DeviceHealthChanged(resource=DEV, device_id="d1", health="Healthy", numa_nodes=[1]))
-    got = cache.answer(node.views)
-    assert got == fresh_list(node.views)
+    got = same(cache.answer(node.views), fresh_list(node.views))
     assert got.pod_resources[0].containers[0].devices[0].topology.nodes[0].ID == 1
 
 
@@ -171,7 +184,7 @@ def test_allocatable_is_the_fresh_answer_through_health_numa_and_plugin_changes(
     assert list(check().devices) == []
 
 
-def run_paced(cache: ListCache | PodsCache, node: Node, during: Callable[[int], None]) -> object:
+def run_paced(cache: ListCache | PodsCache, node: Node, during: Callable[[int], None]) -> PreEncoded[Message]:
     """``cache.answer_paced`` with a pause that calls ``during(pause number)``."""
     pauses = 0
 
@@ -197,7 +210,7 @@ def test_a_paced_build_starts_again_when_a_record_lands_during_a_pause() -> None
                 node.admit("late", "d5")
 
         got = run_paced(cache, node, during)
-        assert got == fresh(node.views)
+        same(got, fresh(node.views))
         assert len(seen) > 4  # the first pass stopped at its second pause; another one ran
         assert cache.answer(node.views) is got  # kept for the sequence it was built at
 
@@ -215,5 +228,5 @@ def test_a_paced_build_that_records_keep_interrupting_finishes_without_pausing()
             node.admit(f"late{n}", f"d{10 + n}")  # every pause: the pass is never done
 
         got = run_paced(cache, node, during)
-        assert got == fresh(node.views)
+        same(got, fresh(node.views))
         assert len(seen) == PACED_PASSES
