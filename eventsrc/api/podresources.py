@@ -153,6 +153,7 @@ class SeqCache(Generic[M]):
 
     def _done(self, seq: int) -> PreEncoded[M]:
         self._answer = PreEncoded(self._type, b"".join(self._parts))
+        self._parts = []  # joined into the answer; each part stays in the cache's entries
         self._seq = seq
         return self._answer
 

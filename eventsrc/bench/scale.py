@@ -13,6 +13,9 @@ temporary root; this process admits one-device pods through the node API, one at
 * log bytes per pod: the growth of the log's ``data.mdb`` since the previous size, over the
   pods admitted since;
 * PodResources ``List`` p50 over ``--repeats`` calls (every pod in each answer);
+* in a second table after the first: the node API's ``ListPods`` (every pod in each
+  answer: its first call and its p50 over ``--repeats``), PodResources
+  ``GetAllocatableResources`` p50 over ``--repeats``, and the two listings' sizes;
 * the longest loop stall: the daemon exposes none, so it is measured from outside, as the
   worst round trip of a node API ``Status`` call sent every 10 ms by another process for
   the whole span (its scheduling on this machine included);
@@ -297,6 +300,11 @@ class Row:
     probe_p50: float
     checkpoint: float
     checkpoint_bytes: int
+    list_bytes: int
+    list_pods_first: float
+    list_pods_p50: float
+    list_pods_bytes: int
+    allocatable_p50: float
 
 
 class _Progress:
@@ -380,22 +388,46 @@ class _Bench:
             self.progress.show(len(self.held))
         return out
 
-    async def list_latencies(self, size: int) -> list[float]:
+    async def pod_resources_latencies(self, size: int) -> tuple[list[float], list[float], int]:
+        """``--repeats`` PodResources List calls and as many GetAllocatableResources: their
+        latencies, and the size of List's answer."""
         channel = Channel(path=str(self.root / "pod-resources" / "kubelet.sock"))
         stub = PodResourcesListerStub(channel)
-        out = []
+        lists, allocatable, size_bytes = [], [], 0
         try:
             for _ in range(self.repeats):
                 t = time.perf_counter()
                 resp = await stub.List(pr.ListPodResourcesRequest(), timeout=60)
-                out.append(time.perf_counter() - t)
-                # The kubelet's rate limit, which the daemon keeps: 100 calls/s (burst 10).
-                await asyncio.sleep(max(0.0, LIST_INTERVAL - (time.perf_counter() - t)))
+                lists.append(time.perf_counter() - t)
+                await self._rate_limited(t)
                 if len(resp.pod_resources) != size:
                     raise EventsrcError(f"PodResources List answered {len(resp.pod_resources)} pods, not {size}")
+                size_bytes = resp.ByteSize()
+            for _ in range(self.repeats):
+                t = time.perf_counter()
+                await stub.GetAllocatableResources(pr.AllocatableResourcesRequest(), timeout=60)
+                allocatable.append(time.perf_counter() - t)
+                await self._rate_limited(t)
         finally:
             channel.close()
-        return out
+        return lists, allocatable, size_bytes
+
+    @staticmethod
+    async def _rate_limited(started: float) -> None:
+        """The kubelet's rate limit, which the daemon keeps: 100 calls/s (burst 10)."""
+        await asyncio.sleep(max(0.0, LIST_INTERVAL - (time.perf_counter() - started)))
+
+    async def list_pods_latencies(self, stub: NodeStub, size: int) -> tuple[list[float], int]:
+        """``--repeats`` node API ListPods calls: their latencies, and the answer's size."""
+        out, size_bytes = [], 0
+        for _ in range(self.repeats):
+            t = time.perf_counter()
+            resp = await stub.ListPods(pb.ListPodsRequest(), timeout=60)
+            out.append(time.perf_counter() - t)
+            if len(resp.pods) != size:
+                raise EventsrcError(f"ListPods answered {len(resp.pods)} pods, not {size}")
+            size_bytes = resp.ByteSize()
+        return out, size_bytes
 
     async def grow(self, probe_cpu: float) -> list[Row]:
         """Admit up to each size in turn; a row printed at each."""
@@ -418,7 +450,8 @@ class _Bench:
                 log_after = data.stat().st_size
                 log_bytes = (log_after - log_before) / (size - prev)
                 self.progress.show(size, "PodResources List at")
-                lists = await self.list_latencies(size)
+                lists, allocatable, list_bytes = await self.pod_resources_latencies(size)
+                pods_lat, pods_bytes = await self.list_pods_latencies(stub, size)
                 stall, probe_p50, _ = self.probe.read()
                 self.progress.show(size, "kubelet checkpoint at")
                 ckpt, ckpt_bytes = checkpoint_per_change(self.log_dir, self.held, registered, self.repeats)
@@ -438,6 +471,11 @@ class _Bench:
                     probe_p50,
                     ckpt,
                     ckpt_bytes,
+                    list_bytes,
+                    pods_lat[0],
+                    statistics.median(pods_lat),
+                    pods_bytes,
+                    statistics.median(allocatable),
                 )
                 _row(self.out, row)
                 rows.append(row)
@@ -586,6 +624,7 @@ def run_scale_bench(
         _header(out)
         rows = asyncio.run(bench.grow(probe_cpu))
         _legend(out, samples, repeats, probe_cpu, rows, idle_worst, idle_p50)
+        _listings(out, rows, repeats)
         restart, st, back = asyncio.run(bench.restart())
         label = f"restart after SIGKILL at {pods:,} pods"
         out.write(
@@ -642,6 +681,36 @@ def _legend(
         f"{CHECKPOINT} (the pods' entries and the registered devices) as JSON to a temporary file in the "
         f"log's directory, fsync, rename; median of {repeats}; the checksum (go-spew + FNV) not timed, so a floor\n"
     )
+
+
+_LISTING_COLUMNS = (
+    ("pods", 8),
+    ("ListPods first ms", 19),
+    ("ListPods p50 ms", 17),
+    ("ListPods KB", 13),
+    ("List KB", 9),
+    ("GetAllocatableResources p50 ms", 32),
+)
+
+
+def _listings(out: TextIO, rows: list[Row], repeats: int) -> None:
+    """The other listings at each size, in a table of their own (the first one's columns stay)."""
+    out.write("\n" + "".join(label.rjust(width) for label, width in _LISTING_COLUMNS) + "\n")
+    w = [width for _, width in _LISTING_COLUMNS]
+    for r in rows:
+        out.write(
+            f"{r.pods:{w[0]},}{r.list_pods_first * 1e3:{w[1]}.2f}{r.list_pods_p50 * 1e3:{w[2]}.2f}"
+            f"{r.list_pods_bytes / 1e3:{w[3]},.0f}{r.list_bytes / 1e3:{w[4]},.0f}{r.allocatable_p50 * 1e3:{w[5]}.2f}\n"
+        )
+    out.write(
+        "\n"
+        "  ListPods       the node API's ListPods with every pod in its answer: the first call at that size (after "
+        f"List's), and the median of {repeats}; the stall column above includes them\n"
+        "  KB             the size of each answer (ListPods' and PodResources List's), as encoded\n"
+        f"  GetAllocatableResources  PodResources, the median of {repeats} (every device of the plugin in the "
+        "answer), after List's calls\n"
+    )
+    out.flush()
 
 
 # --------------------------------------------------------------------------- admission cost ratios (issue 15 item 2)

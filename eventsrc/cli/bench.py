@@ -86,6 +86,7 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         "kubelet's device manager pays per change to persist the same state (whole-state JSON checkpoint, temporary "
         "file, fsync, rename) on the same disk. Then the restart time after SIGKILL at --pods pods, and a "
         "retention cut of every whole piece of the log: its duration, its longest writer pause and loop stall. "
+        "A second table: ListPods and GetAllocatableResources latency, and the listings' sizes, at each size. "
         "The defaults take about a minute; the full run is --pods 10000 (a few minutes). "
         "Works in a temporary directory (in --root-dir when given).",
     )
@@ -115,7 +116,8 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         "--repeats",
         type=int,
         default=11,
-        help="List calls and checkpoint writes per size; medians are printed (default %(default)s)",
+        help="List, ListPods and GetAllocatableResources calls and checkpoint writes per size; medians are printed "
+        "(default %(default)s)",
     )
     b.add_argument("--keep", action="store_true", help="keep the bench's directory (the daemon's log and output)")
     b.set_defaults(func=bench_scale)
