@@ -14,8 +14,10 @@ temporary root; this process admits one-device pods through the node API, one at
   pods admitted since;
 * PodResources ``List`` p50 over ``--repeats`` calls (every pod in each answer);
 * in a second table after the first: the node API's ``ListPods`` (every pod in each
-  answer: its first call and its p50 over ``--repeats``), PodResources
-  ``GetAllocatableResources`` p50 over ``--repeats``, and the two listings' sizes;
+  answer: its first call and its p50 over ``--repeats``), List's and ListPods' p50 with
+  their answers left undecoded (the daemon's part without the client's parsing),
+  PodResources ``GetAllocatableResources`` p50, the two listings' sizes, the longest stall
+  while these calls ran, and the daemon's RSS after them (its listings' caches filled);
 * the longest loop stall: the daemon exposes none, so it is measured from outside, as the
   worst round trip of a node API ``Status`` call sent every 10 ms by another process for
   the whole span (its scheduling on this machine included);
@@ -58,6 +60,7 @@ from pathlib import Path
 from typing import IO, Any, TextIO
 
 from grpclib.client import Channel
+from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from eventsrc.bench.harness import (
@@ -305,6 +308,10 @@ class Row:
     list_pods_p50: float
     list_pods_bytes: int
     allocatable_p50: float
+    list_raw_p50: float
+    list_pods_raw_p50: float
+    listings_stall: float
+    rss_after: int
 
 
 class _Progress:
@@ -417,6 +424,31 @@ class _Bench:
         """The kubelet's rate limit, which the daemon keeps: 100 calls/s (burst 10)."""
         await asyncio.sleep(max(0.0, LIST_INTERVAL - (time.perf_counter() - started)))
 
+    async def undecoded_latencies(self, list_bytes: int, pods_bytes: int) -> tuple[list[float], list[float]]:
+        """``--repeats`` List calls and as many ListPods whose answers this process does not
+        decode (``_Undecoded``): the daemon's part of a call, without the client's parsing."""
+        pod_resources = Channel(path=str(self.root / "pod-resources" / "kubelet.sock"), codec=_Undecoded())
+        api = Channel(path=str(self.api), codec=_Undecoded())
+        lists, pods = [], []
+        try:
+            for _ in range(self.repeats):
+                t = time.perf_counter()
+                got: Any = await PodResourcesListerStub(pod_resources).List(pr.ListPodResourcesRequest(), timeout=60)
+                lists.append(time.perf_counter() - t)
+                await self._rate_limited(t)
+                if len(got) != list_bytes:
+                    raise EventsrcError(f"PodResources List answered {len(got):,} bytes, not {list_bytes:,}")
+            for _ in range(self.repeats):
+                t = time.perf_counter()
+                got = await NodeStub(api).ListPods(pb.ListPodsRequest(), timeout=60)
+                pods.append(time.perf_counter() - t)
+                if len(got) != pods_bytes:
+                    raise EventsrcError(f"ListPods answered {len(got):,} bytes, not {pods_bytes:,}")
+        finally:
+            pod_resources.close()
+            api.close()
+        return lists, pods
+
     async def list_pods_latencies(self, stub: NodeStub, size: int) -> tuple[list[float], int]:
         """``--repeats`` node API ListPods calls: their latencies, and the answer's size."""
         out, size_bytes = [], 0
@@ -450,9 +482,12 @@ class _Bench:
                 log_after = data.stat().st_size
                 log_bytes = (log_after - log_before) / (size - prev)
                 self.progress.show(size, "PodResources List at")
+                admissions_stall, probe_p50, _ = self.probe.read()
                 lists, allocatable, list_bytes = await self.pod_resources_latencies(size)
                 pods_lat, pods_bytes = await self.list_pods_latencies(stub, size)
-                stall, probe_p50, _ = self.probe.read()
+                raw_lists, raw_pods = await self.undecoded_latencies(list_bytes, pods_bytes)
+                listings_stall, _, _ = self.probe.read()
+                rss_after = rss_bytes(self.daemon.pid)
                 self.progress.show(size, "kubelet checkpoint at")
                 ckpt, ckpt_bytes = checkpoint_per_change(self.log_dir, self.held, registered, self.repeats)
                 self.probe.read()  # not the daemon's doing: the next span starts here
@@ -467,7 +502,7 @@ class _Bench:
                     log_bytes,
                     lists[0],
                     statistics.median(lists),
-                    stall,
+                    max(admissions_stall, listings_stall),
                     probe_p50,
                     ckpt,
                     ckpt_bytes,
@@ -476,6 +511,10 @@ class _Bench:
                     statistics.median(pods_lat),
                     pods_bytes,
                     statistics.median(allocatable),
+                    statistics.median(raw_lists),
+                    statistics.median(raw_pods),
+                    listings_stall,
+                    rss_after,
                 )
                 _row(self.out, row)
                 rows.append(row)
@@ -538,6 +577,13 @@ class _Bench:
         if self.probe is not None:
             self.probe.close()
         stop(self.procs)
+
+
+class _Undecoded(ProtoCodec):
+    """grpclib's codec, except that answers are handed over as the bytes that came."""
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        return data
 
 
 #: serve's --log-retention-max-size for the cut: below any live log, so every whole piece goes
@@ -683,32 +729,48 @@ def _legend(
     )
 
 
+# (group, label, width), as _COLUMNS
 _LISTING_COLUMNS = (
-    ("pods", 8),
-    ("ListPods first ms", 19),
-    ("ListPods p50 ms", 17),
-    ("ListPods KB", 13),
-    ("List KB", 9),
-    ("GetAllocatableResources p50 ms", 32),
+    ("", "pods", 8),
+    ("ListPods", "first ms", 10),
+    ("ListPods", "p50 ms", 8),
+    ("ListPods", "KB", 7),
+    ("undecoded p50", "List ms", 9),
+    ("undecoded p50", "ListPods ms", 13),
+    ("", "List KB", 9),
+    ("GetAllocatable", "p50 ms", 16),
+    ("listings", "stall ms", 10),
+    ("after them", "RSS MB", 12),
 )
 
 
 def _listings(out: TextIO, rows: list[Row], repeats: int) -> None:
     """The other listings at each size, in a table of their own (the first one's columns stay)."""
-    out.write("\n" + "".join(label.rjust(width) for label, width in _LISTING_COLUMNS) + "\n")
-    w = [width for _, width in _LISTING_COLUMNS]
+    groups = "".join(
+        (group + " ").rjust(sum(c[2] for c in cols))
+        for group, cols in itertools.groupby(_LISTING_COLUMNS, key=lambda c: c[0])
+    )
+    labels = "".join(label.rjust(width) for _, label, width in _LISTING_COLUMNS)
+    out.write("\n" + groups.rstrip() + "\n" + labels + "\n")
+    w = [width for _, _, width in _LISTING_COLUMNS]
     for r in rows:
         out.write(
             f"{r.pods:{w[0]},}{r.list_pods_first * 1e3:{w[1]}.2f}{r.list_pods_p50 * 1e3:{w[2]}.2f}"
-            f"{r.list_pods_bytes / 1e3:{w[3]},.0f}{r.list_bytes / 1e3:{w[4]},.0f}{r.allocatable_p50 * 1e3:{w[5]}.2f}\n"
+            f"{r.list_pods_bytes / 1e3:{w[3]},.0f}{r.list_raw_p50 * 1e3:{w[4]}.2f}{r.list_pods_raw_p50 * 1e3:{w[5]}.2f}"
+            f"{r.list_bytes / 1e3:{w[6]},.0f}{r.allocatable_p50 * 1e3:{w[7]}.2f}{r.listings_stall * 1e3:{w[8]}.1f}"
+            f"{r.rss_after / 2**20:{w[9]}.1f}\n"
         )
     out.write(
         "\n"
         "  ListPods       the node API's ListPods with every pod in its answer: the first call at that size (after "
-        f"List's), and the median of {repeats}; the stall column above includes them\n"
-        "  KB             the size of each answer (ListPods' and PodResources List's), as encoded\n"
-        f"  GetAllocatableResources  PodResources, the median of {repeats} (every device of the plugin in the "
-        "answer), after List's calls\n"
+        f"List's), and the median of {repeats}, the answer decoded as for List above; its size as encoded\n"
+        f"  undecoded      List and ListPods again, the median of {repeats}, their answers not decoded by the bench "
+        "(the daemon's part and the transfer, without the client's parsing)\n"
+        f"  GetAllocatable PodResources GetAllocatableResources, the median of {repeats} (every device of the "
+        "plugin in the answer)\n"
+        "  listings stall the worst Status round trip while these calls and List's ran (the stall column above "
+        "includes it)\n"
+        "  RSS            the daemon's VmRSS after them (the listings' caches filled at that size)\n"
     )
     out.flush()
 
