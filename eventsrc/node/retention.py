@@ -1,6 +1,8 @@
 """The daemon's retention task (docs/adr/0018): when the live log outgrows ``logRetention``,
-cut it at a piece boundary, in the steps of ``eventsrc.log.retention``, each in a worker
-thread, none holding the log's writer for more than one short transaction.
+cut it at a piece boundary, in the steps of ``eventsrc.log.retention``: the first (the views
+at the cut, the sealed segment) in a process of its own when the cut is large
+(``eventsrc.log.cut_worker``: its replay and encoding would hold the daemon's GIL), the others
+in worker threads, none holding the log's writer for more than one short transaction.
 
 The task wakes when the log crosses a piece boundary (``maybe_due``, from the commit
 path), and, with ``maxAge``, on a clock as well. It first deletes what an interrupted cut
@@ -9,9 +11,10 @@ left (records before the base). Where to cut is ``eventsrc.core.retention.plan_c
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import trio
@@ -19,6 +22,7 @@ import trio
 from eventsrc import events as ev
 from eventsrc.core.retention import Retention, boundaries, plan_cut
 from eventsrc.errors import EventsrcError
+from eventsrc.log import cut_worker
 from eventsrc.log import retention as steps
 from eventsrc.log.store import EventLog
 from eventsrc.node.interfaces import Recorder
@@ -33,6 +37,11 @@ AGE_CHECK_SECONDS = 60.0
 MIN_AGE_CHECK_SECONDS = 1.0
 #: how far into the live log a cut's LogTrimmed is looked for at start
 TRIMMED_WITHIN = 10_000
+#: a cut that replays fewer records, from views that encoded smaller at the previous cut, is
+#: prepared in a worker thread: starting the worker process (some 0.2 s) would cost more than
+#: the GIL such a thread holds, and small pieces under load would outrun the cuts
+WORKER_MIN_RECORDS = 2_000
+WORKER_MIN_VIEWS_BYTES = 1 << 20
 
 
 @dataclass
@@ -54,6 +63,7 @@ class Retainer:
         self._due = trio.Event()
         self._mark = event_log.last_seq() // self.piece
         self.cuts: deque[CutReport] = deque(maxlen=64)  # this run's last cuts, newest last (bench, tests)
+        self._views_bytes = 0  # the encoded views' size at the last cut
 
     def maybe_due(self, last_seq: int) -> None:
         """Called after each commit: wake the task when the log crossed a piece boundary."""
@@ -125,10 +135,16 @@ class Retainer:
 
     async def cut(self, seq: int, reason: str = "") -> CutReport:
         """Cut the live log at ``seq`` (a record it holds): archive, move the base, record it,
-        delete. Each step is a worker thread's; the appends go on between the transactions."""
+        delete. The first step is a worker process's (a worker thread's for a small cut), the
+        others worker threads'; the appends go on between the transactions."""
         t0 = time.perf_counter()
         archive = self.archive if self.policy.archive else None
-        prepared = await trio.to_thread.run_sync(steps.prepare, self.event_log, archive, seq)
+        records = seq - self.event_log.first_seq() + 1
+        if records >= WORKER_MIN_RECORDS or self._views_bytes >= WORKER_MIN_VIEWS_BYTES:
+            prepared = await self._prepare(archive, seq)
+        else:
+            prepared = await trio.to_thread.run_sync(steps.prepare, self.event_log, archive, seq)
+        self._views_bytes = len(prepared.views)
         pause = await trio.to_thread.run_sync(steps.commit, self.event_log, prepared)
         entry = prepared.entry
         trimmed = ev.LogTrimmed(base_seq=seq, records=entry.records, segment=entry.file, reason=reason)
@@ -148,6 +164,34 @@ class Retainer:
             reason=reason,
         )
         return report
+
+    async def _prepare(self, archive: Path | None, seq: int) -> steps.Prepared:
+        """Step 1 in ``cut_worker``'s process; waits for it to end (it is killed if this is
+        cancelled). Its seconds are the wall time, the worker's start included."""
+        t0 = time.perf_counter()
+        out, w = os.pipe()
+        try:
+            # From the loop's thread, which lives as long as the daemon: the worker's
+            # parent-death signal follows the thread that started it (trio's open_process
+            # would start it from a worker thread, which ends when idle).
+            proc = cut_worker.start(self.event_log.path, archive, seq, stdout=w)
+        except BaseException:
+            os.close(out)
+            raise
+        finally:
+            os.close(w)
+        try:
+            chunks = []
+            async with trio.lowlevel.FdStream(out) as stream:
+                while chunk := await stream.receive_some(1 << 20):
+                    chunks.append(chunk)
+            status = await trio.to_thread.run_sync(proc.wait)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        prepared = cut_worker.decode(status, b"".join(chunks))
+        return replace(prepared, seconds=time.perf_counter() - t0)
 
     async def _record_unrecorded_cut(self) -> None:
         """A kill between moving the base and appending LogTrimmed leaves a cut the history

@@ -5,6 +5,8 @@ finished, and a segment missing, altered or foreign is named."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import msgspec
@@ -20,6 +22,7 @@ from eventsrc.log.index import pod_prefix
 from eventsrc.log.snapshots import load_views
 from eventsrc.log.store import EventLog
 from eventsrc.log.verify import verify
+from eventsrc.node import retention as node_retention
 from eventsrc.node.retention import Retainer
 from eventsrc.state.apply import rebuild
 from tests.node.test_nri_plugin import FakeRecorder
@@ -246,3 +249,91 @@ async def test_a_cut_whose_record_a_kill_prevented_is_recorded_at_start(tmp_path
     again = FakeRecorder()
     await Retainer(again, log, tmp_path / "archive", Retention(), piece=10)._record_unrecorded_cut()
     assert again.of(ev.LogTrimmed) == []
+
+
+# --------------------------------------------------------------------------- the cut's worker process
+
+
+def test_the_workers_cut_equals_the_one_prepared_in_process(tmp_path: Path) -> None:
+    """The worker (a process of its own, the log opened read-only) hands back what
+    ``prepare`` computes in process: the views at the cut, the base and the ledger entry."""
+    from eventsrc.log import cut_worker
+
+    log = filled(tmp_path / "log", pods(40))
+    cut(log, tmp_path / "archive", 10)  # so that the views start from a base
+    for archive in (tmp_path / "archive", None):
+        done = subprocess.run(cut_worker.argv(log.path, archive, 30), capture_output=True, check=False)
+        got = cut_worker.decode(done.returncode, done.stdout)
+        want = steps.prepare(log, archive, 30)
+        assert (got.base, got.entry, got.views) == (want.base, want.entry, want.views)
+    assert log.base() is not None and log.base().seq == 10  # the worker moved nothing
+    log.close()
+
+
+async def test_the_daemons_cut_goes_through_the_worker(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from eventsrc.log import cut_worker
+
+    started = []
+    real = cut_worker.argv
+    monkeypatch.setattr(cut_worker, "argv", lambda *a: started.append(a) or real(*a))
+    monkeypatch.setattr(node_retention, "WORKER_MIN_RECORDS", 40)
+    log = filled(tmp_path / "log", pods(40))
+    retainer = Retainer(FakeRecorder(), log, tmp_path / "archive", Retention(max_size=1), piece=10)
+    assert await retainer.attempt() is True
+    assert started == [(log.path, tmp_path / "archive", 40)]
+    assert log.first_seq() == 41
+    # a small cut after small views stays in a thread
+    for i in range(10):
+        log.append([ev.PodRemoved(pod_uid="x", reason=str(i))], "c", 9000 + i)
+    assert await retainer.attempt() is True
+    assert len(started) == 1 and log.first_seq() == 51
+    check_whole(log, tmp_path / "archive")
+    log.close()
+
+
+async def test_a_killed_worker_leaves_the_log_whole_and_its_temporary_file_goes_at_start(
+    tmp_path: Path,
+    monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    from eventsrc.log import cut_worker
+
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    killed = (
+        "import os, signal, sys; open(sys.argv[1] + '/.segment-x.tmp', 'wb').write(b'half');"
+        "os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    monkeypatch.setattr(cut_worker, "argv", lambda _log, arch, _seq: [sys.executable, "-c", killed, str(arch)])
+    monkeypatch.setattr(node_retention, "WORKER_MIN_RECORDS", 1)
+    log = filled(tmp_path / "log", pods(40))
+    retainer = Retainer(FakeRecorder(), log, archive, Retention(max_size=1), piece=10)
+    assert await retainer.attempt() is False
+    assert log.base() is None and len(list(log.records())) == 40 and not retainer.cuts
+    assert steps.undo_unfinished(log, archive) == [] and list(archive.iterdir()) == []
+    log.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_worker_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """A killed daemon's worker must not seal a segment after the next start cleaned the
+    archive: it gets SIGKILL when its parent ends."""
+    from eventsrc.log import cut_worker
+
+    # the worker says on stderr (its parent's pipe) that it is armed, then waits for ever;
+    # its stdout is this test's pipe, which reads EOF once it has ended
+    worker = (
+        "import signal, sys; from eventsrc.log import cut_worker as w; w._die_with(int(sys.argv[1]));"
+        "sys.stderr.write('armed\\n'); sys.stderr.flush(); signal.pause()"
+    )
+    parent = (
+        "import os, subprocess, sys;"
+        f"w = subprocess.Popen([sys.executable, '-c', {worker!r}, str(os.getpid())], stderr=subprocess.PIPE);"
+        "sys.stdout.buffer.write(w.stderr.readline()); sys.stdout.flush()"
+    )
+    with subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE) as p:
+        assert p.stdout is not None
+        assert p.stdout.readline() == b"armed\n"
+        assert p.stdout.read() == b""
+    # and one whose parent is already gone does nothing
+    done = subprocess.run(cut_worker.argv(tmp_path / "nolog", None, 1)[:-1] + ["1"], capture_output=True, check=False)
+    assert done.returncode == cut_worker.FAILED and done.stdout == b""
