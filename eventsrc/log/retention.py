@@ -1,5 +1,7 @@
 """Retention cuts on the log (docs/adr/0018): the shell's steps, each synchronous, each run
-by the daemon in a worker thread. The decision where to cut is ``eventsrc.core.retention``.
+by the daemon in a worker thread, except a large cut's ``prepare``, which runs in a process of
+its own (``eventsrc.log.cut_worker``) on the log opened read-only. The decision where to cut
+is ``eventsrc.core.retention``.
 
 A cut at ``seq`` goes in this order, so that a SIGKILL at any point leaves the old state or
 the new one, and the next start finishes or undoes it:
@@ -7,7 +9,8 @@ the new one, and the next start finishes or undoes it:
 1. ``prepare``: the views at ``seq`` (the base views plus the records up to it) are
    encoded as a snapshot, and, with the archive on, records ``base+1..seq`` are written
    as a sealed segment. A crash here leaves a temporary file (deleted at start) or a
-   segment the ledger does not name (deleted at start: the records are still live).
+   segment the ledger does not name (deleted at start: the records are still live). The
+   worker process dies with the daemon, so it cannot seal one after the next start.
 2. ``commit``: one LMDB transaction moves the base to ``seq`` with its views and the
    ledger entry. From here on the records up to ``seq`` are never read.
 3. ``delete_some``: the records up to ``seq`` and their index keys are deleted, a few
