@@ -237,6 +237,7 @@ class Daemon:
             self._appending_since = start
         self._appending += 1
         try:
+            await self.retainer.wait_for_room()  # a size cut far behind: the log stays bounded
             records = await self.committer.append(events, correlation_id)
         finally:
             self._appending -= 1

@@ -61,16 +61,39 @@ class Retainer:
         self.policy = policy
         self.piece = max(1, piece)
         self._due = trio.Event()
-        self._mark = event_log.last_seq() // self.piece
+        # Looked at every quarter piece: a cut is due at most a quarter piece over maxSize.
+        self.check_every = max(1, self.piece // 4)
+        self._mark = event_log.last_seq() // self.check_every
+        # Where the log was when a size cut became due and was not made yet (0: none). Past
+        # another quarter piece, appends wait for it (``wait_for_room``): the live log stays
+        # under maxSize plus one piece however far the load outruns the cuts.
+        self._behind_since = 0
+        self._caught_up = trio.Event()
+        self._caught_up.set()
         self.cuts: deque[CutReport] = deque(maxlen=64)  # this run's last cuts, newest last (bench, tests)
         self._views_bytes = 0  # the encoded views' size at the last cut
 
     def maybe_due(self, last_seq: int) -> None:
-        """Called after each commit: wake the task when the log crossed a piece boundary."""
-        mark = last_seq // self.piece
+        """Called after each commit: wake the task every quarter piece."""
+        mark = last_seq // self.check_every
         if mark != self._mark:
             self._mark = mark
             self._due.set()
+            if self.policy.max_size and not self._behind_since:
+                self._behind_since = last_seq
+                self._caught_up = trio.Event()
+
+    def _catch_up(self) -> None:
+        """The base moved, no cut is needed, or a cut failed: appends need not wait."""
+        self._behind_since = 0
+        self._caught_up.set()
+
+    async def wait_for_room(self) -> None:
+        """Called before each append: while a due cut lags a quarter piece behind the log,
+        wait for it (a cut that fails lets the appends go: a failing archive must not stop
+        the node's admissions)."""
+        while self._behind_since and self.event_log.last_seq() - self._behind_since >= self.check_every:
+            await self._caught_up.wait()
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -81,14 +104,17 @@ class Retainer:
         period = None
         if self.policy.max_age_ns:
             period = min(AGE_CHECK_SECONDS, max(MIN_AGE_CHECK_SECONDS, self.policy.max_age_ns / 1e9 / 10))
-        while True:
-            await self.attempt()
-            if period is None:
-                await self._due.wait()
-            else:
-                with trio.move_on_after(period):
+        try:
+            while True:
+                await self.attempt()
+                if period is None:
                     await self._due.wait()
-            self._due = trio.Event()
+                else:
+                    with trio.move_on_after(period):
+                        await self._due.wait()
+                self._due = trio.Event()
+        finally:
+            self._catch_up()  # no append waits on a task that has ended
 
     async def attempt(self) -> bool:
         """Cut while due; False when a cut failed (logged: the next boundary tries again)."""
@@ -96,6 +122,7 @@ class Retainer:
             await self.cut_while_due()
         except (EventsrcError, OSError) as err:  # a full disk, a lost log, an unwritable archive
             log.error("retention cut failed; the log keeps its records", reason=str(err))
+            self._catch_up()
             return False
         return True
 
@@ -104,6 +131,7 @@ class Retainer:
         while True:
             seq, reason = await trio.to_thread.run_sync(self._plan)
             if not seq:
+                self._catch_up()
                 return
             await self.cut(seq, reason)
 
@@ -146,6 +174,7 @@ class Retainer:
             prepared = await trio.to_thread.run_sync(steps.prepare, self.event_log, archive, seq)
         self._views_bytes = len(prepared.views)
         pause = await trio.to_thread.run_sync(steps.commit, self.event_log, prepared)
+        self._catch_up()  # the records up to the base are out of the live log now
         entry = prepared.entry
         trimmed = ev.LogTrimmed(base_seq=seq, records=entry.records, segment=entry.file, reason=reason)
         await self.recorder.record([trimmed])

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import trio
+import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -337,3 +339,24 @@ def test_the_worker_dies_with_the_process_that_started_it(tmp_path: Path) -> Non
     # and one whose parent is already gone does nothing
     done = subprocess.run(cut_worker.argv(tmp_path / "nolog", None, 1)[:-1] + ["1"], capture_output=True, check=False)
     assert done.returncode == cut_worker.FAILED and done.stdout == b""
+
+
+async def test_appends_wait_for_a_size_cut_that_lags_a_quarter_piece_behind(tmp_path: Path) -> None:
+    log = filled(tmp_path / "log", pods(20))
+    retainer = Retainer(FakeRecorder(), log, tmp_path / "archive", Retention(max_size=1), piece=8)
+    log.append(pods(2), "c", 5000)
+    retainer.maybe_due(log.last_seq())  # record 22 crosses a quarter piece: a cut is due
+    await retainer.wait_for_room()  # not behind yet: no wait
+    log.append(pods(2), "c", 5001)  # a quarter piece (2 records) past it
+    done = []
+
+    async def appender() -> None:
+        await retainer.wait_for_room()
+        done.append(log.last_seq())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(appender)
+        await trio.testing.wait_all_tasks_blocked()
+        assert done == []  # held while the cut lags
+        assert await retainer.attempt() is True  # the cut moves the base: the appender goes on
+    assert done == [24] and log.base() is not None and log.base().seq == 24 - 24 % 8
