@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import functools
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -128,8 +129,9 @@ class DeviceIndex:
 
     source: dict[str, dict[str, DeviceView]] = field(compare=False, repr=False)
     resources: dict[str, ResourceIndex] = field(default_factory=dict)
-    # pod uid -> (container, resource) -> the device ids it holds (a dict for its order)
-    holders: dict[str, dict[tuple[str, str], dict[str, None]]] = field(default_factory=dict)
+    # pod uid -> (container, resource, device id) of each device it holds (a dict for its
+    # order): one dict per pod, not one more per container and resource
+    holders: dict[str, dict[tuple[str, str, str], None]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, devices: dict[str, dict[str, DeviceView]]) -> DeviceIndex:
@@ -172,20 +174,22 @@ class DeviceIndex:
     def _hold(self, holder_text: str, resource: str, device_id: str, *, held: bool) -> None:
         holder = parse_holder(holder_text)
         assert holder is not None
-        key = (holder.container, resource)
+        # interned: the pod's uid is then its PodView's (state.views), not a copy per pod
+        key = (sys.intern(holder.container), resource, device_id)
         if held:
-            self.holders.setdefault(holder.pod_uid, {}).setdefault(key, {})[device_id] = None
+            self.holders.setdefault(sys.intern(holder.pod_uid), {})[key] = None
             return
         pod = self.holders[holder.pod_uid]
-        del pod[key][device_id]
-        if not pod[key]:
-            del pod[key]
-            if not pod:
-                del self.holders[holder.pod_uid]
+        del pod[key]
+        if not pod:
+            del self.holders[holder.pod_uid]
 
     def held_by(self, pod_uid: str) -> dict[tuple[str, str], list[str]]:
         """(container, resource) -> the device ids ``pod_uid`` holds, reserved or allocated."""
-        return {key: list(ids) for key, ids in self.holders.get(pod_uid, {}).items()}
+        out: dict[tuple[str, str], list[str]] = {}
+        for container, resource, device_id in self.holders.get(pod_uid, {}):
+            out.setdefault((container, resource), []).append(device_id)
+        return out
 
 
 def _count(counts: dict[NumaSet, int], key: NumaSet, n: int) -> None:
@@ -254,7 +258,7 @@ def _upsert(
     if known is None:
         known = table[device_id] = DeviceView(health=health, numa_nodes=list(numa_nodes), since_seq=seq)
     else:
-        known.health = health
+        known.health = sys.intern(health)
         moved = known.numa_nodes != numa_nodes
         known.numa_nodes = list(numa_nodes)
     _enter(known, after)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 from eventsrc import events as ev
 from eventsrc.state.lifecycles import POD, POD_ABSENT, PodLifecycleState, PodState, Step, pod_state, step
 from eventsrc.state.types import Handlers
-from eventsrc.state.views import ContainerView, PodView, Views
+from eventsrc.state.views import ContainerView, PodView, Views, shared_allocation
 
 #: Rejections are kept for the newest pods only, so the view stays bounded.
 MAX_REJECTED = 1024
@@ -38,7 +40,7 @@ def pod_admitted(v: Views, seq: int, e: ev.PodAdmitted) -> None:
         pod = v.pods.pods[e.pod.uid] = _new_pod(e.pod, e.containers, after, seq)
     pod.state = after
     pod.admitted_seq = pod.changed_seq = seq
-    pod.qos_class = e.qos_class or pod.qos_class
+    pod.qos_class = sys.intern(e.qos_class) or pod.qos_class
     for c in e.containers:  # what the admission started with, kept with what it got
         if c.name not in pod.containers:
             pod.containers[c.name] = _container_view(c)
@@ -107,7 +109,7 @@ def devices_allocated(v: Views, seq: int, e: ev.DevicesAllocated) -> None:
     c = _container(v, seq, e.pod_uid, e.container)
     if c is not None:
         c.devices[e.resource] = list(e.device_ids)
-        c.allocations[e.resource] = e.response
+        c.allocations[e.resource] = shared_allocation(e.response)
 
 
 def devices_gone(v: Views, seq: int, e: ev.AllocationFailed | ev.DevicesReleased) -> None:

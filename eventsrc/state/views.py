@@ -7,12 +7,14 @@ a clock, a socket or the log (see ``eventsrc.state.apply``).
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from msgspec import Struct, field
 
-from eventsrc.events import ContainerAllocation, PluginOptions, PreparedDevice
+from eventsrc.events import ContainerAllocation, DeviceSpec, Mount, PluginOptions, PreparedDevice
 from eventsrc.state.lifecycles import ADMITTED, NOT_HELD, REFERENCED, ClaimState, Hold, PodState
 
 
@@ -37,6 +39,39 @@ class DeviceView(Struct, kw_only=True):
     since_seq: int = 0
     # No longer in the plugin's list, but still held: dropped when released.
     removed: bool = False
+
+    def __post_init__(self) -> None:
+        self.health = sys.intern(self.health)
+
+
+# --------------------------------------------------------------------------- sharing
+# At 10,000 pods, the same few strings (a namespace, a QoS class, a plugin's mount) came
+# once per pod from the decoder or the event. Equal values are shared instead, as the views
+# are built or decoded; what they encode to is unchanged (tests/unit/test_views_memory.py).
+
+
+@functools.lru_cache(maxsize=1024)
+def _shared_mount(m: Mount) -> Mount:
+    """The first of the equal mounts seen lately: a plugin gives every container the same few."""
+    return m
+
+
+def shared_allocation(a: ContainerAllocation) -> ContainerAllocation:
+    """``a``, its repeated parts shared with other containers' allocations (equal, not copied)."""
+    return ContainerAllocation(
+        envs={sys.intern(k): v for k, v in a.envs.items()},
+        mounts=[_shared_mount(m) for m in a.mounts],
+        devices=[
+            DeviceSpec(
+                container_path=d.container_path,
+                host_path=sys.intern(d.host_path),
+                permissions=sys.intern(d.permissions),
+            )
+            for d in a.devices
+        ],
+        annotations={sys.intern(k): v for k, v in a.annotations.items()},
+        cdi_devices=a.cdi_devices,
+    )
 
 
 class _Index(Protocol):
@@ -86,6 +121,13 @@ class ContainerView(Struct, kw_only=True):
     cpus: list[int] = []
     claims: list[str] = []
 
+    def __post_init__(self) -> None:
+        self.kind = sys.intern(self.kind)
+        if self.limits == self.requests:  # most often: one dict for both (each only ever replaced whole)
+            self.limits = self.requests
+        for resource, a in self.allocations.items():
+            self.allocations[resource] = shared_allocation(a)
+
 
 class PodView(Struct, kw_only=True):
     uid: str
@@ -103,11 +145,22 @@ class PodView(Struct, kw_only=True):
     quarantined_seq: int = 0
     containers: dict[str, ContainerView] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # the uid interned: the device index's holders (``state.devices``) find this one
+        self.uid = sys.intern(self.uid)
+        self.namespace = sys.intern(self.namespace)
+        self.qos_class = sys.intern(self.qos_class)
+
 
 class PodsView(Struct, kw_only=True):
     pods: dict[str, PodView] = field(default_factory=dict)
     # pod uid -> last admission rejection reason (bounded by pods that were refused)
     rejected: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # decoded, each key is a copy of its pod's uid: keyed by the uid itself instead
+        if all(uid == pod.uid for uid, pod in self.pods.items()):
+            self.pods = {pod.uid: pod for pod in self.pods.values()}
 
 
 # ``dict=True``: room for the derived index beside the fields (``state.cpus.index_of``).

@@ -1,0 +1,79 @@
+"""At 10,000 pods the views keep one copy of what repeats from pod to pod (issue 15): a
+decoded pod is keyed by its own uid, a container's equal requests and limits are one dict,
+a plugin's mounts are shared, and the device index names a pod by its PodView's uid. None of
+it changes what the views encode to."""
+
+from __future__ import annotations
+
+import msgspec
+
+from eventsrc import events as ev
+from eventsrc.state import devices as device_state
+from eventsrc.state.apply import rebuild
+from eventsrc.state.views import Views
+from tests.unit.test_projections import as_records
+
+RESOURCE = "example.com/gpu"
+
+
+def _pod_events(n: int) -> list[ev._Event]:
+    evs: list[ev._Event] = [
+        ev.DevicesAdded(
+            resource=RESOURCE, devices=[ev.DeviceInfo(id=f"d{i}", health="Healthy", numa_nodes=[0]) for i in range(n)]
+        )
+    ]
+    for i in range(n):
+        pod = ev.PodRef(uid=f"uid-{i}", namespace="bench", name=f"p{i}")
+        spec = ev.ContainerSpec(name="main", requests={RESOURCE: "1"}, limits={RESOURCE: "1"})
+        response = ev.ContainerAllocation(
+            envs={"DEVICES": f"d{i}"},
+            mounts=[ev.Mount(container_path="/var/run/sample", host_path="/run/sample", read_only=True)],
+            devices=[ev.DeviceSpec(container_path=f"/dev/d{i}", host_path="/dev/null", permissions="rw")],
+        )
+        evs += [
+            ev.PodAdmissionStarted(pod=pod, containers=[spec]),
+            ev.DevicesAllocated(
+                pod_uid=pod.uid, container="main", resource=RESOURCE, device_ids=[f"d{i}"], response=response
+            ),
+            ev.PodAdmitted(pod=pod, qos_class="BestEffort"),
+        ]
+    return evs
+
+
+def _shared(views: Views) -> None:
+    pods = list(views.pods.pods.items())
+    for uid, pod in pods:
+        assert uid is pod.uid
+        c = pod.containers["main"]
+        assert c.limits is c.requests
+    (_, a), (_, b) = pods[:2]
+    one, two = a.containers["main"].allocations[RESOURCE], b.containers["main"].allocations[RESOURCE]
+    assert one.mounts[0] is two.mounts[0]
+    assert one.devices[0].host_path is two.devices[0].host_path
+    assert a.namespace is b.namespace and a.qos_class is b.qos_class
+    index = device_state.index_of(views.devices)
+    for uid in index.holders:
+        assert uid is views.pods.pods[uid].uid
+    assert index.held_by("uid-1") == {("main", RESOURCE): ["d1"]}
+
+
+def test_reduced_views_share_what_repeats() -> None:
+    _shared(rebuild(as_records(_pod_events(3))))
+
+
+def test_decoded_views_share_what_repeats_and_encode_the_same() -> None:
+    data = msgspec.msgpack.encode(rebuild(as_records(_pod_events(3))))
+    decoded = msgspec.msgpack.decode(data, type=Views)
+    _shared(decoded)
+    assert msgspec.msgpack.encode(decoded) == data
+
+
+def test_a_limit_unlike_its_request_is_its_own() -> None:
+    evs = _pod_events(1)
+    start = evs[1]
+    assert isinstance(start, ev.PodAdmissionStarted)
+    evs[1] = ev.PodAdmissionStarted(
+        pod=start.pod, containers=[ev.ContainerSpec(name="main", requests={RESOURCE: "1"}, limits={RESOURCE: "2"})]
+    )
+    c = rebuild(as_records(evs)).pods.pods["uid-0"].containers["main"]
+    assert c.requests == {RESOURCE: "1"} and c.limits == {RESOURCE: "2"}
