@@ -57,8 +57,13 @@ def device_order(device_id: str) -> tuple[tuple[object, ...], str]:
     return natural_key(device_id), device_id
 
 
+#: Each NUMA set once, shared by the devices on it (a few sets, thousands of devices).
+_NUMA_SETS: dict[NumaSet, NumaSet] = {}
+
+
 def numa_set(nodes: Iterable[int]) -> NumaSet:
-    return tuple(sorted(set(nodes)))
+    key = tuple(sorted(set(nodes)))
+    return _NUMA_SETS.setdefault(key, key) if len(_NUMA_SETS) < 1 << 12 else key
 
 
 @dataclass
