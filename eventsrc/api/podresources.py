@@ -199,19 +199,20 @@ class ListCache(SeqCache[pb.ListPodResourcesResponse]):
 
     def __init__(self) -> None:
         super().__init__(pb.ListPodResourcesResponse)
-        # uid -> ((changed_seq, topology_seq), the pod's element of pod_resources)
-        self._pods: dict[str, tuple[tuple[int, int], bytes]] = {}
+        # uid -> ((changed_seq, topology_seq, each claim's since_seq), the pod's element of pod_resources)
+        self._pods: dict[str, tuple[tuple[int, ...], bytes]] = {}
 
     def _build(self, views: Views) -> Iterator[None]:
         topology = views.devices.topology_seq
-        kept: dict[str, tuple[tuple[int, int], bytes]] = {}
+        kept: dict[str, tuple[tuple[int, ...], bytes]] = {}
         built = 0
         for visited, (uid, pod) in enumerate(views.pods.pods.items(), 1):
             if visited % self.visits == 0:
                 yield
             if pod.state != ADMITTED:
                 continue
-            key = (pod.changed_seq, topology)
+            # a claim prepared again for an admitted pod changes its devices, not the pod's changed_seq
+            key = (pod.changed_seq, topology, *_claims_seen(views, pod))
             cached = self._pods.get(uid)
             if cached is None or cached[0] != key or not pod.changed_seq:
                 cached = self._pods[uid] = (key, element(_POD_RESOURCES, pod_resources(views, pod)))
@@ -221,6 +222,15 @@ class ListCache(SeqCache[pb.ListPodResourcesResponse]):
             kept[uid] = cached
         self._pods = kept
         self._parts = [part for _, part in kept.values()]
+
+
+def _claims_seen(views: Views, pod: PodView) -> tuple[int, ...]:
+    """The last record of each claim the pod's containers use (-1: not in the views)."""
+    return tuple(
+        c.since_seq if (c := views.claims.claims.get(uid)) is not None else -1
+        for ct in pod.containers.values()
+        for uid in ct.claims
+    )
 
 
 class AllocatableCache:

@@ -232,12 +232,12 @@ class Daemon:
         """Append ``events`` as one unit; they are in the views when this returns. Without
         ``correlation_id``, the records carry the current request's (``logs.correlation``)."""
         correlation_id = correlation_id or current_correlation_id() or None
+        await self.retainer.wait_for_room()  # a size cut far behind: the log stays bounded
         start = time.monotonic()
         if not self._appending:
             self._appending_since = start
         self._appending += 1
         try:
-            await self.retainer.wait_for_room()  # a size cut far behind: the log stays bounded
             records = await self.committer.append(events, correlation_id)
         finally:
             self._appending -= 1
@@ -271,9 +271,14 @@ class Daemon:
             seq = self.views.meta.last_seq
             if seq == self._snapshot_seq:
                 return  # taken at this sequence already (every start records events first)
-            pid = fork_snapshot(self.layout.snapshots, self.views, self.event_log.log_id())
+            try:
+                pid = fork_snapshot(self.layout.snapshots, self.views, self.event_log.log_id())
+            except OSError as exc:  # no process to spare (EAGAIN, ENOMEM): a cache, not the truth
+                log.warning("snapshot not written: cannot start its process", seq=seq, error=str(exc))
+                return
             self._snapshot_seq = seq  # before the write: commits meanwhile do not ask again
-            failed = await trio.to_thread.run_sync(wait_snapshot, pid)
+            with trio.CancelScope(shield=True):  # the child is always waited for: no zombie
+                failed = await trio.to_thread.run_sync(wait_snapshot, pid)
             if failed:
                 log.warning("snapshot not written; the next start replays more of the log", seq=seq, error=failed)
                 return

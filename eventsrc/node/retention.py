@@ -70,6 +70,7 @@ class Retainer:
         self._behind_since = 0
         self._caught_up = trio.Event()
         self._caught_up.set()
+        self._task: trio.lowlevel.Task | None = None  # the task running ``run``
         self.cuts: deque[CutReport] = deque(maxlen=64)  # this run's last cuts, newest last (bench, tests)
         self._views_bytes = 0  # the encoded views' size at the last cut
 
@@ -79,9 +80,12 @@ class Retainer:
         if mark != self._mark:
             self._mark = mark
             self._due.set()
-            if self.policy.max_size and not self._behind_since:
-                self._behind_since = last_seq
-                self._caught_up = trio.Event()
+
+    def _cut_planned(self) -> None:
+        """A cut is planned: appends a quarter piece past this point wait for it."""
+        if self.policy.max_size and not self._behind_since:
+            self._behind_since = self.event_log.last_seq()
+            self._caught_up = trio.Event()
 
     def _catch_up(self) -> None:
         """The base moved, no cut is needed, or a cut failed: appends need not wait."""
@@ -89,13 +93,16 @@ class Retainer:
         self._caught_up.set()
 
     async def wait_for_room(self) -> None:
-        """Called before each append: while a due cut lags a quarter piece behind the log,
-        wait for it (a cut that fails lets the appends go: a failing archive must not stop
-        the node's admissions)."""
+        """Called before each append: while a planned size cut lags a quarter piece behind
+        the log, wait for it (a cut that fails lets the appends go: a failing archive must
+        not stop the node's admissions). The retainer's own records never wait."""
+        if self._task is not None and trio.lowlevel.current_task() is self._task:
+            return
         while self._behind_since and self.event_log.last_seq() - self._behind_since >= self.check_every:
             await self._caught_up.wait()
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._task = trio.lowlevel.current_task()
         task_status.started()
         await self._record_unrecorded_cut()
         await self._delete_leftovers()
@@ -133,6 +140,7 @@ class Retainer:
             if not seq:
                 self._catch_up()
                 return
+            self._cut_planned()
             await self.cut(seq, reason)
 
     def _plan(self) -> tuple[int, str]:

@@ -43,7 +43,9 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 #: that a frame still in flight for a stream it reset draws a RST_STREAM rather than a
 #: connection error; such a frame is for a stream closed moments before, while at most 100
 #: streams were open together (h2's SETTINGS_MAX_CONCURRENT_STREAMS).
-MAX_CLOSED_STREAMS = 256
+#: 1024 leaves room for a late answer to a call abandoned some seconds before (about 150 KB a
+#: connection at most).
+MAX_CLOSED_STREAMS = 1024
 
 M = TypeVar("M")
 

@@ -57,7 +57,9 @@ def churn(root: Path, cycles: int) -> None:
 
 
 def h2_connections() -> list[H2Connection]:
-    """Every h2 connection of this process (the daemon's: grpcio's are C)."""
+    """Every h2 connection of this process (the daemon's: grpcio's are C). The daemon may have
+    frozen them after a long collection (daemon.py), which hides them from gc.get_objects."""
+    gc.unfreeze()
     return [o for o in gc.get_objects() if isinstance(o, H2Connection)]
 
 

@@ -344,10 +344,10 @@ def test_the_worker_dies_with_the_process_that_started_it(tmp_path: Path) -> Non
 async def test_appends_wait_for_a_size_cut_that_lags_a_quarter_piece_behind(tmp_path: Path) -> None:
     log = filled(tmp_path / "log", pods(20))
     retainer = Retainer(FakeRecorder(), log, tmp_path / "archive", Retention(max_size=1), piece=8)
-    log.append(pods(2), "c", 5000)
-    retainer.maybe_due(log.last_seq())  # record 22 crosses a quarter piece: a cut is due
-    await retainer.wait_for_room()  # not behind yet: no wait
-    log.append(pods(2), "c", 5001)  # a quarter piece (2 records) past it
+    retainer._cut_planned()  # at record 20
+    log.append(pods(1), "c", 5000)
+    await retainer.wait_for_room()  # less than a quarter piece (2 records) past it: no wait
+    log.append(pods(1), "c", 5001)
     done = []
 
     async def appender() -> None:
@@ -358,5 +358,18 @@ async def test_appends_wait_for_a_size_cut_that_lags_a_quarter_piece_behind(tmp_
         nursery.start_soon(appender)
         await trio.testing.wait_all_tasks_blocked()
         assert done == []  # held while the cut lags
+        retainer._task = trio.lowlevel.current_task()
+        await retainer.wait_for_room()  # the retainer's own records never wait
         assert await retainer.attempt() is True  # the cut moves the base: the appender goes on
-    assert done == [24] and log.base() is not None and log.base().seq == 24 - 24 % 8
+    base = log.base()
+    assert done == [22] and base is not None and base.seq == 16
+
+
+async def test_nothing_waits_when_no_cut_is_needed(tmp_path: Path) -> None:
+    log = filled(tmp_path / "log", pods(40))
+    retainer = Retainer(FakeRecorder(), log, tmp_path / "archive", Retention(max_size=1 << 30), piece=8)
+    for seq in range(20, 41):
+        retainer.maybe_due(seq)  # quarter marks crossed, but the log is far under its bound
+    assert await retainer.attempt() is True and log.base() is None
+    assert not retainer._behind_since  # so no append waits: no cut is running to end a wait
+    await retainer.wait_for_room()

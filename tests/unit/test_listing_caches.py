@@ -162,6 +162,17 @@ def test_list_is_the_fresh_answer_through_a_quarantine_and_a_numa_move() -> None
     assert got.pod_resources[0].containers[0].devices[0].topology.nodes[0].ID == 1
 
 
+def test_list_is_the_fresh_answer_when_an_admitted_pods_claim_is_prepared_again() -> None:
+    node, cache = node_with_devices(), ListCache()
+    node.record(ev.PodReferenceAdded(claim_uid="k", pod_uid="e"), prepared("k", "cdi/one"))
+    node.admit("e", "d3", claims=["k"])
+    same(cache.answer(node.views), fresh_list(node.views))
+    node.record(prepared("k", "cdi/two"))  # the pod's changed_seq stays; the claim's devices change
+    got = same(cache.answer(node.views), fresh_list(node.views))
+    claim = got.pod_resources[0].containers[0].dynamic_resources[0].claim_resources[0]
+    assert claim.device_name != ""
+
+
 def test_allocatable_is_the_fresh_answer_through_health_numa_and_plugin_changes() -> None:
     node, cache = node_with_devices(3), AllocatableCache()
     cpus = [0, 1, 2, 3]
