@@ -132,6 +132,7 @@ def _damaged(path: Path, exc: lmdb.Error) -> DamagedLogError:
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 class Base(msgspec.Struct, frozen=True, kw_only=True):
@@ -654,32 +655,38 @@ class EventLog:
         The map grows when full: MapFullError never escapes. Any other failure raises
         EventsrcError; the caller must then ``abandon`` the sequences given out since.
         """
+
+        def put(txn: lmdb.Transaction) -> None:
+            _, added = txn.cursor().putmulti(items, append=True)
+            if added != len(items):
+                raise lmdb.Error(f"only {added} of {len(items)} records appended")
+            if index:
+                txn.cursor(db=self.index_db).putmulti(index)
+
+        self._in_write_txn("append to", self.events_db, put)
+        if self.check_file():  # committed into a file that is gone: not durable
+            raise EventsrcError(self.lost)
+        if items:
+            self._last_seq = key_seq(items[-1][0])
+            self._durable_hash = chain_hash(items[-1][1])
+
+    def _in_write_txn(self, what: str, db: Any, body: Callable[[lmdb.Transaction], T]) -> T:
+        """``body`` in one write transaction on ``db``, under the writer lock; when the map is
+        full it grows and ``body`` runs again in a new transaction. One write transaction of
+        this process at a time (the committer's, a cut's): the map may only be resized with
+        none open. Any LMDB failure is an EventsrcError saying what could not be done."""
         if self.check_file():
             raise EventsrcError(self.lost)
         with self._write_lock:
-            self._write_locked(items, index)
-
-    def _write_locked(self, items: list[tuple[bytes, bytes]], index: list[tuple[bytes, bytes]] | None) -> None:
-        while True:
-            try:
-                with self.env.begin(write=True, db=self.events_db) as txn:
-                    _, added = txn.cursor().putmulti(items, append=True)
-                    if added != len(items):
-                        raise lmdb.Error(f"only {added} of {len(items)} records appended")
-                    if index:
-                        txn.cursor(db=self.index_db).putmulti(index)
-            except lmdb.MapFullError:
-                pass  # grown below, outside the handler, so that its own failure is reported
-            except lmdb.Error as exc:
-                raise EventsrcError(f"cannot append to the event log at {self.path}: {exc}") from None
-            else:
-                if self.check_file():  # committed into a file that is gone: not durable
-                    raise EventsrcError(self.lost)
-                if items:
-                    self._last_seq = key_seq(items[-1][0])
-                    self._durable_hash = chain_hash(items[-1][1])
-                return
-            self._grow()
+            while True:
+                try:
+                    with self.env.begin(write=True, db=db) as txn:
+                        return body(txn)
+                except lmdb.MapFullError:
+                    pass  # grown below, outside the handler, so that its own failure is reported
+                except lmdb.Error as exc:
+                    raise EventsrcError(f"cannot {what} the event log at {self.path}: {exc}") from None
+                self._grow()
 
     def abandon(self) -> None:
         """Forget the sequences given to prepared batches that were not written."""
@@ -713,30 +720,19 @@ class EventLog:
     # ------------------------------------------------------------------ retention (docs/adr/0018)
 
     def _write_meta(self, puts: list[tuple[bytes, bytes]], drop_prefix: bytes = b"") -> None:
-        """One write transaction on ``meta`` (held under the resize lock, like a reader):
+        """One write transaction on ``meta``:
         the keys under ``drop_prefix`` are deleted, then ``puts`` written."""
-        if self.check_file():
-            raise EventsrcError(self.lost)
-        with self._write_lock:
-            self._write_meta_locked(puts, drop_prefix)
 
-    def _write_meta_locked(self, puts: list[tuple[bytes, bytes]], drop_prefix: bytes) -> None:
-        while True:
-            try:
-                with self.env.begin(write=True, db=self.meta_db) as txn:
-                    if drop_prefix:
-                        cur = txn.cursor()
-                        if cur.set_range(drop_prefix):
-                            while bytes(cur.key()).startswith(drop_prefix) and cur.delete():
-                                pass
-                    for k, v in puts:
-                        txn.put(k, v)
-                return
-            except lmdb.MapFullError:
-                pass
-            except lmdb.Error as exc:
-                raise EventsrcError(f"cannot write to the event log at {self.path}: {exc}") from None
-            self._grow()
+        def put(txn: lmdb.Transaction) -> None:
+            if drop_prefix:
+                cur = txn.cursor()
+                if cur.set_range(drop_prefix):
+                    while bytes(cur.key()).startswith(drop_prefix) and cur.delete():
+                        pass
+            for k, v in puts:
+                txn.put(k, v)
+
+        self._in_write_txn("write to", self.meta_db, put)
 
     def set_base(self, base: Base, views: bytes, entry: LedgerEntry) -> None:
         """Move the live log's start to ``base`` in one transaction: the base, the views at
@@ -765,37 +761,30 @@ class EventLog:
         base = self._base.seq if self._base else 0
         if seq > base:
             raise EventsrcError(f"cannot delete record {seq}: the live log's base is {base}")
-        with self._write_lock:
-            return self._delete_locked(seq, limit)
 
-    def _delete_locked(self, seq: int, limit: int) -> int:
-        while True:
-            try:
-                with self.env.begin(write=True, db=self.events_db) as txn:
-                    cur = txn.cursor()
-                    if not cur.first():
-                        return 0
-                    doomed: list[tuple[bytes, bytes]] = []
-                    for k, v in cur:
-                        if key_seq(k) > seq or len(doomed) >= limit:
-                            break
-                        doomed.append((bytes(k), bytes(v)))
-                    index = txn.cursor(db=self.index_db)
-                    for k, v in doomed:
-                        txn.delete(k)
-                        try:
-                            rec = decode_record(key_seq(k), v)
-                        except CorruptRecordError:
-                            continue  # its keys, if any, stay: queries start after the base
-                        for prefix in keys_for(rec.event):
-                            if index.set_key(prefix + k):
-                                index.delete()
-                    return len(doomed)
-            except lmdb.MapFullError:
-                pass
-            except lmdb.Error as exc:
-                raise EventsrcError(f"cannot delete from the event log at {self.path}: {exc}") from None
-            self._grow()
+        def delete(txn: lmdb.Transaction) -> int:
+            cur = txn.cursor()
+            if not cur.first():
+                return 0
+            doomed: list[tuple[bytes, bytes]] = []
+            for k, v in cur:
+                key = bytes(k)
+                if key_seq(key) > seq or len(doomed) >= limit:
+                    break
+                doomed.append((key, bytes(v)))
+            index = txn.cursor(db=self.index_db)
+            for k, v in doomed:
+                txn.delete(k)
+                try:
+                    rec = decode_record(key_seq(k), v)
+                except CorruptRecordError:
+                    continue  # its keys, if any, stay: queries start after the base
+                for prefix in keys_for(rec.event):
+                    if index.set_key(prefix + k):
+                        index.delete()
+            return len(doomed)
+
+        return self._in_write_txn("delete from", self.events_db, delete)
 
     @_reading
     def oldest_stored(self) -> int:
