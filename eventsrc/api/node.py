@@ -23,6 +23,7 @@ from eventsrc.events import CorruptRecordError, Record
 from eventsrc.gen.node.v1 import node_pb2 as pb
 from eventsrc.gen.node.v1.node_grpc import NodeBase
 from eventsrc.inputs.manifest import PodClaim, PodSpec, checked_pod
+from eventsrc.obs.loop import LoopHolds
 from eventsrc.obs.text import escape
 from eventsrc.rpc.bridge import to_trio
 from eventsrc.rpc.limits import send_encoded
@@ -166,9 +167,9 @@ def pod_info(
 
 
 #: What a pod's PodInfo was built from: its state, changed_seq (0 unless admitted), the log
-#: sequence (0 when admitted), admitted_seq, quarantined_seq (in_doubt changes with it), the
-#: shared pool's generation (``PodsCache``).
-PodKey = tuple[str, int, int, int, int, int]
+#: sequence (0 when admitted), admitted_seq, quarantined_seq (in_doubt changes with it); the
+#: shared pool, which every PodInfo shows, empties the cache when it changes (``PodsCache``).
+PodKey = tuple[str, int, int, int, int]
 
 #: pods' field number in ListPodsResponse
 _PODS = pb.ListPodsResponse.DESCRIPTOR.fields_by_name["pods"].number
@@ -188,28 +189,19 @@ class PodsCache(SeqCache[pb.ListPodsResponse]):
     def __init__(self) -> None:
         super().__init__(pb.ListPodsResponse)
         self._shared: list[int] | None = None
-        self._shared_gen = 0
         # uid -> (key, the claims its containers use with their since_seq, its element of pods)
-        self._pods: dict[str, tuple[PodKey, tuple[tuple[str, int], ...], bytes]] = {}
+        self._pods: dict[str, tuple[PodKey | int, tuple[tuple[str, int], ...], bytes]] = {}
 
     def _build(self, views: Views) -> Iterator[None]:
-        if views.cpus.shared != self._shared:
-            self._shared, self._shared_gen = list(views.cpus.shared), self._shared_gen + 1
-        gen, seq, claims = self._shared_gen, views.meta.last_seq, views.claims.claims
-        kept: dict[str, tuple[PodKey, tuple[tuple[str, int], ...], bytes]] = {}
+        if views.cpus.shared != self._shared:  # every pod's message shows the shared pool
+            self._shared, self._pods = list(views.cpus.shared), {}
+        seq, claims = views.meta.last_seq, views.claims.claims
+        kept: dict[str, tuple[PodKey | int, tuple[tuple[str, int], ...], bytes]] = {}
         built = 0
         for visited, (uid, pod) in enumerate(views.pods.pods.items(), 1):
             if visited % self.visits == 0:
                 yield
-            admitted = pod.state == ADMITTED and pod.changed_seq > 0
-            key: PodKey = (
-                pod.state,
-                pod.changed_seq if admitted else 0,
-                0 if admitted else seq,
-                pod.admitted_seq,
-                pod.quarantined_seq,
-                gen,
-            )
+            key = _pod_key(pod, seq)
             cached = self._pods.get(uid)
             if cached is None or cached[0] != key or not _claims_same(claims, cached[1]):
                 used = tuple(
@@ -225,6 +217,17 @@ class PodsCache(SeqCache[pb.ListPodsResponse]):
             kept[uid] = cached
         self._pods = kept
         self._parts = [part for _, _, part in kept.values()]
+
+
+def _pod_key(pod: PodView, seq: int) -> PodKey | int:
+    """What the pod's PodInfo is built from (``PodKey``). For most pods, admitted and never
+    quarantined, that is its ``changed_seq`` alone (its admission sets it with
+    ``admitted_seq``), one int object the pod already holds: 10,000 of them are kept."""
+    if pod.state == ADMITTED and pod.changed_seq > 0:
+        if not pod.quarantined_seq and pod.admitted_seq <= pod.changed_seq:
+            return pod.changed_seq
+        return (pod.state, pod.changed_seq, 0, pod.admitted_seq, pod.quarantined_seq)
+    return (pod.state, 0, seq, pod.admitted_seq, pod.quarantined_seq)
 
 
 def _claims_same(claims: dict[str, ClaimView], used: tuple[tuple[str, int], ...]) -> bool:
@@ -272,7 +275,7 @@ class NodeService(NodeBase):
         self,
         views: Callable[[], Views],
         admitter: Admitter,
-        status: Callable[[], pb.StatusResponse],
+        status: Callable[[int], pb.StatusResponse],
         records: Callable[[int], Awaitable[list[Record | CorruptRecordError]]] | None = None,
     ) -> None:
         self._views = views
@@ -294,8 +297,9 @@ class NodeService(NodeBase):
                 seq = item.seq + 1
 
     async def Status(self, stream: Stream[pb.StatusRequest, pb.StatusResponse]) -> None:
-        await stream.recv_message()
-        await stream.send_message(self._status())
+        req = await stream.recv_message()
+        assert req is not None
+        await stream.send_message(self._status(req.loop_holds_since_ns))
 
     async def Admit(self, stream: Stream[pb.AdmitRequest, pb.PodInfo]) -> None:
         req = await stream.recv_message()
@@ -348,7 +352,28 @@ def watch_event(item: Record | CorruptRecordError) -> pb.WatchEvent:
     )
 
 
-def status_response(ready: bool, instance_id: str, last_seq: int, sockets: list[str], pid: int) -> pb.StatusResponse:
-    return pb.StatusResponse(
+def status_response(
+    ready: bool,
+    instance_id: str,
+    last_seq: int,
+    sockets: list[str],
+    pid: int,
+    holds: LoopHolds | None = None,
+    holds_since_ns: int = 0,
+) -> pb.StatusResponse:
+    """The daemon's Status; with ``holds``, how long its loop was held (the long steps that
+    ended after ``holds_since_ns`` when it is set)."""
+    resp = pb.StatusResponse(
         ready=ready, version=__version__, instance_id=instance_id, last_seq=last_seq, sockets=sockets, pid=pid
     )
+    if holds is not None:
+        loop = resp.loop
+        loop.steps, loop.longest_seconds, loop.over_10ms = holds.steps, holds.longest, holds.over
+        loop.longest_task, loop.long_steps = holds.longest_task, holds.kept
+        if holds_since_ns > 0:
+            loop.recent.extend(
+                pb.LoopHold(end_monotonic_ns=end, seconds=held, task=task)
+                for end, held, task in list(holds.recent)
+                if end > holds_since_ns
+            )
+    return resp

@@ -46,11 +46,13 @@ def cpu_seconds(pid: int) -> float:
     return time.clock_gettime(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident set size of ``pid`` now (VmRSS in /proc/<pid>/status)."""
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """Resident set size of ``pid`` now (VmRSS in /proc/<pid>/status), or another of its
+    lines in kB (``RssAnon``: the anonymous part; ``RssFile``: mapped files, the log's
+    LMDB map and the libraries, pages the kernel can reclaim)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     return 0
 

@@ -7,7 +7,7 @@ temporary root; this process admits one-device pods through the node API, one at
 
 * admission p50/p99: the last ``--samples`` admissions before that size (no further back
   than the previous size);
-* the daemon's RSS then (VmRSS) and its CPU per admission over those admissions (its
+* the daemon's RSS then (VmRSS, and its anonymous part, RssAnon) and its CPU per admission over those admissions (its
   process CPU clock, every thread; the probe's share, measured on the idle daemon first,
   taken off);
 * log bytes per pod: the growth of the log's ``data.mdb`` since the previous size, over the
@@ -18,9 +18,10 @@ temporary root; this process admits one-device pods through the node API, one at
   their answers left undecoded (the daemon's part without the client's parsing),
   PodResources ``GetAllocatableResources`` p50, the two listings' sizes, the longest stall
   while these calls ran, and the daemon's RSS after them (its listings' caches filled);
-* the longest loop stall: the daemon exposes none, so it is measured from outside, as the
-  worst round trip of a node API ``Status`` call sent every 10 ms by another process for
-  the whole span (its scheduling on this machine included);
+* the longest loop stall as a client sees it: the worst round trip of a node API ``Status``
+  call sent every 10 ms by another process for the whole span (its scheduling on this
+  machine included); and as the daemon measures it (``eventsrc.obs.loop``): the longest
+  step of its loop that ended in the span, and how many took 10 ms or more;
 * beside them, measured in the same run on the same disk: what the kubelet's device
   manager pays to persist the same state on each change (its whole checkpoint,
   ``kubelet_internal_checkpoint``: PodDeviceEntries, RegisteredDevices, Checksum, as JSON,
@@ -312,6 +313,51 @@ class Row:
     list_pods_raw_p50: float
     listings_stall: float
     rss_after: int
+    hold: Hold
+    listings_hold: Hold
+    anon: int
+    anon_after: int
+
+
+@dataclass(frozen=True)
+class Hold:
+    """The longest step of the daemon's loop in a span, as the daemon measured it
+    (``eventsrc.obs.loop``): its seconds, its task, whether every long step of the span was
+    still in the daemon's ring (else a floor), and how many steps took 10 ms or more."""
+
+    seconds: float
+    task: str
+    whole: bool
+    over_10ms: int
+
+    def text(self) -> str:
+        return f"{self.seconds * 1e3:.1f}" + ("" if self.whole else "+")
+
+
+def _longer(a: Hold, b: Hold) -> Hold:
+    """The longer of two spans' holds, with both spans' steps of 10 ms or more."""
+    top = max(a, b, key=lambda h: h.seconds)
+    return Hold(top.seconds, top.task, a.whole and b.whole, a.over_10ms + b.over_10ms)
+
+
+class HoldSpan:
+    """A span of the daemon's life whose longest loop step is asked for at its end."""
+
+    def __init__(self, since_ns: int, status: pb.StatusResponse) -> None:
+        self.since_ns = since_ns
+        self.long_steps = status.loop.long_steps
+        self.over = status.loop.over_10ms
+
+    @classmethod
+    async def start(cls, stub: NodeStub) -> HoldSpan:
+        since = time.monotonic_ns()
+        return cls(since, await stub.Status(pb.StatusRequest(), timeout=60))
+
+    async def end(self, stub: NodeStub) -> Hold:
+        st = await stub.Status(pb.StatusRequest(loop_holds_since_ns=self.since_ns), timeout=60)
+        seconds, task = max(((h.seconds, h.task) for h in st.loop.recent), default=(0.0, ""))
+        whole = st.loop.long_steps - self.long_steps <= len(st.loop.recent)
+        return Hold(seconds, task, whole, st.loop.over_10ms - self.over)
 
 
 class _Progress:
@@ -471,6 +517,7 @@ class _Bench:
         stub = NodeStub(channel)
         try:
             prev, log_before = 0, data.stat().st_size
+            span = await HoldSpan.start(stub)
             self.probe.read()  # the span starts here
             for size in sizes(self.pods):
                 window = min(self.samples, size - prev)
@@ -478,18 +525,22 @@ class _Bench:
                 c, t = cpu_seconds(self.daemon.pid), time.perf_counter()
                 lat = await self.admit(stub, window)
                 cpu = (cpu_seconds(self.daemon.pid) - c - probe_cpu * (time.perf_counter() - t)) / window
-                rss = rss_bytes(self.daemon.pid)
+                rss, anon = rss_bytes(self.daemon.pid), rss_bytes(self.daemon.pid, "RssAnon")
+                hold = await span.end(stub)
                 log_after = data.stat().st_size
                 log_bytes = (log_after - log_before) / (size - prev)
                 self.progress.show(size, "PodResources List at")
                 admissions_stall, probe_p50, _ = self.probe.read()
+                span = await HoldSpan.start(stub)
                 lists, allocatable, list_bytes = await self.pod_resources_latencies(size)
                 pods_lat, pods_bytes = await self.list_pods_latencies(stub, size)
                 raw_lists, raw_pods = await self.undecoded_latencies(list_bytes, pods_bytes)
                 listings_stall, _, _ = self.probe.read()
-                rss_after = rss_bytes(self.daemon.pid)
+                listings_hold = await span.end(stub)
+                rss_after, anon_after = rss_bytes(self.daemon.pid), rss_bytes(self.daemon.pid, "RssAnon")
                 self.progress.show(size, "kubelet checkpoint at")
                 ckpt, ckpt_bytes = checkpoint_per_change(self.log_dir, self.held, registered, self.repeats)
+                span = await HoldSpan.start(stub)
                 self.probe.read()  # not the daemon's doing: the next span starts here
                 self.progress.clear()
                 row = Row(
@@ -515,6 +566,10 @@ class _Bench:
                     statistics.median(raw_pods),
                     listings_stall,
                     rss_after,
+                    _longer(hold, listings_hold),
+                    listings_hold,
+                    anon,
+                    anon_after,
                 )
                 _row(self.out, row)
                 rows.append(row)
@@ -556,6 +611,9 @@ class _Bench:
         with open(cut_log, "ab") as log:
             self.procs[0] = start_daemon(self.root, log, args)
         await wait_ready(self.root, self.daemon, cut_log)
+        channel = Channel(path=str(self.api))
+        stub = NodeStub(channel)
+        span = await HoldSpan.start(stub)
         self.probe.read()  # the start, and the calls before the socket was there
         deadline = time.monotonic() + CUT_TIMEOUT
         while (line := _log_line(cut_log, "log cut", "retention cut failed")) is None:
@@ -563,6 +621,10 @@ class _Bench:
                 raise EventsrcError(f"the daemon made no retention cut; see {cut_log}")
             await asyncio.sleep(0.05)
         stall, _, _ = self.probe.read()
+        try:
+            hold = await span.end(stub)
+        finally:
+            channel.close()
         if line["msg"] != "log cut":
             raise EventsrcError(f"the retention cut failed: {line.get('reason')}; see {cut_log}")
         return CutFigures(
@@ -571,6 +633,7 @@ class _Bench:
             prepare=float(line["prepare_seconds"]),
             writer_pause=float(line["longest_pause_ms"]) / 1e3,
             stall=stall,
+            hold=hold,
         )
 
     def close(self) -> None:
@@ -600,6 +663,7 @@ class CutFigures:
     prepare: float  # its first step (the views at the cut, the sealed segment)
     writer_pause: float  # the longest transaction that held the log's writer
     stall: float  # the worst Status round trip meanwhile
+    hold: Hold  # the daemon's longest loop step meanwhile
 
 
 def _log_line(path: Path, *messages: str) -> dict[str, Any] | None:
@@ -621,11 +685,14 @@ _COLUMNS = (
     ("admission", "p50 ms", 8),
     ("admission", "p99 ms", 8),
     ("daemon", "RSS MB", 8),
+    ("daemon", "anon MB", 9),
     ("daemon", "CPU/adm ms", 12),
     ("log", "bytes/pod", 11),
     ("PodResources List", "first ms", 10),
     ("PodResources List", "p50 ms", 8),
     ("longest", "stall ms", 10),
+    ("longest", "hold ms", 9),
+    ("longest", ">=10ms", 8),
     ("", "|", 3),
     ("kubelet-style checkpoint", "per change ms", 14),
     ("kubelet-style checkpoint", "bytes", 12),
@@ -645,8 +712,9 @@ def _row(out: TextIO, r: Row) -> None:
     w = [width for _, _, width in _COLUMNS]
     out.write(
         f"{r.pods:{w[0]},}{r.samples:{w[1]}}{r.p50 * 1e3:{w[2]}.2f}{r.p99 * 1e3:{w[3]}.2f}{r.rss / 2**20:{w[4]}.1f}"
-        f"{r.cpu * 1e3:{w[5]}.2f}{r.log_bytes:{w[6]},.0f}{r.list_first * 1e3:{w[7]}.2f}{r.list_p50 * 1e3:{w[8]}.2f}"
-        f"{r.stall * 1e3:{w[9]}.1f}{'|':>{w[10]}}{r.checkpoint * 1e3:{w[11]}.2f}{r.checkpoint_bytes:{w[12]},}\n"
+        f"{r.anon / 2**20:{w[5]}.1f}{r.cpu * 1e3:{w[6]}.2f}{r.log_bytes:{w[7]},.0f}{r.list_first * 1e3:{w[8]}.2f}"
+        f"{r.list_p50 * 1e3:{w[9]}.2f}{r.stall * 1e3:{w[10]}.1f}{r.hold.text():>{w[11]}}{r.hold.over_10ms:{w[12]}}"
+        f"{'|':>{w[13]}}{r.checkpoint * 1e3:{w[14]}.2f}{r.checkpoint_bytes:{w[15]},}\n"
     )
     out.flush()
 
@@ -687,7 +755,9 @@ def run_scale_bench(
                 f"{label:<42}{cut.seconds:7.3f} s for {cut.records:,} records (its first step, the views at the "
                 f"cut and the sealed segment, {cut.prepare:.3f} s); the longest transaction holding the log's "
                 f"writer {cut.writer_pause * 1e3:.1f} ms; the longest Status round trip meanwhile "
-                f"{cut.stall * 1e3:.1f} ms (serve --log-retention-max-size {CUT_MAX_SIZE}, after a clean stop)\n"
+                f"{cut.stall * 1e3:.1f} ms, the daemon's longest loop step {cut.hold.text()} ms "
+                f"({cut.hold.over_10ms} of 10 ms or more) (serve --log-retention-max-size {CUT_MAX_SIZE}, "
+                "after a clean stop)\n"
             )
         out.write(f"\nwhole run: {time.perf_counter() - t_run:.1f} s\n")
     except GRPCError as err:
@@ -713,16 +783,22 @@ def _legend(
         "\n"
         f"  admission      latency of the last {samples} admissions before that size (fewer at 10 pods and "
         "wherever the previous size is nearer)\n"
-        "  RSS            the daemon's VmRSS at that size\n"
+        "  RSS            the daemon's VmRSS at that size; anon: its anonymous part (RssAnon), what the daemon "
+        "holds; the rest is mapped files: the log's LMDB map (every page an append touched) and the libraries, "
+        "page cache the kernel can reclaim\n"
         "  CPU/adm        the daemon's CPU (every thread) over those admissions, per admission; the stall probe's "
         f"share ({probe_cpu * 1e3:.1f} ms/s, measured on the idle daemon) taken off\n"
         "  bytes/pod      growth of the log's data.mdb since the previous size, per pod admitted since\n"
         f"  List           PodResources List with every pod in its answer: the first call after the admissions, "
         f"and the median of {repeats} (the daemon keeps its answer from one List to the next while nothing changed)\n"
-        "  stall          the daemon exposes no loop-stall figure: this is the worst node API Status round trip, "
-        f"sent every {PROBE_PERIOD * 1e3:.0f} ms by another process since the previous size (its scheduling on "
-        f"this machine included; a typical one took {probe * 1e3:.2f} ms; on the idle daemon, before any pod, "
-        f"the worst of 1 s took {idle_worst * 1e3:.1f} ms, a typical one {idle_p50 * 1e3:.2f} ms)\n"
+        "  stall          what a client sees: the worst node API Status round trip, sent every "
+        f"{PROBE_PERIOD * 1e3:.0f} ms by another process since the previous size (its own scheduling on this "
+        f"machine included; a typical one took {probe * 1e3:.2f} ms; on the idle daemon, before any pod, the worst "
+        f"of 1 s took {idle_worst * 1e3:.1f} ms, a typical one {idle_p50 * 1e3:.2f} ms)\n"
+        "  hold           the daemon's own figure (eventsrc.obs.loop): the longest step of its loop since the "
+        "previous size, admissions and listings, one trio task step or asyncio callback that nobody else could "
+        "interrupt (collections, GIL waits and this machine's scheduling of the daemon included; '+': more long "
+        "steps than the daemon keeps, a floor); >=10ms: how many steps took 10 ms or more\n"
         "  checkpoint     what the kubelet's device manager pays per change to persist the same state: its whole "
         f"{CHECKPOINT} (the pods' entries and the registered devices) as JSON to a temporary file in the "
         f"log's directory, fsync, rename; median of {repeats}; the checksum (go-spew + FNV) not timed, so a floor\n"
@@ -740,7 +816,9 @@ _LISTING_COLUMNS = (
     ("", "List KB", 9),
     ("GetAllocatable", "p50 ms", 16),
     ("listings", "stall ms", 10),
+    ("listings", "hold ms", 9),
     ("after them", "RSS MB", 12),
+    ("after them", "anon MB", 9),
 )
 
 
@@ -758,7 +836,7 @@ def _listings(out: TextIO, rows: list[Row], repeats: int) -> None:
             f"{r.pods:{w[0]},}{r.list_pods_first * 1e3:{w[1]}.2f}{r.list_pods_p50 * 1e3:{w[2]}.2f}"
             f"{r.list_pods_bytes / 1e3:{w[3]},.0f}{r.list_raw_p50 * 1e3:{w[4]}.2f}{r.list_pods_raw_p50 * 1e3:{w[5]}.2f}"
             f"{r.list_bytes / 1e3:{w[6]},.0f}{r.allocatable_p50 * 1e3:{w[7]}.2f}{r.listings_stall * 1e3:{w[8]}.1f}"
-            f"{r.rss_after / 2**20:{w[9]}.1f}\n"
+            f"{r.listings_hold.text():>{w[9]}}{r.rss_after / 2**20:{w[10]}.1f}{r.anon_after / 2**20:{w[11]}.1f}\n"
         )
     out.write(
         "\n"
@@ -770,8 +848,15 @@ def _listings(out: TextIO, rows: list[Row], repeats: int) -> None:
         "plugin in the answer)\n"
         "  listings stall the worst Status round trip while these calls and List's ran (the stall column above "
         "includes it)\n"
-        "  RSS            the daemon's VmRSS after them (the listings' caches filled at that size)\n"
+        "  listings hold  the daemon's longest loop step while they ran (the hold column above includes it)\n"
+        "  RSS            the daemon's VmRSS after them (the listings' caches filled at that size), and its "
+        "anonymous part\n"
     )
+    worst = max(rows, key=lambda r: r.hold.seconds, default=None)
+    if worst is not None and worst.hold.task:
+        out.write(
+            f"  the longest hold, {worst.hold.text()} ms at {worst.pods:,} pods, was a step of {worst.hold.task!r}\n"
+        )
     out.flush()
 
 

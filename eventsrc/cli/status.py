@@ -42,6 +42,14 @@ def status(args: argparse.Namespace) -> int:
             instance_id=st.instance_id,
             last_seq=st.last_seq,
             sockets=list(st.sockets),
+            # how long its loop was held: steps nobody else could interrupt (eventsrc/obs/loop.py)
+            loop={
+                "steps": st.loop.steps,
+                "longest_seconds": st.loop.longest_seconds,
+                "longest_task": st.loop.longest_task,
+                "over_10ms": st.loop.over_10ms,
+                "long_steps": st.loop.long_steps,
+            },
         )
         if not st.ready:
             reason = f"eventsrc (pid {st.pid}) on {layout.root} is not ready yet"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import stat
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -441,8 +442,15 @@ class DeviceManager:
         reason = list_and_watch_error(msg)
         if reason:
             raise PluginCutOff(f"its ListAndWatch message {reason}")
+        # Kept until the next list: its repeated parts (the health, the NUMA nodes) shared
+        numa: dict[tuple[int, ...], list[int]] = {}
         ep.newest = [
-            ev.DeviceInfo(id=d.ID, health=d.health, numa_nodes=[n.ID for n in d.topology.nodes]) for d in msg.devices
+            ev.DeviceInfo(
+                id=d.ID,
+                health=sys.intern(d.health),
+                numa_nodes=numa.setdefault(nodes := tuple(n.ID for n in d.topology.nodes), list(nodes)),
+            )
+            for d in msg.devices
         ]
         ep.health.listed(ep.newest)
         ep.unrecorded += 1

@@ -56,10 +56,17 @@ def _shared_mount(m: Mount) -> Mount:
     return m
 
 
+#: Shared by every allocation and container without any: never changed in place (events are
+#: frozen, and the reducers replace a view's dict or list whole).
+_NO_STRINGS: dict[str, str] = {}
+_NO_NAMES: list[str] = []
+_NO_NUMBERS: list[int] = []
+
+
 def shared_allocation(a: ContainerAllocation) -> ContainerAllocation:
     """``a``, its repeated parts shared with other containers' allocations (equal, not copied)."""
     return ContainerAllocation(
-        envs={sys.intern(k): v for k, v in a.envs.items()},
+        envs={sys.intern(k): v for k, v in a.envs.items()} if a.envs else _NO_STRINGS,
         mounts=[_shared_mount(m) for m in a.mounts],
         devices=[
             DeviceSpec(
@@ -69,9 +76,28 @@ def shared_allocation(a: ContainerAllocation) -> ContainerAllocation:
             )
             for d in a.devices
         ],
-        annotations={sys.intern(k): v for k, v in a.annotations.items()},
-        cdi_devices=a.cdi_devices,
+        annotations={sys.intern(k): v for k, v in a.annotations.items()} if a.annotations else _NO_STRINGS,
+        cdi_devices=a.cdi_devices or _NO_NAMES,
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _shared_quantities(items: frozenset[tuple[str, str]]) -> dict[str, str]:
+    """One dict for equal requests (or limits): most pods ask for the same few."""
+    return {sys.intern(k): sys.intern(v) for k, v in sorted(items)}
+
+
+def shared_quantities(quantities: dict[str, str]) -> dict[str, str]:
+    """``quantities`` as the dict shared by every container asking for the same; a dict of
+    many entries stays its own (the cache is for the common few). Replaced whole, never
+    changed in place."""
+    if not quantities:
+        return _NO_STRINGS
+    if len(quantities) > 8:
+        return quantities
+    shared = _shared_quantities(frozenset(quantities.items()))
+    # equal, and in the same order: a container's dict encodes the same either way
+    return shared if list(shared) == list(quantities) else quantities
 
 
 class _Index(Protocol):
@@ -123,8 +149,13 @@ class ContainerView(Struct, kw_only=True):
 
     def __post_init__(self) -> None:
         self.kind = sys.intern(self.kind)
+        self.cpus = self.cpus or _NO_NUMBERS  # most have none
+        self.claims = self.claims or _NO_NAMES
+        self.requests = shared_quantities(self.requests)
         if self.limits == self.requests:  # most often: one dict for both (each only ever replaced whole)
             self.limits = self.requests
+        else:
+            self.limits = shared_quantities(self.limits)
         for resource, a in self.allocations.items():
             self.allocations[resource] = shared_allocation(a)
 
@@ -150,6 +181,7 @@ class PodView(Struct, kw_only=True):
         self.uid = sys.intern(self.uid)
         self.namespace = sys.intern(self.namespace)
         self.qos_class = sys.intern(self.qos_class)
+        self.in_doubt = self.in_doubt or _NO_NUMBERS
 
 
 class PodsView(Struct, kw_only=True):

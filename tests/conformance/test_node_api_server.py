@@ -209,3 +209,20 @@ def test_clients_that_vanish_do_not_stop_the_daemon(served: tuple[Daemon, grpc.C
                 s.sendall(c.data_to_send())
             _readable(s)
     _serving(daemon, channel)
+
+
+def test_status_says_how_long_the_loop_was_held(channel: grpc.Channel) -> None:
+    node = stubs("node/v1/node.proto").NodeStub(channel)
+    plain = node.Status(pb.StatusRequest(), timeout=5)
+    assert plain.loop.steps > 0 and plain.loop.longest_seconds > 0 and plain.loop.longest_task
+    assert not plain.loop.recent  # listed only when asked for
+    since = 1  # every kept step (CLOCK_MONOTONIC ns)
+    asked = node.Status(pb.StatusRequest(loop_holds_since_ns=since), timeout=5)
+    assert asked.loop.steps > plain.loop.steps
+    assert len(asked.loop.recent) <= asked.loop.long_steps
+    ends = [h.end_monotonic_ns for h in asked.loop.recent]
+    assert ends == sorted(ends) and all(end > since for end in ends)
+    assert all(0.004 <= h.seconds <= asked.loop.longest_seconds and h.task for h in asked.loop.recent)
+    if ends:  # a later span holds none of them
+        later = node.Status(pb.StatusRequest(loop_holds_since_ns=ends[-1]), timeout=5)
+        assert all(h.end_monotonic_ns > ends[-1] for h in later.loop.recent)

@@ -59,6 +59,8 @@ def test_bad_arguments_exit_non_zero_without_traceback(root: Path) -> None:
 def test_serve_status_stop_restart(root: Path, daemon_factory) -> None:  # type: ignore[no-untyped-def]
     d = daemon_factory()
     assert run_cli("status", root=root).returncode == 0
+    loop = json.loads(run_cli("status", "-o", "json", root=root, check=True).stdout)["loop"]
+    assert loop["steps"] > 0 and loop["longest_seconds"] > 0 and loop["long_steps"] >= loop["over_10ms"] >= 0
     for sub in ("device-plugins", "plugins_registry", "plugins", "pod-resources", "eventsrc"):
         assert (root / sub).is_dir()
     second = run_cli("serve", root=root)
@@ -154,6 +156,8 @@ def test_one_flipped_byte_is_named_and_nothing_else_is_lost(root: Path, daemon_f
     # The daemon does not crash-loop: it starts, names the record in its log, records it.
     d = daemon_factory()
     assert run_cli("status", root=root).returncode == 0
+    loop = json.loads(run_cli("status", "-o", "json", root=root, check=True).stdout)["loop"]
+    assert loop["steps"] > 0 and loop["longest_seconds"] > 0 and loop["long_steps"] >= loop["over_10ms"] >= 0
     assert d.stop() == 0
     assert "seq=117" in d.output() and 'msg="corrupt record' in d.output()
     found = [json.loads(line) for line in run_cli("log", "-o", "json", "--from", "201", root=root).stdout.splitlines()]

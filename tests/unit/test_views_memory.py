@@ -1,5 +1,6 @@
 """At 10,000 pods the views keep one copy of what repeats from pod to pod (issue 15): a
 decoded pod is keyed by its own uid, a container's equal requests and limits are one dict,
+shared with every container that asks for the same,
 a plugin's mounts are shared, and the device index names a pod by its PodView's uid and
 keeps each NUMA set once. None of it changes what the views encode to."""
 
@@ -49,6 +50,9 @@ def _shared(views: Views) -> None:
     (_, a), (_, b) = pods[:2]
     one, two = a.containers["main"].allocations[RESOURCE], b.containers["main"].allocations[RESOURCE]
     assert one.mounts[0] is two.mounts[0]
+    assert one.annotations is two.annotations and one.cdi_devices is two.cdi_devices  # none: one empty of each
+    assert a.containers["main"].requests is b.containers["main"].requests  # equal requests: one dict
+    assert a.containers["main"].cpus is b.containers["main"].cpus and a.in_doubt is b.in_doubt  # none: one empty
     assert one.devices[0].host_path is two.devices[0].host_path
     assert a.namespace is b.namespace and a.qos_class is b.qos_class
     index = device_state.index_of(views.devices)
@@ -79,3 +83,14 @@ def test_a_limit_unlike_its_request_is_its_own() -> None:
     )
     c = rebuild(as_records(evs)).pods.pods["uid-0"].containers["main"]
     assert c.requests == {RESOURCE: "1"} and c.limits == {RESOURCE: "2"}
+
+
+def test_shared_requests_keep_each_containers_order() -> None:
+    from eventsrc.state.views import ContainerView
+
+    first = ContainerView(requests={"a": "1", "b": "2"})
+    other_order = ContainerView(requests={"b": "2", "a": "1"})
+    assert list(first.requests) == ["a", "b"] and list(other_order.requests) == ["b", "a"]
+    assert ContainerView(requests={"a": "1", "b": "2"}).requests is first.requests
+    data = msgspec.msgpack.encode(other_order)
+    assert msgspec.msgpack.encode(msgspec.msgpack.decode(data, type=ContainerView)) == data

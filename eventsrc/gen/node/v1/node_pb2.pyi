@@ -33,24 +33,54 @@ class WatchEvent(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., ts_ns: _Optional[int] = ..., correlation_id: _Optional[str] = ..., type: _Optional[str] = ..., version: _Optional[int] = ..., event_json: _Optional[str] = ..., corrupt: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("loop_holds_since_ns",)
+    LOOP_HOLDS_SINCE_NS_FIELD_NUMBER: _ClassVar[int]
+    loop_holds_since_ns: int
+    def __init__(self, loop_holds_since_ns: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("ready", "version", "instance_id", "last_seq", "sockets", "pid")
+    __slots__ = ("ready", "version", "instance_id", "last_seq", "sockets", "pid", "loop")
     READY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
     SOCKETS_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    LOOP_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     version: str
     instance_id: str
     last_seq: int
     sockets: _containers.RepeatedScalarFieldContainer[str]
     pid: int
-    def __init__(self, ready: _Optional[bool] = ..., version: _Optional[str] = ..., instance_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., sockets: _Optional[_Iterable[str]] = ..., pid: _Optional[int] = ...) -> None: ...
+    loop: LoopHolds
+    def __init__(self, ready: _Optional[bool] = ..., version: _Optional[str] = ..., instance_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., sockets: _Optional[_Iterable[str]] = ..., pid: _Optional[int] = ..., loop: _Optional[_Union[LoopHolds, _Mapping]] = ...) -> None: ...
+
+class LoopHolds(_message.Message):
+    __slots__ = ("steps", "longest_seconds", "longest_task", "over_10ms", "recent", "long_steps")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    LONGEST_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LONGEST_TASK_FIELD_NUMBER: _ClassVar[int]
+    OVER_10MS_FIELD_NUMBER: _ClassVar[int]
+    RECENT_FIELD_NUMBER: _ClassVar[int]
+    LONG_STEPS_FIELD_NUMBER: _ClassVar[int]
+    steps: int
+    longest_seconds: float
+    longest_task: str
+    over_10ms: int
+    recent: _containers.RepeatedCompositeFieldContainer[LoopHold]
+    long_steps: int
+    def __init__(self, steps: _Optional[int] = ..., longest_seconds: _Optional[float] = ..., longest_task: _Optional[str] = ..., over_10ms: _Optional[int] = ..., recent: _Optional[_Iterable[_Union[LoopHold, _Mapping]]] = ..., long_steps: _Optional[int] = ...) -> None: ...
+
+class LoopHold(_message.Message):
+    __slots__ = ("end_monotonic_ns", "seconds", "task")
+    END_MONOTONIC_NS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    end_monotonic_ns: int
+    seconds: float
+    task: str
+    def __init__(self, end_monotonic_ns: _Optional[int] = ..., seconds: _Optional[float] = ..., task: _Optional[str] = ...) -> None: ...
 
 class Container(_message.Message):
     __slots__ = ("name", "kind", "requests", "limits", "claims")
