@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import trio
@@ -34,6 +35,13 @@ def new_correlation_id() -> str:
     return f"{_cid_next():016x}"
 
 
+#: A batch of at most this many records is applied in one go (most are a request's few).
+APPLY_WHOLE = 8
+#: Applying a longer batch lets the loop run others after this long (seconds).
+APPLY_BUDGET = 0.002
+_clock = time.perf_counter
+
+
 def _no_abort(_: object) -> Abort:
     # Once queued, an append is committed; the appender must wait to learn the outcome.
     return Abort.FAILED
@@ -54,6 +62,7 @@ class GroupCommitter:
         #: Sizes of the last batches (for metrics and benchmarks).
         self.batches = 0
         self.appended = 0
+        self.apply_pauses = 0  # times a long batch's apply let the loop run others
 
     async def append(
         self,
@@ -162,7 +171,7 @@ class GroupCommitter:
                 self.appended += len(committed)
                 if committed and self._on_commit is not None:
                     # Before any appender resumes: they see their events in the views.
-                    self._on_commit(committed)
+                    await self._apply(committed, self._on_commit)
             except BaseException as exc:
                 self._finish(
                     batch, LogClosedError(f"the event log failed while committing or applying this append: {exc!r}")
@@ -171,6 +180,25 @@ class GroupCommitter:
             self._finish(batch)
             appended, self._appended = self._appended, trio.Event()
             appended.set()
+
+    async def _apply(self, records: list[Record], on_commit: Callable[[list[Record]], None]) -> None:
+        """``on_commit`` of ``records``, in order. A batch of more than ``APPLY_WHOLE``
+        records is applied one record at a time, and once ``APPLY_BUDGET`` has gone by the
+        loop runs others before the next record: a plugin's first list of 10,000 devices
+        (20 records) or a batch of hundreds of admissions never holds it for long. Others
+        then see the views at a prefix of the batch, a state the log had (``last_seq`` says
+        which); the batch's appenders resume only once all of it is applied. The pause does
+        not take a cancellation: what is committed is always applied."""
+        if len(records) <= APPLY_WHOLE:
+            on_commit(records)
+            return
+        started = _clock()
+        for i, record in enumerate(records):
+            if i and _clock() - started > APPLY_BUDGET:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                self.apply_pauses += 1
+                started = _clock()
+            on_commit([record])
 
     def _abort_idle(self, _: object) -> Abort:
         self._idle = None

@@ -20,9 +20,10 @@ import math
 import stat
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import trio
 from grpclib import GRPCError, Status
@@ -30,7 +31,7 @@ from grpclib.client import Channel
 from grpclib.server import Stream
 
 from eventsrc import events as ev
-from eventsrc.core.devices.flaps import FLAP_WINDOW, HealthThrottle
+from eventsrc.core.devices.flaps import FLAP_WINDOW, Decision, HealthThrottle
 from eventsrc.core.devices.holds import DeviceList, check_device_list, list_and_watch_events
 from eventsrc.core.devices.names import endpoint_error, registration_error
 from eventsrc.errors import EventsrcError
@@ -49,8 +50,10 @@ from eventsrc.rpc.bridge import (
     why,
 )
 from eventsrc.rpc.ratelimit import TokenBucket
+from eventsrc.state.views import DeviceView
 
 log = get_logger("eventsrc.devices")
+T = TypeVar("T")
 
 DIAL_TIMEOUT = 10.0
 PREFERRED_TIMEOUT = 10.0  # GetPreferredAllocation (the kubelet waits for ever, under its lock)
@@ -112,6 +115,8 @@ class Endpoint:
     coalesced: int = 0  # lists never recorded, since the last log line saying so
     coalesced_logged: float = -math.inf
     reported: frozenset[str] = frozenset()  # what was wrong with its list, already logged
+    # Held while its flap state is changed: a list counted, or compared with the views
+    lock: trio.Lock = field(default_factory=trio.Lock)
 
     def __post_init__(self) -> None:
         self.health = HealthThrottle(self.resource, self.flap_window)
@@ -244,6 +249,57 @@ class RegistrationService(RegistrationBase):
             # The kubelet returns a plain Go error: gRPC code Unknown with the message.
             raise GRPCError(Status.UNKNOWN, str(err)) from None
         await stream.send_message(pb.Empty())
+
+
+#: A ListAndWatch list of more devices than this is taken and compared in a worker thread:
+#: at 10,000 devices each pass over it (converting, counting flaps, checking, comparing with
+#: the views) took 5-13 ms, about 40 ms in all, which the daemon's loop would wait for.
+INLINE_DEVICES = 1_000
+
+
+async def _off_loop(devices: int, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``: at once for a list of at most ``INLINE_DEVICES`` devices, else in a
+    worker thread, so that the loop answers others meanwhile (the thread holds the GIL at
+    most ``sys.getswitchinterval()`` at a time). The caller holds the endpoint's lock:
+    nothing else touches its flap state meanwhile."""
+    if devices <= INLINE_DEVICES:
+        return fn(*args)
+    return await trio.to_thread.run_sync(fn, *args)
+
+
+def _take_list(ep: Endpoint, msg: pb.ListAndWatchResponse) -> tuple[str, list[ev.DeviceInfo] | None]:
+    """Why ``msg`` cuts its plugin off, or ("", its devices), its flaps counted."""
+    reason = list_and_watch_error(msg)
+    if reason:
+        return reason, None
+    # Kept until the next list: its repeated parts (the health, the NUMA nodes) shared
+    numa: dict[tuple[int, ...], list[int]] = {}
+    newest = [
+        ev.DeviceInfo(
+            id=d.ID,
+            health=sys.intern(d.health),
+            numa_nodes=numa.setdefault(nodes := tuple(n.ID for n in d.topology.nodes), list(nodes)),
+        )
+        for d in msg.devices
+    ]
+    ep.health.listed(newest)
+    return "", newest
+
+
+def _list_changes(
+    ep: Endpoint,
+    listed: dict[str, DeviceView],
+    newest: list[ev.DeviceInfo],
+    machine: Sequence[int],
+    now: float,
+    final: bool,
+) -> tuple[DeviceList, Decision]:
+    """What is wrong with the newest list, and what of its changes against ``listed`` (the
+    recorded devices it still lists) to record now (the pure core's ``list_and_watch_events``
+    and the flap throttle's decision)."""
+    checked = check_device_list(newest, machine)
+    changed = list_and_watch_events(ep.resource, listed, newest, machine)
+    return checked, ep.health.decide(changed, listed, now, final=final)
 
 
 def _log_checked(ep: Endpoint, checked: DeviceList, machine_numa_nodes: Sequence[int]) -> None:
@@ -438,21 +494,13 @@ class DeviceManager:
 
     async def _devices_received(self, ep: Endpoint, msg: pb.ListAndWatchResponse) -> None:
         """Check one list, count the flaps it makes and keep it as the newest, for the
-        recorder; raises PluginCutOff when it breaks a limit."""
-        reason = list_and_watch_error(msg)
+        recorder; raises PluginCutOff when it breaks a limit. A long list is taken in a
+        worker thread (``INLINE_DEVICES``)."""
+        async with ep.lock:
+            reason, newest = await _off_loop(len(msg.devices), _take_list, ep, msg)
         if reason:
             raise PluginCutOff(f"its ListAndWatch message {reason}")
-        # Kept until the next list: its repeated parts (the health, the NUMA nodes) shared
-        numa: dict[tuple[int, ...], list[int]] = {}
-        ep.newest = [
-            ev.DeviceInfo(
-                id=d.ID,
-                health=sys.intern(d.health),
-                numa_nodes=numa.setdefault(nodes := tuple(n.ID for n in d.topology.nodes), list(nodes)),
-            )
-            for d in msg.devices
-        ]
-        ep.health.listed(ep.newest)
+        ep.newest = newest
         ep.unrecorded += 1
         ep.arrived.set()
 
@@ -494,10 +542,13 @@ class DeviceManager:
         known = self.recorder.views.devices.devices.get(ep.resource, {})
         listed = {k: d for k, d in known.items() if not d.removed}
         machine = self.machine_numa_nodes
+        async with ep.lock:
+            newest = ep.newest
+            checked, decision = await _off_loop(len(newest), _list_changes, ep, listed, newest, machine, now, final)
+        if self.endpoints.get(ep.resource) is not ep:
+            return  # replaced while its list was compared: the newer registration's list is the truth
         if count:
-            _log_checked(ep, check_device_list(ep.newest, machine), machine)
-        changed = list_and_watch_events(ep.resource, listed, ep.newest, machine)
-        decision = ep.health.decide(changed, listed, now, final=final)
+            _log_checked(ep, checked, machine)
         ep.due = decision.due
         if decision.events:
             with correlation(new_correlation_id()):  # one update of the plugin's list

@@ -149,8 +149,35 @@ class DeviceIndex:
                 ids.sort(key=device_order)
         return index
 
+    def sync_many(self, resource: str, device_ids: Iterable[str], table: dict[str, DeviceView]) -> None:
+        """``sync`` of each of ``device_ids`` as ``table`` has it now; the free sets they join
+        sorted once instead of a sorted insert each (a plugin's first list: thousands)."""
+        ids = list(dict.fromkeys(device_ids))  # each once: the table says how it ends
+        for device_id in ids:  # every removal first, while the free sets are in order
+            self._drop(resource, device_id)
+        joined: set[NumaSet] = set()
+        for device_id in ids:
+            if (d := table.get(device_id)) is not None:
+                self._add(resource, device_id, d, in_order=False)
+                if (key := self.resources[resource].free.set_of.get(device_id)) is not None:
+                    joined.add(key)
+        r = self.resources.get(resource)
+        if r is None:
+            return
+        for key in joined:
+            r.free.by_set[key].sort(key=device_order)
+        if not r.devices:
+            del self.resources[resource]
+
     def sync(self, resource: str, device_id: str, d: DeviceView | None) -> None:
         """``device_id`` of ``resource`` is now ``d`` (None: gone from the table)."""
+        self._drop(resource, device_id)
+        if d is not None:
+            self._add(resource, device_id, d)
+        elif (r := self.resources.get(resource)) is not None and not r.devices:
+            del self.resources[resource]
+
+    def _drop(self, resource: str, device_id: str) -> None:
         r = self.resources.get(resource)
         old = r.devices.pop(device_id, None) if r is not None else None
         if r is not None and old is not None:
@@ -160,10 +187,6 @@ class DeviceIndex:
                 r.free.discard(device_id)
             if old.holder:
                 self._hold(old.holder, resource, device_id, held=False)
-        if d is not None:
-            self._add(resource, device_id, d)
-        elif r is not None and not r.devices:
-            del self.resources[resource]
 
     def _add(self, resource: str, device_id: str, d: DeviceView, *, in_order: bool = True) -> None:
         r = self.resources.setdefault(resource, ResourceIndex())
@@ -275,7 +298,9 @@ def devices_added(v: Views, seq: int, e: ev.DevicesAdded) -> None:
     for d in e.devices:
         if _upsert(table, seq, d.id, d.health, d.numa_nodes, type(e)):
             v.devices.topology_seq = seq
-        _indexed(v, e.resource, d.id)
+    index: DeviceIndex | None = index_built(v.devices, v.devices.devices)
+    if index is not None:
+        index.sync_many(e.resource, (d.id for d in e.devices), table)
 
 
 def devices_removed(v: Views, seq: int, e: ev.DevicesRemoved) -> None:

@@ -315,3 +315,29 @@ def test_a_resource_is_dropped_after_the_grace_period(root: Path, tmp_path: Path
     assert list(state["devices"]["devices"][RESOURCE]) == devices_of(info)
     rc, _, err = admit(root, pod_yaml(tmp_path, "late", 1))
     assert rc == 1 and "Node didn't have enough resource: example.com/dev" in err
+
+
+def test_a_plugin_with_thousands_of_devices_is_recorded_in_bounded_records(
+    root: Path, tmp_path: Path, daemon_factory, plugins
+) -> None:  # type: ignore[no-untyped-def]
+    # Over INLINE_DEVICES: the daemon takes and compares the list in a worker thread; over
+    # DEVICES_PER_RECORD: the devices go in records of at most that many.
+    from eventsrc.core.devices.holds import DEVICES_PER_RECORD
+    from eventsrc.node.device_manager import INLINE_DEVICES
+
+    n = max(INLINE_DEVICES, 2 * DEVICES_PER_RECORD) + 201
+    daemon_factory()
+    plugin = plugins("--devices", str(n), "--numa-nodes", "2")
+
+    def added() -> list[dict[str, Any]]:
+        return [r for r in log_records(root) if r["type"] == "DevicesAdded"]
+
+    eventually(lambda: sum(len(r["event"]["devices"]) for r in added()) == n, f"{n} devices recorded", timeout=60)
+    records = added()
+    assert len(records) == -(-n // DEVICES_PER_RECORD)
+    assert all(len(r["event"]["devices"]) <= DEVICES_PER_RECORD for r in records)
+    ids = [d["id"] for r in records for d in r["event"]["devices"]]
+    assert len(set(ids)) == n
+    rc, info, err = admit(root, pod_yaml(tmp_path, "one", 1))
+    assert rc == 0, err
+    assert devices_of(info) == ["dev-0"] and plugin.allocate_calls() == [["dev-0"]]

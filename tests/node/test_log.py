@@ -391,3 +391,46 @@ async def test_follow_polls_a_log_written_by_another_process(tmp_path: Path) -> 
             await eventually_trio(lambda: len(seen) >= total, "the tail to read what was written since")
             nursery.cancel_scope.cancel()
     assert seen == list(range(1, total + 1))
+
+
+async def test_a_long_batch_is_applied_in_order_letting_others_run_and_its_appenders_wait_for_all(
+    tmp_path: Path,
+) -> None:
+    log = EventLog(tmp_path / "log")
+    applied: list[int] = []
+    seen_by_others: list[int] = []  # how far the views were when another task ran
+
+    def slow_apply(records: list) -> None:
+        for r in records:
+            time.sleep(0.001)  # plays a record that takes long to apply (thousands of devices)
+            applied.append(r.seq)
+
+    committer = GroupCommitter(log, on_commit=slow_apply)
+    n = 40
+    async with trio.open_nursery() as nursery:
+        await nursery.start(committer.run)
+        done = trio.Event()
+
+        async def other() -> None:
+            while not done.is_set():
+                seen_by_others.append(len(applied))
+                await trio.lowlevel.checkpoint()
+
+        nursery.start_soon(other)
+        records = await committer.append([removed(i) for i in range(n)])
+        assert applied == [r.seq for r in records] == list(range(1, n + 1))  # all of it, in order, first
+        done.set()
+        nursery.cancel_scope.cancel()
+    assert committer.apply_pauses > 0
+    assert any(0 < k < n for k in seen_by_others)  # another task ran in the middle of the batch
+
+
+async def test_a_short_batch_is_applied_in_one_call(tmp_path: Path) -> None:
+    log = EventLog(tmp_path / "log")
+    calls: list[int] = []
+    committer = GroupCommitter(log, on_commit=lambda records: calls.append(len(records)))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(committer.run)
+        await committer.append([removed(i) for i in range(5)])
+        nursery.cancel_scope.cancel()
+    assert calls == [5] and committer.apply_pauses == 0

@@ -19,7 +19,12 @@ from eventsrc.core.cpu.static import CPUManagerConfig
 from eventsrc.core.cpu.topology import Core, MachineInfo, discover
 from eventsrc.core.cpu.topology import Node as CPUNode
 from eventsrc.core.devices.choice import MAX_EXACT_PACKING_NODES, _count_per_set
-from eventsrc.core.devices.holds import check_device_list, list_and_watch_events, restart_events
+from eventsrc.core.devices.holds import (
+    DEVICES_PER_RECORD,
+    check_device_list,
+    list_and_watch_events,
+    restart_events,
+)
 from eventsrc.core.devices.names import (
     endpoint_error,
     is_extended_resource_name,
@@ -603,3 +608,19 @@ def test_devices_are_counted_per_set_of_nodes_however_a_plugin_repeats_them() ->
     # 2**n - 1 of them on n nodes, not over every way of writing one.
     lists = [[0] * k for k in range(1, 65)] + [[1, 0], [0, 1, 1], [1, 0, 0, 1]]
     assert _count_per_set(lists) == {(0,): 64, (0, 1): 3}
+
+
+def test_a_long_list_is_recorded_a_bounded_number_of_devices_to_a_record() -> None:
+    n = 2 * DEVICES_PER_RECORD + 201
+    update = [ev.DeviceInfo(id=f"dev-{i}", health="Healthy", numa_nodes=[i % 2]) for i in range(n)]
+    views = rebuild(as_records([ev.PluginRegistered(resource=GPU, endpoint="gpu.sock")]))
+    events = list_and_watch_events(GPU, known_to_the_shell(views, GPU), update)
+    assert [type(e) for e in events] == [ev.DevicesAdded] * 3
+    assert [len(e.devices) for e in events] == [DEVICES_PER_RECORD, DEVICES_PER_RECORD, 201]  # type: ignore[attr-defined]
+    assert [d for e in events for d in e.devices] == update  # type: ignore[attr-defined]  # the list's order
+    record(views, events)
+    assert list(views.devices.devices[GPU]) == [d.id for d in update]
+    gone = list_and_watch_events(GPU, known_to_the_shell(views, GPU), update[:100])
+    assert [type(e) for e in gone] == [ev.DevicesRemoved] * 3
+    assert [i for e in gone for i in e.device_ids] == [d.id for d in update[100:]]  # type: ignore[attr-defined]
+    assert max(len(e.device_ids) for e in gone) == DEVICES_PER_RECORD  # type: ignore[attr-defined]

@@ -102,6 +102,38 @@ def test_the_indexes_the_reducers_keep_equal_indexes_built_from_scratch(
     assert_indexes_fresh(v)
 
 
+# Records of many devices at once (a plugin's list: ``DevicesAdded`` of up to 500), some
+# listed twice in one record, some already known (an update), some held: the index keeps
+# each free set in order with one sort per record (``DeviceIndex.sync_many``).
+many_ids = [f"d{i}" for i in range(30)]
+many_info = st.builds(ev.DeviceInfo, id=st.sampled_from(many_ids), health=health, numa_nodes=numa)
+many_events = st.lists(
+    st.one_of(
+        st.builds(ev.DevicesAdded, resource=resources, devices=st.lists(many_info, min_size=1, max_size=40)),
+        st.builds(ev.DevicesRemoved, resource=resources, device_ids=st.lists(st.sampled_from(many_ids), max_size=10)),
+        st.builds(
+            ev.DevicesReserved,
+            pod_uid=pods,
+            container=containers,
+            resource=resources,
+            device_ids=st.lists(st.sampled_from(many_ids), min_size=1, max_size=3, unique=True),
+        ),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(many_events)
+def test_records_of_many_devices_keep_the_index_fresh(evs: list[ev._Event]) -> None:
+    v = Views()
+    index_of(v.devices)
+    for i, e in enumerate(evs, start=1):
+        apply(v, record(i, e))
+        assert_indexes_fresh(v)
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(event_lists)
 def test_the_index_says_what_a_pass_over_the_table_says(evs: list[ev._Event]) -> None:

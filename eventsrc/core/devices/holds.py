@@ -66,6 +66,12 @@ def check_device_list(update: Iterable[ev.DeviceInfo], machine_numa_nodes: Colle
     )
 
 
+#: Devices one DevicesAdded or DevicesRemoved record carries at most: a plugin's first list
+#: of 10,000 devices is 20 records, each applied in a few ms, so that the daemon's loop is
+#: never held long by one (the committer lets others run between records).
+DEVICES_PER_RECORD = 500
+
+
 def list_and_watch_events(
     resource: str,
     known: dict[str, DeviceView],
@@ -73,7 +79,8 @@ def list_and_watch_events(
     machine_numa_nodes: Collection[int] | None = None,
 ) -> list[ev._Event]:
     """The events that turn the known devices of ``resource`` into ``update`` (the whole list),
-    as ``check_device_list`` takes it.
+    as ``check_device_list`` takes it; devices added or removed go ``DEVICES_PER_RECORD`` to
+    a record.
 
     Held devices that vanish from the list are removed from the list of devices but stay
     held by their containers (the device view keeps a held device until it is released); a
@@ -83,8 +90,8 @@ def list_and_watch_events(
     out: list[ev._Event] = []
     new = {d.id: d for d in checked.devices}
     added = [d for d in checked.devices if d.id not in known]
-    if added:
-        out.append(ev.DevicesAdded(resource=resource, devices=added))
+    for i in range(0, len(added), DEVICES_PER_RECORD):
+        out.append(ev.DevicesAdded(resource=resource, devices=added[i : i + DEVICES_PER_RECORD]))
     for device_id, d in new.items():
         old = known.get(device_id)
         if old is not None and (old.health != d.health or old.numa_nodes != list(d.numa_nodes)):
@@ -94,8 +101,12 @@ def list_and_watch_events(
                 )
             )
     gone = [device_id for device_id in known if device_id not in new and device_id not in checked.refused]
-    if gone:
-        out.append(ev.DevicesRemoved(resource=resource, device_ids=gone, reason="not in the plugin's list"))
+    for i in range(0, len(gone), DEVICES_PER_RECORD):
+        out.append(
+            ev.DevicesRemoved(
+                resource=resource, device_ids=gone[i : i + DEVICES_PER_RECORD], reason="not in the plugin's list"
+            )
+        )
     for device_id in known:
         if device_id in checked.refused:
             reason = f"refused: {checked.refused[device_id]}"
