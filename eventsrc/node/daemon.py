@@ -368,7 +368,7 @@ async def serve(
     if metrics_address is not None:
         parse_address(metrics_address)  # a malformed address is refused before anything starts
     raise_open_files_limit()  # each socket's connection cap is a share of it (rpc.bridge.connection_cap)
-    _fixed_mmap_threshold()
+    _tune_malloc()
     layout.create()
     for sock in (layout.api_socket, layout.device_plugins / "kubelet.sock", layout.pod_resources_socket):
         check_socket_path(sock)
@@ -448,21 +448,26 @@ async def serve(
 #: Allocations at least this large get pages of their own, given back when freed (glibc's
 #: M_MMAP_THRESHOLD; its default, also 128 KiB, moves up to the largest block freed).
 MMAP_THRESHOLD = 128 * 1024
+#: malloc arenas (glibc's M_ARENA_MAX; its default is 8 per core): the worker threads (the
+#: log's commits, long device lists, retention) share two instead of holding one each.
+ARENA_MAX = 2
 
 
-def _fixed_mmap_threshold() -> None:
-    """glibc's malloc threshold fixed at ``MMAP_THRESHOLD``. Its default moves up to the size
-    of the largest mmapped block freed: once a 3.3 MB ListPods answer (10,000 pods) was sent
-    and freed, the next ones came from the heap, whose freed middle stays resident. Fixed,
-    a large answer's pages go back to the system once it is sent (the daemon's RSS after
-    the listings at 10,000 pods: about 2.5 MB less, bench scale). Not glibc: nothing to do."""
+def _tune_malloc() -> None:
+    """glibc's malloc threshold fixed at ``MMAP_THRESHOLD``, and its arenas capped at
+    ``ARENA_MAX``. The threshold's default moves up to the size of the largest mmapped
+    block freed: once a 3.3 MB ListPods answer (10,000 pods) was sent and freed, the next
+    ones came from the heap, whose freed middle stays resident. Fixed, a large answer's
+    pages go back to the system once it is sent (the daemon's RSS after the listings at
+    10,000 pods: about 2.5 MB less, bench scale). Not glibc: nothing to do."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return
-    m_mmap_threshold = -3  # malloc.h
+    m_mmap_threshold, m_arena_max = -3, -8  # malloc.h
     mallopt(ctypes.c_int(m_mmap_threshold), ctypes.c_int(MMAP_THRESHOLD))
+    mallopt(ctypes.c_int(m_arena_max), ctypes.c_int(ARENA_MAX))
 
 
 def _rebuild_views(layout: Layout, event_log: EventLog) -> tuple[Views, RebuildInfo]:

@@ -142,3 +142,18 @@ def test_bad_ids_are_refused_device_by_device_and_admissions_go_on(
     proc = run_cli("admit", "-f", str(pod_file(tmp_path, "more", 2)), root=d.root)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Internal" not in proc.stderr
     assert d.proc.poll() is None
+
+
+def test_many_faults_in_one_list_are_told_in_a_bounded_number_of_lines(
+    plugins: list[GrpcioPlugin], daemon_factory: Callable[..., Daemon], two_nodes: Path
+) -> None:
+    from eventsrc.node.device_manager import LOGGED_PER_KIND
+
+    d = daemon_factory("--topology-file", str(two_nodes), "--log-format", "json")
+    n = LOGGED_PER_KIND + 8
+    devices = [Dev(f"far-{i}", numa=64) for i in range(n)]
+    start(plugins, d, devices, {x.id for x in devices})
+    more = d.eventually(lambda: log_lines(d, f"{OUTSIDE}: 8 more devices"), "the line saying how many more")
+    assert [m["more"] for m in more] == [8]
+    assert len(log_lines(d, OUTSIDE)) == LOGGED_PER_KIND  # then a line each, no more
+    assert [x["count"] for x in log_lines(d, "devices added")] == [n]  # one line for the whole list
