@@ -36,7 +36,7 @@ from eventsrc.state.lifecycles import (
     step,
 )
 from eventsrc.state.types import Handlers
-from eventsrc.state.views import DevicesView, DeviceView, PluginView, Views, index_beside, index_built
+from eventsrc.state.views import DevicesView, DeviceView, PluginView, Views, index_beside, index_built, shared_numa
 
 # --------------------------------------------------------------------------- the index
 
@@ -284,11 +284,11 @@ def _upsert(
     after = DEVICE.next(_state(known), event)
     moved = False
     if known is None:
-        known = table[device_id] = DeviceView(health=health, numa_nodes=list(numa_nodes), since_seq=seq)
+        known = table[device_id] = DeviceView(health=health, numa_nodes=numa_nodes, since_seq=seq)
     else:
         known.health = sys.intern(health)
         moved = known.numa_nodes != numa_nodes
-        known.numa_nodes = list(numa_nodes)
+        known.numa_nodes = shared_numa(numa_nodes)
     _enter(known, after)
     return moved
 

@@ -29,6 +29,20 @@ class PluginView(Struct, kw_only=True):
     disconnected_seq: int = 0
 
 
+#: A device's NUMA nodes as the views keep them: one list for the devices on the same nodes
+#: (replaced whole by the reducers, never changed in place).
+_NUMA_LISTS: dict[tuple[int, ...], list[int]] = {}
+
+
+def shared_numa(nodes: list[int]) -> list[int]:
+    """The list the views keep for devices on ``nodes`` (equal, shared; a copy once 4,096
+    different ones are kept)."""
+    key = tuple(nodes)
+    if len(_NUMA_LISTS) >= 1 << 12:
+        return list(nodes)
+    return _NUMA_LISTS.setdefault(key, list(nodes))
+
+
 class DeviceView(Struct, kw_only=True):
     health: str
     numa_nodes: list[int] = []
@@ -42,6 +56,7 @@ class DeviceView(Struct, kw_only=True):
 
     def __post_init__(self) -> None:
         self.health = sys.intern(self.health)
+        self.numa_nodes = shared_numa(self.numa_nodes)
 
 
 # --------------------------------------------------------------------------- sharing

@@ -61,6 +61,8 @@ def _shared(views: Views) -> None:
     assert index.held_by("uid-1") == {("main", RESOURCE): ["d1"]}
     devices = index.resources[RESOURCE].devices
     assert devices["d0"].numa is devices["d1"].numa
+    table = views.devices.devices[RESOURCE]
+    assert table["d0"].numa_nodes is table["d1"].numa_nodes  # one list for the devices on node 0
 
 
 def test_reduced_views_share_what_repeats() -> None:
@@ -94,3 +96,13 @@ def test_shared_requests_keep_each_containers_order() -> None:
     assert ContainerView(requests={"a": "1", "b": "2"}).requests is first.requests
     data = msgspec.msgpack.encode(other_order)
     assert msgspec.msgpack.encode(msgspec.msgpack.decode(data, type=ContainerView)) == data
+
+
+def test_a_plugins_flap_state_shares_equal_listings() -> None:
+    from eventsrc.core.devices.flaps import HealthThrottle
+
+    throttle = HealthThrottle(RESOURCE)
+    throttle.listed([ev.DeviceInfo(id=f"d{i}", health="Healthy", numa_nodes=[0]) for i in range(3)])
+    listings = [f.listed for f in throttle.devices.values()]
+    assert listings[0] == ("Healthy", (0,)) and all(x is listings[0] for x in listings)
+    assert not hasattr(throttle.devices["d0"], "__dict__")  # slots: 10,000 of them at 10,000 devices

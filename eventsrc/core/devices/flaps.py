@@ -50,13 +50,17 @@ HEALTHY = "Healthy"
 Listing = tuple[str, tuple[int, ...]]  # (health, NUMA nodes) as a list gives them
 
 
-@dataclass
+@dataclass(slots=True)
 class DeviceFlaps:
     """One device of the plugin's newest list."""
 
     listed: Listing
     changes: int = 0  # changes listed since the device's last record
     recorded_at: float = -math.inf  # when its last record (added, or health) was decided
+
+
+def _shared(seen: dict[Listing, Listing], listing: Listing) -> Listing:
+    return seen.setdefault(listing, listing)
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,8 @@ class HealthThrottle:
         """Count the changes one list makes, against the list before it (a device listed twice
         counts by its last listing, as ``check_device_list`` takes it). A device the list
         leaves out is forgotten: its going is the diff's to record, not a flap."""
-        newest = {d.id: (d.health, tuple(d.numa_nodes)) for d in devices}
+        seen: dict[Listing, Listing] = {}  # equal listings shared: a plugin's devices have a few
+        newest = {d.id: _shared(seen, (d.health, tuple(d.numa_nodes))) for d in devices}
         before, self.devices = self.devices, {}
         for device_id, listing in newest.items():
             flaps = before.get(device_id)
