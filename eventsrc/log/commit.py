@@ -52,8 +52,12 @@ class GroupCommitter:
         self,
         log: EventLog,
         on_commit: Callable[[list[Record]], None] | None = None,
+        on_batch: Callable[[int], None] | None = None,
     ) -> None:
+        """``on_commit(records)``: what is durable, to apply (a batch's records, or one
+        append's at a time in a long batch); ``on_batch(n)``: a durable batch of n records."""
         self.event_log = log
+        self._on_batch = on_batch
         self._queue: list[PendingAppend] = []
         self._idle: Task | None = None  # the committer, parked while the queue is empty
         self._appended = trio.Event()
@@ -167,11 +171,11 @@ class GroupCommitter:
                     await trio.to_thread.run_sync(self.event_log.commit, batch)
                 self.batches += 1
                 _log_failed(batch)
-                committed = [r for req in batch for r in req.records]
-                self.appended += len(committed)
+                committed = sum(len(req.records) for req in batch)
+                self.appended += committed
                 if committed and self._on_commit is not None:
                     # Before any appender resumes: they see their events in the views.
-                    await self._apply(committed, self._on_commit)
+                    await self._apply(batch, self._on_commit)
             except BaseException as exc:
                 self._finish(
                     batch, LogClosedError(f"the event log failed while committing or applying this append: {exc!r}")
@@ -181,24 +185,31 @@ class GroupCommitter:
             appended, self._appended = self._appended, trio.Event()
             appended.set()
 
-    async def _apply(self, records: list[Record], on_commit: Callable[[list[Record]], None]) -> None:
-        """``on_commit`` of ``records``, in order. A batch of more than ``APPLY_WHOLE``
-        records is applied one record at a time, and once ``APPLY_BUDGET`` has gone by the
-        loop runs others before the next record: a plugin's first list of 10,000 devices
-        (20 records) or a batch of hundreds of admissions never holds it for long. Others
-        then see the views at a prefix of the batch, a state the log had (``last_seq`` says
-        which); the batch's appenders resume only once all of it is applied. The pause does
-        not take a cancellation: what is committed is always applied."""
-        if len(records) <= APPLY_WHOLE:
-            on_commit(records)
+    async def _apply(self, batch: list[PendingAppend], on_commit: Callable[[list[Record]], None]) -> None:
+        """``on_commit`` of the batch's records, in order. A batch of more than
+        ``APPLY_WHOLE`` records is applied one append at a time, and once ``APPLY_BUDGET``
+        has gone by the loop runs others before the next append: a batch of hundreds of
+        admissions never holds it for long. Others then see the views between two appends,
+        a state the log had (``last_seq`` says which), never inside one: an append is one
+        unit (a removal's releases with its PodRemoved, an admission's CPUs with its shared
+        pool). The batch's appenders resume only once all of it is applied. The pause takes
+        no cancellation: what is committed is always applied."""
+        if self._on_batch is not None:
+            self._on_batch(sum(len(req.records) for req in batch))
+        if sum(len(req.records) for req in batch) <= APPLY_WHOLE:
+            on_commit([r for req in batch for r in req.records])
             return
         started = _clock()
-        for i, record in enumerate(records):
-            if i and _clock() - started > APPLY_BUDGET:
+        first = True
+        for req in batch:
+            if not req.records:
+                continue
+            if not first and _clock() - started > APPLY_BUDGET:
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 self.apply_pauses += 1
                 started = _clock()
-            on_commit([record])
+            first = False
+            on_commit(req.records)
 
     def _abort_idle(self, _: object) -> Abort:
         self._idle = None

@@ -153,7 +153,10 @@ class Daemon:
         self.event_log = log_
         self.views = views
         self.snapshot_every = snapshot_every
-        self.committer = GroupCommitter(log_, on_commit=self._applied)
+        # (metrics are made below: looked up at each batch)
+        self.committer = GroupCommitter(
+            log_, on_commit=self._applied, on_batch=lambda n: self.metrics.batch_committed(n)
+        )
         self.boot_id = machine_boot_id()
         self.instance_id = uuid.uuid4().hex
         self._snapshot_seq = views.meta.last_seq

@@ -20,7 +20,7 @@ import math
 import stat
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,7 +32,7 @@ from grpclib.server import Stream
 
 from eventsrc import events as ev
 from eventsrc.core.devices.flaps import FLAP_WINDOW, Decision, HealthThrottle
-from eventsrc.core.devices.holds import DeviceList, check_device_list, list_and_watch_events
+from eventsrc.core.devices.holds import DEVICES_PER_RECORD, DeviceList, check_device_list, list_and_watch_events
 from eventsrc.core.devices.names import endpoint_error, registration_error
 from eventsrc.errors import EventsrcError
 from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as pb
@@ -265,6 +265,30 @@ async def _off_loop(devices: int, fn: Callable[..., T], *args: Any) -> T:
     if devices <= INLINE_DEVICES:
         return fn(*args)
     return await trio.to_thread.run_sync(fn, *args)
+
+
+def list_appends(events: list[ev._Event]) -> Iterator[list[ev._Event]]:
+    """A list pass's events as the appends to record them in, in order: each ``DevicesAdded``
+    or ``DevicesRemoved`` (at most ``DEVICES_PER_RECORD`` devices) an append of its own, and
+    the others ``DEVICES_PER_RECORD`` to an append. The daemon applies an append in one step
+    (``log.commit``): a plugin's first list of 10,000 devices is 20 appends of a few ms each,
+    not one of 76 ms. Each device's change is whole in its append; a crash between two leaves
+    the list partly recorded, as if the plugin had sent it in parts, and the plugin lists it
+    again when it registers."""
+    group: list[ev._Event] = []
+    for e in events:
+        if isinstance(e, (ev.DevicesAdded, ev.DevicesRemoved)):
+            if group:
+                yield group
+                group = []
+            yield [e]
+        else:
+            group.append(e)
+            if len(group) == DEVICES_PER_RECORD:
+                yield group
+                group = []
+    if group:
+        yield group
 
 
 def _take_list(ep: Endpoint, msg: pb.ListAndWatchResponse) -> tuple[str, list[ev.DeviceInfo] | None]:
@@ -576,10 +600,11 @@ class DeviceManager:
                 recorded_per_second=LIST_RATE,
             )
             ep.coalesced, ep.coalesced_logged = 0, now
-        known = self.recorder.views.devices.devices.get(ep.resource, {})
-        listed = {k: d for k, d in known.items() if not d.removed}
         machine = self.machine_numa_nodes
         async with ep.lock:
+            now = trio.current_time()
+            known = self.recorder.views.devices.devices.get(ep.resource, {})
+            listed = {k: d for k, d in known.items() if not d.removed}
             newest = ep.newest
             checked, decision = await _off_loop(len(newest), _list_changes, ep, listed, newest, machine, now, final)
         if self.endpoints.get(ep.resource) is not ep:
@@ -589,11 +614,12 @@ class DeviceManager:
         ep.due = decision.due
         if decision.events:
             with correlation(new_correlation_id()):  # one update of the plugin's list
-                if final:  # the stream is over: a refused append is logged, the disconnection follows
-                    if await record_or_log(self.recorder, decision.events, "device list") is None:
-                        return
-                else:
-                    await self.recorder.record(decision.events)
+                for events in list_appends(decision.events):
+                    if final:  # the stream is over: a refused append is logged, the disconnection follows
+                        if await record_or_log(self.recorder, events, "device list") is None:
+                            return
+                    else:
+                        await self.recorder.record(events)
                 _log_listed(decision.events)
         if not ep.listed.is_set():
             ep.listed.set()

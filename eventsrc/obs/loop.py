@@ -52,7 +52,10 @@ class LoopHolds(trio.abc.Instrument):
         self._started = _clock()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
-        held = _clock() - self._started
+        started, self._started = self._started, 0.0
+        if not started:  # added in the middle of this step: its start is unknown
+            return
+        held = _clock() - started
         self.steps += 1
         if held > self.longest:
             self.longest, self.longest_task = held, task.name

@@ -221,10 +221,12 @@ class Metrics:
 
     # ---------------------------------------------------------------- from the log
 
+    def batch_committed(self, records: int) -> None:
+        """One durable batch of ``records`` records."""
+        self.commit_batch.observe(records)
+
     def committed(self, records: list[Record]) -> None:
-        """One durable batch: its size, and what its events count for (cheap: one dict
-        lookup per record)."""
-        self.commit_batch.observe(len(records))
+        """What durable records' events count for (cheap: one dict lookup per record)."""
         on_event = self._on_event
         for r in records:
             count = on_event.get(type(r.event))

@@ -393,19 +393,19 @@ async def test_follow_polls_a_log_written_by_another_process(tmp_path: Path) -> 
     assert seen == list(range(1, total + 1))
 
 
-async def test_a_long_batch_is_applied_in_order_letting_others_run_and_its_appenders_wait_for_all(
+async def test_a_long_batch_is_applied_in_order_letting_others_run_between_appends_never_inside_one(
     tmp_path: Path,
 ) -> None:
     log = EventLog(tmp_path / "log")
-    applied: list[int] = []
-    seen_by_others: list[int] = []  # how far the views were when another task ran
+    calls: list[list[int]] = []  # each on_commit call's sequences
+    seen_by_others: list[int] = []  # how many records were applied when another task ran
 
     def slow_apply(records: list) -> None:
-        for r in records:
-            time.sleep(0.001)  # plays a record that takes long to apply (thousands of devices)
-            applied.append(r.seq)
+        time.sleep(0.001 * len(records))  # plays records that take long to apply
+        calls.append([r.seq for r in records])
 
-    committer = GroupCommitter(log, on_commit=slow_apply)
+    batches: list[int] = []
+    committer = GroupCommitter(log, on_commit=slow_apply, on_batch=batches.append)
     n = 40
     async with trio.open_nursery() as nursery:
         await nursery.start(committer.run)
@@ -413,24 +413,31 @@ async def test_a_long_batch_is_applied_in_order_letting_others_run_and_its_appen
 
         async def other() -> None:
             while not done.is_set():
-                seen_by_others.append(len(applied))
+                seen_by_others.append(sum(map(len, calls)))
                 await trio.lowlevel.checkpoint()
 
         nursery.start_soon(other)
-        records = await committer.append([removed(i) for i in range(n)])
-        assert applied == [r.seq for r in records] == list(range(1, n + 1))  # all of it, in order, first
+        # one batch: 38 appends of one record, then one of two (queued before the committer runs)
+        pending = [committer.submit([removed(i)]) for i in range(n - 2)]
+        pending.append(committer.submit([removed(n - 2), removed(n - 1)]))
+        got = [await committer.wait(p) for p in pending]
+        # every appender resumes after all of the batch is applied
+        assert sum(map(len, calls)) == n and [r.seq for rs in got for r in rs] == list(range(1, n + 1))
         done.set()
         nursery.cancel_scope.cancel()
-    assert committer.apply_pauses > 0
+    assert [seq for call in calls for seq in call] == list(range(1, n + 1))  # in order
+    assert calls[-1] == [n - 1, n]  # an append is applied whole
+    assert batches == [n] and committer.apply_pauses > 0
     assert any(0 < k < n for k in seen_by_others)  # another task ran in the middle of the batch
 
 
-async def test_a_short_batch_is_applied_in_one_call(tmp_path: Path) -> None:
+async def test_one_long_append_is_applied_in_one_call(tmp_path: Path) -> None:
     log = EventLog(tmp_path / "log")
     calls: list[int] = []
     committer = GroupCommitter(log, on_commit=lambda records: calls.append(len(records)))
     async with trio.open_nursery() as nursery:
         await nursery.start(committer.run)
+        await committer.append([removed(i) for i in range(30)])
         await committer.append([removed(i) for i in range(5)])
         nursery.cancel_scope.cancel()
-    assert calls == [5] and committer.apply_pauses == 0
+    assert calls == [30, 5] and committer.apply_pauses == 0

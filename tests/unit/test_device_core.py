@@ -624,3 +624,20 @@ def test_a_long_list_is_recorded_a_bounded_number_of_devices_to_a_record() -> No
     assert [type(e) for e in gone] == [ev.DevicesRemoved] * 3
     assert [i for e in gone for i in e.device_ids] == [d.id for d in update[100:]]  # type: ignore[attr-defined]
     assert max(len(e.device_ids) for e in gone) == DEVICES_PER_RECORD  # type: ignore[attr-defined]
+
+
+def test_a_list_pass_is_recorded_in_appends_of_bounded_size_in_its_order() -> None:
+    from eventsrc.node.device_manager import list_appends
+
+    def health(i: int) -> ev.DeviceHealthChanged:
+        return ev.DeviceHealthChanged(resource=GPU, device_id=f"h{i}", health="Unhealthy")
+
+    added = [ev.DevicesAdded(resource=GPU, devices=[ev.DeviceInfo(id=f"a{i}", health="Healthy")]) for i in range(2)]
+    removed = ev.DevicesRemoved(resource=GPU, device_ids=["r0"], reason="not in the plugin's list")
+    many = [health(i) for i in range(DEVICES_PER_RECORD + 1)]
+    events: list[ev._Event] = [health(-1), *added, removed, *many]
+    appends = list(list_appends(events))
+    assert [e for a in appends for e in a] == events
+    assert [len(a) for a in appends] == [1, 1, 1, 1, DEVICES_PER_RECORD, 1]
+    assert appends[1] == [added[0]] and appends[3] == [removed]
+    assert list(list_appends([])) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import trio
 
 from eventsrc.obs.loop import KEEP, KEEP_SECONDS, LoopHolds
@@ -49,3 +50,19 @@ def test_quick_steps_are_counted_not_kept() -> None:
     assert holds.steps >= 50
     assert holds.kept == len(holds.recent) <= holds.steps
     assert holds.recent.maxlen == KEEP
+
+
+def test_added_in_the_middle_of_a_step_that_step_is_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    from eventsrc.obs import loop
+
+    monkeypatch.setattr(loop, "_clock", lambda: 1000.0)  # every step takes no time
+    holds = LoopHolds()
+
+    async def main() -> None:
+        trio.lowlevel.add_instrument(holds)  # inside a step: its after-hook comes without its before-hook
+        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint()
+        trio.lowlevel.remove_instrument(holds)
+
+    trio.run(main)
+    assert holds.longest == 0.0 and holds.kept == 0 and holds.steps >= 1
