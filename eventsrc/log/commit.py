@@ -173,9 +173,11 @@ class GroupCommitter:
                 _log_failed(batch)
                 committed = sum(len(req.records) for req in batch)
                 self.appended += committed
+                if committed and self._on_batch is not None:
+                    self._on_batch(committed)
                 if committed and self._on_commit is not None:
                     # Before any appender resumes: they see their events in the views.
-                    await self._apply(batch, self._on_commit)
+                    await self._apply([req.records for req in batch if req.records], committed, self._on_commit)
             except BaseException as exc:
                 self._finish(
                     batch, LogClosedError(f"the event log failed while committing or applying this append: {exc!r}")
@@ -185,31 +187,27 @@ class GroupCommitter:
             appended, self._appended = self._appended, trio.Event()
             appended.set()
 
-    async def _apply(self, batch: list[PendingAppend], on_commit: Callable[[list[Record]], None]) -> None:
-        """``on_commit`` of the batch's records, in order. A batch of more than
-        ``APPLY_WHOLE`` records is applied one append at a time, and once ``APPLY_BUDGET``
-        has gone by the loop runs others before the next append: a batch of hundreds of
-        admissions never holds it for long. Others then see the views between two appends,
-        a state the log had (``last_seq`` says which), never inside one: an append is one
-        unit (a removal's releases with its PodRemoved, an admission's CPUs with its shared
-        pool). The batch's appenders resume only once all of it is applied. The pause takes
-        no cancellation: what is committed is always applied."""
-        if self._on_batch is not None:
-            self._on_batch(sum(len(req.records) for req in batch))
-        if sum(len(req.records) for req in batch) <= APPLY_WHOLE:
-            on_commit([r for req in batch for r in req.records])
+    async def _apply(
+        self, appends: list[list[Record]], records: int, on_commit: Callable[[list[Record]], None]
+    ) -> None:
+        """``on_commit`` of a batch's ``records`` records, in order (``appends``: each
+        append's). A batch of more than ``APPLY_WHOLE`` records is applied one append at a
+        time, and once ``APPLY_BUDGET`` has gone by the loop runs others before the next
+        append: a batch of hundreds of admissions never holds it for long. Others then see
+        the views between two appends, a state the log had (``last_seq`` says which), never
+        inside one: an append is one unit (a removal's releases with its PodRemoved, an
+        admission's CPUs with its shared pool). The batch's appenders resume only once all of
+        it is applied. The pause takes no cancellation: what is committed is always applied."""
+        if records <= APPLY_WHOLE:
+            on_commit([r for append in appends for r in append])
             return
         started = _clock()
-        first = True
-        for req in batch:
-            if not req.records:
-                continue
-            if not first and _clock() - started > APPLY_BUDGET:
+        for i, append in enumerate(appends):
+            if i and _clock() - started > APPLY_BUDGET:
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 self.apply_pauses += 1
                 started = _clock()
-            first = False
-            on_commit(req.records)
+            on_commit(append)
 
     def _abort_idle(self, _: object) -> Abort:
         self._idle = None

@@ -59,10 +59,6 @@ class DeviceFlaps:
     recorded_at: float = -math.inf  # when its last record (added, or health) was decided
 
 
-def _shared(seen: dict[Listing, Listing], listing: Listing) -> Listing:
-    return seen.setdefault(listing, listing)
-
-
 @dataclass(frozen=True)
 class Decision:
     events: list[ev._Event]  # to record now, in order
@@ -82,7 +78,7 @@ class HealthThrottle:
         counts by its last listing, as ``check_device_list`` takes it). A device the list
         leaves out is forgotten: its going is the diff's to record, not a flap."""
         seen: dict[Listing, Listing] = {}  # equal listings shared: a plugin's devices have a few
-        newest = {d.id: _shared(seen, (d.health, tuple(d.numa_nodes))) for d in devices}
+        newest = {d.id: seen.setdefault(x := (d.health, tuple(d.numa_nodes)), x) for d in devices}
         before, self.devices = self.devices, {}
         for device_id, listing in newest.items():
             flaps = before.get(device_id)

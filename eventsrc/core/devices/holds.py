@@ -68,7 +68,8 @@ def check_device_list(update: Iterable[ev.DeviceInfo], machine_numa_nodes: Colle
 
 #: Devices one DevicesAdded or DevicesRemoved record carries at most: a plugin's first list
 #: of 10,000 devices is 20 records, each applied in a few ms, so that the daemon's loop is
-#: never held long by one (the committer lets others run between records).
+#: never held long by one (the device manager records each as an append of its own, and the
+#: committer lets others run between appends).
 DEVICES_PER_RECORD = 500
 
 
