@@ -10,6 +10,8 @@
       │                              rpc/bridge.serve_unix); one task per plugin endpoint
       ├─ DRAManager.run              finishes claim work (prepare, unprepare) when kicked, retries
       ├─ PluginWatcher.run           plugins_registry/: DRA drivers and device plugins register
+      ├─ HeapTrimmer.run             gives the heap's free pages back once large answers stop
+      │                              (node/heap.py)
       ├─ serve_unix(NodeService)     eventsrc/api.sock, mode 0600 (api/node.py): admit, remove,
       │                              list pods, watch; admission is node/admission.py asking
       │                              core/admission.py for its decisions
@@ -28,7 +30,6 @@ Before any unix socket is served, the daemon records what the previous run left 
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import math
@@ -37,6 +38,7 @@ import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,7 @@ from eventsrc.log.store import DirLock, EventLog
 from eventsrc.node.admission import DEFAULT_ADMISSION_WAIT, Admission
 from eventsrc.node.device_manager import DEFAULT_GRACE, DeviceManager, RegistryHandler
 from eventsrc.node.dra_manager import DRAManager
+from eventsrc.node.heap import HeapTrimmer, malloc_trim, tune_malloc
 from eventsrc.node.interfaces import record_or_log
 from eventsrc.node.nri import NRIOptions, NRIPlugin
 from eventsrc.node.plugin_watcher import PluginWatcher
@@ -171,6 +174,7 @@ class Daemon:
         )
         self.metrics_address: str | None = None  # as bound (port 0 resolved)
         self.loop_holds = LoopHolds()  # the loop's task steps, timed while serve runs
+        self.heap = HeapTrimmer(malloc_trim())  # the heap trimmed after large answers
         # For /healthz: appends in flight, since when, and when the last commit landed.
         self._appending = 0
         self._appending_since = self._last_commit = time.monotonic()
@@ -371,7 +375,7 @@ async def serve(
     if metrics_address is not None:
         parse_address(metrics_address)  # a malformed address is refused before anything starts
     raise_open_files_limit()  # each socket's connection cap is a share of it (rpc.bridge.connection_cap)
-    _tune_malloc()
+    tune_malloc()
     layout.create()
     for sock in (layout.api_socket, layout.device_plugins / "kubelet.sock", layout.pod_resources_socket):
         check_socket_path(sock)
@@ -421,15 +425,25 @@ async def serve(
                 await nursery.start(daemon.devices.run)
                 await nursery.start(daemon.dra.run)
                 await nursery.start(_plugin_watcher(daemon).run)
-                await nursery.start(serve_unix, [daemon.node_service()], layout.api_socket, 0o600)
+                await nursery.start(daemon.heap.run)
+                sent = daemon.heap.sent
+                await nursery.start(
+                    partial(serve_unix, on_encoded=sent), [daemon.node_service()], layout.api_socket, 0o600
+                )
                 # 0o755 as the kubelet's, under the usual umask 022: only its owner connects
-                await nursery.start(serve_unix, [daemon.pod_resources_service()], layout.pod_resources_socket, 0o755)
+                await nursery.start(
+                    partial(serve_unix, on_encoded=sent),
+                    [daemon.pod_resources_service()],
+                    layout.pod_resources_socket,
+                    0o755,
+                )
                 if daemon.nri is not None:
                     await nursery.start(daemon.nri.run)
                 nursery.start_soon(daemon.scrub, start_seq)
                 nursery.start_soon(daemon.snapshot_loop)
                 nursery.start_soon(daemon.retainer.run)
                 _announce_ready(daemon)
+                daemon.heap.want()  # what the rebuild and the start freed
                 task_status.started(daemon)
                 reason = await _stop_signal(signals)
                 await _record_stop(daemon, reason)
@@ -446,31 +460,6 @@ async def serve(
         if event_log is not None:
             event_log.close()
         lock.release()
-
-
-#: Allocations at least this large get pages of their own, given back when freed (glibc's
-#: M_MMAP_THRESHOLD; its default, also 128 KiB, moves up to the largest block freed).
-MMAP_THRESHOLD = 128 * 1024
-#: malloc arenas (glibc's M_ARENA_MAX; its default is 8 per core): the worker threads (the
-#: log's commits, long device lists, retention) share two instead of holding one each.
-ARENA_MAX = 2
-
-
-def _tune_malloc() -> None:
-    """glibc's malloc threshold fixed at ``MMAP_THRESHOLD``, and its arenas capped at
-    ``ARENA_MAX``. The threshold's default moves up to the size of the largest mmapped
-    block freed: once a 3.3 MB ListPods answer (10,000 pods) was sent and freed, the next
-    ones came from the heap, whose freed middle stays resident. Fixed, a large answer's
-    pages go back to the system once it is sent (the daemon's RSS after the listings at
-    10,000 pods: about 2.5 MB less, bench scale). Not glibc: nothing to do."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    m_mmap_threshold, m_arena_max = -3, -8  # malloc.h
-    mallopt(ctypes.c_int(m_mmap_threshold), ctypes.c_int(MMAP_THRESHOLD))
-    mallopt(ctypes.c_int(m_arena_max), ctypes.c_int(ARENA_MAX))
 
 
 def _rebuild_views(layout: Layout, event_log: EventLog) -> tuple[Views, RebuildInfo]:

@@ -14,7 +14,7 @@ import os
 import resource
 import socket
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +219,7 @@ async def serve_unix(
     *,
     max_message: int = MAX_MESSAGE_BYTES,
     max_connections: int | None = None,
+    on_encoded: Callable[[int], None] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve grpclib ``handlers`` on the unix socket ``path`` until cancelled.
@@ -229,10 +230,11 @@ async def serve_unix(
     is refused (RESOURCE_EXHAUSTED), one that does not decode too (INTERNAL); a request
     that is not gRPC gets grpclib's answer (HTTP 405, 415 or 400). At most
     ``max_connections`` (default ``connection_cap()``) connections are held at a time; one
-    over that is closed at once (``CappedListener``).
+    over that is closed at once (``CappedListener``). ``on_encoded`` is told the length of
+    every answer (``BoundedCodec``).
     """
     bound_closed_streams()
-    server = Server(list(handlers), codec=BoundedCodec(max_message), status_details_codec=None)
+    server = Server(list(handlers), codec=BoundedCodec(max_message, on_encoded), status_details_codec=None)
     sock = bind_unix(path, mode, connection_cap() if max_connections is None else max_connections)
     try:
         await to_aio(server.start)(sock=sock)  # listens

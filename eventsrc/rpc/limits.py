@@ -25,6 +25,7 @@ about one (``api.podresources.SeqCache``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
@@ -67,18 +68,24 @@ class BoundedCodec(ProtoCodec):
 
     Encoding is grpclib's own (the content type stays ``application/grpc``), except for a
     ``PreEncoded`` message, whose bytes are sent as they are once its type is checked
-    against the one the method sends.
+    against the one the method sends. ``on_encoded``, when given, is told each encoded
+    message's length (the daemon's ``node.heap.HeapTrimmer``).
     """
 
-    def __init__(self, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    def __init__(self, max_bytes: int = MAX_MESSAGE_BYTES, on_encoded: Callable[[int], None] | None = None) -> None:
         self.max_bytes = max_bytes
+        self._on_encoded = on_encoded
 
     def encode(self, message: Any, message_type: Any) -> bytes:
         if isinstance(message, PreEncoded):
             if message.message_type is not message_type:
                 raise TypeError(f"Message must be of type {message_type!r}, not {message.message_type!r} (pre-encoded)")
-            return message.data
-        return super().encode(message, message_type)
+            data = message.data
+        else:
+            data = super().encode(message, message_type)
+        if self._on_encoded is not None:
+            self._on_encoded(len(data))
+        return data
 
     def decode(self, data: bytes, message_type: Any) -> Any:
         if len(data) > self.max_bytes:
