@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import trio
-import trio_asyncio
 
 from eventsrc import __version__
 from eventsrc import events as ev
@@ -96,7 +95,7 @@ from eventsrc.obs.metrics import (
     parse_address,
     serve_http,
 )
-from eventsrc.rpc.bridge import check_socket_path, raise_open_files_limit, serve_unix
+from eventsrc.rpc.bridge import check_socket_path, open_loop, raise_open_files_limit, serve_unix
 from eventsrc.state.apply import apply_all
 from eventsrc.state.lifecycles import QUARANTINED
 from eventsrc.state.views import Views
@@ -414,7 +413,7 @@ async def serve(
         daemon_holds = daemon.loop_holds
         trio.lowlevel.add_instrument(daemon_holds)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+            async with open_loop(), trio.open_nursery() as nursery:
                 await nursery.start(daemon.committer.run)
                 if metrics_address is not None:
                     app = HealthApp(daemon.metrics, live=daemon.liveness, ready=daemon.readiness)

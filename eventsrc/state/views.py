@@ -3,6 +3,14 @@
 Every view is a plain msgspec Struct so that a snapshot is just its encoding. The
 reducers in the sibling modules change only the views they are given; they never read
 a clock, a socket or the log (see ``eventsrc.state.apply``).
+
+The views are trees of data: nothing in them refers back to what holds it. The kinds there
+are thousands of (a plugin, a device, a pod and its containers, a claim, the runtime's
+sandboxes and containers) are ``gc=False``: Python's cycle collector never tracks them, and
+a dict of them (the pods by uid, a pod's containers) is untracked too. At 10,000 pods, each
+full collection walked the pods admitted since the previous one (about 20 objects each),
+holding the loop 3-11 ms; what a reference count frees is freed as ever. Such a struct must
+never be part of a reference cycle (it would never be collected).
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from eventsrc.events import ContainerAllocation, DeviceSpec, Mount, PluginOption
 from eventsrc.state.lifecycles import ADMITTED, NOT_HELD, REFERENCED, ClaimState, Hold, PodState
 
 
-class PluginView(Struct, kw_only=True):
+class PluginView(Struct, kw_only=True, gc=False):
     resource: str
     endpoint: str
     kind: str = "DevicePlugin"
@@ -43,7 +51,7 @@ def shared_numa(nodes: list[int]) -> list[int]:
     return _NUMA_LISTS.setdefault(key, list(nodes))
 
 
-class DeviceView(Struct, kw_only=True):
+class DeviceView(Struct, kw_only=True, gc=False):
     health: str
     numa_nodes: list[int] = []
     # Who holds it: "" when free, else "pod_uid/container" (lifecycles.holder_text, parse_holder).
@@ -151,7 +159,7 @@ class DevicesView(Struct, kw_only=True, dict=True):
     topology_seq: int = 0
 
 
-class ContainerView(Struct, kw_only=True):
+class ContainerView(Struct, kw_only=True, gc=False):
     kind: str = "app"
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
@@ -175,7 +183,7 @@ class ContainerView(Struct, kw_only=True):
             self.allocations[resource] = shared_allocation(a)
 
 
-class PodView(Struct, kw_only=True):
+class PodView(Struct, kw_only=True, gc=False):
     uid: str
     namespace: str = ""
     name: str = ""
@@ -219,7 +227,7 @@ class CPUsView(Struct, kw_only=True, dict=True):
     assignments: dict[str, dict[str, list[int]]] = field(default_factory=dict)
 
 
-class ClaimView(Struct, kw_only=True):
+class ClaimView(Struct, kw_only=True, gc=False):
     uid: str
     namespace: str = ""
     name: str = ""
@@ -238,14 +246,14 @@ class ClaimsView(Struct, kw_only=True):
     drivers: dict[str, PluginView] = field(default_factory=dict)
 
 
-class SandboxView(Struct, kw_only=True):
+class SandboxView(Struct, kw_only=True, gc=False):
     uid: str
     namespace: str = ""
     name: str = ""
     since_seq: int = 0
 
 
-class RuntimeContainerView(Struct, kw_only=True):
+class RuntimeContainerView(Struct, kw_only=True, gc=False):
     """A container the runtime has, as recorded: the ContainerCreated facts, then its state."""
 
     sandbox_id: str

@@ -6,6 +6,8 @@ keeps each NUMA set once. None of it changes what the views encode to."""
 
 from __future__ import annotations
 
+import gc
+
 import msgspec
 
 from eventsrc import events as ev
@@ -106,3 +108,56 @@ def test_a_plugins_flap_state_shares_equal_listings() -> None:
     listings = [f.listed for f in throttle.devices.values()]
     assert listings[0] == ("Healthy", (0,)) and all(x is listings[0] for x in listings)
     assert not hasattr(throttle.devices["d0"], "__dict__")  # slots: 10,000 of them at 10,000 devices
+
+
+def _untracked(views: Views) -> None:
+    """What there are thousands of is out of the cycle collector's sight (``state.views``'
+    docstring): each plugin, device, pod and container, and the dicts of them."""
+    assert not gc.is_tracked(views.pods.pods)
+    for pod in views.pods.pods.values():
+        assert not gc.is_tracked(pod) and not gc.is_tracked(pod.containers)
+        assert not any(gc.is_tracked(c) for c in pod.containers.values())
+    for table in views.devices.devices.values():
+        assert not gc.is_tracked(table)
+        assert not any(gc.is_tracked(d) for d in table.values())
+    assert not any(gc.is_tracked(p) for p in views.devices.plugins.values())
+
+
+def test_the_views_many_parts_are_not_tracked_by_the_cycle_collector() -> None:
+    views = rebuild(as_records(_pod_events(50)))
+    _untracked(views)
+    _untracked(msgspec.msgpack.decode(msgspec.msgpack.encode(views), type=Views))
+    # a new pod's view is untracked from the start, before any collection
+    views2 = rebuild(as_records(_pod_events(2)))
+    assert not gc.is_tracked(views2.pods.pods["uid-1"])
+
+
+def test_the_views_hold_no_reference_cycle() -> None:
+    """gc=False is safe only if nothing in the views refers back to what holds it: every
+    object reached from the views is reached through no path that comes back to it."""
+    views = rebuild(as_records(_pod_events(20)))
+    on_path: set[int] = set()
+
+    def parts(obj: object) -> list[object]:
+        # an untracked struct has no referents for gc: its fields are read instead
+        if isinstance(obj, msgspec.Struct):
+            return [getattr(obj, f) for f in obj.__struct_fields__] + list(getattr(obj, "__dict__", {}).values())
+        if isinstance(obj, dict):
+            return [*obj.keys(), *obj.values()]
+        return list(gc.get_referents(obj))
+
+    seen = 0
+
+    def walk(obj: object) -> None:
+        nonlocal seen
+        assert id(obj) not in on_path, f"a cycle through {type(obj).__name__}"
+        if isinstance(obj, (str, bytes, int, float, bool, type(None), type)):
+            return
+        seen += 1
+        on_path.add(id(obj))
+        for ref in parts(obj):
+            walk(ref)
+        on_path.discard(id(obj))
+
+    walk(views)
+    assert seen > 20 * 5  # it went down to each pod's containers
