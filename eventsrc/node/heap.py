@@ -64,8 +64,8 @@ def malloc_trim() -> Callable[[], object] | None:
 
 
 class HeapTrimmer:
-    """Trims the heap once the daemon has been quiet for ``quiet`` seconds after an answer
-    of ``LARGE_BYTES`` or more (``sent``, handed to the servers' codecs). Nothing runs
+    """Trims the heap once the daemon has been quiet for ``quiet`` seconds after a response
+    message of ``LARGE_BYTES`` or more (``sent``, handed to the servers' codecs). Nothing runs
     while no large answer is sent: an idle daemon never wakes for it."""
 
     def __init__(
@@ -78,7 +78,7 @@ class HeapTrimmer:
         self._quiet = quiet
         self._in_thread = in_thread
         self._wanted = trio.Event()
-        self.trims = 0  # trims done (tests, Status)
+        self.trims = 0  # trims done (tests)
 
     def sent(self, nbytes: int) -> None:
         """An answer of ``nbytes`` went out (called on the loop's thread)."""

@@ -58,3 +58,18 @@ async def test_a_timer_still_fires_after_a_pruning() -> None:
         await trio_asyncio.aio_as_trio(main)()
         with trio.fail_after(10):
             await fired.wait()
+
+
+async def test_closing_the_loop_still_cancels_every_timer() -> None:
+    """trio-asyncio's shutdown cancels its timers while it walks its heap: a pass that drops
+    the cancelled ones meanwhile must not make it skip any."""
+    handles: list[asyncio.TimerHandle] = []
+
+    async def many() -> None:
+        loop = asyncio.get_running_loop()
+        handles.extend(loop.call_later(60.0, lambda: None) for _ in range(10 * MIN_CANCELLED_TIMERS))
+        await asyncio.sleep(0)  # the loop takes them in
+
+    async with open_loop():
+        await trio_asyncio.aio_as_trio(many)()
+    assert all(h.cancelled() for h in handles)

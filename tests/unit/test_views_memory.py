@@ -9,12 +9,14 @@ from __future__ import annotations
 import gc
 
 import msgspec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from eventsrc import events as ev
 from eventsrc.state import devices as device_state
 from eventsrc.state.apply import rebuild
 from eventsrc.state.views import Views
-from tests.unit.test_projections import as_records
+from tests.unit.test_projections import as_records, events
 
 RESOURCE = "example.com/gpu"
 
@@ -132,11 +134,11 @@ def test_the_views_many_parts_are_not_tracked_by_the_cycle_collector() -> None:
     assert not gc.is_tracked(views2.pods.pods["uid-1"])
 
 
-def test_the_views_hold_no_reference_cycle() -> None:
-    """gc=False is safe only if nothing in the views refers back to what holds it: every
-    object reached from the views is reached through no path that comes back to it."""
-    views = rebuild(as_records(_pod_events(20)))
+def _assert_no_cycle(views: Views) -> int:
+    """Walks everything reached from ``views``; fails on an object reached again through a
+    path that comes back to it. Returns how many objects it went through."""
     on_path: set[int] = set()
+    seen = 0
 
     def parts(obj: object) -> list[object]:
         # an untracked struct has no referents for gc: its fields are read instead
@@ -145,8 +147,6 @@ def test_the_views_hold_no_reference_cycle() -> None:
         if isinstance(obj, dict):
             return [*obj.keys(), *obj.values()]
         return list(gc.get_referents(obj))
-
-    seen = 0
 
     def walk(obj: object) -> None:
         nonlocal seen
@@ -160,4 +160,24 @@ def test_the_views_hold_no_reference_cycle() -> None:
         on_path.discard(id(obj))
 
     walk(views)
-    assert seen > 20 * 5  # it went down to each pod's containers
+    return seen
+
+
+def test_the_views_hold_no_reference_cycle() -> None:
+    """gc=False is safe only if nothing in the views refers back to what holds it."""
+    views = rebuild(as_records(_pod_events(20)))
+    assert _assert_no_cycle(views) > 20 * 5  # it went down to each pod's containers
+
+
+@given(st.lists(events, max_size=60))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_views_from_any_events_hold_no_cycle_and_their_many_parts_are_untracked(evs: list[ev._Event]) -> None:
+    """Every event type (claims, the runtime's sandboxes and containers, plugins included)."""
+    views = rebuild(as_records(evs))
+    _assert_no_cycle(views)
+    _untracked(views)
+    for claim in views.claims.claims.values():
+        assert not gc.is_tracked(claim)
+    assert not any(gc.is_tracked(d) for d in views.claims.drivers.values())
+    assert not any(gc.is_tracked(s) for s in views.runtime.sandboxes.values())
+    assert not any(gc.is_tracked(c) for c in views.runtime.containers.values())
