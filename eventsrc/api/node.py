@@ -360,11 +360,18 @@ def status_response(
     pid: int,
     holds: LoopHolds | None = None,
     holds_since_ns: int = 0,
+    heap_trims: int = 0,
 ) -> pb.StatusResponse:
     """The daemon's Status; with ``holds``, how long its loop was held (the long steps that
     ended after ``holds_since_ns`` when it is set)."""
     resp = pb.StatusResponse(
-        ready=ready, version=__version__, instance_id=instance_id, last_seq=last_seq, sockets=sockets, pid=pid
+        ready=ready,
+        version=__version__,
+        instance_id=instance_id,
+        last_seq=last_seq,
+        sockets=sockets,
+        pid=pid,
+        heap_trims=heap_trims,
     )
     if holds is not None:
         loop = resp.loop

@@ -50,6 +50,7 @@ def status(args: argparse.Namespace) -> int:
                 "over_10ms": st.loop.over_10ms,
                 "long_steps": st.loop.long_steps,
             },
+            heap_trims=st.heap_trims,  # free memory given back after large answers (docs/adr/0020)
         )
         if not st.ready:
             reason = f"eventsrc (pid {st.pid}) on {layout.root} is not ready yet"

@@ -197,6 +197,7 @@ class Daemon:
                 os.getpid(),
                 self.loop_holds,
                 holds_since_ns,
+                self.heap.trims,
             )
 
         return NodeService(lambda: self.views, self.admission, status, self.records_from)

@@ -95,3 +95,10 @@ def test_the_codec_tells_every_answers_length() -> None:
     assert seen == [len(data), 2 * len(data)]
     codec.decode(data, pb.ListPodResourcesResponse)  # what it receives is not an answer
     assert seen == [len(data), 2 * len(data)]
+
+
+def test_status_tells_the_trims() -> None:
+    from eventsrc.api.node import status_response
+
+    assert status_response(True, "i", 1, [], 1, heap_trims=3).heap_trims == 3
+    assert status_response(True, "i", 1, [], 1).heap_trims == 0

@@ -39,7 +39,7 @@ class StatusRequest(_message.Message):
     def __init__(self, loop_holds_since_ns: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("ready", "version", "instance_id", "last_seq", "sockets", "pid", "loop")
+    __slots__ = ("ready", "version", "instance_id", "last_seq", "sockets", "pid", "loop", "heap_trims")
     READY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class StatusResponse(_message.Message):
     SOCKETS_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     LOOP_FIELD_NUMBER: _ClassVar[int]
+    HEAP_TRIMS_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     version: str
     instance_id: str
@@ -54,7 +55,8 @@ class StatusResponse(_message.Message):
     sockets: _containers.RepeatedScalarFieldContainer[str]
     pid: int
     loop: LoopHolds
-    def __init__(self, ready: _Optional[bool] = ..., version: _Optional[str] = ..., instance_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., sockets: _Optional[_Iterable[str]] = ..., pid: _Optional[int] = ..., loop: _Optional[_Union[LoopHolds, _Mapping]] = ...) -> None: ...
+    heap_trims: int
+    def __init__(self, ready: _Optional[bool] = ..., version: _Optional[str] = ..., instance_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., sockets: _Optional[_Iterable[str]] = ..., pid: _Optional[int] = ..., loop: _Optional[_Union[LoopHolds, _Mapping]] = ..., heap_trims: _Optional[int] = ...) -> None: ...
 
 class LoopHolds(_message.Message):
     __slots__ = ("steps", "longest_seconds", "longest_task", "over_10ms", "recent", "long_steps")
