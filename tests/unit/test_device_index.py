@@ -6,7 +6,7 @@ made from the device table alone, in the packing order the planner has always us
 from __future__ import annotations
 
 import heapq
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 
 import msgspec
 from hypothesis import HealthCheck, example, given, settings
@@ -124,23 +124,28 @@ many_events = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(many_events)
-def test_records_of_many_devices_keep_the_index_fresh(evs: list[ev._Event]) -> None:
+def indexed_views(evs: list[ev._Event], after_each: Callable[[Views], None] | None = None) -> Views:
+    """The views of ``evs``, their device index built before the first and kept by the
+    reducers; ``after_each`` called with them after each record."""
     v = Views()
     index_of(v.devices)
     for i, e in enumerate(evs, start=1):
         apply(v, record(i, e))
-        assert_indexes_fresh(v)
+        if after_each is not None:
+            after_each(v)
+    return v
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(many_events)
+def test_records_of_many_devices_keep_the_index_fresh(evs: list[ev._Event]) -> None:
+    indexed_views(evs, after_each=assert_indexes_fresh)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(event_lists)
 def test_the_index_says_what_a_pass_over_the_table_says(evs: list[ev._Event]) -> None:
-    v = Views()
-    index_of(v.devices)
-    for i, e in enumerate(evs, start=1):
-        apply(v, record(i, e))
+    v = indexed_views(evs)
     index = index_of(v.devices)
     for resource, table in v.devices.devices.items():
         r = index.resources.get(resource, device_state.ResourceIndex())
