@@ -13,12 +13,15 @@ loop drops them (``drop_cancelled_timers``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import heapq
 import os
 import resource
 import socket
 import stat
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -218,7 +221,7 @@ class CappedListener(socket.socket):
                 self._at_cap = True
                 log.warning("connections refused: at the cap", socket=self.name, cap=self.cap)
         self.live += 1
-        counted = _CountedConnection(conn.family, conn.type, conn.proto, fileno=conn.detach())
+        counted = _ServedConnection(conn.family, conn.type, conn.proto, fileno=conn.detach())
         counted.listener = self
         return counted, addr
 
@@ -229,10 +232,43 @@ class CappedListener(socket.socket):
             log.info("connections accepted again", socket=self.name, refused=self.refused)
 
 
-class _CountedConnection(socket.socket):
-    """An accepted connection that gives its place under the cap back when closed."""
+#: How long one loop step may keep writing to a served connection (``_ServedConnection``).
+WRITE_BUDGET_SECONDS = 0.002
+
+_clock = time.perf_counter
+
+
+class _ServedConnection(socket.socket):
+    """An accepted connection: it gives its place under the cap back when closed, and it
+    does not let one loop step write to it for longer than ``WRITE_BUDGET_SECONDS``.
+
+    grpclib sends a large answer (ListPods at 10,000 pods is 3.3 MB) as HTTP/2 frames of
+    the client's frame size (16 KiB for grpclib and grpc-go clients) in one loop, and
+    yields only while asyncio's transport has paused it, so while the socket takes every
+    frame the whole answer is framed and written in one step. Past the budget this socket
+    says it would block (EAGAIN) until the step ends: the transport keeps what follows in
+    its buffer, pauses grpclib's writer at its high-water mark (``pause_writing``, part of
+    asyncio's protocol interface), and writes the buffer in a later step when the socket is
+    writable, which resumes the writer. Nothing is lost or reordered: asyncio treats the
+    refusal as a full socket buffer. The step is over when a callback scheduled at the
+    step's first write runs (``call_soon``, first in first out).
+    """
 
     listener: CappedListener | None = None
+    _writing_since = 0.0
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        now = _clock()
+        since = self._writing_since
+        if not since:
+            self._writing_since = now
+            asyncio.get_running_loop().call_soon(self._step_ended)
+        elif now - since > WRITE_BUDGET_SECONDS:
+            raise BlockingIOError(errno.EAGAIN, "this loop step's write budget is spent")
+        return super().send(data, flags)
+
+    def _step_ended(self) -> None:
+        self._writing_since = 0.0
 
     def close(self) -> None:
         listener, self.listener = self.listener, None
