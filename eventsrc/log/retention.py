@@ -43,7 +43,7 @@ from eventsrc.state.views import Views
 @dataclass(frozen=True)
 class Prepared:
     base: Base
-    views: bytes
+    views: bytes | memoryview  # a view into the worker's answer (``cut_worker.read``)
     entry: LedgerEntry
     seconds: float
 

@@ -719,7 +719,7 @@ class EventLog:
 
     # ------------------------------------------------------------------ retention (docs/adr/0018)
 
-    def _write_meta(self, puts: list[tuple[bytes, bytes]], drop_prefix: bytes = b"") -> None:
+    def _write_meta(self, puts: list[tuple[bytes, bytes | memoryview]], drop_prefix: bytes = b"") -> None:
         """One write transaction on ``meta``:
         the keys under ``drop_prefix`` are deleted, then ``puts`` written."""
 
@@ -734,12 +734,14 @@ class EventLog:
 
         self._in_write_txn("write to", self.meta_db, put)
 
-    def set_base(self, base: Base, views: bytes, entry: LedgerEntry) -> None:
+    def set_base(self, base: Base, views: bytes | memoryview, entry: LedgerEntry) -> None:
         """Move the live log's start to ``base`` in one transaction: the base, the views at
         it and the ledger entry of what left. The records up to it are deleted afterwards
-        (``delete_through``); until then they are never read."""
+        (``delete_through``); until then they are never read. The views are put in chunks
+        of a memoryview, not copied first: LMDB copies them with the GIL released."""
+        whole = memoryview(views)
         chunks = [
-            (_VIEWS + i.to_bytes(4, "big"), views[at : at + VIEWS_CHUNK])
+            (_VIEWS + i.to_bytes(4, "big"), whole[at : at + VIEWS_CHUNK])
             for i, at in enumerate(range(0, len(views), VIEWS_CHUNK))
         ]
         self._write_meta(

@@ -5,6 +5,7 @@ finished, and a segment missing, altered or foreign is named."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from eventsrc import events as ev
 from eventsrc.core.retention import Retention, boundaries
+from eventsrc.errors import EventsrcError
 from eventsrc.log import retention as steps
 from eventsrc.log.archive import iter_records, segment_files, verify_archive, verify_segment
 from eventsrc.log.index import pod_prefix
@@ -264,12 +266,39 @@ def test_the_workers_cut_equals_the_one_prepared_in_process(tmp_path: Path) -> N
     log = filled(tmp_path / "log", pods(40))
     cut(log, tmp_path / "archive", 10)  # so that the views start from a base
     for archive in (tmp_path / "archive", None):
-        done = subprocess.run(cut_worker.argv(log.path, archive, 30), capture_output=True, check=False)
-        got = cut_worker.decode(done.returncode, done.stdout)
+        answer = cut_worker.answer_file()
+        try:
+            done = subprocess.run(cut_worker.argv(log.path, archive, 30), stdout=answer, check=False)
+            got = cut_worker.read(done.returncode, answer)
+        finally:
+            os.close(answer)
         want = steps.prepare(log, archive, 30)
-        assert (got.base, got.entry, got.views) == (want.base, want.entry, want.views)
+        assert (got.base, got.entry, bytes(got.views)) == (want.base, want.entry, want.views)
+        assert isinstance(got.views, memoryview)  # mapped, not copied
     assert log.base() is not None and log.base().seq == 10  # the worker moved nothing
     log.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "wrote", "said"),
+    [
+        (0, b"", "answered garbage"),
+        (0, b"\x93garbage", "answered garbage"),
+        (1, b"cannot cut the log at 7: it starts at 9\n", "cannot cut the log at 7: it starts at 9"),
+        (1, b"", "the retention cut's worker failed"),
+        (-9, b"", "failed (exit status -9)"),
+    ],
+)
+def test_what_a_worker_that_failed_wrote_is_said(status: int, wrote: bytes, said: str) -> None:
+    from eventsrc.log import cut_worker
+
+    answer = cut_worker.answer_file()
+    try:
+        os.write(answer, wrote)
+        with pytest.raises(EventsrcError, match=re.escape(said)):
+            cut_worker.read(status, answer)
+    finally:
+        os.close(answer)
 
 
 async def test_the_daemons_cut_goes_through_the_worker(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
