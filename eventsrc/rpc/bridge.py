@@ -261,8 +261,12 @@ class _ServedConnection(socket.socket):
         now = _clock()
         since = self._writing_since
         if not since:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # not from a loop: no step to end
+                return super().send(data, flags)
             self._writing_since = now
-            asyncio.get_running_loop().call_soon(self._step_ended)
+            loop.call_soon(self._step_ended)
         elif now - since > WRITE_BUDGET_SECONDS:
             raise BlockingIOError(errno.EAGAIN, "this loop step's write budget is spent")
         return super().send(data, flags)

@@ -207,3 +207,12 @@ async def test_a_served_answer_arrives_whole_to_both_clients(tmp_path: Path) -> 
         got = await trio.to_thread.run_sync(grpcio_call)
         assert got == service.answer
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.usefixtures("ticking_clock")
+def test_outside_a_loop_it_is_a_plain_socket() -> None:
+    sock, peer = _pair(served=True)
+    with sock, peer:
+        for _ in range(5):
+            assert sock.send(b"z" * 10) == 10
+        assert peer.recv(100) == b"z" * 50
