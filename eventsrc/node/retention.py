@@ -215,9 +215,10 @@ class Retainer:
             try:
                 status = await trio.to_thread.run_sync(proc.wait, abandon_on_cancel=True)
             finally:
-                if proc.poll() is None:
+                if proc.returncode is None:  # cancelled: the worker goes, reaped off the loop
                     proc.kill()
-                    proc.wait()
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(proc.wait)
             # mapped, decoded without copying the views (16 MB at 10,000 pods), in a thread
             prepared = await trio.to_thread.run_sync(cut_worker.read, status, answer)
         finally:

@@ -251,28 +251,42 @@ class _ServedConnection(socket.socket):
     asyncio's protocol interface), and writes the buffer in a later step when the socket is
     writable, which resumes the writer. Nothing is lost or reordered: asyncio treats the
     refusal as a full socket buffer. The step is over when a callback scheduled at the
-    step's first write runs (``call_soon``, first in first out).
+    step's first write runs (``call_soon``, first in first out): under trio-asyncio, once
+    the callbacks queued before it have run, so on a busy loop a small answer written after
+    a large one's budget was spent waits for that pass too. Python 3.11's transport writes
+    with ``send``, later ones with ``sendmsg``: both are budgeted.
     """
 
     listener: CappedListener | None = None
-    _writing_since = 0.0
+    _writing_since: float | None = None  # when this step's first write was; None: no write yet
+    #: writes refused because a step's budget was spent, on every served connection
+    deferred = 0
 
-    def send(self, data: Any, flags: int = 0) -> int:
+    def _within_budget(self) -> None:
+        """Raise EAGAIN once this step has written for longer than the budget."""
         now = _clock()
         since = self._writing_since
-        if not since:
+        if since is None:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # not from a loop: no step to end
-                return super().send(data, flags)
-            self._writing_since = now
+                return
             loop.call_soon(self._step_ended)
+            self._writing_since = now
         elif now - since > WRITE_BUDGET_SECONDS:
+            _ServedConnection.deferred += 1
             raise BlockingIOError(errno.EAGAIN, "this loop step's write budget is spent")
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        self._within_budget()
         return super().send(data, flags)
 
+    def sendmsg(self, buffers: Any, *args: Any) -> int:  # asyncio's transport from Python 3.12
+        self._within_budget()
+        return super().sendmsg(buffers, *args)
+
     def _step_ended(self) -> None:
-        self._writing_since = 0.0
+        self._writing_since = None
 
     def close(self) -> None:
         listener, self.listener = self.listener, None

@@ -4,6 +4,7 @@ finished, and a segment missing, altered or foreign is named."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import subprocess
@@ -274,7 +275,7 @@ def test_the_workers_cut_equals_the_one_prepared_in_process(tmp_path: Path) -> N
             os.close(answer)
         want = steps.prepare(log, archive, 30)
         assert (got.base, got.entry, bytes(got.views)) == (want.base, want.entry, want.views)
-        assert isinstance(got.views, memoryview)  # mapped, not copied
+        assert isinstance(got.views, memoryview) and isinstance(got.views.obj, mmap.mmap)  # mapped, not copied
     assert log.base() is not None and log.base().seq == 10  # the worker moved nothing
     log.close()
 
@@ -341,6 +342,41 @@ async def test_a_killed_worker_leaves_the_log_whole_and_its_temporary_file_goes_
     assert await retainer.attempt() is False
     assert log.base() is None and len(list(log.records())) == 40 and not retainer.cuts
     assert steps.undo_unfinished(log, archive) == [] and list(archive.iterdir()) == []
+    log.close()
+
+
+async def test_a_cut_cancelled_while_its_worker_runs_kills_it_and_closes_its_answer(
+    tmp_path: Path,
+    monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    from eventsrc.log import cut_worker
+
+    started: list[subprocess.Popen[bytes]] = []
+    answers: list[int] = []
+    running = trio.Event()
+    real_start, real_answer = cut_worker.start, cut_worker.answer_file
+
+    def start(*args, **kwargs):  # type: ignore[no-untyped-def]
+        started.append(real_start(*args, **kwargs))
+        running.set()
+        return started[-1]
+
+    monkeypatch.setattr(cut_worker, "argv", lambda *_: [sys.executable, "-c", "import time; time.sleep(600)"])
+    monkeypatch.setattr(cut_worker, "start", start)
+    monkeypatch.setattr(cut_worker, "answer_file", lambda: answers.append(real_answer()) or answers[-1])
+    log = filled(tmp_path / "log", pods(40))
+    retainer = Retainer(FakeRecorder(), log, tmp_path / "archive", Retention(max_size=1), piece=10)
+    with trio.move_on_after(60) as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(retainer._prepare, tmp_path / "archive", 30)
+            await running.wait()
+            nursery.cancel_scope.cancel()
+    assert not scope.cancelled_caught
+    [proc] = started
+    assert proc.returncode == -9  # killed and reaped
+    with pytest.raises(OSError):
+        os.fstat(answers[0])  # closed
+    assert log.base() is None
     log.close()
 
 

@@ -74,9 +74,12 @@ async def _send_through(sock: socket.socket, peer: socket.socket) -> tuple[list[
     received = bytearray()
 
     async def read_all() -> None:
-        while len(received) < FRAME * FRAMES:
-            await trio.lowlevel.wait_readable(peer)
-            received.extend(peer.recv(1 << 20))
+        with trio.fail_after(30):
+            while len(received) < FRAME * FRAMES:
+                await trio.lowlevel.wait_readable(peer)
+                got = peer.recv(1 << 20)
+                assert got, f"the connection ended after {len(received)} bytes"
+                received.extend(got)
 
     async def write_all() -> tuple[list[int], int]:
         loop = asyncio.get_running_loop()
@@ -138,7 +141,8 @@ async def test_a_plain_socket_takes_it_in_one_step() -> None:
     assert (steps, pauses) == ([FRAMES], 0)
 
 
-async def test_small_writes_within_the_budget_go_at_once() -> None:
+async def test_small_writes_within_the_budget_go_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bridge, "_clock", lambda: 1000.0)  # however long the machine takes
     sock, peer = _pair(served=True)
     with sock, peer:
         async with open_loop():
@@ -178,8 +182,8 @@ PODS = 15_000
 
 @pytest.mark.usefixtures("ticking_clock")
 async def test_a_served_answer_arrives_whole_to_both_clients(tmp_path: Path) -> None:
-    """Through grpclib's server: a grpclib client (16 KiB frames, the budget spent many
-    times over) and a grpcio one get the whole answer."""
+    """Through grpclib's server: a grpclib client (16 KiB frames) and a grpcio one get the
+    whole answer, which the budget (spent many times over) deferred."""
     service = _BigListing()
     path = tmp_path / "api.sock"
     async with open_loop(), trio.open_nursery() as nursery:
@@ -192,8 +196,11 @@ async def test_a_served_answer_arrives_whole_to_both_clients(tmp_path: Path) -> 
             finally:
                 channel.close()
 
+        deferred = _ServedConnection.deferred
         got = await trio_asyncio.aio_as_trio(grpclib_call)()
         assert got == service.answer
+        assert _ServedConnection.deferred > deferred  # it went out over several steps
+        deferred = _ServedConnection.deferred
 
         def grpcio_call() -> pb.ListPodsResponse:
             with grpc.insecure_channel(unix_target(path)) as channel:
@@ -206,6 +213,7 @@ async def test_a_served_answer_arrives_whole_to_both_clients(tmp_path: Path) -> 
 
         got = await trio.to_thread.run_sync(grpcio_call)
         assert got == service.answer
+        assert _ServedConnection.deferred > deferred
         nursery.cancel_scope.cancel()
 
 
