@@ -77,6 +77,7 @@ from eventsrc.log.snapshots import (
 )
 from eventsrc.log.store import DirLock, EventLog
 from eventsrc.node.admission import DEFAULT_ADMISSION_WAIT, Admission
+from eventsrc.node.collector import Collector
 from eventsrc.node.device_manager import DEFAULT_GRACE, DeviceManager, RegistryHandler
 from eventsrc.node.dra_manager import DRAManager
 from eventsrc.node.heap import HeapTrimmer, malloc_trim, tune_malloc
@@ -442,6 +443,7 @@ async def serve(
                 nursery.start_soon(daemon.scrub, start_seq)
                 nursery.start_soon(daemon.snapshot_loop)
                 nursery.start_soon(daemon.retainer.run)
+                await nursery.start(Collector().run)
                 _announce_ready(daemon)
                 daemon.heap.want()  # what the rebuild and the start freed
                 task_status.started(daemon)
@@ -452,10 +454,6 @@ async def serve(
     finally:
         if daemon_holds is not None:
             trio.lowlevel.remove_instrument(daemon_holds)
-        if _freeze_after_long_collection in gc.callbacks:
-            gc.callbacks.remove(_freeze_after_long_collection)
-            young, middle, _ = gc.get_threshold()
-            gc.set_threshold(young, middle, DEFAULT_FULL_COLLECTION_EVERY)
         layout.status.unlink(missing_ok=True)
         if event_log is not None:
             event_log.close()
@@ -618,45 +616,13 @@ def _announce_ready(daemon: Daemon) -> None:
     # What the start built (modules, classes, the rebuilt views) lives as long as
     # the process: out of the collector's sight, a full collection no longer walks
     # it (one took 11-20 ms under load, stalling every admission in flight).
+    # From here on the full collections run in a step of their own (``node.collector``).
     gc.collect()
     gc.freeze()
-    if _freeze_after_long_collection not in gc.callbacks:
-        gc.callbacks.append(_freeze_after_long_collection)
-        young, middle, _ = gc.get_threshold()
-        gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
     daemon.ready = True
     daemon.write_status(ready=True)
     log.info("ready", root=daemon.layout.root, last_seq=daemon.views.meta.last_seq, instance_id=daemon.instance_id)
     systemd.notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=ready, last sequence {daemon.views.meta.last_seq}")
-
-
-#: A full collection longer than this freezes what survived it (``_freeze_after_long_collection``).
-FREEZE_AFTER_SECONDS = 0.004
-#: Middle-generation collections between two full ones (CPython's default: 10). At 10 the
-#: objects promoted between two full collections alone took 7-14 ms to walk at 10,000 pods.
-FULL_COLLECTION_EVERY = 2
-DEFAULT_FULL_COLLECTION_EVERY = 10
-_collection_started = 0.0
-
-
-def _freeze_after_long_collection(phase: str, info: dict[str, int]) -> None:
-    """After a full collection that took longer than ``FREEZE_AFTER_SECONDS``, what survived
-    it leaves the collector's sight.
-
-    A full collection walks every tracked object the start did not freeze: as pods were
-    admitted it took 13 ms at 1,000 pods and 142 ms at 10,000 (bench scale, gc callbacks),
-    stalling the loop each time. Frozen after such a one, what survived is out of the next
-    one's walk, which only sees the objects made since: a few ms. The price: an object that
-    outlived it and later ends in a reference cycle is never collected (a cycle-free one is
-    freed as ever, by its reference count); a daemon whose collections stay short (a few
-    pods) never freezes more than at its start."""
-    global _collection_started
-    if info["generation"] != 2:
-        return
-    if phase == "start":
-        _collection_started = time.perf_counter()
-    elif time.perf_counter() - _collection_started > FREEZE_AFTER_SECONDS:
-        gc.freeze()
 
 
 async def _stop_signal(signals: AsyncIterator[int]) -> str:

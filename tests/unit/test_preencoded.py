@@ -4,6 +4,7 @@ encoding (``api.podresources.element``) are byte for byte the whole answer seria
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -14,7 +15,7 @@ from eventsrc.api.node import PodsCache
 from eventsrc.api.podresources import ListCache, element
 from eventsrc.gen.node.v1 import node_pb2 as npb
 from eventsrc.gen.podresources.v1 import api_pb2 as pb
-from eventsrc.rpc.limits import BoundedCodec, PreEncoded
+from eventsrc.rpc.limits import YIELD_BEFORE_BYTES, BoundedCodec, PreEncoded, send_encoded
 from tests.unit.test_listing_caches import DEV, Node, fresh_list, fresh_pods, node_with_devices, run_paced, same
 
 
@@ -109,3 +110,21 @@ def test_a_pass_that_builds_nothing_still_pauses_and_starts_again_when_a_record_
         # the first pass stopped at its first pause; the second looked at 7 pods (the 6, and
         # "late" built), pausing at the 2nd, 4th and 6th
         assert len(seen) == 1 + 3
+
+
+@pytest.mark.parametrize(("size", "after_a_step"), [(YIELD_BEFORE_BYTES - 1, False), (YIELD_BEFORE_BYTES, True)])
+def test_a_large_answer_is_sent_from_the_next_loop_step(size: int, after_a_step: bool) -> None:
+    """Joining a large answer's parts and grpclib's copy of it are two loop steps."""
+    ran: list[str] = []
+
+    class Stream:
+        async def send_message(self, message: object) -> None:
+            ran.append("send")
+
+    async def main() -> None:
+        asyncio.get_running_loop().call_soon(ran.append, "another step")
+        await send_encoded(Stream(), PreEncoded(pb.ListPodResourcesResponse, b"x" * size))  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert ran == (["another step", "send"] if after_a_step else ["send", "another step"])
