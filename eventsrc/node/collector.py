@@ -67,8 +67,8 @@ class Collector:
     def _wake(self) -> None:
         self._due.set()
 
-    def collect(self) -> float:
-        """One full collection (frozen after it if it was long); its seconds."""
+    def collect(self) -> None:
+        """One full collection, and a freeze after it if it was long."""
         self.middle = 0
         started = self._clock()
         gc.collect(2)
@@ -77,7 +77,6 @@ class Collector:
         if took > self.freeze_after:
             gc.freeze()
             self.freezes += 1
-        return took
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Until cancelled: automatic full collections off, ours when due; restored after."""

@@ -221,9 +221,9 @@ class CappedListener(socket.socket):
                 self._at_cap = True
                 log.warning("connections refused: at the cap", socket=self.name, cap=self.cap)
         self.live += 1
-        counted = _ServedConnection(conn.family, conn.type, conn.proto, fileno=conn.detach())
-        counted.listener = self
-        return counted, addr
+        served = _ServedConnection(conn.family, conn.type, conn.proto, fileno=conn.detach())
+        served.listener = self
+        return served, addr
 
     def released(self) -> None:
         self.live -= 1
