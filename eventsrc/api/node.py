@@ -377,10 +377,17 @@ def status_response(
         loop = resp.loop
         loop.steps, loop.longest_seconds, loop.over_10ms = holds.steps, holds.longest, holds.over
         loop.longest_task, loop.long_steps = holds.longest_task, holds.kept
+        loop.longest_cpu_seconds, loop.longest_cpu_task = holds.longest_cpu, holds.longest_cpu_task
+        loop.cpu_over_10ms = holds.cpu_over
         if holds_since_ns > 0:
             loop.recent.extend(
-                pb.LoopHold(end_monotonic_ns=end, seconds=held, task=task)
-                for end, held, task in list(holds.recent)
-                if end > holds_since_ns
+                pb.LoopHold(
+                    end_monotonic_ns=step.end_ns,
+                    seconds=step.seconds,
+                    task=step.task,
+                    cpu_seconds=step.cpu,
+                    process_cpu_seconds=step.process_cpu,
+                )
+                for step in holds.since(holds_since_ns)
             )
     return resp

@@ -324,22 +324,56 @@ class Row:
 @dataclass(frozen=True)
 class Hold:
     """The longest step of the daemon's loop in a span, as the daemon measured it
-    (``eventsrc.obs.loop``): its seconds, its task, whether every long step of the span was
-    still in the daemon's ring (else a floor), and how many steps took 10 ms or more."""
+    (``eventsrc.obs.loop``): its wall seconds, its task, the CPU seconds of the loop's thread
+    and of the whole daemon in it; the step with the most CPU of the loop's thread (the
+    loop's longest work) and its task; whether every long step of the span was still in the
+    daemon's ring (else the figures are floors); how many steps took 10 ms or more of wall
+    time and of the loop thread's CPU."""
 
     seconds: float
     task: str
+    cpu: float
+    process_cpu: float
+    work: float
+    work_task: str
     whole: bool
     over_10ms: int
+    work_over_10ms: int
 
     def text(self) -> str:
-        return f"{self.seconds * 1e3:.1f}" + ("" if self.whole else "+")
+        return self._ms(self.seconds)
+
+    def work_text(self) -> str:
+        return self._ms(self.work)
+
+    def _ms(self, seconds: float) -> str:
+        return f"{seconds * 1e3:.1f}" + ("" if self.whole else "+")
+
+    def told(self) -> str:
+        """What the longest step was made of, in words."""
+        other = max(self.process_cpu - self.cpu, 0.0)
+        waited = max(self.seconds - max(self.process_cpu, self.cpu), 0.0)
+        return (
+            f"{self.cpu * 1e3:.1f} ms of it the loop's own work (its thread's CPU), {other * 1e3:.1f} ms the "
+            f"daemon's other threads ran, {waited * 1e3:.1f} ms no thread of the daemon ran (it waited for a core)"
+        )
 
 
 def _longer(a: Hold, b: Hold) -> Hold:
-    """The longer of two spans' holds, with both spans' steps of 10 ms or more."""
+    """The longer of two spans' holds and works, with both spans' steps of 10 ms or more."""
     top = max(a, b, key=lambda h: h.seconds)
-    return Hold(top.seconds, top.task, a.whole and b.whole, a.over_10ms + b.over_10ms)
+    busiest = max(a, b, key=lambda h: h.work)
+    return Hold(
+        top.seconds,
+        top.task,
+        top.cpu,
+        top.process_cpu,
+        busiest.work,
+        busiest.work_task,
+        a.whole and b.whole,
+        a.over_10ms + b.over_10ms,
+        a.work_over_10ms + b.work_over_10ms,
+    )
 
 
 class HoldSpan:
@@ -349,6 +383,7 @@ class HoldSpan:
         self.since_ns = since_ns
         self.long_steps = status.loop.long_steps
         self.over = status.loop.over_10ms
+        self.work_over = status.loop.cpu_over_10ms
 
     @classmethod
     async def start(cls, stub: NodeStub) -> HoldSpan:
@@ -357,9 +392,20 @@ class HoldSpan:
 
     async def end(self, stub: NodeStub) -> Hold:
         st = await stub.Status(pb.StatusRequest(loop_holds_since_ns=self.since_ns), timeout=60)
-        seconds, task = max(((h.seconds, h.task) for h in st.loop.recent), default=(0.0, ""))
-        whole = st.loop.long_steps - self.long_steps <= len(st.loop.recent)
-        return Hold(seconds, task, whole, st.loop.over_10ms - self.over)
+        steps = list(st.loop.recent)
+        top = max(steps, key=lambda h: h.seconds, default=pb.LoopHold())
+        busiest = max(steps, key=lambda h: h.cpu_seconds, default=pb.LoopHold())
+        return Hold(
+            top.seconds,
+            top.task,
+            top.cpu_seconds,
+            top.process_cpu_seconds,
+            busiest.cpu_seconds,
+            busiest.task,
+            st.loop.long_steps - self.long_steps <= len(steps),
+            st.loop.over_10ms - self.over,
+            st.loop.cpu_over_10ms - self.work_over,
+        )
 
 
 class _Progress:
@@ -714,7 +760,10 @@ _COLUMNS = (
     ("PodResources List", "p50 ms", 8),
     ("longest", "stall ms", 10),
     ("longest", "hold ms", 9),
-    ("longest", ">=10ms", 8),
+    ("longest", "its CPU", 9),
+    ("longest", "work ms", 9),
+    (">=10ms", "hold", 6),
+    (">=10ms", "work", 6),
     ("", "|", 3),
     ("kubelet-style checkpoint", "per change ms", 14),
     ("kubelet-style checkpoint", "bytes", 12),
@@ -735,8 +784,9 @@ def _row(out: TextIO, r: Row) -> None:
     out.write(
         f"{r.pods:{w[0]},}{r.samples:{w[1]}}{r.p50 * 1e3:{w[2]}.2f}{r.p99 * 1e3:{w[3]}.2f}{r.rss / 2**20:{w[4]}.1f}"
         f"{r.anon / 2**20:{w[5]}.1f}{r.cpu * 1e3:{w[6]}.2f}{r.log_bytes:{w[7]},.0f}{r.list_first * 1e3:{w[8]}.2f}"
-        f"{r.list_p50 * 1e3:{w[9]}.2f}{r.stall * 1e3:{w[10]}.1f}{r.hold.text():>{w[11]}}{r.hold.over_10ms:{w[12]}}"
-        f"{'|':>{w[13]}}{r.checkpoint * 1e3:{w[14]}.2f}{r.checkpoint_bytes:{w[15]},}\n"
+        f"{r.list_p50 * 1e3:{w[9]}.2f}{r.stall * 1e3:{w[10]}.1f}{r.hold.text():>{w[11]}}{r.hold.cpu * 1e3:{w[12]}.1f}"
+        f"{r.hold.work_text():>{w[13]}}{r.hold.over_10ms:{w[14]}}{r.hold.work_over_10ms:{w[15]}}"
+        f"{'|':>{w[16]}}{r.checkpoint * 1e3:{w[17]}.2f}{r.checkpoint_bytes:{w[18]},}\n"
     )
     out.flush()
 
@@ -778,7 +828,9 @@ def run_scale_bench(
                 f"cut and the sealed segment, {cut.prepare:.3f} s); the longest transaction holding the log's "
                 f"writer {cut.writer_pause * 1e3:.1f} ms; the longest Status round trip meanwhile "
                 f"{cut.stall * 1e3:.1f} ms, the daemon's longest loop step {cut.hold.text()} ms "
-                f"({cut.hold.over_10ms} of 10 ms or more) (serve --log-retention-max-size {CUT_MAX_SIZE}, "
+                f"({cut.hold.over_10ms} of 10 ms or more; {cut.hold.told()}), its longest work "
+                f"{cut.hold.work_text()} ms ({cut.hold.work_over_10ms} of 10 ms or more) "
+                f"(serve --log-retention-max-size {CUT_MAX_SIZE}, "
                 "after a clean stop)\n"
             )
         out.write(f"\nwhole run: {time.perf_counter() - t_run:.1f} s\n")
@@ -820,7 +872,12 @@ def _legend(
         "  hold           the daemon's own figure (eventsrc.obs.loop): the longest step of its loop since the "
         "previous size, admissions and listings, one trio task step or asyncio callback that nobody else could "
         "interrupt (collections, GIL waits and this machine's scheduling of the daemon included; '+': more long "
-        "steps than the daemon keeps, a floor); >=10ms: how many steps took 10 ms or more\n"
+        "steps than the daemon keeps, a floor); its CPU: how much of that step the loop's thread spent on the CPU "
+        "(the rest it waited: for the GIL or for a core)\n"
+        "  work           the most CPU time the loop's thread spent in one step since the previous size: the "
+        "longest piece of the loop's own work, whatever the machine's load\n"
+        "  >=10ms         how many steps since the previous size held the loop 10 ms or more (hold), and how many "
+        "were 10 ms or more of the loop's own work (work)\n"
         "  checkpoint     what the kubelet's device manager pays per change to persist the same state: its whole "
         f"{CHECKPOINT} (the pods' entries and the registered devices) as JSON to a temporary file in the "
         f"log's directory, fsync, rename; median of {repeats}; the checksum (go-spew + FNV) not timed, so a floor\n"
@@ -839,6 +896,7 @@ _LISTING_COLUMNS = (
     ("GetAllocatable", "p50 ms", 16),
     ("listings", "stall ms", 10),
     ("listings", "hold ms", 9),
+    ("listings", "work ms", 9),
     ("after them", "RSS MB", 12),
     ("after them", "anon MB", 9),
     ("", "trimmed MB", 12),
@@ -859,8 +917,9 @@ def _listings(out: TextIO, rows: list[Row], repeats: int) -> None:
             f"{r.pods:{w[0]},}{r.list_pods_first * 1e3:{w[1]}.2f}{r.list_pods_p50 * 1e3:{w[2]}.2f}"
             f"{r.list_pods_bytes / 1e3:{w[3]},.0f}{r.list_raw_p50 * 1e3:{w[4]}.2f}{r.list_pods_raw_p50 * 1e3:{w[5]}.2f}"
             f"{r.list_bytes / 1e3:{w[6]},.0f}{r.allocatable_p50 * 1e3:{w[7]}.2f}{r.listings_stall * 1e3:{w[8]}.1f}"
-            f"{r.listings_hold.text():>{w[9]}}{r.rss_after / 2**20:{w[10]}.1f}{r.anon_after / 2**20:{w[11]}.1f}"
-            + (f"{r.rss_trimmed / 2**20:{w[12]}.1f}" if r.rss_trimmed is not None else "-".rjust(w[12]))
+            f"{r.listings_hold.text():>{w[9]}}{r.listings_hold.work_text():>{w[10]}}"
+            f"{r.rss_after / 2**20:{w[11]}.1f}{r.anon_after / 2**20:{w[12]}.1f}"
+            + (f"{r.rss_trimmed / 2**20:{w[13]}.1f}" if r.rss_trimmed is not None else "-".rjust(w[13]))
             + "\n"
         )
     out.write(
@@ -873,7 +932,8 @@ def _listings(out: TextIO, rows: list[Row], repeats: int) -> None:
         "plugin in the answer)\n"
         "  listings stall the worst Status round trip while these calls and List's ran (the stall column above "
         "includes it)\n"
-        "  listings hold  the daemon's longest loop step while they ran (the hold column above includes it)\n"
+        "  listings hold  the daemon's longest loop step while they ran, and its longest work (the columns above "
+        "include them)\n"
         "  RSS            the daemon's VmRSS after them (the listings' caches filled at that size), and its "
         "anonymous part\n"
         f"  trimmed        its VmRSS once it gave back the memory the large answers used, {QUIET_SECONDS:g} s after "
@@ -882,7 +942,14 @@ def _listings(out: TextIO, rows: list[Row], repeats: int) -> None:
     worst = max(rows, key=lambda r: r.hold.seconds, default=None)
     if worst is not None and worst.hold.task:
         out.write(
-            f"  the longest hold, {worst.hold.text()} ms at {worst.pods:,} pods, was a step of {worst.hold.task!r}\n"
+            f"  the longest hold, {worst.hold.text()} ms at {worst.pods:,} pods, was a step of {worst.hold.task!r}: "
+            f"{worst.hold.told()}\n"
+        )
+    busiest = max(rows, key=lambda r: r.hold.work, default=None)
+    if busiest is not None and busiest.hold.work_task:
+        out.write(
+            f"  the longest work, {busiest.hold.work_text()} ms at {busiest.pods:,} pods, was a step of "
+            f"{busiest.hold.work_task!r}\n"
         )
     out.flush()
 

@@ -48,6 +48,9 @@ def status(args: argparse.Namespace) -> int:
                 "longest_seconds": st.loop.longest_seconds,
                 "longest_task": st.loop.longest_task,
                 "over_10ms": st.loop.over_10ms,
+                "longest_cpu_seconds": st.loop.longest_cpu_seconds,
+                "longest_cpu_task": st.loop.longest_cpu_task,
+                "cpu_over_10ms": st.loop.cpu_over_10ms,
                 "long_steps": st.loop.long_steps,
             },
             heap_trims=st.heap_trims,  # free memory given back after large answers (docs/adr/0020)

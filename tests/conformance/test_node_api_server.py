@@ -223,6 +223,11 @@ def test_status_says_how_long_the_loop_was_held(channel: grpc.Channel) -> None:
     ends = [h.end_monotonic_ns for h in asked.loop.recent]
     assert ends == sorted(ends) and all(end > since for end in ends)
     assert all(0.004 <= h.seconds <= asked.loop.longest_seconds and h.task for h in asked.loop.recent)
+    # the loop thread's CPU in a step is at most the process's, and about at most its wall time
+    assert all(h.cpu_seconds <= h.process_cpu_seconds for h in asked.loop.recent)
+    assert all(h.cpu_seconds <= h.seconds + 0.001 for h in asked.loop.recent)
+    assert asked.loop.longest_cpu_seconds >= max((h.cpu_seconds for h in asked.loop.recent), default=0.0)
+    assert asked.loop.cpu_over_10ms <= asked.loop.long_steps
     if ends:  # a later span holds none of them
         later = node.Status(pb.StatusRequest(loop_holds_since_ns=ends[-1]), timeout=5)
         assert all(h.end_monotonic_ns > ends[-1] for h in later.loop.recent)

@@ -121,6 +121,8 @@ def test_bench_scale_prints_its_figures() -> None:
         "first ms",
         "stall ms",
         "hold ms",
+        "its CPU",
+        "work ms",
         ">=10ms",
         "kubelet-style checkpoint",
         "per change ms",
@@ -129,8 +131,9 @@ def test_bench_scale_prints_its_figures() -> None:
         assert label in out, (label, out)
     figure = rf"\s+-?{NUMBER}"
     for pods in (10, 20):
-        # ... stall, the daemon's longest loop step ('+': a floor), its steps of 10 ms or more | checkpoint
-        row = rf"^\s+{pods}\s+5{figure * 9}\s+{NUMBER}\+?\s+\d+\s+\|{figure * 2}$"
+        # ... stall, the daemon's longest loop step ('+': a floor) and its CPU, the longest work ('+': a floor),
+        # the steps of 10 ms or more of each | checkpoint
+        row = rf"^\s+{pods}\s+5{figure * 9}\s+{NUMBER}\+?{figure}\s+{NUMBER}\+?\s+\d+\s+\d+\s+\|{figure * 2}$"
         assert re.search(row, out, re.M), (pods, out)
     assert re.search(rf"restart after SIGKILL at 20 pods\s+{NUMBER} s until Status says ready", out), out
     assert "20 pods back" in out

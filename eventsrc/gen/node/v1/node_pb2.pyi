@@ -59,30 +59,40 @@ class StatusResponse(_message.Message):
     def __init__(self, ready: _Optional[bool] = ..., version: _Optional[str] = ..., instance_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., sockets: _Optional[_Iterable[str]] = ..., pid: _Optional[int] = ..., loop: _Optional[_Union[LoopHolds, _Mapping]] = ..., heap_trims: _Optional[int] = ...) -> None: ...
 
 class LoopHolds(_message.Message):
-    __slots__ = ("steps", "longest_seconds", "longest_task", "over_10ms", "recent", "long_steps")
+    __slots__ = ("steps", "longest_seconds", "longest_task", "over_10ms", "recent", "long_steps", "longest_cpu_seconds", "longest_cpu_task", "cpu_over_10ms")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     LONGEST_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LONGEST_TASK_FIELD_NUMBER: _ClassVar[int]
     OVER_10MS_FIELD_NUMBER: _ClassVar[int]
     RECENT_FIELD_NUMBER: _ClassVar[int]
     LONG_STEPS_FIELD_NUMBER: _ClassVar[int]
+    LONGEST_CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LONGEST_CPU_TASK_FIELD_NUMBER: _ClassVar[int]
+    CPU_OVER_10MS_FIELD_NUMBER: _ClassVar[int]
     steps: int
     longest_seconds: float
     longest_task: str
     over_10ms: int
     recent: _containers.RepeatedCompositeFieldContainer[LoopHold]
     long_steps: int
-    def __init__(self, steps: _Optional[int] = ..., longest_seconds: _Optional[float] = ..., longest_task: _Optional[str] = ..., over_10ms: _Optional[int] = ..., recent: _Optional[_Iterable[_Union[LoopHold, _Mapping]]] = ..., long_steps: _Optional[int] = ...) -> None: ...
+    longest_cpu_seconds: float
+    longest_cpu_task: str
+    cpu_over_10ms: int
+    def __init__(self, steps: _Optional[int] = ..., longest_seconds: _Optional[float] = ..., longest_task: _Optional[str] = ..., over_10ms: _Optional[int] = ..., recent: _Optional[_Iterable[_Union[LoopHold, _Mapping]]] = ..., long_steps: _Optional[int] = ..., longest_cpu_seconds: _Optional[float] = ..., longest_cpu_task: _Optional[str] = ..., cpu_over_10ms: _Optional[int] = ...) -> None: ...
 
 class LoopHold(_message.Message):
-    __slots__ = ("end_monotonic_ns", "seconds", "task")
+    __slots__ = ("end_monotonic_ns", "seconds", "task", "cpu_seconds", "process_cpu_seconds")
     END_MONOTONIC_NS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     end_monotonic_ns: int
     seconds: float
     task: str
-    def __init__(self, end_monotonic_ns: _Optional[int] = ..., seconds: _Optional[float] = ..., task: _Optional[str] = ...) -> None: ...
+    cpu_seconds: float
+    process_cpu_seconds: float
+    def __init__(self, end_monotonic_ns: _Optional[int] = ..., seconds: _Optional[float] = ..., task: _Optional[str] = ..., cpu_seconds: _Optional[float] = ..., process_cpu_seconds: _Optional[float] = ...) -> None: ...
 
 class Container(_message.Message):
     __slots__ = ("name", "kind", "requests", "limits", "claims")
