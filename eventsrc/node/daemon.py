@@ -35,6 +35,7 @@ import json
 import math
 import os
 import signal
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -104,6 +105,13 @@ from eventsrc.state.views import Views
 log = get_logger("eventsrc.node.daemon")
 
 DEFAULT_SNAPSHOT_EVERY = 10_000
+
+#: How long another thread running Python may keep the GIL once the loop's thread asks for
+#: it, while the daemon serves (CPython's default is 5 ms). The loop's thread lets the GIL go
+#: at every blocking call inside a step (a socket's send, an LMDB call) and waits this long
+#: to get it back each time: at 5 ms, a step with a few such calls was 10-50 ms of waiting
+#: beside a thread that scanned the log (docs/adr/0024).
+SWITCH_INTERVAL = 0.0005
 
 
 def machine_boot_id() -> str:
@@ -384,6 +392,7 @@ async def serve(
     lock.acquire()
     event_log: EventLog | None = None
     daemon_holds: LoopHolds | None = None
+    switch_interval = sys.getswitchinterval()
     try:
         if metrics_address is not None:
             check_address(metrics_address)
@@ -414,6 +423,7 @@ async def serve(
             config = _configuration_set(layout, snapshot_every, admission_wait, grace, metrics_address)
         daemon_holds = daemon.loop_holds
         trio.lowlevel.add_instrument(daemon_holds)
+        sys.setswitchinterval(SWITCH_INTERVAL)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with open_loop(), trio.open_nursery() as nursery:
                 await nursery.start(daemon.committer.run)
@@ -454,6 +464,7 @@ async def serve(
     finally:
         if daemon_holds is not None:
             trio.lowlevel.remove_instrument(daemon_holds)
+        sys.setswitchinterval(switch_interval)
         layout.status.unlink(missing_ok=True)
         if event_log is not None:
             event_log.close()

@@ -219,9 +219,12 @@ class _Watches:
         await trio.lowlevel.wait_readable(self._inotify.fd)
         return any(e.mask & self._overflow for e in self._inotify.read(timeout=0))
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
+        """Close the inotify instance in a thread: the kernel waits for its watches' readers
+        to finish (synchronize_srcu), about 10 ms, which would hold the loop."""
         trio.lowlevel.notify_closing(self._inotify.fd)
-        self._inotify.close()
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self._inotify.close)
 
 
 def _open_watches(root: Path) -> _Watches | None:
@@ -287,7 +290,7 @@ class PluginWatcher:
         finally:
             self._watches = None
             if watches is not None:
-                watches.close()
+                await watches.aclose()
 
     async def _read_events(self, watches: _Watches) -> None:
         """Ask for a scan whenever events come, once they are read (the scan starts after, so it

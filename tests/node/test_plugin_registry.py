@@ -3,6 +3,7 @@ driver in a subprocess, and registration servers written with grpcio."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -338,6 +339,27 @@ async def test_socket_that_disappears_is_deregistered(root: Path) -> None:
         await eventually_trio(lambda: handler.of("deregister"), "deregistration")
         assert handler.of("deregister") == [("deregister", "x.example.com", str(sock), sock)]
         nursery.cancel_scope.cancel()
+
+
+def _inotify_fds() -> list[str]:
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify":
+                fds.append(fd)
+    return fds
+
+
+async def test_a_stopped_watcher_closes_its_inotify_instance(root: Path) -> None:
+    """Closed in a thread (the kernel's close waits about 10 ms for the watches' readers),
+    and closed all the same when the watcher is cancelled."""
+    before = _inotify_fds()
+    watcher = PluginWatcher(root / "plugins_registry", {})
+    async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+        await nursery.start(watcher.run)
+        assert watcher.inotify and len(_inotify_fds()) == len(before) + 1
+        nursery.cancel_scope.cancel()
+    assert _inotify_fds() == before
 
 
 # ---------------------------------------------------------------------------- (d) ignored names
