@@ -289,7 +289,7 @@ def container_not_held(views: Views, container_id: str) -> list[str]:
     elif not exclusive and c.cpus and shared and set(c.cpus) - shared:
         out.append(f"runs on CPUs {sorted(set(c.cpus) - shared)} outside the shared pool {sorted(shared)}")
     for resource, ids in sorted(c.device_ids.items()):
-        have = held.devices.get(resource, []) if held is not None else []
+        have = list(held.devices.get(resource, ())) if held is not None else []
         if sorted(ids) != sorted(have):
             out.append(f"runs with {resource} devices {ids} but its pod holds {have}")
     return out

@@ -19,7 +19,8 @@ import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+
+from msgspec import Struct
 
 from eventsrc import events as ev
 from eventsrc.state.lifecycles import (
@@ -109,8 +110,9 @@ class DeviceSets:
             del self.by_set[key]
 
 
-class _Indexed(NamedTuple):
-    """A device as the index last saw it."""
+class _Indexed(Struct, frozen=True, gc=False):
+    """A device as the index last saw it (a Struct without gc: a NamedTuple is never
+    untracked by the cycle collector, and there is one per device held)."""
 
     numa: NumaSet
     healthy: bool  # healthy and listed, held or not

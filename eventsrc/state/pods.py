@@ -102,13 +102,13 @@ def _container(v: Views, seq: int, pod_uid: str, name: str) -> ContainerView | N
 def devices_reserved(v: Views, seq: int, e: ev.DevicesReserved) -> None:
     c = _container(v, seq, e.pod_uid, e.container)
     if c is not None:
-        c.devices[e.resource] = list(e.device_ids)
+        c.devices[e.resource] = tuple(e.device_ids)
 
 
 def devices_allocated(v: Views, seq: int, e: ev.DevicesAllocated) -> None:
     c = _container(v, seq, e.pod_uid, e.container)
     if c is not None:
-        c.devices[e.resource] = list(e.device_ids)
+        c.devices[e.resource] = tuple(e.device_ids)
         c.allocations[e.resource] = shared_allocation(e.response)
 
 

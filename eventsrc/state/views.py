@@ -74,9 +74,11 @@ class DeviceView(Struct, kw_only=True, gc=False):
 
 
 @functools.lru_cache(maxsize=1024)
-def _shared_mount(m: Mount) -> Mount:
-    """The first of the equal mounts seen lately: a plugin gives every container the same few."""
-    return m
+def _shared_mounts(mounts: tuple[Mount, ...]) -> list[Mount]:
+    """One list for equal mount lists seen lately: a plugin gives every container the same
+    few. Shared, so not one more object per pod for the cycle collector to walk (docs/adr/0021);
+    never changed in place (the allocation is frozen, and replaced whole)."""
+    return list(mounts)
 
 
 #: Shared by every allocation and container without any: never changed in place (events are
@@ -84,13 +86,14 @@ def _shared_mount(m: Mount) -> Mount:
 _NO_STRINGS: dict[str, str] = {}
 _NO_NAMES: list[str] = []
 _NO_NUMBERS: list[int] = []
+_NO_MOUNTS: list[Mount] = []
 
 
 def shared_allocation(a: ContainerAllocation) -> ContainerAllocation:
     """``a``, its repeated parts shared with other containers' allocations (equal, not copied)."""
     return ContainerAllocation(
         envs={sys.intern(k): v for k, v in a.envs.items()} if a.envs else _NO_STRINGS,
-        mounts=[_shared_mount(m) for m in a.mounts],
+        mounts=_shared_mounts(tuple(a.mounts)) if a.mounts else _NO_MOUNTS,
         devices=[
             DeviceSpec(
                 container_path=d.container_path,
@@ -163,8 +166,9 @@ class ContainerView(Struct, kw_only=True, gc=False):
     kind: str = "app"
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
-    # resource -> device ids (reserved or allocated)
-    devices: dict[str, list[str]] = field(default_factory=dict)
+    # resource -> device ids (reserved or allocated); tuples, so that neither they nor the
+    # dict stay tracked by the cycle collector (docs/adr/0021)
+    devices: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # resource -> the plugin's Allocate response
     allocations: dict[str, ContainerAllocation] = field(default_factory=dict)
     cpus: list[int] = []
