@@ -4,8 +4,12 @@ command, never a test)."""
 from __future__ import annotations
 
 import argparse
+import functools
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 from eventsrc.cli.options import Parents, Subparsers
 from eventsrc.errors import EventsrcError
@@ -195,6 +199,26 @@ def _workdir(args: argparse.Namespace) -> Path | None:
     return root
 
 
+def _stopped_by_sigterm_too(bench: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``bench``, stopped by SIGTERM as by Ctrl-C: it stops the daemon, plugin and probe it
+    started and removes its temporary directory (under ``timeout`` or a CI job's end, a
+    SIGTERM that killed it outright would leave them running)."""
+
+    @functools.wraps(bench)
+    def run(args: argparse.Namespace) -> int:
+        def interrupt(signum: int, frame: FrameType | None) -> None:
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, interrupt)
+        try:
+            return bench(args)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    return run
+
+
+@_stopped_by_sigterm_too
 def bench_log(args: argparse.Namespace) -> int:
     from eventsrc.bench import log as bench
 
@@ -211,6 +235,7 @@ def bench_log(args: argparse.Namespace) -> int:
     return 0
 
 
+@_stopped_by_sigterm_too
 def bench_devices(args: argparse.Namespace) -> int:
     from eventsrc.bench.devices import run_devices_bench
 
@@ -226,6 +251,7 @@ def bench_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+@_stopped_by_sigterm_too
 def bench_cpu(args: argparse.Namespace) -> int:
     from eventsrc.bench.cpu import run_cpu_bench
 
@@ -235,6 +261,7 @@ def bench_cpu(args: argparse.Namespace) -> int:
     return 0
 
 
+@_stopped_by_sigterm_too
 def bench_audit(args: argparse.Namespace) -> int:
     from eventsrc.bench.audit import run_audit_bench
 
@@ -244,6 +271,7 @@ def bench_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+@_stopped_by_sigterm_too
 def bench_idle(args: argparse.Namespace) -> int:
     from eventsrc.bench.idle import run_idle_bench
 
@@ -253,6 +281,7 @@ def bench_idle(args: argparse.Namespace) -> int:
     return 0
 
 
+@_stopped_by_sigterm_too
 def bench_scale(args: argparse.Namespace) -> int:
     from eventsrc.bench.scale import run_scale_bench
 
@@ -275,6 +304,7 @@ def bench_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+@_stopped_by_sigterm_too
 def bench_soak(args: argparse.Namespace) -> int:
     from eventsrc.bench.soak import SoakOptions, run_soak
 

@@ -3,7 +3,9 @@ never asserted: only that each was measured and printed. `bench devices` is in t
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 from eventsrc.bench.log import prepare_cost, trio_wake_floor
 from eventsrc.log.store import EventLog
 from tests.conftest import run_cli
+from tests.support.eventually import eventually
 
 NUMBER = r"[\d,]+(?:\.\d+)?"
 
@@ -165,3 +168,40 @@ def test_the_checkpoint_the_scale_bench_writes_is_one_the_kubelet_reads(tmp_path
     assert [(e.pod_uid, e.container_name, e.resource_name, e.device_ids, e.alloc_resp) for e in cp.entries] == [
         (h.pod_uid, "main", RESOURCE, {h.numa: [h.device]}, h.alloc_resp) for h in entries
     ]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_bench_stopped_by_sigterm_stops_what_it_started(tmp_path: Path) -> None:
+    """As with Ctrl-C: SIGTERM (``timeout``, a CI job's end) stops the bench's daemon too."""
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "eventsrc", "bench", "idle", "--seconds", "600"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    started: list[int] = []
+    try:
+        started = eventually(lambda: _children(bench.pid), "the bench's daemon")
+        bench.terminate()
+        assert bench.wait(timeout=60) == 130, bench.stderr.read() if bench.stderr else ""
+        assert not [pid for pid in started if _alive(pid)]
+    finally:
+        bench.kill()
+        bench.wait()
+        for pid in started:  # only what this test's bench started, by pid
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
