@@ -22,9 +22,9 @@ import resource
 import socket
 import stat
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import trio
 import trio_asyncio
@@ -38,8 +38,32 @@ from eventsrc.errors import EventsrcError
 from eventsrc.obs.logger import get_logger
 from eventsrc.rpc.limits import MAX_MESSAGE_BYTES, BoundedCodec, bound_closed_streams
 
-#: Call a trio function from an asyncio handler: ``await to_trio(fn)(*args)``.
-to_trio = trio_asyncio.trio_as_aio
+T = TypeVar("T")
+
+
+def to_trio(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Call a trio function from an asyncio handler: ``await to_trio(fn)(*args)``.
+
+    trio-asyncio's ``trio_as_aio``, less a reference cycle per call: its handle gives the
+    call's future a ``cancel`` that refers to the handle, which refers to the future. The
+    pair, and the call's arguments and result with it, then wait for the cycle collector
+    (an admission left 17 objects to it, its PodSpec included). Once the call is over
+    (the future is done, even when the handler was cancelled: trio-asyncio finishes the
+    trio task first), the future's own ``cancel`` is put back, and they go with the
+    handler's last reference."""
+
+    async def call(*args: Any) -> T:
+        loop: Any = asyncio.get_running_loop()  # trio-asyncio's, which has trio_as_future
+        future = loop.trio_as_future(fn, *args)
+        try:
+            return cast(T, await future)
+        finally:
+            with contextlib.suppress(AttributeError):  # a trio-asyncio without the override
+                del future.cancel
+
+    return call
+
+
 #: Call an asyncio function (a grpclib call) from trio: ``await to_aio(fn)(*args)``.
 to_aio = trio_asyncio.aio_as_trio
 
