@@ -202,12 +202,16 @@ def _workdir(args: argparse.Namespace) -> Path | None:
 def _stopped_by_sigterm_too(bench: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """``bench``, stopped by SIGTERM as by Ctrl-C: it stops the daemon, plugin and probe it
     started and removes its temporary directory (under ``timeout`` or a CI job's end, a
-    SIGTERM that killed it outright would leave them running)."""
+    SIGTERM that killed it outright would leave them running). The SIGTERM is passed on as
+    a SIGINT, so that whoever handles Ctrl-C at that moment (trio's run, asyncio's, or
+    Python's default) stops the bench its own safe way; a second SIGTERM does not cut the
+    stopping short."""
 
     @functools.wraps(bench)
     def run(args: argparse.Namespace) -> int:
         def interrupt(signum: int, frame: FrameType | None) -> None:
-            raise KeyboardInterrupt
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.raise_signal(signal.SIGINT)
 
         previous = signal.signal(signal.SIGTERM, interrupt)
         try:
