@@ -86,14 +86,13 @@ def _shared_mounts(mounts: tuple[Mount, ...]) -> list[Mount]:
 _NO_STRINGS: dict[str, str] = {}
 _NO_NAMES: list[str] = []
 _NO_NUMBERS: list[int] = []
-_NO_MOUNTS: list[Mount] = []
 
 
 def shared_allocation(a: ContainerAllocation) -> ContainerAllocation:
     """``a``, its repeated parts shared with other containers' allocations (equal, not copied)."""
     return ContainerAllocation(
         envs={sys.intern(k): v for k, v in a.envs.items()} if a.envs else _NO_STRINGS,
-        mounts=_shared_mounts(tuple(a.mounts)) if a.mounts else _NO_MOUNTS,
+        mounts=_shared_mounts(tuple(a.mounts)),
         devices=[
             DeviceSpec(
                 container_path=d.container_path,
