@@ -187,6 +187,22 @@ def _nri_flags(p: argparse.ArgumentParser) -> None:
         help="enforce (default): containers get the CPUs and devices eventsrc decided, pods the runtime creates "
         "are admitted; observe: record what the runtime applied, change nothing",
     )
+    g.add_argument(
+        "--nri-annotation-namespaces",
+        default=None,
+        metavar="NS,...",
+        help="namespaces whose pods may ask for devices with the eventsrc.dev/resources annotation (default: "
+        "none); anywhere else the annotation fails the container's creation: a pod's author writes it, outside "
+        "the scheduler's and ResourceQuota's count",
+    )
+    g.add_argument(
+        "--container-runtime-endpoint",
+        default=None,
+        metavar="unix:///PATH",
+        help="the runtime's CRI socket, listed to see sandboxes removed without an NRI event (containerd sends "
+        "none for those it recovered at a restart); default: the kubelet's for the runtime NRI names "
+        "(unix:///run/containerd/containerd.sock, unix:///var/run/crio/crio.sock)",
+    )
 
 
 def _cpu_manager_flags(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -261,6 +277,8 @@ def effective_config(args: argparse.Namespace) -> Configuration:
             value = config.parse_map(value, flag)
         elif name == "featureGates":
             value = config.parse_feature_gates(value, flag)
+        elif name == "nriAnnotationNamespaces":
+            value = config.parse_list(value)
         elif isinstance(value, Path):
             value = str(value.absolute())
         elif name == "metricsAddress" and value is True:  # the flag without a value
@@ -316,7 +334,15 @@ def serve(args: argparse.Namespace) -> int:
             config=config.recorded(cfg),
             metrics_address=cfg.metrics_address or None,  # "": no metrics server
             accept_empty_log=cfg.accept_empty_log,
-            nri=NRIOptions(Path(cfg.nri_socket), cfg.nri_plugin_index, cfg.nri_mode) if cfg.nri_socket else None,
+            nri=NRIOptions(
+                Path(cfg.nri_socket),
+                cfg.nri_plugin_index,
+                cfg.nri_mode,
+                annotation_namespaces=frozenset(cfg.nri_annotation_namespaces),
+                runtime_endpoint=cfg.container_runtime_endpoint,
+            )
+            if cfg.nri_socket
+            else None,
             retention=Retention(
                 max_age_ns=cfg.log_retention.max_age.ns,
                 max_size=cfg.log_retention.max_size.n,

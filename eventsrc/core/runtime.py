@@ -12,11 +12,15 @@ asks these functions, records the events they return and sends the adjustments t
     pool_updates(...)       running containers whose cpuset is not the one they must have
     reconcile(...)          at Synchronize: what the runtime has that the log does not know, and
                             what the log knows that the runtime no longer has
+    vanished(...)           sandboxes a Synchronize listed that the runtime's listing (CRI) no
+                            longer has: removed without an NRI event (containerd sends none for
+                            the sandboxes it recovered at its start)
+    not_its_pod(...)        why a sandbox is not the admitted pod whose uid it carries
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import msgspec
 from msgspec import Struct
@@ -24,7 +28,7 @@ from msgspec import Struct
 from eventsrc import events as ev
 from eventsrc.core.cpu.static import CPUManagerConfig
 from eventsrc.state.lifecycles import ADMITTED
-from eventsrc.state.views import Views
+from eventsrc.state.views import PodView, Views
 
 #: The pod annotation that carries device requests, which CRI does not (docs/nri.md).
 RESOURCES_ANNOTATION = "eventsrc.dev/resources"
@@ -167,7 +171,12 @@ def pool_updates(views: Views, cfg: CPUManagerConfig) -> list[Update]:
     for cid, c in sorted(views.runtime.containers.items()):
         if c.state == "stopped":
             continue
-        want = desired_cpus(views, cfg, c.pod_uid, c.name)
+        sandbox = views.runtime.sandboxes.get(c.sandbox_id)
+        pod = views.pods.pods.get(c.pod_uid)
+        if sandbox is not None and pod is not None and not_its_pod(pod, sandbox.namespace, sandbox.name):
+            want = desired_cpus(views, cfg, "", c.name)  # a sandbox with another pod's uid: the shared pool
+        else:
+            want = desired_cpus(views, cfg, c.pod_uid, c.name)
         if want is not None and want != c.cpus:
             out.append(Update(container_id=cid, pod_uid=c.pod_uid, cpus=want, mems=numa_nodes_of(cfg, want)))
     return out
@@ -266,10 +275,51 @@ def reconcile(views: Views, sandboxes: list[SandboxFacts], containers: list[Cont
     return Reconciled(events=events, unadmitted=unadmitted)
 
 
+def vanished(views: Views, listed: Iterable[str], present: set[str]) -> list[ev.PodSandboxRemoved]:
+    """The sandboxes of ``listed`` (ids a Synchronize reported, so the runtime had them) that
+    the log still holds and the runtime's listing ``present`` no longer has. A sandbox id is
+    never used again, so one missing from a later listing was removed: known for sure, not
+    guessed. A sandbox whose RunPodSandbox came after the listing is not judged here."""
+    sandboxes = views.runtime.sandboxes
+    return [
+        ev.PodSandboxRemoved(sandbox_id=sid, pod_uid=sandboxes[sid].uid, reason="gone from the runtime's listing")
+        for sid in sorted(set(listed))
+        if sid in sandboxes and sid not in present
+    ]
+
+
+def not_its_pod(pod: PodView, namespace: str, name: str) -> str:
+    """Why a sandbox named ``namespace/name`` is not ``pod``, whose uid it carries ("" when it
+    is). The uid alone is not a pod's identity: whoever makes sandboxes through CRI chooses it."""
+    if (pod.namespace, pod.name) == (namespace, name):
+        return ""
+    return f"its uid {pod.uid} is pod {pod.namespace}/{pod.name}'s, not {namespace}/{name}'s"
+
+
 def owed_releases(views: Views) -> list[str]:
     """Pods whose last sandbox the log saw removed and that still hold what they were given:
     each is released (``pod sandbox removed``); after a crash, the next start finds them here."""
     return sorted(uid for uid in views.runtime.gone if uid in views.pods.pods)
+
+
+def devices_shared(views: Views, container_id: str) -> list[str]:
+    """The devices running container ``container_id`` runs with that another running container
+    runs with too (the ``replay --check`` rule ``device-in-two-containers``). A device handed on
+    from an init container is not shared: the init container stopped first."""
+    c = views.runtime.containers.get(container_id)
+    if c is None or c.state != "running" or not c.device_ids:
+        return []
+    mine = {(resource, i) for resource, ids in c.device_ids.items() for i in ids}
+    out = []
+    for other_id, other in sorted(views.runtime.containers.items()):
+        if other_id == container_id or other.state != "running":
+            continue
+        both = sorted(mine & {(resource, i) for resource, ids in other.device_ids.items() for i in ids})
+        for resource, device in both:
+            out.append(
+                f"{resource} device {device} also runs in container {other.name} ({other_id}) of pod {other.pod_uid}"
+            )
+    return out
 
 
 def container_not_held(views: Views, container_id: str) -> list[str]:

@@ -258,6 +258,14 @@ class Configuration(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     nri_socket: str = ""
     nri_plugin_index: Annotated[str, msgspec.Meta(pattern="^[0-9]{2}$")] = "10"
     nri_mode: Literal["enforce", "observe"] = "enforce"
+    # Namespaces whose pods may ask for devices with the eventsrc.dev/resources annotation
+    # (enforce mode); elsewhere the annotation fails the container: a pod's author writes it
+    # (docs/security.md).
+    nri_annotation_namespaces: list[Annotated[str, msgspec.Meta(min_length=1, max_length=253)]] = []
+    # The runtime's CRI socket (the kubelet's name): the sandboxes a runtime recovered at its
+    # start are removed without an NRI event, and only its listing shows them gone. "" takes
+    # the kubelet's default for the runtime NRI names (containerd, CRI-O).
+    container_runtime_endpoint: str = ""
     log_retention: LogRetention = LogRetention()
 
 
@@ -284,6 +292,8 @@ FLAGS: Mapping[str, str] = {
     "nriSocket": "--nri-socket",
     "nriPluginIndex": "--nri-plugin-index",
     "nriMode": "--nri-mode",
+    "nriAnnotationNamespaces": "--nri-annotation-namespaces",
+    "containerRuntimeEndpoint": "--container-runtime-endpoint",
     "logRetention.maxAge": "--log-retention-max-age",
     "logRetention.maxSize": "--log-retention-max-size",
     "logRetention.archive": "--log-retention-archive",
@@ -429,6 +439,11 @@ def parse_map(text: str, flag: str) -> dict[str, str]:
     return out
 
 
+def parse_list(text: str) -> list[str]:
+    """``a,b,c``, as the kubelet's list flags take it (spaces and empty items dropped)."""
+    return [part for part in (p.strip() for p in text.split(",")) if part]
+
+
 def parse_feature_gates(text: str, flag: str = "--feature-gates") -> dict[str, bool]:
     """``Name=true,Other=false``; the values as Go's ``strconv.ParseBool`` reads them."""
     out = {}
@@ -465,6 +480,10 @@ def check(cfg: Configuration) -> None:
             CPUSet.parse(cfg.reserved_system_cpus)
         except ValueError as err:
             raise wrap("reservedSystemCPUs", err) from None
+    endpoint = cfg.container_runtime_endpoint
+    path = endpoint.removeprefix("unix://")
+    if endpoint and ("://" in path or not path.startswith("/")):
+        raise wrap("containerRuntimeEndpoint", ValueError(f"{endpoint!r} is not unix:///PATH or an absolute path"))
 
 
 # --------------------------------------------------------------------------- printing and recording

@@ -18,6 +18,9 @@
     follow()                    the shared pool follows: when exclusive CPUs are taken or given
                                 back outside a CreateContainer (a node-API admission, a removal),
                                 UpdateContainers for the containers in the pool
+    watch_listing()             the sandboxes a Synchronize listed, against the runtime's CRI
+                                listing: containerd sends no RemovePodSandbox for the sandboxes it
+                                recovered at its start (node.cri), so their removal is seen there
 
 Handlers answer within the runtime's request timeout (Configure says it, 2 s by default):
 admissions run as tasks of their own and a slow one is answered DeadlineExceeded; releases
@@ -49,17 +52,20 @@ from eventsrc.core.runtime import (
     Update,
     container_spec,
     created_event,
+    not_its_pod,
     owed_releases,
     placement,
     pod_ref,
     pool_updates,
     reconcile,
+    vanished,
 )
 from eventsrc.errors import AdmissionRefused, EventsrcError, NotFound
 from eventsrc.gen.nri.v1alpha1 import api_pb2 as nri
 from eventsrc.inputs.manifest import ManifestError, PodSpec
 from eventsrc.inputs.runtime_annotations import device_requests
 from eventsrc.log.commit import new_correlation_id
+from eventsrc.node.cri import ListingFailed, SandboxLister, socket_path
 from eventsrc.node.interfaces import Recorder, record_or_log
 from eventsrc.obs.logger import correlation, get_logger
 from eventsrc.obs.text import escape
@@ -82,6 +88,9 @@ BACKOFF_FIRST, BACKOFF_MAX = 0.25, 5.0
 ANSWER_SHARE = 0.75
 #: pods plus containers one Synchronize may carry (containerd sends them all, in chunks)
 MAX_SYNC_OBJECTS = 200_000
+#: the runtime's sandbox listing is asked this soon after a container of a sandbox a
+#: Synchronize listed stops or goes (doubling while it still has it), and at least this often
+LISTING_FIRST, LISTING_EVERY = 0.05, 10.0
 
 E = nri.Event
 _ENFORCE_EVENTS = (
@@ -122,6 +131,10 @@ class NRIOptions:
     socket: Path
     index: str = DEFAULT_INDEX
     mode: str = "enforce"
+    #: namespaces whose pods may ask for devices by annotation (docs/security.md)
+    annotation_namespaces: frozenset[str] = frozenset()
+    #: the runtime's CRI socket ("" the kubelet's default for the runtime NRI names)
+    runtime_endpoint: str = ""
 
     def __post_init__(self) -> None:
         if len(self.index) != 2 or not self.index.isdigit():
@@ -279,6 +292,12 @@ class NRIPlugin:
         self._pool_lock = trio.Lock()
         self._session: ttrpc.Session | None = None
         self._created = trio.Event()
+        # Sandboxes the last Synchronize listed that the log still holds: the runtime may
+        # remove them with no NRI event (``watch_listing``).
+        self._listed: set[str] = set()
+        self._listing_kick = trio.Event()
+        self._lister: SandboxLister | None = None
+        self._listing_trouble = ""  # why the listing could not be had, as last said
         self._methods: dict[str, Handler] = {
             "Configure": self._configure,
             "Synchronize": self._synchronize,
@@ -304,6 +323,13 @@ class NRIPlugin:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Stay connected to the runtime for as long as the daemon runs."""
         task_status.started()
+        try:
+            await self._stay_connected()
+        finally:
+            if self._lister is not None:
+                self._lister.close()
+
+    async def _stay_connected(self) -> None:
         backoff = BACKOFF_FIRST
         said_away = False
         while True:
@@ -338,6 +364,7 @@ class NRIPlugin:
             log.info("registered with the runtime over NRI", plugin=self.plugin, mode=self.options.mode)
             if self.enforce:
                 nursery.start_soon(self._follow, session)
+            nursery.start_soon(self._watch_listing)
             await session.closed()
             nursery.cancel_scope.cancel()
 
@@ -366,6 +393,10 @@ class NRIPlugin:
             ]
         )
         self.registrations += 1
+        if self._lister is None or self._lister.path != socket_path(self.options.runtime_endpoint, req.runtime_name):
+            if self._lister is not None:
+                self._lister.close()
+            self._lister = SandboxLister(socket_path(self.options.runtime_endpoint, req.runtime_name))
         log.info("configured by the runtime", runtime=f"{req.runtime_name} {req.runtime_version}")
         mask = event_mask(_ENFORCE_EVENTS if self.enforce else _OBSERVE_EVENTS)
         return nri.ConfigureResponse(events=mask).SerializeToString()
@@ -395,6 +426,7 @@ class NRIPlugin:
         found = reconcile(views, sandboxes, containers)
         if found.events:
             await self.recorder.record(found.events)
+        self._listed = {s.id for s in sandboxes}
         if not self.enforce:
             return []
         if self._nursery is not None:
@@ -455,10 +487,12 @@ class NRIPlugin:
         would close the plugin and create the container unadjusted. So the answer is a refusal
         in time, and the runtime's retry finds the pod admitted."""
         pod = self.recorder.views.pods.pods.get(sandbox.uid)
+        if pod is not None and (why_not := not_its_pod(pod, sandbox.namespace, sandbox.name)):
+            raise self._refusal(sandbox, facts, why_not)
         if pod is not None and pod.state == ADMITTED:
             return
         try:
-            spec = runtime_pod(sandbox, facts)
+            spec = runtime_pod(sandbox, facts, self.options.annotation_namespaces)
         except ManifestError as exc:
             raise self._refusal(sandbox, facts, str(exc)) from None
         done = trio.Event()
@@ -522,8 +556,10 @@ class NRIPlugin:
 
     async def _admit_from_runtime(self, sandbox: SandboxFacts, facts: ContainerFacts) -> None:
         pod = self.recorder.views.pods.pods.get(sandbox.uid)
+        if pod is not None and (why_not := not_its_pod(pod, sandbox.namespace, sandbox.name)):
+            raise AdmissionRefused(why_not)
         if pod is None or pod.state != ADMITTED:
-            await self.admission.admit(runtime_pod(sandbox, facts))
+            await self.admission.admit(runtime_pod(sandbox, facts, self.options.annotation_namespaces))
 
     async def _update_container(self, payload: bytes) -> bytes:
         return nri.UpdateContainerResponse().SerializeToString()
@@ -531,6 +567,7 @@ class NRIPlugin:
     async def _stop_container(self, payload: bytes) -> bytes:
         req = nri.StopContainerRequest.FromString(payload)
         await self.recorder.record([ev.ContainerStopped(container_id=req.container.id, pod_uid=req.pod.uid)])
+        self._kick_listing(req.pod.id)
         return nri.StopContainerResponse().SerializeToString()
 
     async def _state_change(self, payload: bytes) -> bytes:
@@ -539,8 +576,15 @@ class NRIPlugin:
         views = self.recorder.views
         events: list[ev._Event] = []
         if req.event == E.RUN_POD_SANDBOX:
+            # Recorded as it is: the runtime has it (refusing it here, containerd 2.1 leaves its
+            # pause process running). Its containers are refused at CreateContainer, and its
+            # removal owes the pod whose uid it carries nothing (state.runtime).
+            pod = views.pods.pods.get(sandbox.uid)
+            if pod is not None and (why_not := not_its_pod(pod, sandbox.namespace, sandbox.name)):
+                log.warning("pod sandbox is not the pod its uid names", pod=_pod_name(sandbox), reason=why_not)
             events.append(ev.PodSandboxStarted(sandbox_id=sandbox.id, pod=pod_ref(sandbox)))
         elif req.event == E.REMOVE_POD_SANDBOX:
+            self._listed.discard(sandbox.id)
             # The release it owes is in the log from here on (views.runtime.gone); it is made
             # beside the handler, as a crash before it would have it made at the next start.
             await self.recorder.record(
@@ -569,6 +613,8 @@ class NRIPlugin:
             events.append(ev.ContainerRemoved(container_id=req.container.id, pod_uid=sandbox.uid))
         if events:
             await self.recorder.record(events)
+        if req.event in (E.STOP_CONTAINER, E.REMOVE_CONTAINER):
+            self._kick_listing(sandbox.id)
         return nri.Empty().SerializeToString()
 
     async def _release(self, uid: str, reason: str) -> None:
@@ -578,6 +624,57 @@ class NRIPlugin:
             await self.admission.remove(uid, reason)
         except (NotFound, AdmissionRefused, EventsrcError) as exc:  # still owed: the next Synchronize retries
             log.warning("pod not released", uid=uid, reason=str(exc))
+
+    # ------------------------------------------------------------------ sandboxes gone unsaid
+
+    def _kick_listing(self, sandbox_id: str) -> None:
+        """A container of ``sandbox_id`` stopped or went: when a Synchronize listed the
+        sandbox, its own removal may follow with no NRI event; look soon."""
+        if sandbox_id in self._listed:
+            self._listing_kick.set()
+
+    async def _watch_listing(self) -> None:
+        """While sandboxes a Synchronize listed are recorded, compare them with the runtime's
+        CRI listing: soon after one of their containers stops or goes (then again, at doubling
+        intervals, while the runtime still lists it), and every ``LISTING_EVERY`` seconds."""
+        delay = LISTING_EVERY
+        while True:
+            with trio.move_on_after(delay):
+                await self._listing_kick.wait()
+            if self._listing_kick.is_set():
+                self._listing_kick = trio.Event()
+                delay = LISTING_FIRST
+            else:
+                delay = min(delay * 2, LISTING_EVERY)
+            self._listed &= self.recorder.views.runtime.sandboxes.keys()
+            if self._synced and self._listed:
+                await self._check_listing()
+
+    async def _check_listing(self) -> None:
+        assert self._lister is not None  # made at Configure, before Synchronize
+        try:
+            present = await self._lister.sandbox_ids()
+        except ListingFailed as exc:
+            if str(exc) != self._listing_trouble:
+                self._listing_trouble = str(exc)
+                log.warning(
+                    "cannot list the runtime's sandboxes: those it recovered at its start are not seen removed "
+                    "until the next registration (--container-runtime-endpoint)",
+                    sandboxes=len(self._listed),
+                    reason=str(exc),
+                )
+            return
+        if self._listing_trouble:
+            self._listing_trouble = ""
+            log.info("listing the runtime's sandboxes again", endpoint=self._lister.path)
+        gone = vanished(self.recorder.views, self._listed, present)
+        self._listed &= present
+        if not gone:
+            return
+        await self.recorder.record(gone)
+        log.info("pod sandboxes gone from the runtime's listing", sandboxes=[e.sandbox_id for e in gone])
+        if self.enforce and self._nursery is not None:
+            self._nursery.start_soon(self._settle)
 
     # ------------------------------------------------------------------ the shared pool follows
 
@@ -618,10 +715,11 @@ class NRIPlugin:
                 await record_or_log(self.recorder, updated_events(done, "the shared pool followed"), "pool update")
 
 
-def runtime_pod(sandbox: SandboxFacts, facts: ContainerFacts) -> PodSpec:
+def runtime_pod(sandbox: SandboxFacts, facts: ContainerFacts, annotation_namespaces: frozenset[str]) -> PodSpec:
     """The pod as admission reads it from CRI's facts: its first container stands for it (CRI
-    tells one container at a time). Raises ManifestError for a bad annotation."""
-    devices = device_requests(sandbox.annotations).get(facts.name, {})
+    tells one container at a time). Raises ManifestError for a bad annotation, or one in a
+    namespace not in ``annotation_namespaces``."""
+    devices = device_requests(sandbox.annotations, sandbox.namespace, annotation_namespaces).get(facts.name, {})
     return PodSpec(pod=pod_ref(sandbox), containers=[container_spec(facts, devices)])
 
 

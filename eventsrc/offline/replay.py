@@ -573,9 +573,10 @@ def step_json(item: Record | CorruptRecordError, changes: list[Change]) -> dict[
 # --------------------------------------------------------------------------- --check
 
 #: The rules checked here beside ``eventsrc.core.invariants.RULES``: the runtime's, whose
-#: decision is ``eventsrc.core.runtime.container_not_held``.
+#: decisions are ``eventsrc.core.runtime.container_not_held`` and ``devices_shared``.
 RUNTIME_RULES: dict[str, str] = {
     "container-not-held": "a container eventsrc adjusted runs only with the CPUs and devices its pod holds",
+    "device-in-two-containers": "no device runs in two running containers",
 }
 
 
@@ -586,30 +587,33 @@ def rule_text(rule: str) -> str:
 
 
 def feed(checker: Checker, item: Record | CorruptRecordError) -> list[Violation]:
-    """``checker.feed``, and ``container-not-held`` at each ContainerCreated or
-    ContainerCPUsUpdated (judged on the views with the event applied)."""
+    """``checker.feed``, and the runtime's rules (judged on the views with the event applied):
+    ``container-not-held`` at each ContainerCreated or ContainerCPUsUpdated,
+    ``device-in-two-containers`` at each ContainerStarted."""
     from eventsrc import events as ev
-    from eventsrc.core.invariants import Violation
-    from eventsrc.core.runtime import container_not_held
+    from eventsrc.core.runtime import container_not_held, devices_shared
 
     out = checker.feed(item)
-    if isinstance(item, Exception) or not isinstance(item.event, (ev.ContainerCreated, ev.ContainerCPUsUpdated)):
+    if isinstance(item, Exception):
         return out
-    e = item.event
-    reasons = container_not_held(checker.views, e.container_id)
-    if reasons:
-        c = checker.views.runtime.containers[e.container_id]
-        out.append(
-            Violation(
-                "container-not-held",
-                f"container {c.name} ({e.container_id}) of {_pod_label(checker.views, c.pod_uid)} "
-                + "; ".join(reasons),
-                item.seq,
-                item.correlation_id,
-                item.seq,
-            )
-        )
+    e, views = item.event, checker.views
+    if isinstance(e, (ev.ContainerCreated, ev.ContainerCPUsUpdated)):
+        cid = e.container_id
+        out += _violation(checker, item, cid, "container-not-held", container_not_held(views, cid))
+    elif isinstance(e, ev.ContainerStarted):
+        cid = e.container_id
+        out += _violation(checker, item, cid, "device-in-two-containers", devices_shared(views, cid))
     return out
+
+
+def _violation(checker: Checker, item: Record, container_id: str, rule: str, reasons: list[str]) -> list[Violation]:
+    from eventsrc.core.invariants import Violation
+
+    if not reasons:
+        return []
+    c = checker.views.runtime.containers[container_id]
+    message = f"container {c.name} ({container_id}) of {_pod_label(checker.views, c.pod_uid)} " + "; ".join(reasons)
+    return [Violation(rule, message, item.seq, item.correlation_id, item.seq)]
 
 
 def correlated(log: History, correlation_id: str) -> list[Record]:

@@ -22,18 +22,31 @@ def daemon_started(v: Views, seq: int, e: ev.DaemonStarted) -> None:
     v.runtime.connected = False  # a new run registers again
 
 
+def _is_pod(v: Views, sandbox: SandboxView) -> bool:
+    """The sandbox is the pod its uid names in the pods view: same namespace and name (a
+    sandbox carrying another pod's uid neither owes nor cancels that pod's release)."""
+    pod = v.pods.pods.get(sandbox.uid)
+    return pod is not None and (pod.namespace, pod.name) == (sandbox.namespace, sandbox.name)
+
+
 def sandbox_started(v: Views, seq: int, e: ev.PodSandboxStarted) -> None:
     p = e.pod
-    v.runtime.sandboxes[e.sandbox_id] = SandboxView(uid=p.uid, namespace=p.namespace, name=p.name, since_seq=seq)
-    v.runtime.gone.pop(p.uid, None)
+    sandbox = SandboxView(uid=p.uid, namespace=p.namespace, name=p.name, since_seq=seq)
+    v.runtime.sandboxes[e.sandbox_id] = sandbox
+    if _is_pod(v, sandbox):
+        v.runtime.gone.pop(p.uid, None)
 
 
 def sandbox_removed(v: Views, seq: int, e: ev.PodSandboxRemoved) -> None:
+    """A release is owed when the last recorded sandbox of the pod goes; a sandbox the log never
+    saw start (a second report of one removal) or of another pod's identity owes nothing."""
     rt = v.runtime
-    rt.sandboxes.pop(e.sandbox_id, None)
+    removed = rt.sandboxes.pop(e.sandbox_id, None)
     for cid in [cid for cid, c in rt.containers.items() if c.sandbox_id == e.sandbox_id]:
         del rt.containers[cid]
-    if e.pod_uid in v.pods.pods and not any(s.uid == e.pod_uid for s in rt.sandboxes.values()):
+    if removed is None or not _is_pod(v, removed):
+        return
+    if not any(s.uid == e.pod_uid and _is_pod(v, s) for s in rt.sandboxes.values()):
         rt.gone[e.pod_uid] = seq
 
 

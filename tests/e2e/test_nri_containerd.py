@@ -139,10 +139,11 @@ def follows(rt: Containerd, cid: str, cpus: str, daemon: Daemon) -> None:
     daemon.eventually(lambda: rt.cpus_allowed(cid) == cpus, f"container {cid[:12]} to run on CPUs {cpus}")
 
 
-def admit(root: Path, tmp_path: Path, uid: str) -> None:
+def admit(root: Path, tmp_path: Path, uid: str, name: str, namespace: str = "default") -> None:
+    """Admit pod NAMESPACE/NAME (uid ``uid``) through the node API: one CPU and one device."""
     manifest = tmp_path / f"{uid}.yaml"
     manifest.write_text(
-        f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {uid}, namespace: default, uid: {uid}}}\nspec:\n"
+        f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, uid: {uid}}}\nspec:\n"
         "  containers:\n  - name: app\n    image: busybox\n    resources:\n"
         f"      limits: {{cpu: '1', memory: 64Mi, {RESOURCE}: 1}}\n"
     )
@@ -170,7 +171,7 @@ def test_an_admitted_pod_gets_its_cpus_and_device_and_the_shared_pool_follows(
     shared = run_container(rt, "shared", "uid-shared", cpu_millis=500)
     assert rt.cpus_allowed(shared) == "0-1"
 
-    admit(root, tmp_path, "uid-gpu")
+    admit(root, tmp_path, "uid-gpu", "gpu")
     cid = run_container(rt, "gpu", "uid-gpu", cpu_millis=1000)
     device = assert_exclusive_with_its_device(rt, cid)
     assert "uid-gpu" in pods(root)
@@ -193,7 +194,7 @@ def test_a_pod_never_admitted_is_admitted_from_cri_and_a_bad_annotation_fails_on
     root: Path, containerd_runtime: Containerd, node: Callable[..., Daemon]
 ) -> None:
     rt = containerd_runtime
-    daemon = node()
+    daemon = node("--nri-annotation-namespaces", "default")
     cid = run_container(rt, "annotated", "uid-annotated", cpu_millis=1000, devices=1)
     assert_exclusive_with_its_device(rt, cid)
     assert state(root)["pods"]["pods"]["uid-annotated"]["qos_class"] == "Guaranteed"
@@ -283,3 +284,92 @@ def test_observe_mode_records_what_the_runtime_applied_and_adjusts_nothing(
     assert [t for t in history() if t in want] == want, got
     audit = run_cli("audit", "pod", "uid-watched", root=root, check=True).stdout
     assert cid in audit and "cpus 1" in audit
+
+
+def test_a_pod_that_lived_across_a_containerd_restart_is_released_when_its_sandbox_is_removed(
+    root: Path, containerd_runtime: Containerd, node: Callable[..., Daemon]
+) -> None:
+    """containerd sends no RemovePodSandbox for the sandboxes it recovered at its start: their
+    removal is seen in its CRI listing, and the pod is released as on any removal."""
+    rt = containerd_runtime
+    daemon = node("--container-runtime-endpoint", f"unix://{rt.address}", "--nri-annotation-namespaces", "default")
+    shared = run_container(rt, "shared", "uid-shared", cpu_millis=500)
+    cid = run_container(rt, "survivor", "uid-survivor", cpu_millis=1000, devices=1)
+    assert_exclusive_with_its_device(rt, cid)
+    follows(rt, shared, "0", daemon)
+
+    rt.restart()
+    synced(daemon, 2)
+    remove_pod(rt, "uid-survivor")
+    daemon.eventually(lambda: "uid-survivor" not in pods(root), "the pod to be released")
+    assert devices(root, free=True) == 4
+    assert "uid-survivor" not in {p.name for p in pod_resources(root)}
+    follows(rt, shared, "0-1", daemon)  # the shared pool has its CPU back
+    log = run_cli("log", "--output", "json", root=root, check=True).stdout
+    assert "gone from the runtime's listing" in log and '"pod sandbox removed"' in log
+    check = run_cli("replay", "--check", root=root)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_pod_author_asks_for_devices_by_annotation_only_in_a_namespace_the_node_names(
+    root: Path, tmp_path: Path, containerd_runtime: Containerd, node: Callable[..., Daemon]
+) -> None:
+    rt = containerd_runtime
+    daemon = node("--nri-annotation-namespaces", "trusted")
+    greedy = rt.run_pod("greedy", "uid-greedy", annotations={ANNOTATION: json.dumps({"app": {RESOURCE: 4}})})
+    with pytest.raises(grpc.RpcError) as refused:
+        rt.create_container(greedy, "app", cpu_millis=100)
+    reason = refused.value.details()
+    assert f"annotation {ANNOTATION}" in reason and "--nri-annotation-namespaces" in reason, reason
+    assert "uid-greedy" not in pods(root) and devices(root, free=True) == 4
+
+    # CPUs from cgroup values are decided as before: a Guaranteed pod there gets CPU 1.
+    plain = run_container(rt, "plain", "uid-plain", cpu_millis=1000)
+    assert rt.cpus_allowed(plain) == "1"
+    remove_pod(rt, "uid-plain")
+    daemon.eventually(lambda: "uid-plain" not in pods(root), "the plain pod's release")
+
+    twice = rt.run_pod(
+        "twice",
+        "uid-twice",
+        namespace="trusted",
+        annotations={ANNOTATION: '{"app": {"example.com/dev": 1}, "app": {"example.com/dev": 4}}'},
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        rt.create_container(twice, "app", cpu_millis=100)
+    assert "appears twice" in refused.value.details(), refused.value.details()
+
+    pod = rt.run_pod(
+        "asks", "uid-asks", namespace="trusted", annotations={ANNOTATION: json.dumps({"app": {RESOURCE: 1}})}
+    )
+    cid = rt.create_container(pod, "app", cpu_millis=100)
+    rt.start_container(cid)
+    assert "SAMPLE_DEVICES" in env_in(rt, cid)
+    # What the scheduler placed is not starved: a node-API pod still gets its device.
+    admit(root, tmp_path, "uid-placed", "placed")
+    assert devices(root, free=True) == 2
+
+
+def test_a_sandbox_with_an_admitted_pods_uid_and_another_name_is_refused(
+    root: Path, tmp_path: Path, containerd_runtime: Containerd, node: Callable[..., Daemon]
+) -> None:
+    rt = containerd_runtime
+    node()
+    admit(root, tmp_path, "uid-real", "real", namespace="ns-a")
+    imposter = rt.run_pod("imposter", "uid-real", namespace="ns-b")
+    with pytest.raises(grpc.RpcError) as refused:
+        rt.create_container(imposter, "app", cpu_millis=1000, memory_limit=MEM)
+    assert "pod ns-a/real's, not ns-b/imposter's" in refused.value.details(), refused.value.details()
+    # Its removal, before the real pod's sandbox ran, does not release the real pod.
+    rt.stop_pod(imposter)
+    rt.remove_pod(imposter)
+    assert "uid-real" in pods(root) and devices(root, free=True) == 3
+
+    pod = rt.run_pod("real", "uid-real", namespace="ns-a")
+    cid = rt.create_container(pod, "app", cpu_millis=1000, memory_limit=MEM)
+    rt.start_container(cid)
+    assert_exclusive_with_its_device(rt, cid)
+    log = run_cli("log", "--output", "json", root=root, check=True).stdout
+    assert "PodRemoved" not in log
+    check = run_cli("replay", "--check", root=root)
+    assert check.returncode == 0, check.stdout + check.stderr

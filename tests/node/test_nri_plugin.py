@@ -429,7 +429,9 @@ async def test_a_chunked_synchronize_is_answered_more_then_settled_with_both_chu
 ) -> None:
     recorder = FakeRecorder()
     admission = FakeAdmission(recorder)
-    plugin = NRIPlugin(recorder, admission, STATIC, NRIOptions(socket=socket_path))
+    plugin = NRIPlugin(
+        recorder, admission, STATIC, NRIOptions(socket=socket_path, annotation_namespaces=frozenset({"default"}))
+    )
     runtime = Runtime(socket_path)
     async with running(plugin, runtime):
         conn = await runtime.accept()
@@ -475,7 +477,9 @@ async def test_a_slow_admission_is_answered_deadline_exceeded_within_the_runtime
 ) -> None:
     recorder = FakeRecorder()
     admission = FakeAdmission(recorder, hang=True)
-    plugin = NRIPlugin(recorder, admission, STATIC, NRIOptions(socket=socket_path))
+    plugin = NRIPlugin(
+        recorder, admission, STATIC, NRIOptions(socket=socket_path, annotation_namespaces=frozenset({"default"}))
+    )
     runtime = Runtime(socket_path)
     async with running(plugin, runtime):
         conn = await runtime.accept()
@@ -499,7 +503,9 @@ async def test_a_refused_admission_is_answered_unknown_with_the_reason_and_nothi
 ) -> None:
     recorder = FakeRecorder()
     admission = FakeAdmission(recorder, refuse="not enough devices")
-    plugin = NRIPlugin(recorder, admission, STATIC, NRIOptions(socket=socket_path))
+    plugin = NRIPlugin(
+        recorder, admission, STATIC, NRIOptions(socket=socket_path, annotation_namespaces=frozenset({"default"}))
+    )
     runtime = Runtime(socket_path)
     async with running(plugin, runtime):
         conn = await runtime.accept()
@@ -542,7 +548,9 @@ async def test_an_admitted_container_is_recorded_then_answered_its_cpus_devices_
 ) -> None:
     recorder = FakeRecorder(*a_shared_container_recorded_earlier(), delay=0.1)
     admission = FakeAdmission(recorder, decide=admit_with_cpu_2_and_a_device)
-    plugin = NRIPlugin(recorder, admission, STATIC, NRIOptions(socket=socket_path))
+    plugin = NRIPlugin(
+        recorder, admission, STATIC, NRIOptions(socket=socket_path, annotation_namespaces=frozenset({"default"}))
+    )
     runtime = Runtime(socket_path)
     async with running(plugin, runtime):
         conn = await runtime.accept()
@@ -590,7 +598,9 @@ async def test_state_changes_are_recorded_and_a_removed_sandbox_releases_its_pod
 ) -> None:
     recorder = FakeRecorder()
     admission = FakeAdmission(recorder)
-    plugin = NRIPlugin(recorder, admission, STATIC, NRIOptions(socket=socket_path))
+    plugin = NRIPlugin(
+        recorder, admission, STATIC, NRIOptions(socket=socket_path, annotation_namespaces=frozenset({"default"}))
+    )
     runtime = Runtime(socket_path)
     async with running(plugin, runtime):
         conn = await runtime.accept()
@@ -626,7 +636,12 @@ async def test_a_closed_connection_is_recorded_and_the_plugin_registers_again(
     autojump_clock: trio.testing.MockClock, socket_path: Path
 ) -> None:
     recorder = FakeRecorder()
-    plugin = NRIPlugin(recorder, FakeAdmission(recorder), STATIC, NRIOptions(socket=socket_path))
+    plugin = NRIPlugin(
+        recorder,
+        FakeAdmission(recorder),
+        STATIC,
+        NRIOptions(socket=socket_path, annotation_namespaces=frozenset({"default"})),
+    )
     runtime = Runtime(socket_path)
     async with running(plugin, runtime):
         first = await runtime.accept()
@@ -651,7 +666,12 @@ async def test_a_connection_closed_between_configure_and_synchronize_is_recorded
     autojump_clock: trio.testing.MockClock, socket_path: Path
 ) -> None:
     recorder = FakeRecorder()
-    plugin = NRIPlugin(recorder, FakeAdmission(recorder), STATIC, NRIOptions(socket=socket_path))
+    plugin = NRIPlugin(
+        recorder,
+        FakeAdmission(recorder),
+        STATIC,
+        NRIOptions(socket=socket_path, annotation_namespaces=frozenset({"default"})),
+    )
     runtime = Runtime(socket_path)
     async with running(plugin, runtime):
         first = await runtime.accept()
@@ -670,7 +690,12 @@ async def test_a_socket_that_appears_later_is_connected_to_once_it_listens(
     autojump_clock: trio.testing.MockClock, socket_path: Path
 ) -> None:
     recorder = FakeRecorder()
-    plugin = NRIPlugin(recorder, FakeAdmission(recorder), STATIC, NRIOptions(socket=socket_path))
+    plugin = NRIPlugin(
+        recorder,
+        FakeAdmission(recorder),
+        STATIC,
+        NRIOptions(socket=socket_path, annotation_namespaces=frozenset({"default"})),
+    )
     runtime = Runtime(socket_path)
     async with running(plugin):
         assert not socket_path.exists()
@@ -698,7 +723,12 @@ async def test_the_shared_pool_follows_a_kick_with_update_containers(
     autojump_clock: trio.testing.MockClock, socket_path: Path, fails: bool
 ) -> None:
     recorder = FakeRecorder(*a_shared_container_recorded_earlier())
-    plugin = NRIPlugin(recorder, FakeAdmission(recorder), STATIC, NRIOptions(socket=socket_path))
+    plugin = NRIPlugin(
+        recorder,
+        FakeAdmission(recorder),
+        STATIC,
+        NRIOptions(socket=socket_path, annotation_namespaces=frozenset({"default"})),
+    )
     runtime = Runtime(socket_path)
     async with running(plugin, runtime):
         conn = await runtime.accept()

@@ -18,11 +18,14 @@ from eventsrc.core.runtime import (
     container_not_held,
     container_spec,
     created_event,
+    devices_shared,
     milli_from_cgroups,
+    not_its_pod,
     owed_releases,
     placement,
     pool_updates,
     reconcile,
+    vanished,
 )
 from eventsrc.inputs.manifest import ManifestError
 from eventsrc.inputs.runtime_annotations import device_requests
@@ -237,8 +240,9 @@ def test_synchronize_with_nothing_changed_asks_nothing() -> None:
 
 def test_the_annotation_is_read_and_bad_values_are_one_line_naming_it() -> None:
     key = "eventsrc.dev/resources"
-    assert device_requests({}) == {}
-    assert device_requests({key: '{"app": {"example.com/dev": 2}}'}) == {"app": {DEV: 2}}
+    ok = frozenset({"team-a"})
+    assert device_requests({}, "default", frozenset()) == {}
+    assert device_requests({key: '{"app": {"example.com/dev": 2}}'}, "team-a", ok) == {"app": {DEV: 2}}
     for bad in (
         "not json",
         '{"app": {"cpu": 1}}',
@@ -246,7 +250,95 @@ def test_the_annotation_is_read_and_bad_values_are_one_line_naming_it() -> None:
         '{"app": ["x"]}',
         "[]",
         "x" * 70_000,
+        '{"app": {"example.com/dev": 1}, "app": {"example.com/dev": 4}}',
+        '{"app": {"example.com/dev": 4, "example.com/dev": 1}}',
     ):
         with pytest.raises(ManifestError) as err:
-            device_requests({key: bad})
+            device_requests({key: bad}, "team-a", ok)
         assert str(err.value).startswith(f"annotation {key}: ") and "\n" not in str(err.value)
+
+
+def test_the_annotation_is_refused_outside_the_namespaces_the_node_names() -> None:
+    key = "eventsrc.dev/resources"
+    for namespace, allowed in (("default", frozenset()), ("team-b", frozenset({"team-a"}))):
+        with pytest.raises(ManifestError) as err:
+            device_requests({key: '{"app": {"example.com/dev": 4}}'}, namespace, allowed)
+        assert "--nri-annotation-namespaces" in str(err.value) and repr(namespace) in str(err.value)
+    with pytest.raises(ManifestError, match="appears twice"):
+        device_requests({key: '{"app": {}, "app": {}}'}, "team-a", frozenset({"team-a"}))
+
+
+def real_pod() -> list[ev._Event]:
+    """Pod u1 is default/real, admitted with dev-1 and CPU 2 (``admitted_pod``)."""
+    ref, app = ev.PodRef(uid="u1", namespace="default", name="real"), [ev.ContainerSpec(name="app")]
+    first, _, *rest, _ = admitted_pod()
+    return [first, ev.PodAdmissionStarted(pod=ref, containers=app), *rest, ev.PodAdmitted(pod=ref, containers=app)]
+
+
+def test_a_sandbox_carrying_an_admitted_pods_uid_under_another_name_is_not_that_pod() -> None:
+    views = views_of(*real_pod())
+    pod = views.pods.pods["u1"]
+    assert not_its_pod(pod, "default", "real") == ""
+    assert not_its_pod(pod, "ns-b", "real") == "its uid u1 is pod default/real's, not ns-b/real's"
+    assert not_its_pod(pod, "default", "imposter") != ""
+
+    # The imposter's removal owes no release of the real pod, and its start cancels none.
+    imposter = ev.PodSandboxStarted(sandbox_id="s-imp", pod=ev.PodRef(uid="u1", namespace="ns-b", name="imposter"))
+    assert owed_releases(views_of(*real_pod(), imposter, ev.PodSandboxRemoved(sandbox_id="s-imp", pod_uid="u1"))) == []
+    real = ev.PodSandboxStarted(sandbox_id="s-real", pod=ev.PodRef(uid="u1", namespace="default", name="real"))
+    gone = views_of(*real_pod(), real, ev.PodSandboxRemoved(sandbox_id="s-real", pod_uid="u1"), imposter)
+    assert owed_releases(gone) == ["u1"]
+    # A second report of one removal (NRI's and the listing's) owes nothing new.
+    twice = views_of(
+        *real_pod(),
+        real,
+        ev.PodSandboxRemoved(sandbox_id="s-real", pod_uid="u1"),
+        ev.PodRemoved(pod_uid="u1"),
+        ev.PodAdmissionStarted(pod=ev.PodRef(uid="u1", namespace="default", name="real"), containers=[]),
+        ev.PodAdmitted(pod=ev.PodRef(uid="u1", namespace="default", name="real"), containers=[]),
+        ev.PodSandboxRemoved(sandbox_id="s-real", pod_uid="u1"),
+    )
+    assert owed_releases(twice) == []
+
+    # A container of the imposter's sandbox is given the shared pool, never u1's exclusive CPU.
+    shared = views_of(
+        ev.SharedPoolChanged(cpus=[0, 1, 2, 3]),
+        *real_pod(),
+        imposter,
+        ev.ContainerCreated(container_id="k-imp", sandbox_id="s-imp", pod_uid="u1", name="app", cpus=[2]),
+    )
+    assert [(u.container_id, u.cpus) for u in pool_updates(shared, STATIC)] == [("k-imp", [0, 1, 3])]
+
+
+def test_sandboxes_a_synchronize_listed_are_gone_when_the_runtimes_listing_lacks_them() -> None:
+    views = views_of(
+        ev.PodSandboxStarted(sandbox_id="s1", pod=ev.PodRef(uid="u1")),
+        ev.PodSandboxStarted(sandbox_id="s2", pod=ev.PodRef(uid="u2")),
+        ev.PodSandboxStarted(sandbox_id="s3", pod=ev.PodRef(uid="u3")),  # run after the listing: not judged
+    )
+    gone = vanished(views, {"s1", "s2", "s9"}, present={"s2", "s3"})
+    assert gone == [ev.PodSandboxRemoved(sandbox_id="s1", pod_uid="u1", reason="gone from the runtime's listing")]
+    assert vanished(views, {"s1", "s2"}, present={"s1", "s2"}) == []
+
+
+def test_a_device_in_two_running_containers_is_flagged_and_one_handed_on_from_a_stopped_one_is_not() -> None:
+    def created(cid: str, uid: str, devices: list[str]) -> ev.ContainerCreated:
+        return ev.ContainerCreated(
+            container_id=cid, sandbox_id=f"s-{uid}", pod_uid=uid, name="app", device_ids={DEV: devices}, adjusted=True
+        )
+
+    two = views_of(
+        created("k1", "u1", ["dev-1"]),
+        ev.ContainerStarted(container_id="k1"),
+        created("k2", "u2", ["dev-1", "dev-2"]),
+        ev.ContainerStarted(container_id="k2"),
+    )
+    assert devices_shared(two, "k2") == [f"{DEV} device dev-1 also runs in container app (k1) of pod u1"]
+    handed_on = views_of(
+        created("init", "u1", ["dev-1"]),
+        ev.ContainerStarted(container_id="init"),
+        ev.ContainerStopped(container_id="init"),
+        created("k1", "u1", ["dev-1"]),
+        ev.ContainerStarted(container_id="k1"),
+    )
+    assert devices_shared(handed_on, "k1") == []
