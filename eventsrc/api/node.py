@@ -18,6 +18,7 @@ from eventsrc import __version__
 from eventsrc import events as ev
 from eventsrc.api.podresources import SeqCache, element
 from eventsrc.core.claims import cdi_devices
+from eventsrc.core.retention import RetentionReport
 from eventsrc.errors import AdmissionRefused, BadRequest, EventsrcError, NotFound
 from eventsrc.events import CorruptRecordError, Record
 from eventsrc.gen.node.v1 import node_pb2 as pb
@@ -361,9 +362,11 @@ def status_response(
     holds: LoopHolds | None = None,
     holds_since_ns: int = 0,
     heap_trims: int = 0,
+    retention: RetentionReport | None = None,
 ) -> pb.StatusResponse:
     """The daemon's Status; with ``holds``, how long its loop was held (the long steps that
-    ended after ``holds_since_ns`` when it is set)."""
+    ended after ``holds_since_ns`` when it is set); with ``retention`` (when it is on), how
+    its cuts fare."""
     resp = pb.StatusResponse(
         ready=ready,
         version=__version__,
@@ -373,6 +376,23 @@ def status_response(
         pid=pid,
         heap_trims=heap_trims,
     )
+    if retention is not None:
+        health = retention.health
+        resp.retention.CopyFrom(
+            pb.RetentionStatus(
+                max_size_bytes=retention.policy.max_size,
+                max_age_seconds=retention.policy.max_age_ns / 1e9,
+                live_bytes=retention.live_bytes,
+                failing=health.reason,
+                failing_since_unix_ns=health.since_ns,
+                failed_attempts=health.in_a_row,
+                failures_total=health.failures,
+                retry_seconds=retention.retry_seconds,
+                cut_seconds=retention.cut_seconds,
+                cut_late=retention.late,
+                appends_waiting=retention.appends_waiting,
+            )
+        )
     if holds is not None:
         loop = resp.loop
         loop.steps, loop.longest_seconds, loop.over_10ms = holds.steps, holds.longest, holds.over

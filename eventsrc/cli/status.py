@@ -18,7 +18,8 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         parents=[parents.root],
         help="exit 0 if a daemon is running and ready on this root",
         description="Exit 0 when an eventsrc daemon is running and ready on --root-dir; "
-        "otherwise print why not on stderr and exit 1.",
+        "otherwise print why not on stderr and exit 1. What needs an operator while it runs "
+        "(log retention cuts that fail) is a warning on stderr, with exit status 0.",
     )
     add_output(p)
     p.set_defaults(func=status)
@@ -32,7 +33,7 @@ def status(args: argparse.Namespace) -> int:
 
     layout: Layout = args.layout
     info: dict[str, Any] = {"root_dir": str(layout.root), "ready": False}
-    reason = ""
+    reason = warning = ""
     try:
         st = call(layout, unary("Status", node_pb2.StatusRequest()), timeout=10)
         info.update(
@@ -55,6 +56,8 @@ def status(args: argparse.Namespace) -> int:
             },
             heap_trims=st.heap_trims,  # free memory given back after large answers (docs/adr/0020)
         )
+        if st.HasField("retention"):
+            info["retention"], warning = _retention(st.retention)
         if not st.ready:
             reason = f"eventsrc (pid {st.pid}) on {layout.root} is not ready yet"
     except EventsrcError as err:
@@ -62,7 +65,7 @@ def status(args: argparse.Namespace) -> int:
         reason = f"eventsrc (pid {pid}) holds {layout.root} but is not ready yet" if pid else str(err)
         info["pid"] = pid
     if args.output == "json":
-        print(json.dumps({**info, "reason": reason}))
+        print(json.dumps({**info, "reason": reason, "warning": warning}))
     elif not reason:
         print(
             escape(
@@ -73,4 +76,40 @@ def status(args: argparse.Namespace) -> int:
     if reason:
         print(f"eventsrc: {escape(reason)}", file=sys.stderr)
         return 1
+    if warning and args.output != "json":
+        print(f"eventsrc: warning: {escape(warning)}", file=sys.stderr)
     return 0
+
+
+def _retention(r: Any) -> tuple[dict[str, Any], str]:
+    """The Status's retention (a node_pb2.RetentionStatus) for JSON, and what needs an
+    operator in it ("" for nothing)."""
+    import time
+
+    from eventsrc.core.retention import CutHealth, Retention, RetentionReport, trouble
+
+    report = RetentionReport(
+        policy=Retention(max_size=r.max_size_bytes, max_age_ns=round(r.max_age_seconds * 1e9)),
+        health=CutHealth(
+            reason=r.failing, since_ns=r.failing_since_unix_ns, in_a_row=r.failed_attempts, failures=r.failures_total
+        ),
+        retry_seconds=r.retry_seconds,
+        live_bytes=r.live_bytes,
+        cut_seconds=r.cut_seconds,
+        late=r.cut_late,
+        appends_waiting=r.appends_waiting,
+    )
+    info = {
+        "max_size_bytes": r.max_size_bytes,
+        "max_age_seconds": r.max_age_seconds,
+        "live_bytes": r.live_bytes,
+        "failing": r.failing,  # why cuts fail; "" while they succeed
+        "failing_since_unix_ns": r.failing_since_unix_ns,
+        "failed_attempts": r.failed_attempts,  # in a row
+        "failures_total": r.failures_total,
+        "retry_seconds": r.retry_seconds,
+        "cut_seconds": r.cut_seconds,
+        "cut_late": r.cut_late,
+        "appends_waiting": r.appends_waiting,
+    }
+    return info, trouble(report, time.time_ns())

@@ -13,13 +13,24 @@ first record starts a piece.
 * ``maxAge``: cut every whole piece whose last record is older than ``now - max_age``.
 
 The larger of the two cuts wins; 0 is "no cut".
+
+A cut that fails (a full or unwritable archive) is tried again after a pause that doubles
+with each failure in a row (``retry_delay``), and said once per change (``after_attempt``):
+when cutting starts to fail, when its reason changes, and when it recovers.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from typing import Literal
 
 import msgspec
+
+#: after a failed cut the next attempt waits this long, doubled for each failure in a row up
+#: to the cap: a full archive costs one attempt a minute, and its repair is seen within one
+RETRY_FIRST_SECONDS = 1.0
+RETRY_MAX_SECONDS = 60.0
 
 
 class Retention(msgspec.Struct, frozen=True, kw_only=True):
@@ -91,3 +102,83 @@ def plan_cut(
         fitting = [b for b in boundaries(base, cut, piece) if b - base <= max_records]
         cut = fitting[-1] if fitting else boundaries(base, cut, piece)[0]
     return cut if cut > base else 0
+
+
+class CutHealth(msgspec.Struct, frozen=True, kw_only=True):
+    """How the cuts fare. ``reason`` is why the latest attempt failed, "" while they succeed."""
+
+    reason: str = ""
+    since_ns: int = 0  # when cutting began to fail (the shell's clock); 0 while it does not
+    in_a_row: int = 0  # failed attempts in a row
+    failures: int = 0  # failed attempts since the start
+
+    @property
+    def failing(self) -> bool:
+        return bool(self.reason)
+
+
+#: what an attempt changed, for the shell to say once: "" is nothing new
+Change = Literal["", "failing", "reason changed", "recovered"]
+
+
+def _kind(reason: str) -> str:
+    return re.sub(r"\d+", "#", reason)  # "cannot cut the log at 40" and "... at 60" are one trouble
+
+
+def after_attempt(health: CutHealth, reason: str, now_ns: int) -> tuple[CutHealth, Change]:
+    """The health after an attempt that failed with ``reason`` ("" when it succeeded), and what
+    changed: a reason that differs from the previous one only in its numbers is the same."""
+    if not reason:
+        if not health.failing:
+            return health, ""
+        return CutHealth(failures=health.failures), "recovered"
+    change: Change = (
+        "failing" if not health.failing else "" if _kind(reason) == _kind(health.reason) else "reason changed"
+    )
+    after = CutHealth(
+        reason=reason,
+        since_ns=health.since_ns or now_ns,
+        in_a_row=health.in_a_row + 1,
+        failures=health.failures + 1,
+    )
+    return after, change
+
+
+def retry_delay(in_a_row: int, first: float = RETRY_FIRST_SECONDS, cap: float = RETRY_MAX_SECONDS) -> float:
+    """Seconds to wait before the next attempt after ``in_a_row`` failures (0 after none)."""
+    if in_a_row <= 0:
+        return 0.0
+    return min(cap, first * 2 ** min(in_a_row - 1, 62))
+
+
+class RetentionReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``eventsrc status`` says of retention: the shell's figures at the time of asking."""
+
+    policy: Retention
+    health: CutHealth
+    retry_seconds: float = 0.0  # while failing, the pause before the next attempt
+    live_bytes: int = 0  # what the live records took at the latest look
+    cut_seconds: float = 0.0  # how long the attempt under way has run (0: none)
+    late: bool = False  # appends stopped waiting for the attempt under way (it lagged too long)
+    appends_waiting: int = 0  # appends waiting for a lagging cut
+
+
+def trouble(report: RetentionReport, now_ns: int) -> str:
+    """What needs an operator, in one line ("" for nothing): cuts that fail, or a cut so late
+    that appends stopped waiting for it. Either way the live log grows past its bound."""
+    live = f"the live log holds {report.live_bytes} bytes"
+    if report.policy.max_size:
+        live += f", bound {report.policy.max_size}"
+    health = report.health
+    if health.failing:
+        for_s = max(0, now_ns - health.since_ns) // 1_000_000_000
+        return (
+            f"log retention cuts failing for {for_s} s ({health.in_a_row} attempt(s) in a row, the next "
+            f"{report.retry_seconds:g} s after the last): {health.reason}; appends go on and {live}"
+        )
+    if report.late:
+        return (
+            f"a log retention cut has run for {report.cut_seconds:.0f} s and lags behind the log; "
+            f"appends go on without it and {live}"
+        )
+    return ""

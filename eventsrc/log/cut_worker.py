@@ -32,7 +32,7 @@ import msgspec
 
 from eventsrc.errors import EventsrcError
 from eventsrc.log.archive import LedgerEntry
-from eventsrc.log.retention import Prepared, prepare
+from eventsrc.log.retention import Prepared, failure_reason, prepare
 from eventsrc.log.store import Base, EventLog
 
 #: the worker's exit status when the cut cannot be prepared (its reason on stdout)
@@ -99,7 +99,7 @@ def main(args: list[str]) -> int:
         finally:
             log.close()
     except (EventsrcError, OSError) as err:
-        out.write(str(err).encode())
+        out.write(failure_reason(err).encode())
         return FAILED
     out.write(msgspec.msgpack.encode(Result(base=p.base, entry=p.entry, seconds=p.seconds, views=memoryview(p.views))))
     out.flush()

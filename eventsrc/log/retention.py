@@ -40,6 +40,19 @@ from eventsrc.state.apply import apply_all
 from eventsrc.state.views import Views
 
 
+def failure_reason(err: EventsrcError | OSError) -> str:
+    """Why a cut failed, in one line that stays the same while the trouble does: an OSError on
+    a segment's file (its name holds the range, its temporary name a random part) names the
+    archive directory instead."""
+    if not isinstance(err, OSError):
+        return str(err)
+    where = err.filename
+    if isinstance(where, str) and Path(where).name.startswith((".segment-", "segment-")):
+        where = str(Path(where).parent)
+    what = err.strerror or str(err)
+    return f"{what}: {where}" if where else what
+
+
 @dataclass(frozen=True)
 class Prepared:
     base: Base

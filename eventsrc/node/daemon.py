@@ -19,7 +19,8 @@
       ├─ Daemon.scrub                checks every record written before this start
       ├─ Daemon.snapshot_loop        writes a snapshot every ``snapshot_every`` records
       ├─ Retainer.run                finishes an interrupted retention cut; with logRetention,
-      │                              cuts the live log at piece boundaries (node/retention.py)
+      │                              cuts the live log at piece boundaries, a failed cut again
+      │                              after a pause of 1 s doubling to 60 s (node/retention.py)
       └─ (ready; waits for SIGTERM / SIGINT, records DaemonStopped, writes a snapshot, cancels)
 
 Every unix socket is served by grpclib through ``rpc/bridge.serve_unix``. State changes only
@@ -56,6 +57,7 @@ from eventsrc.core.cpu.static import CPUManagerConfig, allocatable_cpus, pool_ev
 from eventsrc.core.cpu.topology import single_cpu_topology
 from eventsrc.core.devices.holds import restart_events
 from eventsrc.core.retention import Retention
+from eventsrc.core.retention import trouble as retention_trouble
 from eventsrc.core.topology_manager import TopologyManager, parse_topology_manager
 from eventsrc.errors import DamagedLogError, EventsrcError, NewerLogError
 from eventsrc.events import CorruptRecordError, FutureRecordError, Record, newer_unreadable
@@ -179,6 +181,7 @@ class Daemon:
             log_bytes=log_.disk_bytes,
             last_seq=lambda: self.views.meta.last_seq,
             corrupt_records=lambda: len(self.views.meta.corrupt),
+            retention=lambda: self.retainer.health,
         )
         self.metrics_address: str | None = None  # as bound (port 0 resolved)
         self.loop_holds = LoopHolds()  # the loop's task steps, timed while serve runs
@@ -207,6 +210,7 @@ class Daemon:
                 self.loop_holds,
                 holds_since_ns,
                 self.heap.trims,
+                self.retainer.report() if self.retainer.policy.enabled else None,
             )
 
         return NodeService(lambda: self.views, self.admission, status, self.records_from)
@@ -284,6 +288,13 @@ class Daemon:
             if waited > STALL_SECONDS:
                 return f"committer stalled: {self._appending} append(s) waiting, no commit for {waited:.0f} s"
         return ""
+
+    def warning(self) -> str:
+        """/healthz's warning after its "ok": what needs an operator but not a restart (a
+        restart would not empty a full archive disk), "" for nothing."""
+        if not self.retainer.policy.enabled:
+            return ""
+        return retention_trouble(self.retainer.report(), time.time_ns())
 
     def readiness(self) -> str:
         """/readyz: "" once every socket is served, else why not."""
@@ -428,7 +439,7 @@ async def serve(
             async with open_loop(), trio.open_nursery() as nursery:
                 await nursery.start(daemon.committer.run)
                 if metrics_address is not None:
-                    app = HealthApp(daemon.metrics, live=daemon.liveness, ready=daemon.readiness)
+                    app = HealthApp(daemon.metrics, live=daemon.liveness, ready=daemon.readiness, warn=daemon.warning)
                     daemon.metrics_address = await nursery.start(serve_http, app, metrics_address)
                     daemon.write_status(ready=False)
                 await _record_start(daemon, config, fresh_start=lost)

@@ -7,6 +7,12 @@ in worker threads, none holding the log's writer for more than one short transac
 The task wakes when the log crosses a piece boundary (``maybe_due``, from the commit
 path), and, with ``maxAge``, on a clock as well. It first deletes what an interrupted cut
 left (records before the base). Where to cut is ``eventsrc.core.retention.plan_cut``.
+
+A failed attempt (a full or unwritable archive) is tried again after a pause that doubles
+with each failure in a row, up to a minute (``retry_delay``), and is said once per change
+(``after_attempt``): one ERROR line when cutting starts to fail or fails for another reason,
+one INFO line when it recovers. Meanwhile appends go on and the live log grows past its
+bound; ``report`` tells ``eventsrc status``, the metrics and /healthz.
 """
 
 from __future__ import annotations
@@ -20,7 +26,17 @@ from pathlib import Path
 import trio
 
 from eventsrc import events as ev
-from eventsrc.core.retention import Retention, boundaries, plan_cut
+from eventsrc.core.retention import (
+    RETRY_FIRST_SECONDS,
+    RETRY_MAX_SECONDS,
+    CutHealth,
+    Retention,
+    RetentionReport,
+    after_attempt,
+    boundaries,
+    plan_cut,
+    retry_delay,
+)
 from eventsrc.errors import EventsrcError
 from eventsrc.log import cut_worker
 from eventsrc.log import retention as steps
@@ -42,6 +58,10 @@ TRIMMED_WITHIN = 10_000
 #: the GIL such a thread holds, and small pieces under load would outrun the cuts
 WORKER_MIN_RECORDS = 2_000
 WORKER_MIN_VIEWS_BYTES = 1 << 20
+#: an append waits at most this long for a lagging size cut: past it, the cut is late, the
+#: appends go on without it (the live log grows past its bound) and the log and status say so.
+#: A hung archive disk must never stop admissions. A cut takes well under a second normally.
+ROOM_WAIT_SECONDS = 30.0
 
 
 @dataclass
@@ -73,6 +93,14 @@ class Retainer:
         self._task: trio.lowlevel.Task | None = None  # the task running ``run``
         self.cuts: deque[CutReport] = deque(maxlen=64)  # this run's last cuts, newest last (bench, tests)
         self._views_bytes = 0  # the encoded views' size at the last cut
+        self.health = CutHealth()  # how the cuts fare (``after_attempt``)
+        self.live_bytes = 0  # what the live records took at the latest look
+        self.appends_waiting = 0
+        self._attempt_started = 0.0  # time.monotonic() when the attempt under way began (0: none)
+        self._late = False  # appends stopped waiting for the attempt under way
+        # seams for the tests: the retry pauses and how long an append waits for a cut
+        self.retry_first, self.retry_max = RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS
+        self.room_wait = ROOM_WAIT_SECONDS
 
     def maybe_due(self, last_seq: int) -> None:
         """Called after each commit: wake the task every quarter piece."""
@@ -92,14 +120,50 @@ class Retainer:
         self._behind_since = 0
         self._caught_up.set()
 
+    def _lagging(self) -> bool:
+        return bool(self._behind_since) and self.event_log.last_seq() - self._behind_since >= self.check_every
+
     async def wait_for_room(self) -> None:
         """Called before each append: while a planned size cut lags a quarter piece behind
-        the log, wait for it (a cut that fails lets the appends go: a failing archive must
-        not stop the node's admissions). The retainer's own records never wait."""
+        the log, wait for it, ``room_wait`` seconds at most (a cut that fails, or that is
+        that late, lets the appends go: a failing archive must not stop the node's
+        admissions). The retainer's own records never wait."""
         if self._task is not None and trio.lowlevel.current_task() is self._task:
             return
-        while self._behind_since and self.event_log.last_seq() - self._behind_since >= self.check_every:
-            await self._caught_up.wait()
+        if not self._lagging():
+            return
+        self.appends_waiting += 1
+        try:
+            with trio.move_on_after(self.room_wait) as waited:
+                while self._lagging():
+                    await self._caught_up.wait()
+        finally:
+            self.appends_waiting -= 1
+        if waited.cancelled_caught and self._behind_since:
+            self._late = True
+            log.warning(
+                "a retention cut is late; appends go on without it and the live log grows past its bound",
+                waited_seconds=self.room_wait,
+                cut_seconds=round(time.monotonic() - self._attempt_started, 1) if self._attempt_started else 0,
+            )
+            self._catch_up()
+
+    def retry_seconds(self) -> float:
+        """The pause after the latest attempt (0 when it succeeded)."""
+        return retry_delay(self.health.in_a_row, self.retry_first, self.retry_max)
+
+    def report(self) -> RetentionReport:
+        """How retention fares, for ``eventsrc status`` (cheap: no I/O)."""
+        started = self._attempt_started
+        return RetentionReport(
+            policy=self.policy,
+            health=self.health,
+            retry_seconds=self.retry_seconds(),
+            live_bytes=self.live_bytes,
+            cut_seconds=time.monotonic() - started if started else 0.0,
+            late=self._late,
+            appends_waiting=self.appends_waiting,
+        )
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._task = trio.lowlevel.current_task()
@@ -113,7 +177,12 @@ class Retainer:
             period = min(AGE_CHECK_SECONDS, max(MIN_AGE_CHECK_SECONDS, self.policy.max_age_ns / 1e9 / 10))
         try:
             while True:
-                await self.attempt()
+                if not await self.attempt():
+                    # Tried again after the pause, due or not (the log is over its bound
+                    # still, or no boundary may come): the boundaries crossed meanwhile wait.
+                    await trio.sleep(self.retry_seconds())
+                    self._due = trio.Event()
+                    continue
                 if period is None:
                     await self._due.wait()
                 else:
@@ -124,14 +193,46 @@ class Retainer:
             self._catch_up()  # no append waits on a task that has ended
 
     async def attempt(self) -> bool:
-        """Cut while due; False when a cut failed (logged: the next boundary tries again)."""
+        """Cut while due; False when a cut failed (said once per change: ``_tell``)."""
+        reason = ""
+        self._attempt_started = time.monotonic()
         try:
             await self.cut_while_due()
         except (EventsrcError, OSError) as err:  # a full disk, a lost log, an unwritable archive
-            log.error("retention cut failed; the log keeps its records", reason=str(err))
+            reason = steps.failure_reason(err)
             self._catch_up()
-            return False
-        return True
+        finally:
+            self._attempt_started, self._late = 0.0, False
+        self._tell(reason)
+        return not reason
+
+    def _tell(self, reason: str) -> None:
+        """Record how the attempt fared; log what changed, once."""
+        before = self.health
+        self.health, change = after_attempt(before, reason, time.time_ns())
+        bounds = {"live_bytes": self.live_bytes, "max_size": self.policy.max_size}
+        if change == "failing":
+            # the live log keeps its records and grows past its bound until a cut succeeds
+            log.error(
+                "retention cut failed",
+                reason=reason,
+                retry_seconds=self.retry_seconds(),
+                **bounds,
+            )
+        elif change == "reason changed":
+            log.error(
+                "retention cut failed for another reason",
+                reason=reason,
+                failed_attempts=self.health.in_a_row,
+                **bounds,
+            )
+        elif change == "recovered":
+            log.info(
+                "retention cuts recovered",
+                failed_attempts=before.in_a_row,
+                failing_seconds=round((time.time_ns() - before.since_ns) / 1e9, 1),
+                last_reason=before.reason,
+            )
 
     async def cut_while_due(self) -> None:
         """Cut until the plan says the live log is within its bounds."""
@@ -146,7 +247,7 @@ class Retainer:
     def _plan(self) -> tuple[int, str]:
         el = self.event_log
         base, last = el.first_seq() - 1, el.last_seq()
-        used = el.used_bytes()
+        used = self.live_bytes = el.used_bytes()
         marks = boundaries(base, last, self.piece) if self.policy.max_age_ns else []
         times = steps.record_times(el, marks) if marks else {}
         now = time.time_ns()

@@ -2,7 +2,9 @@
 
     serve_http(app, "127.0.0.1:10266")     one task in the daemon's nursery (hypercorn on trio)
       /metrics   the Prometheus text format (version 0.0.4, as the kubelet writes it)
-      /healthz   200 "ok" while the trio loop answers and the committer is not stalled
+      /healthz   200 "ok" while the trio loop answers and the committer is not stalled (and,
+                 while something needs an operator but not a restart, such as failing
+                 retention cuts, a "warning:" line after it)
       /readyz    200 "ok" once every socket is served; 503 and the reason otherwise
 
 The kubelet's series keep the kubelet's names, labels, types and buckets
@@ -32,9 +34,10 @@ import trio
 from grpclib import GRPCError, Status
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.context_managers import Timer
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from eventsrc import events as ev
+from eventsrc.core.retention import CutHealth
 from eventsrc.errors import EventsrcError
 from eventsrc.events import Record
 from eventsrc.obs.logger import get_logger
@@ -105,8 +108,8 @@ def grpc_code(exc: BaseException | None) -> str:
 
 
 class Metrics:
-    """The daemon's series. ``log_bytes``, ``last_seq`` and ``corrupt_records`` are read at
-    scrape time (cheap: a stat and two attribute reads)."""
+    """The daemon's series. ``log_bytes``, ``last_seq``, ``corrupt_records`` and
+    ``retention`` are read at scrape time (cheap: a stat and attribute reads)."""
 
     def __init__(
         self,
@@ -114,6 +117,7 @@ class Metrics:
         log_bytes: Callable[[], int] = lambda: 0,
         last_seq: Callable[[], int] = lambda: 0,
         corrupt_records: Callable[[], int] = lambda: 0,
+        retention: Callable[[], CutHealth] = CutHealth,
     ) -> None:
         r = self.registry = CollectorRegistry(auto_describe=False)
         # ------------------------------------------------------------ the kubelet's
@@ -212,7 +216,7 @@ class Metrics:
             "Admissions waiting for a known device plugin or DRA driver to come back.",
             registry=r,
         )
-        r.register(_ScrapeTime(self, log_bytes, last_seq, corrupt_records))
+        r.register(_ScrapeTime(self, log_bytes, last_seq, corrupt_records, retention))
         self._on_event: dict[type, Callable[[Any], None]] = {
             ev.PluginRegistered: self._registration,
             ev.PluginRegistrationRejected: self._registration,
@@ -353,15 +357,21 @@ _POD_RESOURCES_HELP = {
 
 class _ScrapeTime:
     """Series computed when scraped: the log's size and last sequence, corrupt records,
-    and the pod resources counts."""
+    how retention cuts fare, and the pod resources counts."""
 
     def __init__(
-        self, metrics: Metrics, log_bytes: Callable[[], int], last_seq: Callable[[], int], corrupt: Callable[[], int]
+        self,
+        metrics: Metrics,
+        log_bytes: Callable[[], int],
+        last_seq: Callable[[], int],
+        corrupt: Callable[[], int],
+        retention: Callable[[], CutHealth],
     ) -> None:
         self._metrics = metrics
         self._log_bytes = log_bytes
         self._last_seq = last_seq
         self._corrupt = corrupt
+        self._retention = retention
 
     def collect(self) -> Iterable[Metric]:
         for name, help_ in _POD_RESOURCES_HELP.items():
@@ -385,6 +395,17 @@ class _ScrapeTime:
             "eventsrc_log_corrupt_records",
             "Records known to be corrupt (left in place, skipped by replay).",
             value=self._corrupt(),
+        )
+        health = self._retention()
+        yield GaugeMetricFamily(
+            "eventsrc_log_retention_failing",
+            "1 while the log's retention cuts fail (the live log grows past its bound), else 0.",
+            value=1 if health.failing else 0,
+        )
+        yield CounterMetricFamily(
+            "eventsrc_log_retention_failures",
+            "Retention cuts that failed since the start (tried again with a pause that doubles, up to 60 s).",
+            value=health.failures,
         )
 
 
@@ -445,10 +466,11 @@ Probe = Callable[[], str]  # "" when fine, else the reason
 class HealthApp:
     """The ASGI application: /metrics, /healthz and /readyz, GET or HEAD."""
 
-    def __init__(self, metrics: Metrics, live: Probe, ready: Probe) -> None:
+    def __init__(self, metrics: Metrics, live: Probe, ready: Probe, warn: Probe = lambda: "") -> None:
         self.metrics = metrics
         self.live = live
         self.ready = ready
+        self.warn = warn  # what /healthz says after its "ok": needs an operator, not a restart
 
     def answer(self, path: str) -> tuple[int, bytes, str]:
         if path == "/metrics":
@@ -457,7 +479,8 @@ class HealthApp:
             reason = (self.live if path == "/healthz" else self.ready)()
             if reason:
                 return (500 if path == "/healthz" else 503), f"{reason}\n".encode(), "text/plain; charset=utf-8"
-            return 200, b"ok", "text/plain; charset=utf-8"
+            warning = self.warn() if path == "/healthz" else ""
+            return 200, f"ok\nwarning: {warning}\n".encode() if warning else b"ok", "text/plain; charset=utf-8"
         return 404, b"404 page not found\n", "text/plain; charset=utf-8"
 
     async def __call__(

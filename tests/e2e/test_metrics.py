@@ -351,3 +351,14 @@ async def test_probes_say_why_not() -> None:
     assert (await _ask(app, "GET", "/healthz"))[0] == 500
     assert await _ask(app, "HEAD", "/metrics") == (200, b"")
     assert (await _ask(app, "POST", "/metrics"))[0] == 405
+
+
+async def test_healthz_stays_200_with_a_warning_for_what_a_restart_would_not_mend() -> None:
+    """Failing retention cuts (a full archive disk) need an operator, not a restart: /healthz
+    is a liveness probe, so it stays 200 and says why after its "ok" (docs/operations.md)."""
+    state = {"warn": ""}
+    app = HealthApp(Metrics(), live=lambda: "", ready=lambda: "", warn=lambda: state["warn"])
+    assert await _ask(app, "GET", "/healthz") == (200, b"ok")
+    state["warn"] = "log retention cuts failing for 3 s (...)"
+    assert await _ask(app, "GET", "/healthz") == (200, b"ok\nwarning: log retention cuts failing for 3 s (...)\n")
+    assert await _ask(app, "GET", "/readyz") == (200, b"ok")

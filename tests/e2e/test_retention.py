@@ -9,12 +9,14 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from eventsrc.layout import Layout
 from eventsrc.log.store import EventLog
 from tests.conftest import Daemon, run_cli
+from tests.e2e.test_metrics import get, metrics_address, scrape, value
 from tests.support.node_client import NodeClient
 
 RESOURCE = "example.com/dev"
@@ -97,3 +99,61 @@ def test_a_daemon_under_load_keeps_its_log_bounded_and_its_history_verifiable(
         plugin.kill()
         plugin.wait()
         daemon.stop()
+
+
+def test_a_failing_archive_is_said_once_and_shown_in_status_healthz_and_metrics(
+    root: Path, daemon_factory: type[Daemon]
+) -> None:
+    """Issue 24, item 7: an archive that cannot be written was one ERROR line per attempt
+    while ``status`` said "running and ready". Root ignores permissions: the archive
+    directory is a regular file instead, which stops root as well."""
+    daemon = daemon_factory(
+        "--snapshot-every", "20", "--log-retention-max-size", "16Ki", "--metrics-address", "127.0.0.1:0"
+    )
+    address = metrics_address(root)
+    archive = Layout(root).archive
+    assert not archive.exists()  # made at the first cut
+    archive.write_text("a file where the archive directory should be")
+
+    def status() -> dict[str, Any]:
+        return json.loads(run_cli("status", "-o", "json", root=root, check=True).stdout)  # type: ignore[no-any-return]
+
+    with NodeClient(root) as client:
+
+        def failing() -> bool:
+            for _ in range(10):  # admissions go on while the cuts fail
+                client.remove(client.admit("cpu").uid)
+            return bool(status()["retention"]["failing"])
+
+        daemon.eventually(failing, "the retention cuts to fail")
+    # tried again with a pause that doubles (1 s, 2 s): three attempts, one line
+    retention = daemon.eventually(
+        lambda: (r := status()["retention"])["failed_attempts"] >= 3 and r, "three failed attempts"
+    )
+    assert retention["failing"] == f"File exists: {archive}" and retention["failures_total"] >= 3
+    assert retention["live_bytes"] > retention["max_size_bytes"] == 16 * 1024
+    assert retention["failing_since_unix_ns"] > 0 and retention["retry_seconds"] >= 2
+    assert daemon.output().count("retention cut failed") == 1, daemon.output()
+    text = run_cli("status", root=root)
+    assert text.returncode == 0 and "running and ready" in text.stdout
+    warning = text.stderr.splitlines()
+    assert len(warning) == 1 and warning[0].startswith("eventsrc: warning: log retention cuts failing for ")
+    assert f"File exists: {archive}; appends go on and the live log holds " in warning[0]
+    _, _, samples = scrape(address)
+    assert value(samples, "eventsrc_log_retention_failing") == 1
+    assert value(samples, "eventsrc_log_retention_failures_total") >= 3
+    code, body = get(f"http://{address}/healthz")
+    assert code == 200 and body.startswith("ok\nwarning: log retention cuts failing for "), body
+
+    archive.unlink()  # the operator makes room: the next attempt cuts, no load needed
+    daemon.eventually(lambda: not status()["retention"]["failing"], "the cuts to recover", timeout=60)
+    assert daemon.output().count("retention cuts recovered") == 1
+    assert daemon.output().count("retention cut failed") == 1
+    assert list(archive.glob("segment-*.zst"))
+    text = run_cli("status", root=root)
+    assert text.returncode == 0 and text.stderr == ""
+    _, _, samples = scrape(address)
+    assert value(samples, "eventsrc_log_retention_failing") == 0
+    code, body = get(f"http://{address}/healthz")
+    assert (code, body) == (200, "ok")
+    daemon.stop()

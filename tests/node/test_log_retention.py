@@ -4,11 +4,15 @@ finished, and a segment missing, altered or foreign is named."""
 
 from __future__ import annotations
 
+import errno
+import logging
 import mmap
 import os
 import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import msgspec
@@ -20,6 +24,7 @@ from hypothesis import strategies as st
 
 from eventsrc import events as ev
 from eventsrc.core.retention import Retention, boundaries
+from eventsrc.core.retention import trouble as trouble_of
 from eventsrc.errors import EventsrcError
 from eventsrc.log import retention as steps
 from eventsrc.log.archive import iter_records, segment_files, verify_archive, verify_segment
@@ -29,8 +34,10 @@ from eventsrc.log.store import EventLog
 from eventsrc.log.verify import verify
 from eventsrc.node import retention as node_retention
 from eventsrc.node.retention import Retainer
+from eventsrc.obs.metrics import Metrics, go_float
 from eventsrc.state.apply import rebuild
 from tests.node.test_nri_plugin import FakeRecorder
+from tests.support.eventually import eventually_trio
 from tests.unit.test_projections import events
 
 
@@ -438,3 +445,110 @@ async def test_nothing_waits_when_no_cut_is_needed(tmp_path: Path) -> None:
     assert await retainer.attempt() is True and log.base() is None
     assert not retainer._behind_since  # so no append waits: no cut is running to end a wait
     await retainer.wait_for_room()
+
+
+def _said(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+    return [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "eventsrc.node.retention"]
+
+
+async def test_failing_cuts_back_off_are_said_once_per_change_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 24, item 7: a failing archive was one ERROR line per attempt (some ten a second
+    under load) and seen nowhere else."""
+    caplog.set_level(logging.INFO, logger="eventsrc.node.retention")
+    log = filled(tmp_path / "log", pods(40))
+    archive = tmp_path / "archive"
+    retainer = Retainer(FakeRecorder(), log, archive, Retention(max_size=1), piece=10)
+    retainer.retry_first, retainer.retry_max = 0.001, 0.004  # the test's pauses (1 s and 60 s in the daemon)
+    metrics = Metrics(retention=lambda: retainer.health)
+    real_prepare = steps.prepare
+    attempts: list[int] = []
+    trouble: list[OSError | None] = []
+
+    def prepare(el: EventLog, where: Path | None, seq: int) -> steps.Prepared:
+        attempts.append(seq)
+        if trouble[0] is not None:
+            # each attempt's temporary file has a name of its own: still one trouble
+            raise OSError(trouble[0].errno, trouble[0].strerror, str(where / f".segment-{len(attempts)}.x{seq}.tmp"))
+        return real_prepare(el, where, seq)
+
+    monkeypatch.setattr(steps, "prepare", prepare)
+    trouble.append(OSError(errno.ENOSPC, "No space left on device"))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(retainer.run)
+        await eventually_trio(lambda: retainer.health.in_a_row >= 4, "four failed attempts")
+        assert _said(caplog) == [("ERROR", "retention cut failed")]  # one line, not one per attempt
+        health = retainer.health
+        assert health.reason == f"No space left on device: {archive}" and health.since_ns > 0
+        assert retainer.retry_seconds() == 0.004  # doubled from 0.001, capped
+        assert "eventsrc_log_retention_failing 1\n" in metrics.exposition().decode()
+        said = trouble_of(retainer.report(), time.time_ns())
+        assert "log retention cuts failing" in said and "No space left on device" in said
+        assert "appends go on" in said
+
+        trouble[0] = OSError(errno.EACCES, "Permission denied")
+        failures = retainer.health.failures
+        await eventually_trio(lambda: retainer.health.failures >= failures + 3, "three more failed attempts")
+        assert _said(caplog) == [
+            ("ERROR", "retention cut failed"),
+            ("ERROR", "retention cut failed for another reason"),
+        ]
+        assert retainer.health.reason == f"Permission denied: {archive}"
+
+        trouble[0] = None  # the archive can be written again
+        await eventually_trio(lambda: not retainer.health.failing, "the cuts to recover")
+        assert _said(caplog)[2:] == [("INFO", "log cut"), ("INFO", "retention cuts recovered")]
+        nursery.cancel_scope.cancel()
+    assert log.base() is not None and log.first_seq() == 41
+    exposed = metrics.exposition().decode()
+    assert "eventsrc_log_retention_failing 0\n" in exposed
+    assert f"eventsrc_log_retention_failures_total {go_float(retainer.health.failures)}\n" in exposed
+    assert retainer.health.failures == len(attempts) - 1 >= 7
+    assert trouble_of(retainer.report(), time.time_ns()) == ""
+    log.close()
+
+
+async def test_appends_stop_waiting_for_a_cut_that_hangs_and_that_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hung archive disk must not stop admissions for ever, unseen: an append waits
+    ``room_wait`` at most for a lagging cut, then the cut is late, in the log and in status."""
+    caplog.set_level(logging.INFO, logger="eventsrc.node.retention")
+    log = filled(tmp_path / "log", pods(20))
+    retainer = Retainer(FakeRecorder(), log, tmp_path / "archive", Retention(max_size=1), piece=8)
+    retainer.room_wait = 0.05  # 30 s in the daemon
+    real_prepare = steps.prepare
+    release = threading.Event()
+
+    def hung(el: EventLog, where: Path | None, seq: int) -> steps.Prepared:
+        release.wait()
+        return real_prepare(el, where, seq)
+
+    monkeypatch.setattr(steps, "prepare", hung)
+    done: list[bool] = []
+    try:
+        with trio.fail_after(60):  # a safety net: today's code waits for ever
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: _attempt(retainer, done))
+                await eventually_trio(lambda: retainer.report().cut_seconds > 0 and retainer._behind_since, "a cut")
+                log.append(pods(2), "c", 5000)  # a quarter piece (2 records) past the planned cut
+                await retainer.wait_for_room()  # waits room_wait, then goes on without the cut
+                report = retainer.report()
+                assert report.late and report.appends_waiting == 0
+                assert "lags behind the log; appends go on without it" in trouble_of(report, time.time_ns())
+                log.append(pods(2), "c", 5001)
+                await retainer.wait_for_room()  # the next append does not wait for it either
+                assert [m for lvl, m in _said(caplog) if lvl == "WARNING"] == [
+                    "a retention cut is late; appends go on without it and the live log grows past its bound"
+                ]
+                release.set()
+    finally:
+        release.set()
+    assert done == [True] and log.first_seq() == 25  # cut at 16, then at 24 (the records appended)
+    assert not retainer.report().late
+    log.close()
+
+
+async def _attempt(retainer: Retainer, done: list[bool]) -> None:
+    done.append(await retainer.attempt())

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from eventsrc.core.retention import Retention, age_cut, boundaries, plan_cut, size_cut
+from eventsrc.core.retention import (
+    CutHealth,
+    Retention,
+    RetentionReport,
+    after_attempt,
+    age_cut,
+    boundaries,
+    plan_cut,
+    retry_delay,
+    size_cut,
+    trouble,
+)
 from eventsrc.inputs.config import ByteSize
 
 
@@ -62,3 +73,50 @@ def test_a_bad_or_huge_size_is_one_value_error(text: str) -> None:
     with pytest.raises(ValueError) as err:
         ByteSize.parse(text)
     assert len(str(err.value)) < 120
+
+
+def test_failing_cuts_are_said_when_they_start_change_reason_and_recover() -> None:
+    h, said = after_attempt(CutHealth(), "", now_ns=5)
+    assert (h, said) == (CutHealth(), "")
+    h, said = after_attempt(h, "No space left on device: /a", now_ns=10)
+    assert said == "failing" and (h.since_ns, h.in_a_row, h.failures) == (10, 1, 1)
+    h, said = after_attempt(h, "No space left on device: /a", now_ns=20)
+    assert said == "" and (h.since_ns, h.in_a_row, h.failures) == (10, 2, 2)
+    # differing only in its numbers: the same trouble (a cut that takes one more piece)
+    h, said = after_attempt(h, "cannot cut the log at 40: it starts at 1", now_ns=30)
+    assert said == "reason changed" and h.reason == "cannot cut the log at 40: it starts at 1"
+    h, said = after_attempt(h, "cannot cut the log at 60: it starts at 1", now_ns=40)
+    assert said == "" and h.in_a_row == 4
+    h, said = after_attempt(h, "", now_ns=50)
+    assert said == "recovered" and h == CutHealth(failures=4) and not h.failing
+    h, said = after_attempt(h, "Permission denied: /a", now_ns=60)
+    assert said == "failing" and (h.since_ns, h.in_a_row, h.failures) == (60, 1, 5)
+
+
+def test_the_pause_after_failed_cuts_doubles_up_to_a_minute() -> None:
+    assert [retry_delay(n) for n in range(9)] == [0, 1, 2, 4, 8, 16, 32, 60, 60]
+    assert retry_delay(10_000) == 60  # no overflow however long it fails
+    assert retry_delay(3, first=0.5, cap=1.5) == 1.5
+
+
+def test_what_status_and_healthz_say_of_retention() -> None:
+    policy = Retention(max_size=1000)
+    fine = RetentionReport(policy=policy, health=CutHealth(failures=3), live_bytes=900)
+    assert trouble(fine, now_ns=10**9) == ""
+    failing = RetentionReport(
+        policy=policy,
+        health=CutHealth(reason="File exists: /x/archive", since_ns=10**9, in_a_row=3, failures=3),
+        retry_seconds=4.0,
+        live_bytes=5000,
+    )
+    assert trouble(failing, now_ns=13 * 10**9) == (
+        "log retention cuts failing for 12 s (3 attempt(s) in a row, the next 4 s after the last): "
+        "File exists: /x/archive; appends go on and the live log holds 5000 bytes, bound 1000"
+    )
+    late = RetentionReport(
+        policy=Retention(max_age_ns=1), health=CutHealth(), live_bytes=5, cut_seconds=31.2, late=True
+    )
+    assert trouble(late, now_ns=0) == (
+        "a log retention cut has run for 31 s and lags behind the log; appends go on without it and "
+        "the live log holds 5 bytes"
+    )

@@ -39,7 +39,7 @@ class StatusRequest(_message.Message):
     def __init__(self, loop_holds_since_ns: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("ready", "version", "instance_id", "last_seq", "sockets", "pid", "loop", "heap_trims")
+    __slots__ = ("ready", "version", "instance_id", "last_seq", "sockets", "pid", "loop", "heap_trims", "retention")
     READY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class StatusResponse(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     LOOP_FIELD_NUMBER: _ClassVar[int]
     HEAP_TRIMS_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     version: str
     instance_id: str
@@ -56,7 +57,34 @@ class StatusResponse(_message.Message):
     pid: int
     loop: LoopHolds
     heap_trims: int
-    def __init__(self, ready: _Optional[bool] = ..., version: _Optional[str] = ..., instance_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., sockets: _Optional[_Iterable[str]] = ..., pid: _Optional[int] = ..., loop: _Optional[_Union[LoopHolds, _Mapping]] = ..., heap_trims: _Optional[int] = ...) -> None: ...
+    retention: RetentionStatus
+    def __init__(self, ready: _Optional[bool] = ..., version: _Optional[str] = ..., instance_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., sockets: _Optional[_Iterable[str]] = ..., pid: _Optional[int] = ..., loop: _Optional[_Union[LoopHolds, _Mapping]] = ..., heap_trims: _Optional[int] = ..., retention: _Optional[_Union[RetentionStatus, _Mapping]] = ...) -> None: ...
+
+class RetentionStatus(_message.Message):
+    __slots__ = ("max_size_bytes", "max_age_seconds", "live_bytes", "failing", "failing_since_unix_ns", "failed_attempts", "failures_total", "retry_seconds", "cut_seconds", "cut_late", "appends_waiting")
+    MAX_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FAILING_FIELD_NUMBER: _ClassVar[int]
+    FAILING_SINCE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RETRY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CUT_LATE_FIELD_NUMBER: _ClassVar[int]
+    APPENDS_WAITING_FIELD_NUMBER: _ClassVar[int]
+    max_size_bytes: int
+    max_age_seconds: float
+    live_bytes: int
+    failing: str
+    failing_since_unix_ns: int
+    failed_attempts: int
+    failures_total: int
+    retry_seconds: float
+    cut_seconds: float
+    cut_late: bool
+    appends_waiting: int
+    def __init__(self, max_size_bytes: _Optional[int] = ..., max_age_seconds: _Optional[float] = ..., live_bytes: _Optional[int] = ..., failing: _Optional[str] = ..., failing_since_unix_ns: _Optional[int] = ..., failed_attempts: _Optional[int] = ..., failures_total: _Optional[int] = ..., retry_seconds: _Optional[float] = ..., cut_seconds: _Optional[float] = ..., cut_late: _Optional[bool] = ..., appends_waiting: _Optional[int] = ...) -> None: ...
 
 class LoopHolds(_message.Message):
     __slots__ = ("steps", "longest_seconds", "longest_task", "over_10ms", "recent", "long_steps", "longest_cpu_seconds", "longest_cpu_task", "cpu_over_10ms")
