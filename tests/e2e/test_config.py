@@ -162,6 +162,27 @@ def test_typo_is_one_line_and_nothing_starts(root: Path, tmp_path: Path) -> None
     one_clean_error(run_cli("config", "print", "--config", str(bad), root=root), "unknown field 'cpuManagerPolicyy'")
 
 
+def test_the_nri_namespaces_and_runtime_endpoint_flags(root: Path, tmp_path: Path) -> None:
+    def printed(*args: str) -> dict[str, object]:
+        out: dict[str, object] = json.loads(
+            run_cli("config", "print", *args, "-o", "json", root=root, check=True).stdout
+        )
+        return out
+
+    got = printed(
+        "--nri-annotation-namespaces", "team-a, team-b,", "--container-runtime-endpoint", "unix:///run/x.sock"
+    )
+    assert got["nriAnnotationNamespaces"] == ["team-a", "team-b"]
+    assert got["containerRuntimeEndpoint"] == "unix:///run/x.sock"
+    assert printed()["nriAnnotationNamespaces"] == [] and printed()["containerRuntimeEndpoint"] == ""
+    for bad in ("tcp://10.0.0.1:1234", "run/x.sock"):
+        one_clean_error(
+            run_cli("config", "print", "--container-runtime-endpoint", bad, root=root),
+            "containerRuntimeEndpoint (--container-runtime-endpoint)",
+            "is not unix:///PATH or an absolute path",
+        )
+
+
 def test_wrong_type_is_one_line_naming_the_key(root: Path, tmp_path: Path) -> None:
     bad = write(tmp_path / "c.toml", 'snapshotEvery = "often"\n')
     one_clean_error(
