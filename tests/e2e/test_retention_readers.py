@@ -9,6 +9,7 @@ records dev-0 turning unhealthy at 23."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -173,3 +174,30 @@ def test_backup_names_a_segment_it_could_not_copy(cut_root: Path, tmp_path: Path
     proc = run_cli("backup", str(tmp_path / "backup"), root=cut_root)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and segment_name(1, 10) in proc.stderr
     assert (Layout(tmp_path / "backup").archive / segment_name(11, 20)).is_file()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("audit", "device", RES, "dev-0"),
+        ("audit", "verify"),
+        ("replay", "--check"),
+        ("export",),
+        ("log",),
+        ("state",),
+    ],
+    ids=lambda c: " ".join(c[:2]),
+)
+def test_a_fifo_in_place_of_a_segment_is_refused_not_opened(cut_root: Path, command: tuple[str, ...]) -> None:
+    """A FIFO would block whoever opens it until a writer came: each reader refuses it in
+    one line, as it refuses a directory (a hang fails the test at run_cli's timeout)."""
+    segment = Layout(cut_root).archive / segment_name(1, 10)
+    segment.unlink()
+    os.mkfifo(segment)
+    proc = run_cli(*command, root=cut_root, timeout=20)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    said = proc.stdout if command == ("audit", "verify") else proc.stderr
+    assert f"archive segment {segment_name(1, 10)}" in said and "not a regular file (a FIFO)" in said, said
+    if command != ("audit", "verify"):
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("eventsrc: error: ")]
+        assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
