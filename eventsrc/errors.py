@@ -51,6 +51,19 @@ class LogCutWhileReadingError(EventsrcError):
         self.base_seq = base_seq
 
 
+class RecordsCutError(EventsrcError):
+    """Records a follower had not read yet left the live log (a retention cut, docs/adr/0018)
+    and cannot be read from the archive here: it stops at the first of them rather than
+    skip them."""
+
+    def __init__(self, first: int, last: int, why: str) -> None:
+        super().__init__(
+            f"records {first}..{last} left the live log before they were read, and {why}: stopped before record {first}"
+        )
+        self.first = first
+        self.last = last
+
+
 class DamagedLogError(EventsrcError):
     """The log's files are damaged or gone in a way no start can repair: a truncated
     ``data.mdb``, one that is not LMDB, a log lost next to the history that proves it

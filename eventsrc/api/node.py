@@ -294,7 +294,10 @@ class NodeService(NodeBase):
         while True:
             batch = await to_trio(self._records)(seq)
             for item in batch:
-                await stream.send_message(watch_event(item))
+                event = watch_event(item)
+                if item.seq > seq:  # seq.. left the live log before they were sent: said, not skipped silently
+                    event.skipped_from = seq
+                await stream.send_message(event)
                 seq = item.seq + 1
 
     async def Status(self, stream: Stream[pb.StatusRequest, pb.StatusResponse]) -> None:

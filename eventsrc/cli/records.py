@@ -21,7 +21,6 @@ from eventsrc.errors import EventsrcError
 if TYPE_CHECKING:
     from eventsrc.events import CorruptRecordError
     from eventsrc.log.history import History
-    from eventsrc.log.store import EventLog
     from eventsrc.state.views import Views
 
 
@@ -95,11 +94,7 @@ def log(args: argparse.Namespace) -> int:
     if args.output != "json":
         sys.stdout.write(render.RECORD_HEADER + "\n")
     if args.follow:
-        # the archive's records, then the live log's, followed
-        live = history.live_first_seq()
-        for item in history.records(args.from_seq, live - 1) if args.from_seq < live else ():
-            show(item)
-        _follow(history.log, max(args.from_seq, live), show)
+        _follow(history, args.from_seq, show)  # the archive's records, then the live log's, followed
     else:
         for item in history.records(args.from_seq, args.until_seq):
             show(item)
@@ -134,14 +129,15 @@ def _printer(out: TextIO, as_json: bool, corrupt: list[CorruptRecordError]) -> C
     return show
 
 
-def _follow(event_log: EventLog, from_seq: int, show: Callable[[Any], None]) -> None:
-    """Show the records from ``from_seq`` on, and each new one as it is appended, until Ctrl-C."""
+def _follow(history: History, from_seq: int, show: Callable[[Any], None]) -> None:
+    """Show the records from ``from_seq`` on, and each new one as it is appended, until Ctrl-C
+    (or until records a cut took cannot be read: RecordsCutError)."""
     import trio
 
     from eventsrc.log.commit import follow
 
     async def tail() -> None:
-        async for item in follow(event_log, from_seq):
+        async for item in follow(history, from_seq):
             show(item)
             sys.stdout.flush()
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 import struct
 import tempfile
 import zlib
@@ -184,6 +185,15 @@ def remove_temporaries(archive: Path) -> None:
             stale.unlink(missing_ok=True)
 
 
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
 class SegmentError(Exception):
     """A segment that cannot be read to its end: the message says why."""
 
@@ -199,7 +209,14 @@ def _read_exact(r: IO[bytes], n: int) -> bytes:
 
 
 def _items(path: Path) -> Iterator[bytes]:
-    """The raw msgpack items of a segment file, in order."""
+    """The raw msgpack items of a segment file, in order. A path that is not a regular file
+    is refused without opening it: a FIFO would block its reader until a writer came."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise SegmentError(f"unreadable ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(mode):
+        raise SegmentError(f"not a regular file ({_KINDS.get(stat.S_IFMT(mode), 'of an unknown kind')})")
     try:
         with open(path, "rb") as f, zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=False) as r:
             while True:

@@ -17,8 +17,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import trio
 from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
 
-from eventsrc.errors import ConcurrencyConflictError, LogClosedError
+from eventsrc.errors import ConcurrencyConflictError, LogClosedError, LogCutWhileReadingError, RecordsCutError
 from eventsrc.events import CorruptRecordError, Record, _Event
+from eventsrc.log.history import Gap, History
 from eventsrc.log.store import EventLog, PendingAppend
 from eventsrc.obs.logger import get_logger
 
@@ -231,29 +232,57 @@ def _log_failed(batch: list[PendingAppend]) -> None:
 
 
 async def follow(
-    log: EventLog,
+    history: History,
     from_seq: int = 1,
     committer: GroupCommitter | None = None,
     poll_interval: float = 0.2,
 ) -> AsyncIterator[Record | CorruptRecordError]:
-    """Every record from ``from_seq`` on, then each new one as it is appended, forever.
+    """Every record of ``history`` from ``from_seq`` on (the archive's, then the live log's),
+    then each new one as it is appended, forever.
+
+    It starts where the history does when ``from_seq`` is before it (the gaps
+    ``History.missing`` names at the start are passed over, as every reader does). From
+    then on it never skips a record: records a retention cut moves out of the live log
+    before they are read (a slow consumer) are read from their archive segment, and when
+    they cannot be (no archive, a segment missing, ``live_only``) it raises RecordsCutError
+    naming the first of them.
 
     In the writing process it wakes on the committer's append signal; a reader in another
     process polls every ``poll_interval`` seconds. Cancel the caller to stop.
     """
+    told = history.missing()  # passed over at the start: the reader said so
     next_seq = max(from_seq, 1)
+    started = False
     while True:
         progressed = False
-        for item in log.records(next_seq):
-            progressed = True
-            next_seq = item.seq + 1
-            yield item
-            if next_seq % 1024 == 0:
-                await trio.lowlevel.checkpoint()
+        if started and next_seq < history.live_first_seq():
+            history.refresh()  # cut since the last pass: look for them in the new segments
+        try:
+            for item in history.records(next_seq):
+                if started and item.seq != next_seq and not _passed_over(told, next_seq, item.seq - 1):
+                    raise RecordsCutError(next_seq, item.seq - 1, history.unreadable(next_seq))
+                started = progressed = True
+                next_seq = item.seq + 1
+                yield item
+                if next_seq % 1024 == 0:
+                    await trio.lowlevel.checkpoint()
+        except LogCutWhileReadingError as err:
+            raise RecordsCutError(err.next_seq, err.base_seq, history.unreadable(err.next_seq)) from None
         if progressed:
             continue
+        if not started:  # nothing from from_seq yet: the live log's start, or the next append
+            next_seq = max(next_seq, history.live_first_seq())
+            started = True
         if committer is not None:
             with trio.move_on_after(poll_interval):
                 await committer.wait_appended()
         else:
             await trio.sleep(poll_interval)
+
+
+def _passed_over(gaps: list[Gap], first: int, last: int) -> bool:
+    """Whether ``gaps`` cover every record from ``first`` to ``last``."""
+    for g in sorted(gaps, key=lambda g: g.first):
+        if g.first <= first <= g.last:
+            first = g.last + 1
+    return first > last

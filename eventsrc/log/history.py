@@ -154,6 +154,19 @@ class History:
             return f"{head}; {before} are not read: no archive segments in {self.archive_dir}"
         return f"{head}; {before} are read from {n} archive segment{'s' if n != 1 else ''}"
 
+    def unreadable(self, seq: int) -> str:
+        """Why record ``seq``, before the live log's start, cannot be read here."""
+        if self.live_only:
+            return "--live-only reads no archive"
+        if self.archive_dir is None:
+            return "no archive is read"
+        self.refresh()
+        for e in self.ledger:
+            if e.first <= seq <= e.last:
+                gap = Gap(e.first, e.last, e.file, "missing" if e.file else "not archived")
+                return f"the archive lacks {gap.text()}"
+        return "no ledger entry names them"
+
     def missing_note(self) -> str:
         """One line naming what the archive lacks ("" when nothing is missing)."""
         if not self.gaps:
@@ -202,24 +215,27 @@ class History:
                     next_seq = seq + 1
             strict = next_seq > 1 and (self.reading_archive or next_seq >= self.live_first_seq())
             try:
+                read_live = False
                 for item in self.log.records(next_seq, until_seq, strict=strict):
+                    if read_live and item.seq != next_seq:  # a non-strict read went on after a cut
+                        raise LogCutWhileReadingError(next_seq, item.seq - 1)
+                    read_live = True
                     yield item
                     next_seq = item.seq + 1
                 return
             except LogCutWhileReadingError:
                 if self.live_only or self.archive_dir is None:
                     raise
-                self._refresh()
+                self.refresh()
                 if not any(e.first <= next_seq <= e.last for e, _ in self.segments):
                     raise
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
         """Read the base, the ledger and the segments again (the daemon cut the log)."""
-        assert self.archive_dir is not None
         self.base = self.log.base()
         self.segments, self.gaps = [], []
         self.ledger = sorted(self.log.ledger(), key=lambda e: e.first)
-        present = segment_files(self.archive_dir)
+        present = segment_files(self.archive_dir) if self.archive_dir is not None else []
         self.reading_archive = not self.live_only and self.base is not None and bool(present)
         if self.reading_archive:
             self._join({p.name: p for _f, _l, p in present})

@@ -225,15 +225,21 @@ class Daemon:
     async def records_from(
         self, seq: int, limit: int = 512, wait: float = math.inf
     ) -> list[Record | CorruptRecordError]:
-        """Up to ``limit`` records from ``seq``; when there are none yet, waits for an append,
-        up to ``wait`` seconds (an empty list then: the watcher asks again). A Watch stream
-        with nothing to send waits on the committer, not on a clock: grpclib cancels it when
-        its client goes."""
-        items = list(self.event_log.records(seq, seq + limit - 1))
+        """Up to ``limit`` records from ``seq``, or from the live log's start when ``seq`` is
+        before it (a retention cut took those: docs/adr/0018); when there are none yet, waits
+        for an append, up to ``wait`` seconds (an empty list then: the watcher asks again). A
+        Watch stream with nothing to send waits on the committer, not on a clock: grpclib
+        cancels it when its client goes."""
+
+        def read() -> list[Record | CorruptRecordError]:
+            start = max(seq, self.event_log.first_seq())
+            return list(self.event_log.records(start, start + limit - 1))
+
+        items = read()
         if not items:
             with trio.move_on_after(wait):
                 await self.committer.wait_appended()
-            items = list(self.event_log.records(seq, seq + limit - 1))
+            items = read()
         return items
 
     async def apply_cpu_config(self) -> None:

@@ -9,8 +9,21 @@ from pathlib import Path
 import grpc
 
 from eventsrc.gen.node.v1 import node_pb2 as pb
+from eventsrc.layout import Layout
+from eventsrc.log.store import EventLog
 from tests.conftest import run_cli
+from tests.node.test_history import T0, cut, flaps
 from tests.support.grpcio_stubs import stubs, unix_target
+
+
+def refused_pod(tmp_path: Path) -> Path:
+    """A pod manifest asking for a resource no plugin offers: its admission is refused, and
+    the refusal recorded (AdmissionRejected)."""
+    pod = tmp_path / "p.yaml"
+    pod.write_text(
+        "kind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, resources: {limits: {example.com/x: 1}}}]}\n"
+    )
+    return pod
 
 
 def test_export_is_resumable_jsonl(root: Path, daemon_factory) -> None:  # type: ignore[no-untyped-def]
@@ -47,11 +60,7 @@ def test_watch_streams_history_then_new_records(root: Path, tmp_path: Path, daem
 
     t = threading.Thread(target=watch, daemon=True)
     t.start()
-    pod = tmp_path / "p.yaml"
-    pod.write_text(
-        "kind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, resources: {limits: {example.com/x: 1}}}]}\n"
-    )
-    assert run_cli("admit", "-f", str(pod), root=root).returncode == 1  # refused: recorded
+    assert run_cli("admit", "-f", str(refused_pod(tmp_path)), root=root).returncode == 1  # refused: recorded
     assert done.wait(20)
     channel.close()
     assert got[0].seq == 1 and got[0].type == "DaemonStarted"
@@ -59,3 +68,43 @@ def test_watch_streams_history_then_new_records(root: Path, tmp_path: Path, daem
     rejected = got[-1]
     assert rejected.type == "AdmissionRejected"
     assert "example.com/x" in json.loads(rejected.event_json)["reason"]
+
+
+def test_watch_before_a_trimmed_logs_start_starts_there_and_says_what_it_skipped(
+    root: Path, tmp_path: Path, daemon_factory
+) -> None:  # type: ignore[no-untyped-def]
+    """A node whose retention cut its log at record 1600 (ADR 0018: a Watch asking for a
+    sequence before the base starts at the base). Every distance below the base, the default
+    from_seq 0 included, gets the live log's first record at once, marked with where the
+    skipped records start; then new records as they come."""
+    layout = Layout(root)
+    layout.state.mkdir(parents=True)
+    log = EventLog(layout.log)
+    flaps(log, 2000)
+    log.append([cut(log, layout.archive, 1600)], "trim", T0)
+    log.close()
+    daemon_factory("--log-retention-max-size", "1Gi", "--snapshot-every", "100")
+    with EventLog(layout.log, readonly=True) as reader:
+        assert reader.first_seq() == 1601
+    channel = grpc.insecure_channel(unix_target(root / "eventsrc" / "api.sock"))
+    node = stubs("node/v1/node.proto").NodeStub(channel)
+    try:
+        for from_seq in (1601, 1600, 1599, 1091, 1090, 1089, 1088, 600, 1, 0):
+            call = node.Watch(pb.WatchRequest(from_seq=from_seq), timeout=20)
+            first = next(call)
+            call.cancel()
+            assert (first.seq, first.type) == (1601, "DeviceHealthChanged"), from_seq
+            assert first.skipped_from == (0 if from_seq == 1601 else max(from_seq, 1)), from_seq
+
+        call = node.Watch(pb.WatchRequest(), timeout=30)  # from_seq 0: what follows, new records included
+        with EventLog(layout.log, readonly=True) as reader:
+            last = reader.last_seq()
+        got = [next(call) for _ in range(last - 1600)]
+        assert run_cli("admit", "-f", str(refused_pod(tmp_path)), root=root).returncode == 1  # refused: recorded
+        while got[-1].type != "AdmissionRejected":
+            got.append(next(call))
+        call.cancel()
+    finally:
+        channel.close()
+    assert [e.seq for e in got] == list(range(1601, 1601 + len(got)))
+    assert [e.skipped_from for e in got] == [1] + [0] * (len(got) - 1)

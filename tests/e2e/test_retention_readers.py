@@ -9,6 +9,10 @@ records dev-0 turning unhealthy at 23."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,9 +21,10 @@ import pytest
 
 from eventsrc.layout import Layout
 from eventsrc.log.archive import segment_name
+from eventsrc.log.store import EventLog
 from eventsrc.state.apply import rebuild
 from tests.conftest import run_cli
-from tests.node.test_history import RES, held_then_cut, whole
+from tests.node.test_history import RES, T0, cut, flaps, held_then_cut, whole
 
 
 @pytest.fixture
@@ -173,3 +178,67 @@ def test_backup_names_a_segment_it_could_not_copy(cut_root: Path, tmp_path: Path
     proc = run_cli("backup", str(tmp_path / "backup"), root=cut_root)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and segment_name(1, 10) in proc.stderr
     assert (Layout(tmp_path / "backup").archive / segment_name(11, 20)).is_file()
+
+
+@pytest.mark.parametrize("archive", [True, False], ids=["archive", "no archive"])
+def test_export_follow_behind_a_cut_reads_the_archive_or_stops_at_the_first_record_it_lacks(
+    tmp_path: Path, archive: bool
+) -> None:
+    """A consumer that stalls while the log is cut: ``export --follow`` (stopped by SIGSTOP,
+    as a stalled pipe would stop it) then gets every record from the archive, or, when the
+    cut kept none, stops with one line naming the first record it lacks."""
+    layout = Layout(tmp_path / "root")
+    layout.state.mkdir(parents=True)
+    log = EventLog(layout.log)
+    flaps(log, 30)
+    cmd = [sys.executable, "-m", "eventsrc", "--root-dir", str(layout.root), "export", "--follow"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        seqs = [json.loads(proc.stdout.readline())["seq"] for _ in range(30)]
+        os.kill(proc.pid, signal.SIGSTOP)  # it has read 1..30; it reads nothing more until SIGCONT
+        flaps(log, 20)  # 31..50
+        log.append([cut(log, layout.archive if archive else None, 45)], "trim", T0)  # 51
+        os.kill(proc.pid, signal.SIGCONT)
+        if archive:
+            while seqs[-1] < 51:  # up to the LogTrimmed, whatever came before it
+                seqs.append(json.loads(proc.stdout.readline())["seq"])
+            assert seqs == list(range(1, 52))
+        else:
+            rest, err = proc.communicate(timeout=60)
+            assert proc.returncode == 1 and rest == "", rest
+            assert err == (
+                "eventsrc: error: records 31..45 left the live log before they were read, and the archive lacks "
+                "records 1..45 (cut without an archive): stopped before record 31\n"
+            )
+    finally:
+        proc.kill()
+        proc.wait()
+        log.close()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("audit", "device", RES, "dev-0"),
+        ("audit", "verify"),
+        ("replay", "--check"),
+        ("export",),
+        ("log",),
+        ("state",),
+    ],
+    ids=lambda c: " ".join(c[:2]),
+)
+def test_a_fifo_in_place_of_a_segment_is_refused_not_opened(cut_root: Path, command: tuple[str, ...]) -> None:
+    """A FIFO would block whoever opens it until a writer came: each reader refuses it in
+    one line, as it refuses a directory (a hang fails the test at run_cli's timeout)."""
+    segment = Layout(cut_root).archive / segment_name(1, 10)
+    segment.unlink()
+    os.mkfifo(segment)
+    proc = run_cli(*command, root=cut_root, timeout=20)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    said = proc.stdout if command == ("audit", "verify") else proc.stderr
+    assert f"archive segment {segment_name(1, 10)}" in said and "not a regular file (a FIFO)" in said, said
+    if command != ("audit", "verify"):
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("eventsrc: error: ")]
+        assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr

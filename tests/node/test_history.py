@@ -4,15 +4,19 @@ rebuilt from record 1, and a missing or damaged segment named."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
 import pytest
+import trio
 
 from eventsrc import events as ev
-from eventsrc.errors import EventsrcError
+from eventsrc.errors import EventsrcError, RecordsCutError
 from eventsrc.log import retention as steps
+from eventsrc.log import store
 from eventsrc.log.archive import segment_name
+from eventsrc.log.commit import follow
 from eventsrc.log.history import History
 from eventsrc.log.index import device_prefix, name_prefix, pod_prefix
 from eventsrc.log.store import EventLog
@@ -46,13 +50,19 @@ def held_then_cut(path: Path, archive: Path | None, cuts: tuple[int, ...] = (10,
     for i in range(14):
         add(ev.DeviceHealthChanged(resource=RES, device_id="dev-1", health=("Unhealthy", "Healthy")[i % 2]))
     for seq in cuts:
-        prepared = steps.prepare(log, archive, seq)
-        steps.commit(log, prepared)
-        while steps.delete_some(log, limit=4)[0]:
-            pass
-        add(ev.LogTrimmed(base_seq=seq, records=prepared.entry.records, segment=prepared.entry.file, reason="test"))
+        add(cut(log, archive, seq))
     add(ev.DeviceHealthChanged(resource=RES, device_id="dev-0", health="Unhealthy"))
     return log
+
+
+def cut(log: EventLog, archive: Path | None, seq: int) -> ev.LogTrimmed:
+    """Cut ``log`` at ``seq`` with the daemon's steps (into ``archive``, or dropping the
+    records when it is None); the LogTrimmed to append."""
+    prepared = steps.prepare(log, archive, seq)
+    steps.commit(log, prepared)
+    while steps.delete_some(log, limit=4)[0]:
+        pass
+    return ev.LogTrimmed(base_seq=seq, records=prepared.entry.records, segment=prepared.entry.file, reason="test")
 
 
 def whole(path: Path) -> EventLog:
@@ -224,3 +234,61 @@ def test_a_trim_is_shown_in_words_and_escaped(tmp_path: Path) -> None:
     assert record_json(rec)["event"]["reason"] == "maxSize\x1b[2J"  # JSON stays exact
     unarchived = ev.Record(seq=21, ts_ns=T0, correlation_id="c", version=1, event=ev.LogTrimmed(base_seq=5, records=5))
     assert "records 1..5 left the live log without an archive (not kept); it starts at 6" in record_line(unarchived)
+
+
+def flaps(log: EventLog, n: int) -> None:
+    """Append ``n`` records (dev-1's health flapping), one a transaction."""
+    for i in range(n):
+        health = ("Unhealthy", "Healthy")[i % 2]
+        log.append([ev.DeviceHealthChanged(resource=RES, device_id="dev-1", health=health)], f"f{i}", T0 + i)
+
+
+async def take(tail: AsyncIterator[ev.Record | ev.CorruptRecordError], n: int) -> list[int]:
+    """The sequences of the next ``n`` records a follower yields: a consumer reading ``n``
+    and then stalling (the follower waits at its yield meanwhile)."""
+    return [(await anext(tail)).seq for _ in range(n)]
+
+
+async def test_a_follower_behind_cuts_gets_every_record_in_order_from_the_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store, "READ_CHUNK", 8)  # the live log is read 8 records at a time
+    log, archive = EventLog(tmp_path / "log"), tmp_path / "archive"
+    flaps(log, 30)
+    # poll_interval: a follower that had to wait for records would hang (and fail_after fail)
+    tail = follow(History(log, archive), 1, poll_interval=3600)
+    with trio.fail_after(60):
+        seen = await take(tail, 5)  # 1..8 read, 1..5 consumed: the consumer stalls
+        log.append([cut(log, archive, 20)], "trim", T0)  # 9..20 leave while it holds 6..8
+        seen += await take(tail, 26)  # caught up: 1..31
+        flaps(log, 20)  # 32..51 come and leave before it reads again
+        log.append([cut(log, archive, 40)], "trim", T0)  # 52
+        flaps(log, 5)
+        log.append([cut(log, archive, 55)], "trim", T0)  # 58
+        assert log.first_seq() == 56
+        seen += await take(tail, 58 - 31)
+    await tail.aclose()
+    assert seen == list(range(1, 59))
+    assert len(log.ledger()) == 3
+
+
+@pytest.mark.parametrize("why", ["no archive", "segment missing"])
+async def test_a_follower_behind_a_cut_it_cannot_read_stops_at_the_first_record_it_lacks(
+    tmp_path: Path, why: str
+) -> None:
+    log, archive = EventLog(tmp_path / "log"), tmp_path / "archive"
+    flaps(log, 30)
+    tail = follow(History(log, archive), 1, poll_interval=3600)
+    with trio.fail_after(60):
+        assert await take(tail, 30) == list(range(1, 31))
+        flaps(log, 10)  # 31..40: the follower is behind
+        log.append([cut(log, None if why == "no archive" else archive, 35)], "trim", T0)
+        if why == "segment missing":
+            (archive / segment_name(1, 35)).unlink()
+        with pytest.raises(RecordsCutError) as err:
+            await anext(tail)
+    lacks = "cut without an archive" if why == "no archive" else f"segment {segment_name(1, 35)} is missing"
+    assert str(err.value) == (
+        f"records 31..35 left the live log before they were read, and the archive lacks records 1..35 ({lacks}): "
+        "stopped before record 31"
+    )

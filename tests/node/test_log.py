@@ -16,6 +16,7 @@ from eventsrc import events as ev
 from eventsrc.errors import AlreadyRunningError, ConcurrencyConflictError, EventsrcError, NoLogError
 from eventsrc.events import CorruptRecordError
 from eventsrc.log.commit import GroupCommitter, follow
+from eventsrc.log.history import History
 from eventsrc.log.store import DirLock, EventLog, PendingAppend
 from eventsrc.log.verify import verify
 from tests.support.eventually import eventually_trio
@@ -353,7 +354,7 @@ async def test_follow_wakes_on_new_appends(tmp_path: Path) -> None:
     seen: list[int] = []
 
     async def tail() -> None:
-        async for item in follow(log, 1, committer, poll_interval=30):
+        async for item in follow(History(log, None), 1, committer, poll_interval=30):
             seen.append(item.seq)
             if len(seen) == 3:
                 return
@@ -377,7 +378,7 @@ async def test_follow_polls_a_log_written_by_another_process(tmp_path: Path) -> 
     seen: list[int] = []
 
     async def tail() -> None:
-        async for item in follow(reader, 1, poll_interval=0.02):
+        async for item in follow(History(reader, None), 1, poll_interval=0.02):
             seen.append(item.seq)
 
     with trio.fail_after(30):

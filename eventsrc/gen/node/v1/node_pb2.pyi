@@ -13,7 +13,7 @@ class WatchRequest(_message.Message):
     def __init__(self, from_seq: _Optional[int] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
-    __slots__ = ("seq", "ts_ns", "correlation_id", "type", "version", "event_json", "corrupt", "reason")
+    __slots__ = ("seq", "ts_ns", "correlation_id", "type", "version", "event_json", "corrupt", "reason", "skipped_from")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TS_NS_FIELD_NUMBER: _ClassVar[int]
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class WatchEvent(_message.Message):
     EVENT_JSON_FIELD_NUMBER: _ClassVar[int]
     CORRUPT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FROM_FIELD_NUMBER: _ClassVar[int]
     seq: int
     ts_ns: int
     correlation_id: str
@@ -30,7 +31,8 @@ class WatchEvent(_message.Message):
     event_json: str
     corrupt: bool
     reason: str
-    def __init__(self, seq: _Optional[int] = ..., ts_ns: _Optional[int] = ..., correlation_id: _Optional[str] = ..., type: _Optional[str] = ..., version: _Optional[int] = ..., event_json: _Optional[str] = ..., corrupt: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    skipped_from: int
+    def __init__(self, seq: _Optional[int] = ..., ts_ns: _Optional[int] = ..., correlation_id: _Optional[str] = ..., type: _Optional[str] = ..., version: _Optional[int] = ..., event_json: _Optional[str] = ..., corrupt: _Optional[bool] = ..., reason: _Optional[str] = ..., skipped_from: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ("loop_holds_since_ns",)
