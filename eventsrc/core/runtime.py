@@ -246,6 +246,7 @@ def reconcile(views: Views, sandboxes: list[SandboxFacts], containers: list[Cont
         if sid not in rt.sandboxes:
             events.append(ev.PodSandboxStarted(sandbox_id=sid, pod=pod_ref(found)))
     unadmitted = []
+    started: list[ev._Event] = []  # after every stop: a device an init container handed on is not in two
     for cid, now in sorted(have_containers.items()):
         sandbox = have_sandboxes.get(now.sandbox_id)
         known = rt.containers.get(cid)
@@ -255,12 +256,14 @@ def reconcile(views: Views, sandboxes: list[SandboxFacts], containers: list[Cont
             if now.state != "stopped":
                 events.append(created_event(now, sandbox.uid, adjusted=False))
         else:
+            mine = events
             if now.state == "running" and known.state == "created":
-                events.append(ev.ContainerStarted(container_id=cid, pod_uid=known.pod_uid))
+                mine = started
+                mine.append(ev.ContainerStarted(container_id=cid, pod_uid=known.pod_uid))
             elif now.state == "stopped" and known.state != "stopped":
                 events.append(ev.ContainerStopped(container_id=cid, pod_uid=known.pod_uid))
             if (now.cpus, now.mems) != (known.cpus, known.mems):
-                events.append(
+                mine.append(
                     ev.ContainerCPUsUpdated(
                         container_id=cid,
                         pod_uid=known.pod_uid,
@@ -272,7 +275,7 @@ def reconcile(views: Views, sandboxes: list[SandboxFacts], containers: list[Cont
         pod = views.pods.pods.get(sandbox.uid)
         if now.state != "stopped" and (pod is None or pod.state != ADMITTED):
             unadmitted.append((sandbox, now))
-    return Reconciled(events=events, unadmitted=unadmitted)
+    return Reconciled(events=events + started, unadmitted=unadmitted)
 
 
 def vanished(views: Views, listed: Iterable[str], present: set[str]) -> list[ev.PodSandboxRemoved]:
@@ -290,8 +293,10 @@ def vanished(views: Views, listed: Iterable[str], present: set[str]) -> list[ev.
 
 def not_its_pod(pod: PodView, namespace: str, name: str) -> str:
     """Why a sandbox named ``namespace/name`` is not ``pod``, whose uid it carries ("" when it
-    is). The uid alone is not a pod's identity: whoever makes sandboxes through CRI chooses it."""
-    if (pod.namespace, pod.name) == (namespace, name):
+    is). The uid alone is not a pod's identity: whoever makes sandboxes through CRI chooses it.
+    A pod recorded with no namespace and name (moved from the kubelet's checkpoints, which
+    keep none: ``eventsrc import-kubelet``) is known by its uid alone."""
+    if (pod.namespace, pod.name) in ((namespace, name), ("", "")):
         return ""
     return f"its uid {pod.uid} is pod {pod.namespace}/{pod.name}'s, not {namespace}/{name}'s"
 

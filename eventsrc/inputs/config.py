@@ -261,7 +261,7 @@ class Configuration(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     # Namespaces whose pods may ask for devices with the eventsrc.dev/resources annotation
     # (enforce mode); elsewhere the annotation fails the container: a pod's author writes it
     # (docs/security.md).
-    nri_annotation_namespaces: list[Annotated[str, msgspec.Meta(min_length=1, max_length=253)]] = []
+    nri_annotation_namespaces: list[Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]] = []
     # The runtime's CRI socket (the kubelet's name): the sandboxes a runtime recovered at its
     # start are removed without an NRI event, and only its listing shows them gone. "" takes
     # the kubelet's default for the runtime NRI names (containerd, CRI-O).

@@ -260,6 +260,10 @@ async def follow(
         try:
             for item in history.records(next_seq):
                 if started and item.seq != next_seq and not _passed_over(told, next_seq, item.seq - 1):
+                    history.refresh()  # a cut between the look at the live log's start and the read
+                    if history.covers(next_seq):
+                        progressed = True  # read them from the new segment, at once
+                        break
                     raise RecordsCutError(next_seq, item.seq - 1, history.unreadable(next_seq))
                 started = progressed = True
                 next_seq = item.seq + 1

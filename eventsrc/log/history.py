@@ -154,6 +154,10 @@ class History:
             return f"{head}; {before} are not read: no archive segments in {self.archive_dir}"
         return f"{head}; {before} are read from {n} archive segment{'s' if n != 1 else ''}"
 
+    def covers(self, seq: int) -> bool:
+        """Whether record ``seq`` is in an archive segment read here."""
+        return any(e.first <= seq <= e.last for e, _ in self.segments)
+
     def unreadable(self, seq: int) -> str:
         """Why record ``seq``, before the live log's start, cannot be read here."""
         if self.live_only:
@@ -227,7 +231,7 @@ class History:
                 if self.live_only or self.archive_dir is None:
                     raise
                 self.refresh()
-                if not any(e.first <= next_seq <= e.last for e, _ in self.segments):
+                if not self.covers(next_seq):
                     raise
 
     def refresh(self) -> None:

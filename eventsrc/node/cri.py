@@ -37,17 +37,21 @@ def socket_path(endpoint: str, runtime_name: str) -> str:
 
 
 class SandboxLister:
-    """A CRI client to one runtime socket, connected on first use."""
+    """A CRI client to one runtime socket, connected on first use. Its listing is trusted only
+    once the socket's runtime says it is the one NRI named (``Version``): the listing of
+    another runtime lacks every sandbox, and would read as all of them removed."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, runtime_name: str, runtime_version: str) -> None:
         self.path = path
+        self.runtime = (runtime_name, runtime_version)
         self._channel: Channel | None = None
         self._stub: cri_grpc.RuntimeServiceStub | None = None
+        self._checked = False
 
     async def sandbox_ids(self) -> set[str]:
         """The ids of every sandbox the runtime has (ready or not). Raises ListingFailed."""
         if not self.path:
-            raise ListingFailed("the runtime has no known CRI socket")
+            raise ListingFailed(f"no CRI socket is known for runtime {self.runtime[0]!r}")
         reason = endpoint_socket_error(self.path)
         if reason:
             raise ListingFailed(reason)
@@ -55,6 +59,15 @@ class SandboxLister:
             self._channel = unix_channel(self.path)
             self._stub = cri_grpc.RuntimeServiceStub(self._channel)
         try:
+            if not self._checked:
+                version = await to_aio(self._stub.Version)(cri.VersionRequest(), timeout=LIST_TIMEOUT)
+                said = (version.runtime_name, version.runtime_version)
+                if not same_runtime(said, self.runtime):
+                    raise ListingFailed(
+                        f"{self.path} answers as runtime {' '.join(said)!r}, not {' '.join(self.runtime)!r} "
+                        "as NRI says: another runtime's listing is not this one's"
+                    )
+                self._checked = True
             answer = await to_aio(self._stub.ListPodSandbox)(cri.ListPodSandboxRequest(), timeout=LIST_TIMEOUT)
         except CALL_ERRORS as exc:
             self.close()
@@ -64,4 +77,10 @@ class SandboxLister:
     def close(self) -> None:
         if self._channel is not None:
             self._channel.close()
-        self._channel, self._stub = None, None
+        self._channel, self._stub, self._checked = None, None, False
+
+
+def same_runtime(a: tuple[str, str], b: tuple[str, str]) -> bool:
+    """Two (name, version) pairs name one runtime: the name alike in case, the version alike
+    but for a leading "v"."""
+    return a[0].lower() == b[0].lower() and a[1].removeprefix("v") == b[1].removeprefix("v")

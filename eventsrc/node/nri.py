@@ -393,10 +393,10 @@ class NRIPlugin:
             ]
         )
         self.registrations += 1
-        if self._lister is None or self._lister.path != socket_path(self.options.runtime_endpoint, req.runtime_name):
-            if self._lister is not None:
-                self._lister.close()
-            self._lister = SandboxLister(socket_path(self.options.runtime_endpoint, req.runtime_name))
+        if self._lister is not None:
+            self._lister.close()
+        path = socket_path(self.options.runtime_endpoint, req.runtime_name)
+        self._lister = SandboxLister(path, req.runtime_name, req.runtime_version)
         log.info("configured by the runtime", runtime=f"{req.runtime_name} {req.runtime_version}")
         mask = event_mask(_ENFORCE_EVENTS if self.enforce else _OBSERVE_EVENTS)
         return nri.ConfigureResponse(events=mask).SerializeToString()
@@ -668,10 +668,11 @@ class NRIPlugin:
             self._listing_trouble = ""
             log.info("listing the runtime's sandboxes again", endpoint=self._lister.path)
         gone = vanished(self.recorder.views, self._listed, present)
+        if gone and await record_or_log(self.recorder, gone, "sandboxes gone from the runtime's listing") is None:
+            return  # looked at again at the next check
         self._listed &= present
         if not gone:
             return
-        await self.recorder.record(gone)
         log.info("pod sandboxes gone from the runtime's listing", sandboxes=[e.sandbox_id for e in gone])
         if self.enforce and self._nursery is not None:
             self._nursery.start_soon(self._settle)

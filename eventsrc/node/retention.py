@@ -110,8 +110,9 @@ class Retainer:
             self._due.set()
 
     def _cut_planned(self) -> None:
-        """A cut is planned: appends a quarter piece past this point wait for it."""
-        if self.policy.max_size and not self._behind_since:
+        """A cut is planned: appends a quarter piece past this point wait for it (not when an
+        earlier cut of this attempt was late: appends do not wait again until it ends)."""
+        if self.policy.max_size and not self._behind_since and not self._late:
             self._behind_since = self.event_log.last_seq()
             self._caught_up = trio.Event()
 

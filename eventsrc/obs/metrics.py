@@ -41,6 +41,7 @@ from eventsrc.core.retention import CutHealth
 from eventsrc.errors import EventsrcError
 from eventsrc.events import Record
 from eventsrc.obs.logger import get_logger
+from eventsrc.obs.text import escape
 
 log = get_logger("eventsrc.obs.metrics")
 
@@ -480,7 +481,8 @@ class HealthApp:
             if reason:
                 return (500 if path == "/healthz" else 503), f"{reason}\n".encode(), "text/plain; charset=utf-8"
             warning = self.warn() if path == "/healthz" else ""
-            return 200, f"ok\nwarning: {warning}\n".encode() if warning else b"ok", "text/plain; charset=utf-8"
+            body = f"ok\nwarning: {escape(warning)}\n".encode() if warning else b"ok"  # one line
+            return 200, body, "text/plain; charset=utf-8"
         return 404, b"404 page not found\n", "text/plain; charset=utf-8"
 
     async def __call__(

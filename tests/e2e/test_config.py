@@ -175,6 +175,10 @@ def test_the_nri_namespaces_and_runtime_endpoint_flags(root: Path, tmp_path: Pat
     assert got["nriAnnotationNamespaces"] == ["team-a", "team-b"]
     assert got["containerRuntimeEndpoint"] == "unix:///run/x.sock"
     assert printed()["nriAnnotationNamespaces"] == [] and printed()["containerRuntimeEndpoint"] == ""
+    one_clean_error(
+        run_cli("config", "print", "--nri-annotation-namespaces", "team-a,Team_B", root=root),
+        "--nri-annotation-namespaces",
+    )
     for bad in ("tcp://10.0.0.1:1234", "run/x.sock"):
         one_clean_error(
             run_cli("config", "print", "--container-runtime-endpoint", bad, root=root),

@@ -342,3 +342,51 @@ def test_a_device_in_two_running_containers_is_flagged_and_one_handed_on_from_a_
         ev.ContainerStarted(container_id="k1"),
     )
     assert devices_shared(handed_on, "k1") == []
+
+
+def test_synchronize_records_every_stop_before_any_start() -> None:
+    """The app container (id "a") started while eventsrc was away, after its init container
+    (id "z") stopped and handed its device on: the stop is recorded first, so no record shows
+    the device in two running containers."""
+
+    def created(cid: str, name: str) -> ev.ContainerCreated:
+        return ev.ContainerCreated(
+            container_id=cid, sandbox_id="s1", pod_uid="u1", name=name, device_ids={DEV: ["dev-1"]}, adjusted=True
+        )
+
+    base = [
+        ev.PodSandboxStarted(sandbox_id="s1", pod=ev.PodRef(uid="u1")),
+        created("z", "init"),
+        ev.ContainerStarted(container_id="z"),
+        created("a", "app"),
+    ]
+    running = [
+        facts("a", sandbox="s1", name="app", state="running"),
+        facts("z", sandbox="s1", name="init", state="stopped"),
+    ]
+    found = reconcile(views_of(*base), [SandboxFacts(id="s1", uid="u1")], running)
+    assert [type(e).__name__ for e in found.events] == ["ContainerStopped", "ContainerStarted"]
+    assert devices_shared(views_of(*base, *found.events), "a") == []
+
+
+def test_a_pod_moved_from_the_kubelet_has_no_name_and_is_known_by_its_uid() -> None:
+    """``import-kubelet`` records pods without namespace or name (no checkpoint keeps them):
+    any sandbox of their uid is theirs, and its removal owes their release."""
+    imported = [ev.PodAdmitted(pod=ev.PodRef(uid="u1"), containers=[ev.ContainerSpec(name="app")])]
+    assert not_its_pod(views_of(*imported).pods.pods["u1"], "default", "web") == ""
+    sandbox = ev.PodSandboxStarted(sandbox_id="s1", pod=ev.PodRef(uid="u1", namespace="default", name="web"))
+    assert owed_releases(views_of(*imported, sandbox, ev.PodSandboxRemoved(sandbox_id="s1", pod_uid="u1"))) == ["u1"]
+
+
+def test_a_cri_listing_is_the_nri_runtimes_only_when_name_and_version_agree() -> None:
+    from eventsrc.node.cri import same_runtime, socket_path
+
+    assert same_runtime(("containerd", "v2.1.9"), ("containerd", "2.1.9"))
+    assert same_runtime(("CRI-O", "1.31.0"), ("cri-o", "1.31.0"))
+    assert not same_runtime(("containerd", "v1.7.24"), ("containerd", "2.1.9"))  # another containerd
+    assert not same_runtime(("cri-o", "1.31.0"), ("containerd", "1.31.0"))
+    assert socket_path("", "containerd") == "/run/containerd/containerd.sock"
+    assert (
+        socket_path("unix:///run/k3s/containerd/containerd.sock", "containerd") == "/run/k3s/containerd/containerd.sock"
+    )
+    assert socket_path("", "some-runtime") == ""
