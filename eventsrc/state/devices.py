@@ -49,8 +49,10 @@ NumaSet = tuple[int, ...]
 
 @functools.lru_cache(maxsize=1 << 16)
 def natural_key(device_id: str) -> tuple[object, ...]:
-    """``dev-2`` before ``dev-10``."""
-    return tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(device_id))
+    """``dev-2`` before ``dev-10``. The split alternates text and digits (odd places), so
+    each place holds one type; ``str.isdigit`` is no test of a place (it holds for "¹",
+    which ``int`` refuses)."""
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(_DIGITS.split(device_id)))
 
 
 def device_order(device_id: str) -> tuple[tuple[object, ...], str]:

@@ -383,3 +383,13 @@ def test_every_numa_set_is_visited_once_per_take() -> None:
     assert isinstance(got, PodPlan)
     assert got.steps[0].device_ids == ["d0"]
     assert seen == ["d0"]
+
+
+def test_device_ids_in_natural_order_whatever_their_characters() -> None:
+    """A plugin names its devices: "¹" is a digit to ``str.isdigit`` and not to ``int``, and
+    digits of other scripts are digits (found by test_fuzz_device_lists)."""
+    ids = ["dev-10", "¹", "dev-2", "dev-¹0", "٣", "dev-٢", "x"]
+    ordered = sorted(ids, key=natural_key)
+    assert ordered.index("dev-2") < ordered.index("dev-10")
+    assert ordered.index("dev-٢") < ordered.index("dev-10")
+    assert natural_key("¹") == ("¹",) and natural_key("dev-2") == ("dev-", 2, "")
