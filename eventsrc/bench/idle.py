@@ -50,9 +50,11 @@ def run_idle_bench(*, seconds: float, rounds: int) -> None:
     out = sys.stdout
     tmp = Path(tempfile.mkdtemp(prefix="esi-", dir="/tmp"))
     root, log = tmp / "r", tmp / "daemon.log"
-    with open(log, "wb") as f:
-        daemon = start_daemon(root, f)
-    try:
+    started: list[subprocess.Popen[bytes]] = []
+    try:  # from the start: a SIGTERM as soon as the daemon is forked stops it too
+        with open(log, "wb") as f:
+            started.append(start_daemon(root, f))
+        daemon = started[0]
         _wait_ready(root, daemon, log)
         out.write(
             f"eventsrc bench idle: {os.cpu_count()} cpus, Python {sys.version.split()[0]}; a daemon with no plugin, "
@@ -75,5 +77,5 @@ def run_idle_bench(*, seconds: float, rounds: int) -> None:
         )
         out.write(f"  wakeups of its trio thread          {statistics.median(wakeups):8.2f} /s\n")
     finally:
-        stop([daemon])
+        stop(started)
         shutil.rmtree(tmp, ignore_errors=True)
