@@ -27,7 +27,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 pytest: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto
 
 schemas: $(STAMP)
 	$(PY) -m eventsrc.codegen.schema --write

@@ -2,7 +2,7 @@
 acknowledged admission or removal is lost, the chain stays whole across archive and live
 log, and every interrupted cut is undone or finished by the next start (docs/adr/0018).
 
-Kills: EVENTSRC_RETENTION_KILLS (default 30).
+Kills: EVENTSRC_RETENTION_KILLS (default 15; CI runs 30).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from eventsrc.log.store import EventLog
 from tests.conftest import Daemon, env_rounds, run_cli
 from tests.support.node_client import NodeClient
 
-KILLS = env_rounds("EVENTSRC_RETENTION_KILLS", 30)
+KILLS = env_rounds("EVENTSRC_RETENTION_KILLS", 15)
 RESOURCE = "example.com/dev"
 SERVE = ("--snapshot-every", "20", "--log-retention-max-size", "40Ki", "--plugin-grace", "600")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 + 20 * KILLS)]
