@@ -478,6 +478,136 @@ class ContainerCPUsUpdated(_Event, frozen=True):
     reason: str = ""
 
 
+# --------------------------------------------------------------------------- observed beside a kubelet
+# Facts eventsrc did not decide: what the kubelet on the node said it decided (PodResources,
+# its checkpoint files), recorded as observed (``serve --beside-kubelet``, docs/kubelet-node.md).
+# A pod is named as the kubelet names it (namespace and name); its uid is filled in when the
+# runtime (NRI) or a checkpoint file says it, and is "" until then.
+
+
+class ObservedMemory(Struct, frozen=True, kw_only=True, gc=False):
+    memory_type: str  # "memory", "hugepages-2Mi", ...
+    size: int  # bytes
+    numa_nodes: list[int] = []
+
+
+class ObservedClaimDevice(Struct, frozen=True, kw_only=True, gc=False):
+    driver: str
+    pool: str = ""
+    device: str = ""
+    cdi_devices: list[str] = []
+    share_id: str = ""
+
+
+class KubeletPodObserved(_Event, frozen=True):
+    """The kubelet lists the pod (first seen, or its uid learned since)."""
+
+    pod: PodRef
+    source: str = ""  # "List", "Get", a checkpoint file's name
+
+
+class KubeletPodReleased(_Event, frozen=True):
+    """The pod is known gone, and whatever it held with it (its per-resource releases come first)."""
+
+    pod: PodRef
+    reason: str = ""
+
+
+class KubeletDevicesObserved(_Event, frozen=True):
+    """The kubelet gave the container these devices (only the ones it did not hold before)."""
+
+    pod: PodRef
+    container: str
+    resource: str
+    device_ids: list[str]
+    numa_nodes: list[int] = []
+
+
+class KubeletDevicesReleased(_Event, frozen=True):
+    pod: PodRef
+    container: str
+    resource: str
+    device_ids: list[str]
+    reason: str = ""
+
+
+class KubeletCPUsObserved(_Event, frozen=True):
+    """The container's exclusive CPUs, as the kubelet lists them now (the whole set)."""
+
+    pod: PodRef
+    container: str
+    cpus: list[int]
+
+
+class KubeletCPUsReleased(_Event, frozen=True):
+    pod: PodRef
+    container: str
+    cpus: list[int]
+    reason: str = ""
+
+
+class KubeletMemoryObserved(_Event, frozen=True):
+    """The container's memory blocks as the kubelet's memory manager lists them (the whole set;
+    empty once it lists none)."""
+
+    pod: PodRef
+    container: str
+    memory: list[ObservedMemory] = []
+
+
+class KubeletClaimObserved(_Event, frozen=True):
+    """The container uses the DRA claim with these devices, as the kubelet lists it."""
+
+    pod: PodRef
+    container: str
+    claim: ClaimRef
+    devices: list[ObservedClaimDevice] = []
+
+
+class KubeletClaimReleased(_Event, frozen=True):
+    pod: PodRef
+    container: str
+    claim: ClaimRef
+    devices: list[ObservedClaimDevice] = []
+    reason: str = ""
+
+
+class KubeletAllocatableChanged(_Event, frozen=True):
+    """What ``GetAllocatableResources`` lists changed: devices appeared (``added``) or left
+    (``removed``: unhealthy, or gone from their plugin), CPUs likewise."""
+
+    added: dict[str, list[DeviceInfo]] = {}  # resource -> devices it lists now and did not before
+    removed: dict[str, list[str]] = {}  # resource -> device ids it no longer lists
+    cpus_added: list[int] = []
+    cpus_removed: list[int] = []
+
+
+class KubeletSharedPoolObserved(_Event, frozen=True):
+    """The CPU manager's shared pool, from its checkpoint file (PodResources does not list it)."""
+
+    cpus: list[int]
+    policy: str = ""
+    source: str = ""
+
+
+class KubeletCheckpointReadFailed(_Event, frozen=True):
+    """A kubelet checkpoint file that could not be read or verified; nothing was taken from it."""
+
+    path: str
+    reason: str
+
+
+class ObservationGapFound(_Event, frozen=True):
+    """A time eventsrc could not see something it records: ``source`` is "kubelet",
+    "runtime" or "eventsrc" (itself not running). ``until_ns`` 0: the gap is still open (a
+    later record with the same ``source`` and ``since_ns`` closes it)."""
+
+    source: str
+    since_ns: int
+    until_ns: int = 0
+    reason: str = ""
+
+
 # --------------------------------------------------------------------------- the union
 
 Event = (
@@ -523,6 +653,19 @@ Event = (
     | ContainerStopped
     | ContainerRemoved
     | ContainerCPUsUpdated
+    | KubeletPodObserved
+    | KubeletPodReleased
+    | KubeletDevicesObserved
+    | KubeletDevicesReleased
+    | KubeletCPUsObserved
+    | KubeletCPUsReleased
+    | KubeletMemoryObserved
+    | KubeletClaimObserved
+    | KubeletClaimReleased
+    | KubeletAllocatableChanged
+    | KubeletSharedPoolObserved
+    | KubeletCheckpointReadFailed
+    | ObservationGapFound
 )
 
 EVENT_TYPES: Final[dict[str, type[_Event]]] = {t.__name__: t for t in _Event.__subclasses__()}

@@ -82,7 +82,44 @@ def keys_for(e: ev._Event) -> list[bytes]:
         return [pod_prefix(e.pod_uid), *devices]
     if isinstance(e, _RUNTIME_POD_EVENTS) and e.pod_uid:  # "": the runtime did not say (never in practice)
         return [pod_prefix(e.pod_uid)]
+    if isinstance(e, _OBSERVED_POD_EVENTS):
+        return [*_observed_pod(e.pod), *_observed_devices(e)]
+    if isinstance(e, ev.KubeletAllocatableChanged):
+        added = [device_prefix(r, d.id) for r, devices in sorted(e.added.items()) for d in devices]
+        return added + [device_prefix(r, i) for r, ids in sorted(e.removed.items()) for i in ids]
     return []
+
+
+def claim_device_id(d: ev.ObservedClaimDevice) -> str:
+    """A DRA device as ``audit device`` names it: the driver is the resource, ``pool/device`` the id."""
+    return f"{d.pool}/{d.device}"
+
+
+def _observed_pod(pod: ev.PodRef) -> list[bytes]:
+    """An observed pod is found by its name, and by its uid once known."""
+    named = [name_prefix(pod.namespace, pod.name)]
+    return [pod_prefix(pod.uid), *named] if pod.uid else named
+
+
+def _observed_devices(e: ev._Event) -> list[bytes]:
+    if isinstance(e, (ev.KubeletDevicesObserved, ev.KubeletDevicesReleased)):
+        return [device_prefix(e.resource, i) for i in dict.fromkeys(e.device_ids)]
+    if isinstance(e, (ev.KubeletClaimObserved, ev.KubeletClaimReleased)):
+        return list(dict.fromkeys(device_prefix(d.driver, claim_device_id(d)) for d in e.devices))
+    return []
+
+
+_OBSERVED_POD_EVENTS = (
+    ev.KubeletPodObserved,
+    ev.KubeletPodReleased,
+    ev.KubeletDevicesObserved,
+    ev.KubeletDevicesReleased,
+    ev.KubeletCPUsObserved,
+    ev.KubeletCPUsReleased,
+    ev.KubeletMemoryObserved,
+    ev.KubeletClaimObserved,
+    ev.KubeletClaimReleased,
+)
 
 
 _RUNTIME_POD_EVENTS = (

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from eventsrc import events as ev
 from eventsrc.events import CorruptRecordError, Record, ignorable
-from eventsrc.state import claims, cpus, devices, pods, runtime
+from eventsrc.state import claims, cpus, devices, kubelet, pods, runtime
 from eventsrc.state.lifecycles import Step
 from eventsrc.state.types import Handlers, Reducer
 from eventsrc.state.views import Views
@@ -61,7 +61,7 @@ _META: Handlers = {
 }
 
 HANDLERS: dict[type, tuple[Reducer, ...]] = _combine(
-    _META, devices.HANDLERS, pods.HANDLERS, cpus.HANDLERS, claims.HANDLERS, runtime.HANDLERS
+    _META, devices.HANDLERS, pods.HANDLERS, cpus.HANDLERS, claims.HANDLERS, runtime.HANDLERS, kubelet.HANDLERS
 )
 
 

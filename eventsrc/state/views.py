@@ -22,7 +22,15 @@ from typing import Any, Protocol, TypeVar
 
 from msgspec import Struct, field
 
-from eventsrc.events import ContainerAllocation, DeviceSpec, Mount, PluginOptions, PreparedDevice
+from eventsrc.events import (
+    ContainerAllocation,
+    DeviceSpec,
+    Mount,
+    ObservedClaimDevice,
+    ObservedMemory,
+    PluginOptions,
+    PreparedDevice,
+)
 from eventsrc.state.lifecycles import ADMITTED, NOT_HELD, REFERENCED, ClaimState, Hold, PodState
 
 
@@ -288,6 +296,41 @@ class RuntimeView(Struct, kw_only=True):
     gone: dict[str, int] = field(default_factory=dict)
 
 
+class ObservedContainerView(Struct, kw_only=True, gc=False):
+    """What the kubelet says one container holds (``serve --beside-kubelet``)."""
+
+    # resource -> device ids, in the order first seen
+    devices: dict[str, list[str]] = field(default_factory=dict)
+    cpus: list[int] = []
+    memory: list[ObservedMemory] = []
+    # "namespace/name" of the claim -> its devices
+    claims: dict[str, list[ObservedClaimDevice]] = field(default_factory=dict)
+
+
+class ObservedPodView(Struct, kw_only=True, gc=False):
+    uid: str = ""
+    namespace: str = ""
+    name: str = ""
+    since_seq: int = 0
+    containers: dict[str, ObservedContainerView] = field(default_factory=dict)
+
+
+class KubeletView(Struct, kw_only=True):
+    """The kubelet's decisions as eventsrc last observed them (facts, not eventsrc's own)."""
+
+    # "namespace/name" -> pod (the kubelet's PodResources names pods so)
+    pods: dict[str, ObservedPodView] = field(default_factory=dict)
+    # resource -> device id -> NUMA nodes, as GetAllocatableResources lists them
+    allocatable: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    allocatable_cpus: list[int] = []
+    # the CPU manager's shared pool, from its checkpoint file
+    shared: list[int] = []
+    # checkpoint path -> why it could not be read, until it is read again
+    unreadable: dict[str, str] = field(default_factory=dict)
+    # source -> since_ns of the gap that is still open
+    gaps: dict[str, int] = field(default_factory=dict)
+
+
 class MetaView(Struct, kw_only=True):
     last_seq: int = 0
     boot_id: str = ""
@@ -311,3 +354,4 @@ class Views(Struct, kw_only=True):
     cpus: CPUsView = field(default_factory=CPUsView)
     claims: ClaimsView = field(default_factory=ClaimsView)
     runtime: RuntimeView = field(default_factory=RuntimeView)
+    kubelet: KubeletView = field(default_factory=KubeletView)

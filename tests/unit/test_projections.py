@@ -33,6 +33,12 @@ text = st.sampled_from(["", "why", "because"])
 sandboxes = st.sampled_from(["s1", "s2"])
 container_ids = st.sampled_from(["k1", "k2", "k3"])
 pod_refs = st.builds(ev.PodRef, uid=pods, namespace=st.just("default"), name=st.sampled_from(["web", "job"]))
+# observed pods: the uid known or not yet
+observed_pods = st.builds(ev.PodRef, uid=st.sampled_from(["", "p1"]), namespace=st.just("default"), name=st.just("web"))
+claim_devices = st.lists(
+    st.builds(ev.ObservedClaimDevice, driver=drivers, pool=st.just("pool"), device=st.sampled_from(["g0", "g1"])),
+    max_size=2,
+)
 container_specs = st.builds(
     ev.ContainerSpec,
     name=containers,
@@ -162,6 +168,55 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
     ev.ContainerStopped: st.builds(ev.ContainerStopped, container_id=container_ids, exit_code=st.integers(-1, 2)),
     ev.ContainerRemoved: st.builds(ev.ContainerRemoved, container_id=container_ids),
     ev.ContainerCPUsUpdated: st.builds(ev.ContainerCPUsUpdated, container_id=container_ids, cpus=cpus),
+    ev.KubeletPodObserved: st.builds(ev.KubeletPodObserved, pod=observed_pods, source=text),
+    ev.KubeletPodReleased: st.builds(ev.KubeletPodReleased, pod=observed_pods, reason=text),
+    ev.KubeletDevicesObserved: st.builds(
+        ev.KubeletDevicesObserved,
+        pod=observed_pods,
+        container=containers,
+        resource=resources,
+        device_ids=device_ids,
+        numa_nodes=numa,
+    ),
+    ev.KubeletDevicesReleased: st.builds(
+        ev.KubeletDevicesReleased, pod=observed_pods, container=containers, resource=resources, device_ids=device_ids
+    ),
+    ev.KubeletCPUsObserved: st.builds(ev.KubeletCPUsObserved, pod=observed_pods, container=containers, cpus=cpus),
+    ev.KubeletCPUsReleased: st.builds(ev.KubeletCPUsReleased, pod=observed_pods, container=containers, cpus=cpus),
+    ev.KubeletMemoryObserved: st.builds(
+        ev.KubeletMemoryObserved,
+        pod=observed_pods,
+        container=containers,
+        memory=st.lists(
+            st.builds(ev.ObservedMemory, memory_type=st.just("memory"), size=st.integers(0, 9), numa_nodes=numa),
+            max_size=2,
+        ),
+    ),
+    ev.KubeletClaimObserved: st.builds(
+        ev.KubeletClaimObserved, pod=observed_pods, container=containers, claim=claim_refs, devices=claim_devices
+    ),
+    ev.KubeletClaimReleased: st.builds(
+        ev.KubeletClaimReleased, pod=observed_pods, container=containers, claim=claim_refs, devices=claim_devices
+    ),
+    ev.KubeletAllocatableChanged: st.builds(
+        ev.KubeletAllocatableChanged,
+        added=st.dictionaries(
+            resources,
+            st.lists(st.builds(ev.DeviceInfo, id=st.sampled_from(["d0", "d1"]), health=health, numa_nodes=numa)),
+            max_size=2,
+        ),
+        removed=st.dictionaries(resources, device_ids, max_size=2),
+        cpus_added=cpus,
+        cpus_removed=cpus,
+    ),
+    ev.KubeletSharedPoolObserved: st.builds(ev.KubeletSharedPoolObserved, cpus=cpus, source=text),
+    ev.KubeletCheckpointReadFailed: st.builds(ev.KubeletCheckpointReadFailed, path=text, reason=text),
+    ev.ObservationGapFound: st.builds(
+        ev.ObservationGapFound,
+        source=st.sampled_from(["kubelet", "runtime"]),
+        since_ns=st.sampled_from([1, 2]),
+        until_ns=st.sampled_from([0, 3]),
+    ),
 }
 events = st.one_of(*STRATEGIES.values())
 
