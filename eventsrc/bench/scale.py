@@ -82,8 +82,8 @@ from eventsrc.gen.node.v1 import node_pb2 as pb
 from eventsrc.gen.node.v1.node_grpc import NodeStub
 from eventsrc.gen.podresources.v1 import api_pb2 as pr
 from eventsrc.gen.podresources.v1.api_grpc import PodResourcesListerStub
+from eventsrc.inputs.kubelet_checkpoints import DeviceCheckpoint, PodDevicesEntry, device_checksum_text, fnv32a
 from eventsrc.node.heap import LARGE_BYTES, QUIET_SECONDS
-from eventsrc.offline.kubelet_import import DeviceCheckpoint, PodDevicesEntry, device_checksum_text, fnv32a
 
 SIZES = (10, 100, 1_000, 10_000)
 PROBE_PERIOD = 0.010

@@ -15,7 +15,7 @@ from eventsrc.layout import Layout
 
 if TYPE_CHECKING:
     from eventsrc import events as ev
-    from eventsrc.offline import kubelet_import as ki
+    from eventsrc.inputs import kubelet_checkpoints as ki
 
 
 def add_parser(sub: Subparsers, parents: Parents) -> None:
@@ -47,7 +47,7 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
 def import_kubelet(args: argparse.Namespace) -> int:
     import uuid
 
-    from eventsrc.offline import kubelet_import as ki
+    from eventsrc.inputs import kubelet_checkpoints as ki
 
     if args.device_checkpoint is None and args.cpu_state is None and args.dra_state is None:
         raise EventsrcError("nothing to import: give --device-checkpoint, --cpu-state and/or --dra-state")
@@ -86,9 +86,9 @@ def _append(
     import time
 
     from eventsrc.errors import AlreadyRunningError
+    from eventsrc.inputs import kubelet_checkpoints as ki
     from eventsrc.log.snapshots import load_views
     from eventsrc.log.store import DirLock, EventLog
-    from eventsrc.offline import kubelet_import as ki
     from eventsrc.state.lifecycles import ADMITTED, ADMITTING
 
     layout.create()
@@ -128,7 +128,7 @@ def _print_json(
 ) -> None:
     import msgspec
 
-    from eventsrc.offline import kubelet_import as ki
+    from eventsrc.inputs import kubelet_checkpoints as ki
 
     out: dict[str, Any] = {
         "dry_run": args.dry_run,
@@ -149,7 +149,7 @@ def _print_table(
     args: argparse.Namespace, events: list[ev._Event], warnings: list[str], cid: str, seqs: tuple[int, int]
 ) -> None:
     from eventsrc.events import Record
-    from eventsrc.offline import kubelet_import as ki
+    from eventsrc.inputs import kubelet_checkpoints as ki
     from eventsrc.offline import render
 
     for w in warnings:

@@ -48,9 +48,10 @@ from eventsrc.core.admission import (
     removal,
 )
 from eventsrc.errors import AdmissionRefused
+from eventsrc.inputs.allocations import allocation_from_proto
 from eventsrc.inputs.manifest import PodSpec
 from eventsrc.log.commit import new_correlation_id
-from eventsrc.node.device_manager import PluginCallFailed, allocation_from_proto
+from eventsrc.node.device_manager import PluginCallFailed
 from eventsrc.node.dra_manager import log_claim_outcomes
 from eventsrc.node.interfaces import ClaimDrivers, D, DevicePlugins, PluginEndpoint, Recorder
 from eventsrc.obs.logger import correlation, get_logger

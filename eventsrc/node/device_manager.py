@@ -181,21 +181,6 @@ def allocation_error(r: pb.ContainerAllocateResponse) -> str:
     return ""
 
 
-def allocation_from_proto(r: pb.ContainerAllocateResponse) -> ev.ContainerAllocation:
-    return ev.ContainerAllocation(
-        envs=dict(r.envs),
-        mounts=[
-            ev.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only) for m in r.mounts
-        ],
-        devices=[
-            ev.DeviceSpec(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions)
-            for d in r.devices
-        ],
-        annotations=dict(r.annotations),
-        cdi_devices=[c.name for c in r.cdi_devices],
-    )
-
-
 def remove_stale_sockets(directory: Path) -> list[str]:
     """Delete every unix socket in ``directory`` (as the kubelet does on start), so that
     running plugins notice and register again. Regular files and directories stay."""

@@ -156,7 +156,7 @@ def test_the_checkpoint_the_scale_bench_writes_is_one_the_kubelet_reads(tmp_path
     """Its per-change ceiling writes the device manager's own file: the checkpoint parser
     of `eventsrc import-kubelet` (which verifies the checksum as the kubelet does) reads it back."""
     from eventsrc.bench.scale import CHECKPOINT, RESOURCE, Held, checkpoint_checksum, checkpoint_json, write_checkpoint
-    from eventsrc.offline.kubelet_import import parse_device_checkpoint
+    from eventsrc.inputs.kubelet_checkpoints import parse_device_checkpoint
 
     entries = [Held(f"uid-{i}", "main", f"dev-{i}", i % 2, bytes([10, 3, i, 255])) for i in range(3)]
     registered = [f"dev-{i}" for i in range(5)]

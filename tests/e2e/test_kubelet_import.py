@@ -16,7 +16,7 @@ import pytest
 
 from eventsrc import events as ev
 from eventsrc.gen.podresources.v1 import api_pb2 as pr
-from eventsrc.offline import kubelet_import as ki
+from eventsrc.inputs import kubelet_checkpoints as ki
 from tests.conftest import run_cli
 from tests.support.grpcio_stubs import pod_resources_client, unix_target
 

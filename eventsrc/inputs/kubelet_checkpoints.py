@@ -579,7 +579,7 @@ def _allocation(entry: PodDevicesEntry, source: str) -> ev.ContainerAllocation:
     from google.protobuf.message import DecodeError
 
     from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as pb
-    from eventsrc.node.device_manager import allocation_from_proto
+    from eventsrc.inputs.allocations import allocation_from_proto
 
     resp = pb.ContainerAllocateResponse()
     try:

@@ -1,0 +1,329 @@
+"""What eventsrc records beside a kubelet (``serve --beside-kubelet``): from one look at the
+kubelet's PodResources answer, the differences from what the log already says, as observed
+facts. eventsrc decides nothing here; it says what the kubelet decided, when it saw it.
+
+Theory of operation
+-------------------
+A *look* is what one answer of the kubelet said: every pod it lists (``List``), or the pods
+asked for by name (``Get``), with each container's devices, exclusive CPUs, memory and DRA
+claims. ``observe`` compares a look with ``views.kubelet`` and returns the events that make
+the view equal to it: a device newly listed for a container is observed, one no longer
+listed is released, a container's CPU or memory set that changed is observed whole.
+
+A pod is released only when it is known gone (``release_gone``):
+
+* the runtime removed its last sandbox (with NRI), or
+* the kubelet no longer lists it while the runtime runs no container of it.
+
+An empty or partial answer of a kubelet that has just restarted lists none of the pods whose
+containers still run, and releases nothing. Without NRI the runtime is not seen: a pod the
+kubelet stops listing is released when the answer lists some other pod (an empty answer is
+what a restarted kubelet gives too, and releases nothing), see docs/kubelet-node.md.
+
+Pods are named as the kubelet names them, ``namespace/name``; the uid comes from the runtime's
+sandboxes (NRI), or from the device checkpoint, and stays "" where neither says it. With NRI,
+a listed pod is observed once the runtime has a sandbox of it, so its uid is known, and a pod
+whose sandboxes are gone is not observed again from a kubelet's late answer.
+
+Pure: no clock, no I/O. The shell (``eventsrc.node.beside``) asks the kubelet and records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from eventsrc import events as ev
+from eventsrc.state.views import KubeletView, ObservedPodView, RuntimeView
+
+NOT_LISTED = "no longer listed by the kubelet"
+SANDBOX_GONE = "its last sandbox was removed by the runtime"
+NOT_LISTED_NOR_RUNNING = "no longer listed by the kubelet, and the runtime runs none of its containers"
+NEW_UID = "the kubelet lists a new pod of that namespace and name"
+
+
+@dataclass(frozen=True)
+class SeenDevices:
+    resource: str
+    device_ids: tuple[str, ...]
+    numa_nodes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class SeenClaim:
+    namespace: str
+    name: str
+    devices: tuple[ev.ObservedClaimDevice, ...] = ()
+
+
+@dataclass(frozen=True)
+class SeenContainer:
+    name: str
+    devices: tuple[SeenDevices, ...] = ()
+    cpus: tuple[int, ...] = ()
+    memory: tuple[ev.ObservedMemory, ...] = ()
+    claims: tuple[SeenClaim, ...] = ()
+
+
+@dataclass(frozen=True)
+class SeenPod:
+    namespace: str
+    name: str
+    containers: tuple[SeenContainer, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Look:
+    """One answer of the kubelet: ``complete`` for ``List`` (every pod it has), else the pods
+    ``Get`` found among those ``asked`` (a pod asked for and not found is not a release)."""
+
+    pods: tuple[SeenPod, ...]
+    complete: bool
+    asked: frozenset[str] = frozenset()
+    source: str = "List"
+
+
+@dataclass(frozen=True)
+class Identities:
+    """What says a pod's uid: the runtime's live sandboxes by ``namespace/name``, and the
+    device checkpoint's entries by (container, resource, device id)."""
+
+    sandboxes: Mapping[str, str] = field(default_factory=dict)
+    checkpoint: Mapping[tuple[str, str, str], str] = field(default_factory=dict)
+    runtime_seen: bool = False  # NRI is in use: a pod is observed once a sandbox of it is
+
+
+def identities(runtime: RuntimeView | None, checkpoint: Mapping[tuple[str, str, str], str]) -> Identities:
+    """The uids the runtime's view and the device checkpoint give (newest sandbox wins)."""
+    sandboxes: dict[str, str] = {}
+    if runtime is not None:
+        for s in sorted(runtime.sandboxes.values(), key=lambda s: s.since_seq):
+            sandboxes[f"{s.namespace}/{s.name}"] = s.uid
+    return Identities(sandboxes=sandboxes, checkpoint=checkpoint, runtime_seen=runtime is not None)
+
+
+def _uid(pod: SeenPod, ids: Identities) -> str | None:
+    """The pod's uid, "" when nothing says it, None when the runtime is seen and has no
+    sandbox of it (not observed yet)."""
+    uid = ids.sandboxes.get(pod.key)
+    if uid is not None:
+        return uid
+    if ids.runtime_seen:
+        return None
+    for c in pod.containers:
+        for d in c.devices:
+            for i in d.device_ids:
+                found = ids.checkpoint.get((c.name, d.resource, i))
+                if found:
+                    return found
+    return ""
+
+
+def _ref(p: ObservedPodView) -> ev.PodRef:
+    return ev.PodRef(uid=p.uid, namespace=p.namespace, name=p.name)
+
+
+def release_pod(p: ObservedPodView, reason: str) -> list[ev._Event]:
+    """Everything ``p`` holds released, then the pod."""
+    ref = _ref(p)
+    out: list[ev._Event] = []
+    for name, c in p.containers.items():
+        for resource, ids in c.devices.items():
+            if ids:
+                out.append(
+                    ev.KubeletDevicesReleased(
+                        pod=ref, container=name, resource=resource, device_ids=list(ids), reason=reason
+                    )
+                )
+        if c.cpus:
+            out.append(ev.KubeletCPUsReleased(pod=ref, container=name, cpus=list(c.cpus), reason=reason))
+        for key, devices in c.claims.items():
+            ns, _, claim = key.partition("/")
+            out.append(
+                ev.KubeletClaimReleased(
+                    pod=ref,
+                    container=name,
+                    claim=ev.ClaimRef(uid="", namespace=ns, name=claim),
+                    devices=list(devices),
+                    reason=reason,
+                )
+            )
+    out.append(ev.KubeletPodReleased(pod=ref, reason=reason))
+    return out
+
+
+def _container_changes(ref: ev.PodRef, seen: SeenContainer, held: ObservedPodView) -> list[ev._Event]:
+    old = held.containers.get(seen.name)
+    old_devices = old.devices if old is not None else {}
+    out: list[ev._Event] = []
+    now: dict[str, set[str]] = {}
+    for d in seen.devices:
+        now.setdefault(d.resource, set()).update(d.device_ids)
+    for resource, ids in old_devices.items():
+        gone = [i for i in ids if i not in now.get(resource, set())]
+        if gone:
+            out.append(
+                ev.KubeletDevicesReleased(
+                    pod=ref, container=seen.name, resource=resource, device_ids=gone, reason=NOT_LISTED
+                )
+            )
+    for d in seen.devices:
+        held_ids = old_devices.get(d.resource, [])
+        new = [i for i in dict.fromkeys(d.device_ids) if i not in held_ids]
+        if new:
+            out.append(
+                ev.KubeletDevicesObserved(
+                    pod=ref, container=seen.name, resource=d.resource, device_ids=new, numa_nodes=list(d.numa_nodes)
+                )
+            )
+    cpus = sorted(set(seen.cpus))
+    old_cpus = list(old.cpus) if old is not None else []
+    if cpus != old_cpus:
+        if cpus:
+            out.append(ev.KubeletCPUsObserved(pod=ref, container=seen.name, cpus=cpus))
+        else:
+            out.append(ev.KubeletCPUsReleased(pod=ref, container=seen.name, cpus=old_cpus, reason=NOT_LISTED))
+    memory = list(seen.memory)
+    if memory != (list(old.memory) if old is not None else []):
+        out.append(ev.KubeletMemoryObserved(pod=ref, container=seen.name, memory=memory))
+    old_claims = old.claims if old is not None else {}
+    seen_claims = {f"{c.namespace}/{c.name}": c for c in seen.claims}
+    for key, devices in old_claims.items():
+        if key not in seen_claims:
+            ns, _, name = key.partition("/")
+            out.append(
+                ev.KubeletClaimReleased(
+                    pod=ref,
+                    container=seen.name,
+                    claim=ev.ClaimRef(uid="", namespace=ns, name=name),
+                    devices=list(devices),
+                    reason=NOT_LISTED,
+                )
+            )
+    for key, c in seen_claims.items():
+        if old_claims.get(key) != list(c.devices):
+            claim = ev.ClaimRef(uid="", namespace=c.namespace, name=c.name)
+            out.append(ev.KubeletClaimObserved(pod=ref, container=seen.name, claim=claim, devices=list(c.devices)))
+    return out
+
+
+def _dropped_container(ref: ev.PodRef, name: str, held: ObservedPodView) -> list[ev._Event]:
+    """A container the kubelet no longer lists in a pod it lists: what it held, released."""
+    return _container_changes(ref, SeenContainer(name=name), held)
+
+
+def observe(view: KubeletView, look: Look, ids: Identities) -> list[ev._Event]:
+    """The events that bring ``view`` to what ``look`` says, pod by pod (releases before the
+    holds that may take the same devices). Pods ``look`` does not list are left to
+    ``release_gone``."""
+    releases: list[ev._Event] = []
+    holds: list[ev._Event] = []
+    for pod in sorted(look.pods, key=lambda p: p.key):
+        uid = _uid(pod, ids)
+        if uid is None:
+            continue  # the runtime has no sandbox of it (yet, or any more): not observed now
+        held = view.pods.get(pod.key)
+        if held is not None and held.uid and uid and held.uid != uid:
+            releases.extend(release_pod(held, NEW_UID))
+            held = None
+        if held is None:
+            held = ObservedPodView(uid=uid, namespace=pod.namespace, name=pod.name)
+            holds.append(ev.KubeletPodObserved(pod=_ref(held), source=look.source))
+        elif uid and not held.uid:
+            held = ObservedPodView(uid=uid, namespace=held.namespace, name=held.name, containers=held.containers)
+            holds.append(ev.KubeletPodObserved(pod=_ref(held), source=look.source))
+        ref = _ref(held)
+        listed = {c.name for c in pod.containers}
+        for name in sorted(held.containers):
+            if name not in listed:
+                releases.extend(_dropped_container(ref, name, held))
+        for c in pod.containers:
+            for e in _container_changes(ref, c, held):
+                (releases if isinstance(e, _RELEASES) else holds).append(e)
+    return releases + holds
+
+
+_RELEASES = (ev.KubeletDevicesReleased, ev.KubeletCPUsReleased, ev.KubeletClaimReleased, ev.KubeletPodReleased)
+
+
+def release_gone(
+    view: KubeletView,
+    look: Look | None,
+    runtime: RuntimeView | None,
+    removed_uids: Iterable[str] = (),
+) -> list[ev._Event]:
+    """The pods known gone: those whose uid is in ``removed_uids`` (the runtime removed their
+    last sandbox) and, after a complete ``look``, those it does not list while the runtime runs
+    none of their containers (without the runtime: while it lists some other pod)."""
+    out: list[ev._Event] = []
+    removed = set(removed_uids)
+    listed = {p.key for p in look.pods} if look is not None and look.complete else None
+    for key, p in sorted(view.pods.items()):
+        if p.uid and p.uid in removed:
+            out.extend(release_pod(p, SANDBOX_GONE))
+            continue
+        if listed is None or key in listed:
+            continue
+        if runtime is not None:
+            if not _runs(runtime, p):
+                out.extend(release_pod(p, NOT_LISTED_NOR_RUNNING))
+        elif listed:
+            out.extend(release_pod(p, NOT_LISTED))
+    return out
+
+
+def _runs(runtime: RuntimeView, p: ObservedPodView) -> bool:
+    """The runtime has a sandbox of the pod (by uid, or by name when its uid is not known)."""
+    for s in runtime.sandboxes.values():
+        if (p.uid and s.uid == p.uid) or (not p.uid and (s.namespace, s.name) == (p.namespace, p.name)):
+            return True
+    return False
+
+
+def allocatable_changes(
+    view: KubeletView, devices: Mapping[str, Mapping[str, tuple[int, ...]]], cpus: Iterable[int]
+) -> list[ev._Event]:
+    """What ``GetAllocatableResources`` lists now against the view: one event, or none."""
+    added: dict[str, list[ev.DeviceInfo]] = {}
+    removed: dict[str, list[str]] = {}
+    for resource, ids in sorted(devices.items()):
+        known = view.allocatable.get(resource, {})
+        new = [
+            ev.DeviceInfo(id=i, health="Healthy", numa_nodes=list(numa))
+            for i, numa in ids.items()
+            if i not in known or known[i] != list(numa)
+        ]
+        if new:
+            added[resource] = new
+    for resource, known in sorted(view.allocatable.items()):
+        gone = [i for i in known if i not in devices.get(resource, {})]
+        if gone:
+            removed[resource] = gone
+    now = sorted(set(cpus))
+    cpus_added = [c for c in now if c not in view.allocatable_cpus]
+    cpus_removed = [c for c in view.allocatable_cpus if c not in set(now)]
+    if not (added or removed or cpus_added or cpus_removed):
+        return []
+    change = ev.KubeletAllocatableChanged(
+        added=added, removed=removed, cpus_added=cpus_added, cpus_removed=cpus_removed
+    )
+    return [change]
+
+
+__all__ = [
+    "Identities",
+    "Look",
+    "SeenClaim",
+    "SeenContainer",
+    "SeenDevices",
+    "SeenPod",
+    "allocatable_changes",
+    "identities",
+    "observe",
+    "release_gone",
+    "release_pod",
+]
