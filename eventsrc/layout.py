@@ -10,6 +10,8 @@ from pathlib import Path
 from eventsrc.errors import EventsrcError, NoLogError
 
 DEFAULT_ROOT = Path("/var/lib/kubelet")
+#: --root-dir's default beside a kubelet (``serve --beside-kubelet``): never inside the kubelet's
+BESIDE_ROOT = Path("/var/lib/eventsrc")
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,9 @@ class Layout:
     def api_socket(self) -> Path:
         return self.state / "api.sock"
 
-    def create(self) -> None:
-        """Create the directories (mode 0750, as the kubelet does). The root's parent must exist.
+    def create(self, own_only: bool = False) -> None:
+        """Create the directories (mode 0750, as the kubelet does); ``own_only``: the root and
+        eventsrc's state only, none of the kubelet's (beside a kubelet). The root's parent must exist.
 
         The state directory, which holds the log, is also narrowed to 0750 when it exists
         with more (the kubelet's own directories are left as they are)."""
@@ -74,7 +77,8 @@ class Layout:
             raise EventsrcError(f"cannot create root directory {self.root}: {self.root.parent} does not exist")
         if self.root.exists() and not self.root.is_dir():
             raise EventsrcError(f"root directory {self.root} is not a directory")
-        for d in (self.root, self.device_plugins, self.plugins_registry, self.plugins, self.pod_resources, self.state):
+        kubelets = () if own_only else (self.device_plugins, self.plugins_registry, self.plugins, self.pod_resources)
+        for d in (self.root, *kubelets, self.state):
             try:
                 d.mkdir(mode=0o750, exist_ok=True)
             except OSError as exc:

@@ -278,8 +278,10 @@ class NodeService(NodeBase):
         admitter: Admitter,
         status: Callable[[int], pb.StatusResponse],
         records: Callable[[int], Awaitable[list[Record | CorruptRecordError]]] | None = None,
+        read_only: str = "",
     ) -> None:
         self._views = views
+        self._read_only = read_only  # why Admit and Remove are refused ("" when they are not)
         self._admitter = admitter
         self._status = status
         self._records = records
@@ -308,6 +310,8 @@ class NodeService(NodeBase):
     async def Admit(self, stream: Stream[pb.AdmitRequest, pb.PodInfo]) -> None:
         req = await stream.recv_message()
         assert req is not None
+        if self._read_only:
+            raise GRPCError(Status.FAILED_PRECONDITION, self._read_only)
         try:
             spec = pod_from_proto(req.pod, list(req.claims))
             pod, cid = await to_trio(self._admitter.admit)(spec)
@@ -319,6 +323,8 @@ class NodeService(NodeBase):
     async def Remove(self, stream: Stream[pb.RemoveRequest, pb.PodInfo]) -> None:
         req = await stream.recv_message()
         assert req is not None
+        if self._read_only:
+            raise GRPCError(Status.FAILED_PRECONDITION, self._read_only)
         try:
             # a uid goes to the admitter as it is: it knows the pods whose admission runs
             uid = req.pod.uid or find_pod(self._views(), req.pod).uid

@@ -30,11 +30,19 @@ from eventsrc.cli import (
 )
 from eventsrc.cli.options import Parents, logging_parent, root_parent
 from eventsrc.errors import EventsrcError
-from eventsrc.layout import DEFAULT_ROOT, Layout
+from eventsrc.layout import BESIDE_ROOT, DEFAULT_ROOT, Layout
 from eventsrc.obs import logger as logs
 
 # In the order ``eventsrc --help`` lists them.
 COMMAND_MODULES = (serve, pods, samples, status, records, replay, cpu, kubelet_import, audit, backup, bench)
+
+
+def default_root() -> Path:
+    """Where the commands look without --root-dir or EVENTSRC_ROOT_DIR: the kubelet's root,
+    unless only a log of eventsrc beside a kubelet is on this node (its own root, BESIDE_ROOT)."""
+    if not Layout(DEFAULT_ROOT).log.is_dir() and Layout(BESIDE_ROOT).log.is_dir():
+        return BESIDE_ROOT
+    return DEFAULT_ROOT
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "flag" if hasattr(args, "root_dir") else "env" if "EVENTSRC_ROOT_DIR" in os.environ else "default"
     )
     if not hasattr(args, "root_dir"):
-        args.root_dir = Path(os.environ.get("EVENTSRC_ROOT_DIR", str(DEFAULT_ROOT)))
+        args.root_dir = Path(os.environ.get("EVENTSRC_ROOT_DIR", str(default_root())))
     args.root_dir = args.root_dir.absolute()
     args.layout = Layout(args.root_dir)
     # serve sets this up again once its configuration (logLevel, logFormat) is known.

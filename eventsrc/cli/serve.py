@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eventsrc.cli.options import Parents, Subparsers
-from eventsrc.layout import Layout
+from eventsrc.layout import BESIDE_ROOT, Layout
 
 if TYPE_CHECKING:
     from eventsrc.inputs.config import Configuration
@@ -71,6 +71,7 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
     _topology_manager_flags(p)
     _nri_flags(p)
     _retention_flags(p)
+    _beside_flags(p)
     cpu.add_argument(
         "--feature-gates",
         default=None,
@@ -161,6 +162,30 @@ def _retention_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="write what a cut takes out to sealed archive segments first (default: yes); with "
         "--no-log-retention-archive it is gone",
+    )
+
+
+def _beside_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("beside a kubelet (docs/kubelet-node.md)")
+    g.add_argument(
+        "--beside-kubelet",
+        nargs="?",
+        const=Path("/var/lib/kubelet"),
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="record what the kubelet running with DIR (default /var/lib/kubelet) decides, from its PodResources "
+        "socket and checkpoint files, and decide nothing: no plugin or PodResources socket is served, nothing "
+        "under DIR is written; the node API is read-only; --root-dir defaults to /var/lib/eventsrc and may not "
+        "be inside DIR; with --nri-socket, NRI observes only",
+    )
+    g.add_argument(
+        "--beside-kubelet-resync",
+        type=_duration,
+        default=None,
+        metavar="SECONDS|DURATION",
+        help="beside a kubelet: look at all of it this often besides on each runtime event and checkpoint file "
+        "change (default 60s)",
     )
 
 
@@ -287,8 +312,11 @@ def effective_config(args: argparse.Namespace) -> Configuration:
             value = DEFAULT_METRICS_ADDRESS
         overrides[name] = value
     cfg = config.merge(cfg, overrides)
+    if cfg.beside_kubelet and "nriMode" not in overrides:
+        cfg = config.merge(cfg, {"nriMode": "observe"})  # the kubelet decides: NRI only observes
     if not cfg.root_dir:
-        cfg = config.merge(cfg, {"rootDir": str(args.root_dir)})
+        beside_default = cfg.beside_kubelet and args.root_dir_from == "default"
+        cfg = config.merge(cfg, {"rootDir": str(BESIDE_ROOT if beside_default else args.root_dir)})
     config.check(cfg)
     args.layout = Layout(Path(cfg.root_dir))
     return cfg
@@ -301,6 +329,7 @@ def serve(args: argparse.Namespace) -> int:
     from eventsrc.core.topology_manager import parse_topology_manager
     from eventsrc.inputs import config
     from eventsrc.inputs.cpu_config import load_cpu_config, load_topology
+    from eventsrc.node.beside import BesideOptions
     from eventsrc.node.daemon import serve as run
     from eventsrc.node.nri import NRIOptions
     from eventsrc.obs import logger as logs
@@ -348,6 +377,11 @@ def serve(args: argparse.Namespace) -> int:
                 max_size=cfg.log_retention.max_size.n,
                 archive=cfg.log_retention.archive,
             ),
+            beside=BesideOptions(
+                Path(cfg.beside_kubelet), cfg.beside_kubelet_resync.seconds, runtime=bool(cfg.nri_socket)
+            )
+            if cfg.beside_kubelet
+            else None,
         )
     )
     return 0

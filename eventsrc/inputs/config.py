@@ -267,6 +267,10 @@ class Configuration(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     # the kubelet's default for the runtime NRI names (containerd, CRI-O).
     container_runtime_endpoint: str = ""
     log_retention: LogRetention = LogRetention()
+    # Record what the kubelet running with this directory decides, and decide nothing
+    # (docs/kubelet-node.md); "" runs eventsrc as the node's resource managers.
+    beside_kubelet: str = ""
+    beside_kubelet_resync: Duration = Duration.of_seconds(60)
 
 
 #: Each field that a ``serve`` flag sets: the field's name in the file -> the flag.
@@ -297,10 +301,12 @@ FLAGS: Mapping[str, str] = {
     "logRetention.maxAge": "--log-retention-max-age",
     "logRetention.maxSize": "--log-retention-max-size",
     "logRetention.archive": "--log-retention-archive",
+    "besideKubelet": "--beside-kubelet",
+    "besideKubeletResync": "--beside-kubelet-resync",
 }
 
 _FIELDS = {f.encode_name: f for f in msgspec.structs.fields(Configuration)}
-_PATH_FIELDS = ("rootDir", "topologyFile", "sysfsRoot", "nriSocket")
+_PATH_FIELDS = ("rootDir", "topologyFile", "sysfsRoot", "nriSocket", "besideKubelet")
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 _UNKNOWN = re.compile(r"Object contains unknown field `(?P<key>[^`]*)`")
 
@@ -480,6 +486,13 @@ def check(cfg: Configuration) -> None:
             CPUSet.parse(cfg.reserved_system_cpus)
         except ValueError as err:
             raise wrap("reservedSystemCPUs", err) from None
+    if cfg.beside_kubelet and cfg.nri_socket and cfg.nri_mode != "observe":
+        raise wrap(
+            "nriMode",
+            ValueError("beside a kubelet (besideKubelet) NRI only observes: the kubelet decides; use observe"),
+        )
+    if cfg.beside_kubelet_resync.seconds <= 0:
+        raise wrap("besideKubeletResync", ValueError("must be more than 0"))
     endpoint = cfg.container_runtime_endpoint
     path = endpoint.removeprefix("unix://")
     if endpoint and ("://" in path or not path.startswith("/")):

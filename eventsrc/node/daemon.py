@@ -80,6 +80,7 @@ from eventsrc.log.snapshots import (
 )
 from eventsrc.log.store import DirLock, EventLog
 from eventsrc.node.admission import DEFAULT_ADMISSION_WAIT, Admission
+from eventsrc.node.beside import Beside, BesideOptions, refuse_root_inside, start_events
 from eventsrc.node.collector import Collector
 from eventsrc.node.device_manager import DEFAULT_GRACE, DeviceManager, RegistryHandler
 from eventsrc.node.dra_manager import DRAManager
@@ -144,6 +145,11 @@ def refuse_newer_records(event_log: EventLog, views: Views) -> None:
 _CPU_CHANGES = (ev.SharedPoolChanged, ev.CPUsAssigned, ev.CPUsReleased)
 
 
+READ_ONLY_BESIDE = (
+    "eventsrc runs beside a kubelet (--beside-kubelet): the kubelet admits and removes pods, eventsrc only records"
+)
+
+
 class Daemon:
     def __init__(
         self,
@@ -157,6 +163,7 @@ class Daemon:
         topology: TopologyManager | None = None,
         nri: NRIOptions | None = None,
         retention: Retention | None = None,
+        beside: BesideOptions | None = None,
     ) -> None:
         self.layout = layout
         self.cpus = cpus or CPUManagerConfig("none", single_cpu_topology(), CPUSet(), StaticPolicyOptions())
@@ -197,10 +204,13 @@ class Daemon:
         )
         self.nri = NRIPlugin(self, self.admission, self.cpus, nri) if nri is not None else None
         self.retainer = Retainer(self, log_, layout.archive, retention or Retention(), snapshot_every)
+        # Beside a kubelet: eventsrc records what the kubelet decided, and decides nothing.
+        self.beside = Beside(self, beside) if beside is not None else None
 
     def node_service(self) -> NodeService:
         def status(holds_since_ns: int) -> node_pb2.StatusResponse:
-            sockets = [str(p) for p in (self.layout.api_socket, self.devices.socket, self.layout.pod_resources_socket)]
+            served = (self.layout.api_socket, self.devices.socket, self.layout.pod_resources_socket)
+            sockets = [str(p) for p in (served[:1] if self.beside is not None else served)]
             return status_response(
                 self.ready,
                 self.instance_id,
@@ -213,7 +223,8 @@ class Daemon:
                 self.retainer.report() if self.retainer.policy.enabled else None,
             )
 
-        return NodeService(lambda: self.views, self.admission, status, self.records_from)
+        read_only = READ_ONLY_BESIDE if self.beside is not None else ""
+        return NodeService(lambda: self.views, self.admission, status, self.records_from, read_only=read_only)
 
     def pod_resources_service(self) -> PodResourcesService:
         return PodResourcesService(
@@ -257,6 +268,8 @@ class Daemon:
 
     def _applied(self, records: list[Record]) -> None:
         apply_all(self.views, records)
+        if self.beside is not None:
+            self.beside.saw(records)
         if self.nri is not None and any(isinstance(r.event, _CPU_CHANGES) for r in records):
             self.nri.kick()  # the shared pool's containers follow
         self.metrics.committed(records)
@@ -388,6 +401,7 @@ async def serve(
     accept_empty_log: bool = False,
     nri: NRIOptions | None = None,
     retention: Retention | None = None,
+    beside: BesideOptions | None = None,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT (or until cancelled).
@@ -402,9 +416,14 @@ async def serve(
         parse_address(metrics_address)  # a malformed address is refused before anything starts
     raise_open_files_limit()  # each socket's connection cap is a share of it (rpc.bridge.connection_cap)
     tune_malloc()
-    layout.create()
-    for sock in (layout.api_socket, layout.device_plugins / "kubelet.sock", layout.pod_resources_socket):
-        check_socket_path(sock)
+    if beside is not None:
+        refuse_root_inside(layout.root, beside.kubelet_dir)
+        layout.create(own_only=True)  # none of the kubelet's directories: it serves none of its sockets
+        check_socket_path(layout.api_socket)
+    else:
+        layout.create()
+        for sock in (layout.api_socket, layout.device_plugins / "kubelet.sock", layout.pod_resources_socket):
+            check_socket_path(sock)
     lock = DirLock(layout.lock)
     lock.acquire()
     event_log: EventLog | None = None
@@ -433,6 +452,7 @@ async def serve(
             topology=topology,
             nri=nri,
             retention=retention,
+            beside=beside,
         )
         daemon.metrics.replayed(info.seconds, info.tail_records)
         start_seq = views.meta.last_seq
@@ -448,23 +468,32 @@ async def serve(
                     app = HealthApp(daemon.metrics, live=daemon.liveness, ready=daemon.readiness, warn=daemon.warning)
                     daemon.metrics_address = await nursery.start(serve_http, app, metrics_address)
                     daemon.write_status(ready=False)
+                last_ts = _last_record_ts(event_log, views)
                 await _record_start(daemon, config, fresh_start=lost)
-                await daemon.apply_cpu_config()
-                await nursery.start(daemon.devices.run)
-                await nursery.start(daemon.dra.run)
-                await nursery.start(_plugin_watcher(daemon).run)
+                if daemon.beside is None:
+                    await daemon.apply_cpu_config()
+                    await nursery.start(daemon.devices.run)
+                    await nursery.start(daemon.dra.run)
+                    await nursery.start(_plugin_watcher(daemon).run)
+                else:
+                    begun = start_events(daemon.views, last_ts, time.time_ns(), daemon.nri is not None)
+                    if begun:
+                        await daemon.record(begun)
                 await nursery.start(daemon.heap.run)
                 sent = daemon.heap.sent
                 await nursery.start(
                     partial(serve_unix, on_encoded=sent), [daemon.node_service()], layout.api_socket, 0o600
                 )
-                # 0o755 as the kubelet's, under the usual umask 022: only its owner connects
-                await nursery.start(
-                    partial(serve_unix, on_encoded=sent),
-                    [daemon.pod_resources_service()],
-                    layout.pod_resources_socket,
-                    0o755,
-                )
+                if daemon.beside is None:
+                    # 0o755 as the kubelet's, under the usual umask 022: only its owner connects
+                    await nursery.start(
+                        partial(serve_unix, on_encoded=sent),
+                        [daemon.pod_resources_service()],
+                        layout.pod_resources_socket,
+                        0o755,
+                    )
+                else:
+                    await nursery.start(daemon.beside.run)
                 if daemon.nri is not None:
                     await nursery.start(daemon.nri.run)
                 nursery.start_soon(daemon.scrub, start_seq)
@@ -486,6 +515,15 @@ async def serve(
         if event_log is not None:
             event_log.close()
         lock.release()
+
+
+def _last_record_ts(event_log: EventLog, views: Views) -> int | None:
+    """When the previous run's last record was written (None for a new log): until then it saw."""
+    if not views.meta.last_seq:
+        return None
+    for item in event_log.records(views.meta.last_seq, views.meta.last_seq):
+        return item.ts_ns if isinstance(item, Record) else None
+    return None
 
 
 def _rebuild_views(layout: Layout, event_log: EventLog) -> tuple[Views, RebuildInfo]:
