@@ -1,0 +1,206 @@
+"""The core of eventsrc beside a kubelet: a kubelet's answer against what the log says."""
+
+from __future__ import annotations
+
+from eventsrc import events as ev
+from eventsrc.core.beside import (
+    NOT_LISTED,
+    NOT_LISTED_NOR_RUNNING,
+    SANDBOX_GONE,
+    Identities,
+    Look,
+    SeenClaim,
+    SeenContainer,
+    SeenDevices,
+    SeenPod,
+    allocatable_changes,
+    identities,
+    observe,
+    release_gone,
+)
+from eventsrc.events import Record
+from eventsrc.state.apply import apply_all
+from eventsrc.state.views import SandboxView, Views
+
+GPU = "example.com/dev"
+
+
+def pod(name: str, *containers: SeenContainer, ns: str = "default") -> SeenPod:
+    return SeenPod(namespace=ns, name=name, containers=containers)
+
+
+def gpu(*ids: str) -> tuple[SeenDevices, ...]:
+    return (SeenDevices(resource=GPU, device_ids=ids, numa_nodes=(0,)),)
+
+
+def fold(views: Views, events: list[ev._Event]) -> Views:
+    start = views.meta.last_seq
+    return apply_all(views, [Record(start + i, i, "c", 1, e) for i, e in enumerate(events, 1)])  # type: ignore[arg-type]
+
+
+def with_sandbox(views: Views, uid: str, name: str, sandbox: str = "s1", ns: str = "default") -> Views:
+    views.runtime.sandboxes[sandbox] = SandboxView(uid=uid, namespace=ns, name=name, since_seq=1)
+    return views
+
+
+def test_a_new_pod_is_observed_with_each_container_s_devices_cpus_memory_and_claims() -> None:
+    claim = SeenClaim(
+        namespace="default",
+        name="c",
+        devices=(ev.ObservedClaimDevice(driver="gpu.example.com", pool="p", device="g0", cdi_devices=["x/y=1"]),),
+    )
+    memory = (ev.ObservedMemory(memory_type="memory", size=1 << 30, numa_nodes=[0]),)
+    look = Look(
+        pods=(pod("a", SeenContainer(name="main", devices=gpu("d-1"), cpus=(3, 2), memory=memory, claims=(claim,))),),
+        complete=True,
+    )
+    events = observe(Views().kubelet, look, Identities(checkpoint={("main", GPU, "d-1"): "uid-a"}))
+    ref = ev.PodRef(uid="uid-a", namespace="default", name="a")
+    assert events == [
+        ev.KubeletPodObserved(pod=ref, source="List"),
+        ev.KubeletDevicesObserved(pod=ref, container="main", resource=GPU, device_ids=["d-1"], numa_nodes=[0]),
+        ev.KubeletCPUsObserved(pod=ref, container="main", cpus=[2, 3]),
+        ev.KubeletMemoryObserved(pod=ref, container="main", memory=list(memory)),
+        ev.KubeletClaimObserved(
+            pod=ref,
+            container="main",
+            claim=ev.ClaimRef(uid="", namespace="default", name="c"),
+            devices=list(claim.devices),
+        ),
+    ]
+    views = fold(Views(), events)
+    # the same answer again: nothing new
+    assert observe(views.kubelet, look, Identities(checkpoint={("main", GPU, "d-1"): "uid-a"})) == []
+
+
+def test_a_device_moved_from_pod_a_to_pod_b_is_released_before_it_is_observed_again() -> None:
+    views = fold(
+        Views(),
+        observe(
+            Views().kubelet,
+            Look(pods=(pod("a", SeenContainer(name="m", devices=gpu("d-1"))),), complete=True),
+            Identities(),
+        ),
+    )
+    look = Look(pods=(pod("b", SeenContainer(name="m", devices=gpu("d-1"))),), complete=True)
+    gone = release_gone(views.kubelet, look, None)
+    assert [type(e).__name__ for e in gone] == ["KubeletDevicesReleased", "KubeletPodReleased"]
+    assert gone[0].reason == NOT_LISTED  # type: ignore[attr-defined]
+    views = fold(views, gone)
+    held = observe(views.kubelet, look, Identities())
+    views = fold(views, held)
+    assert list(views.kubelet.pods) == ["default/b"]
+    assert views.kubelet.pods["default/b"].containers["m"].devices == {GPU: ["d-1"]}
+
+
+def test_an_empty_answer_of_a_restarted_kubelet_releases_nothing_while_the_runtime_runs_the_pod() -> None:
+    views = with_sandbox(Views(), "uid-a", "a")
+    ids = identities(views.runtime, {})
+    views = fold(
+        views,
+        observe(views.kubelet, Look(pods=(pod("a", SeenContainer(name="m", devices=gpu("d-1"))),), complete=True), ids),
+    )
+    assert views.kubelet.pods["default/a"].uid == "uid-a"
+    empty = Look(pods=(), complete=True)
+    assert release_gone(views.kubelet, empty, views.runtime) == []
+    # without the runtime's view, an empty answer is what a restarted kubelet says too
+    assert release_gone(views.kubelet, empty, None) == []
+    # the runtime no longer has the sandbox, and the kubelet does not list the pod: gone
+    views.runtime.sandboxes.clear()
+    gone = release_gone(views.kubelet, empty, views.runtime)
+    assert gone[-1] == ev.KubeletPodReleased(
+        pod=ev.PodRef(uid="uid-a", namespace="default", name="a"), reason=NOT_LISTED_NOR_RUNNING
+    )
+
+
+def test_a_removed_sandbox_releases_its_pod_even_while_the_kubelet_lists_it() -> None:
+    views = with_sandbox(Views(), "uid-a", "a")
+    look = Look(pods=(pod("a", SeenContainer(name="m", devices=gpu("d-1"), cpus=(1,))),), complete=True)
+    views = fold(views, observe(views.kubelet, look, identities(views.runtime, {})))
+    gone = release_gone(views.kubelet, look, views.runtime, removed_uids={"uid-a"})
+    assert [type(e).__name__ for e in gone] == ["KubeletDevicesReleased", "KubeletCPUsReleased", "KubeletPodReleased"]
+    assert all(e.reason == SANDBOX_GONE for e in gone)  # type: ignore[attr-defined]
+    views.runtime.sandboxes.clear()
+    views = fold(views, gone)
+    # the kubelet's late answer still lists it: with no sandbox of it, it is not observed again
+    assert observe(views.kubelet, look, identities(views.runtime, {})) == []
+
+
+def test_a_partial_get_answer_releases_no_pod_it_does_not_name() -> None:
+    views = fold(
+        Views(),
+        observe(
+            Views().kubelet,
+            Look(pods=(pod("a", SeenContainer(name="m", devices=gpu("d-1"))),), complete=True),
+            Identities(),
+        ),
+    )
+    got = Look(
+        pods=(pod("b", SeenContainer(name="m", devices=gpu("d-2"))),),
+        complete=False,
+        asked=frozenset({"default/b"}),
+        source="Get",
+    )
+    assert release_gone(views.kubelet, got, None) == []
+    assert [type(e).__name__ for e in observe(views.kubelet, got, Identities())] == [
+        "KubeletPodObserved",
+        "KubeletDevicesObserved",
+    ]
+
+
+def test_a_changed_cpu_set_is_observed_whole_and_an_emptied_one_released() -> None:
+    views = fold(
+        Views(),
+        observe(
+            Views().kubelet, Look(pods=(pod("a", SeenContainer(name="m", cpus=(1, 2))),), complete=True), Identities()
+        ),
+    )
+    changed = observe(
+        views.kubelet, Look(pods=(pod("a", SeenContainer(name="m", cpus=(2, 3))),), complete=True), Identities()
+    )
+    assert changed == [
+        ev.KubeletCPUsObserved(pod=ev.PodRef(uid="", namespace="default", name="a"), container="m", cpus=[2, 3])
+    ]
+    views = fold(views, changed)
+    emptied = observe(views.kubelet, Look(pods=(pod("a", SeenContainer(name="m")),), complete=True), Identities())
+    assert emptied == [
+        ev.KubeletCPUsReleased(
+            pod=ev.PodRef(uid="", namespace="default", name="a"), container="m", cpus=[2, 3], reason=NOT_LISTED
+        )
+    ]
+
+
+def test_a_new_pod_under_a_reused_name_releases_the_old_one_first() -> None:
+    views = with_sandbox(Views(), "uid-1", "a")
+    look = Look(pods=(pod("a", SeenContainer(name="m", devices=gpu("d-1"))),), complete=True)
+    views = fold(views, observe(views.kubelet, look, identities(views.runtime, {})))
+    views.runtime.sandboxes.clear()
+    views = with_sandbox(views, "uid-2", "a", sandbox="s2")
+    events = observe(views.kubelet, look, identities(views.runtime, {}))
+    names = [(type(e).__name__, e.pod.uid) for e in events]  # type: ignore[attr-defined]
+    assert names == [
+        ("KubeletDevicesReleased", "uid-1"),
+        ("KubeletPodReleased", "uid-1"),
+        ("KubeletPodObserved", "uid-2"),
+        ("KubeletDevicesObserved", "uid-2"),
+    ]
+
+
+def test_allocatable_changes_say_devices_appearing_and_leaving() -> None:
+    views = Views()
+    first = allocatable_changes(views.kubelet, {GPU: {"d-1": (0,), "d-2": (1,)}}, [0, 1])
+    assert first == [
+        ev.KubeletAllocatableChanged(
+            added={
+                GPU: [
+                    ev.DeviceInfo(id="d-1", health="Healthy", numa_nodes=[0]),
+                    ev.DeviceInfo(id="d-2", health="Healthy", numa_nodes=[1]),
+                ]
+            },
+            cpus_added=[0, 1],
+        )
+    ]
+    views = fold(views, first)
+    assert allocatable_changes(views.kubelet, {GPU: {"d-1": (0,), "d-2": (1,)}}, [0, 1]) == []
+    second = allocatable_changes(views.kubelet, {GPU: {"d-1": (0,)}}, [0, 1])
+    assert second == [ev.KubeletAllocatableChanged(removed={GPU: ["d-2"]})]
