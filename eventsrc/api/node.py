@@ -29,7 +29,7 @@ from eventsrc.obs.text import escape
 from eventsrc.rpc.bridge import to_trio
 from eventsrc.rpc.limits import send_encoded
 from eventsrc.state.lifecycles import ADMITTED
-from eventsrc.state.views import ClaimView, PodView, Views
+from eventsrc.state.views import ClaimView, ObservedPodView, PodView, Views
 
 
 class Admitter(Protocol):
@@ -259,6 +259,38 @@ def find_pod(views: Views, sel: pb.PodSelector) -> PodView:
     raise NotFound(f"no pod {shown(f'{namespace}/{sel.name}')}")
 
 
+def observed_pod_info(p: ObservedPodView, shared: list[int]) -> pb.PodInfo:
+    """A pod as observed beside a kubelet: state "observed", since the record that first saw it."""
+    info = pb.PodInfo(uid=p.uid, namespace=p.namespace, name=p.name, state="observed", admitted_seq=p.since_seq)
+    for name, c in p.containers.items():
+        ci = pb.ContainerInfo(
+            name=name,
+            cpu_ids=sorted(c.cpus) or list(shared),
+            exclusive_cpus=bool(c.cpus),
+            claim_cdi_devices=[x for devices in c.claims.values() for d in devices for x in d.cdi_devices],
+        )
+        for resource, ids in sorted(c.devices.items()):
+            ci.resources.append(pb.ResourceAllocation(resource=resource, device_ids=ids))
+        info.containers.append(ci)
+    return info
+
+
+def find_observed_pod(views: Views, sel: pb.PodSelector) -> ObservedPodView:
+    pods = views.kubelet.pods
+    if sel.uid:
+        found = [p for p in pods.values() if p.uid == sel.uid]
+        if found:
+            return found[0]
+        raise NotFound(f"no pod with uid {shown(sel.uid)}")
+    if not sel.name:
+        raise BadRequest("give a pod uid, or a namespace and a name")
+    key = f"{sel.namespace or 'default'}/{sel.name}"
+    pod = pods.get(key)
+    if pod is None:
+        raise NotFound(f"no pod {shown(key)}")
+    return pod
+
+
 def _grpc_error(err: EventsrcError) -> GRPCError:
     """The status of a user's error; its text escaped, since it may quote the client's."""
     text = escape(str(err))
@@ -337,11 +369,24 @@ class NodeService(NodeBase):
 
     async def ListPods(self, stream: Stream[pb.ListPodsRequest, pb.ListPodsResponse]) -> None:
         await stream.recv_message()
+        if self._read_only:  # beside a kubelet: the pods as observed
+            views = self._views()
+            pods = [observed_pod_info(p, views.kubelet.shared) for _, p in sorted(views.kubelet.pods.items())]
+            await stream.send_message(pb.ListPodsResponse(pods=pods))
+            return
         await send_encoded(stream, await self._pods.answer_paced(self._views))
 
     async def GetPod(self, stream: Stream[pb.PodSelector, pb.PodInfo]) -> None:
         sel = await stream.recv_message()
         assert sel is not None
+        if self._read_only:
+            views = self._views()
+            try:
+                observed = find_observed_pod(views, sel)
+            except EventsrcError as err:
+                raise _grpc_error(err) from None
+            await stream.send_message(observed_pod_info(observed, views.kubelet.shared))
+            return
         try:
             pod = find_pod(self._views(), sel)
         except EventsrcError as err:

@@ -46,19 +46,27 @@ def _wait_ready(root: Path, daemon: subprocess.Popen[bytes], log: Path, timeout:
         time.sleep(0.1)
 
 
-def run_idle_bench(*, seconds: float, rounds: int) -> None:
+def run_idle_bench(*, seconds: float, rounds: int, beside: bool = False) -> None:
+    """``beside``: the daemon runs beside a kubelet directory with no kubelet in it (its socket
+    missing: the gap is recorded once, and asked about again at doubling intervals up to the
+    resync, with inotify waiting for the socket to come)."""
     out = sys.stdout
     tmp = Path(tempfile.mkdtemp(prefix="esi-", dir="/tmp"))
     root, log = tmp / "r", tmp / "daemon.log"
     started: list[subprocess.Popen[bytes]] = []
     try:  # from the start: a SIGTERM as soon as the daemon is forked stops it too
+        extra: list[str] = []
+        if beside:
+            (tmp / "kubelet").mkdir()
+            extra = ["--beside-kubelet", str(tmp / "kubelet")]
         with open(log, "wb") as f:
-            started.append(start_daemon(root, f))
+            started.append(start_daemon(root, f, extra))
         daemon = started[0]
         _wait_ready(root, daemon, log)
+        what = "beside a kubelet directory with no kubelet" if beside else "with no plugin, client or runtime"
         out.write(
-            f"eventsrc bench idle: {os.cpu_count()} cpus, Python {sys.version.split()[0]}; a daemon with no plugin, "
-            f"client or runtime, ready; {rounds} round(s) of {seconds:g} s, medians\n\n"
+            f"eventsrc bench idle: {os.cpu_count()} cpus, Python {sys.version.split()[0]}; a daemon {what}, "
+            f"ready; {rounds} round(s) of {seconds:g} s, medians\n\n"
         )
         time.sleep(SETTLE_SECONDS)
         cpu, wakeups = [], []

@@ -137,6 +137,11 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
     )
     b.add_argument("--seconds", type=float, default=60.0, help="length of a round (default %(default)s)")
     b.add_argument("--rounds", type=int, default=1, help="rounds; medians are printed (default %(default)s)")
+    b.add_argument(
+        "--beside-kubelet",
+        action="store_true",
+        help="run the daemon beside a kubelet directory (serve --beside-kubelet) with no kubelet in it",
+    )
     b.set_defaults(func=bench_idle)
     b = bsub.add_parser(
         "soak",
@@ -281,7 +286,7 @@ def bench_idle(args: argparse.Namespace) -> int:
 
     if args.seconds <= 0 or args.rounds < 1:
         raise EventsrcError("--seconds must be above 0 and --rounds at least 1")
-    run_idle_bench(seconds=args.seconds, rounds=args.rounds)
+    run_idle_bench(seconds=args.seconds, rounds=args.rounds, beside=args.beside_kubelet)
     return 0
 
 
