@@ -171,10 +171,10 @@ def checkpoint_json(entries: Iterable[Held], registered: list[str], checksum: in
     return json.dumps({"Data": data, "Checksum": checksum}, separators=(",", ":")).encode()
 
 
-def write_checkpoint(directory: Path, content: bytes) -> None:
-    """The kubelet's FileStore write: a dot-named temporary file in the same directory,
-    written, fsynced, renamed over the checkpoint."""
-    tmp = directory / f".{CHECKPOINT}.tmp"
+def write_checkpoint(directory: Path, content: bytes, name: str = CHECKPOINT) -> None:
+    """The kubelet's FileStore write of ``directory/name``: a temporary file named with a
+    leading dot and the name in the same directory, written, fsynced, renamed over it."""
+    tmp = directory / f".{name}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         view = memoryview(content)
@@ -183,7 +183,7 @@ def write_checkpoint(directory: Path, content: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.rename(tmp, directory / CHECKPOINT)
+    os.rename(tmp, directory / name)
 
 
 def checkpoint_per_change(

@@ -1,0 +1,475 @@
+"""A stand-in for a stock kubelet, for tests of ``eventsrc serve --beside-kubelet DIR``.
+
+The kubelet cannot be installed here, so tests play its side: ``StandInKubelet(root)``
+serves PodResources v1 with grpcio on ``root/pod-resources/kubelet.sock`` and writes the
+kubelet's checkpoint files under ``root``. It answers as the kubelet does
+(kubernetes/kubernetes ``pkg/kubelet/apis/podresources/server_v1.go`` and
+``grpc/ratelimit.go``; ../shared/kubelet-api.md §4, §5):
+
+* ``List``: the active pods, each with its restartable init containers ("sidecar") and
+  then its app containers; plain init containers are left out. ``Get`` finds inactive
+  pods too (the pod manager's), ``List`` does not (``GetActivePods``).
+* devices: one ``ContainerDevices`` per device and NUMA node, a device without topology
+  once without it (``containerDevicesFromResourceDeviceInstances``).
+* ``Get`` of an unknown pod: a plain Go error, so gRPC status UNKNOWN with
+  "pod <name> in namespace <ns> not found" (the kubelet's wording: the name first).
+  ``get_enabled=False``: UNKNOWN "PodResources API Get method disabled" (feature gate
+  ``KubeletPodResourcesGet`` off). ``minor < 27``: a kubelet without ``Get`` in its proto,
+  UNIMPLEMENTED, as grpc-go answers an unknown method (it never reaches the limiter).
+* the rate limit: a token bucket of 100 calls a second, burst 10, in front of every
+  method; a call over it gets RESOURCE_EXHAUSTED "rejected by rate limit". The clock is
+  given (``clock=``), so a test can hold time still.
+
+    kubelet = StandInKubelet(tmp_path)          # serving at once
+    kubelet.set_allocatable(devices=[Device("example.com/gpu", "gpu-0", numa=(0,))], cpus=range(8))
+    kubelet.set_pod("default", "web", [Container("app", devices=[...], cpus=[2, 3])])
+    kubelet.write_checkpoints()                 # the four files, from the same state
+    with kubelet.restarting(): ...              # List empty, Get not found
+    kubelet.stop(); kubelet.start()             # the socket gone, then back
+    kubelet.calls["List"], kubelet.rejected["List"]
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import grpc
+
+from eventsrc.core.cpu.cpuset import CPUSet
+from eventsrc.offline import kubelet_import as ki
+from eventsrc.rpc.ratelimit import TokenBucket
+from tests.support import kubelet_checkpoints as kc
+from tests.support.grpcio_stubs import pod_resources, unix_target
+
+pr = pod_resources()
+pb = pr.pb2
+
+QPS = 100
+BURST = 10
+RATE_LIMITED = "rejected by rate limit"
+GET_DISABLED = "PodResources API Get method disabled"
+SOCKET = "pod-resources/kubelet.sock"
+
+
+def pod_not_found(namespace: str, name: str) -> str:
+    """The kubelet's message for Get of a pod it does not know."""
+    return f"pod {name} in namespace {namespace} not found"
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device of a resource, with the NUMA nodes its plugin reported (none: no topology)."""
+
+    resource: str
+    id: str
+    numa: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Memory of one type (``memory``, ``hugepages-2Mi``), in bytes, on these NUMA nodes."""
+
+    type: str
+    size: int
+    numa: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClaimDevice:
+    driver: str
+    pool: str
+    device: str
+    cdi: tuple[str, ...] = ()
+    request_names: tuple[str, ...] = ()
+    share_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A ResourceClaim prepared for a container (``uid``: derived from the name when empty)."""
+
+    name: str
+    namespace: str
+    devices: tuple[ClaimDevice, ...] = ()
+    uid: str = ""
+
+    @property
+    def claim_uid(self) -> str:
+        return self.uid or str(uuid.uuid5(uuid.NAMESPACE_URL, f"claim/{self.namespace}/{self.name}"))
+
+
+@dataclass(frozen=True)
+class Container:
+    """A container and what the kubelet's managers gave it. ``kind``: "app", "sidecar" (a
+    restartable init container, listed first) or "init" (not listed)."""
+
+    name: str
+    devices: Sequence[Device] = ()
+    cpus: Sequence[int] = ()
+    memory: Sequence[Memory] = ()
+    claims: Sequence[Claim] = ()
+    kind: Literal["app", "sidecar", "init"] = "app"
+
+
+@dataclass(frozen=True)
+class Pod:
+    namespace: str
+    name: str
+    uid: str
+    containers: tuple[Container, ...]
+    active: bool = True  # False: terminated, still known to the pod manager
+
+
+@dataclass
+class Allocatable:
+    devices: list[Device] = field(default_factory=list)
+    cpus: list[int] = field(default_factory=list)
+    memory: list[Memory] = field(default_factory=list)
+
+
+def _topology(numa: Iterable[int]) -> Any:
+    return pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in numa])
+
+
+def container_devices(devices: Iterable[Device]) -> list[Any]:
+    """The kubelet's ``ContainerDevices``: one per device and NUMA node."""
+    out = []
+    for d in devices:
+        if not d.numa:
+            out.append(pb.ContainerDevices(resource_name=d.resource, device_ids=[d.id]))
+        for node in d.numa:
+            out.append(pb.ContainerDevices(resource_name=d.resource, device_ids=[d.id], topology=_topology([node])))
+    return out
+
+
+def container_memory(memory: Iterable[Memory]) -> list[Any]:
+    return [pb.ContainerMemory(memory_type=m.type, size=m.size, topology=_topology(m.numa)) for m in memory]
+
+
+class StandInKubelet:
+    """PodResources v1 on ``root/pod-resources/kubelet.sock`` and checkpoint files under
+    ``root``; every method may be called from any thread. ``minor``: the kubelet's 1.x
+    release (features it lacks are left out of answers); ``clock``: the rate limiter's."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        get_enabled: bool = True,
+        minor: int = 36,
+        clock: Callable[[], float] = time.monotonic,
+        qps: float = QPS,
+        burst: int = BURST,
+        start: bool = True,
+    ) -> None:
+        self.root = root
+        self.socket = root / SOCKET
+        self.get_enabled = get_enabled
+        self.minor = minor
+        self.limiter = TokenBucket(rate=qps, burst=burst, clock=clock)
+        self.calls: Counter[str] = Counter()  # every call that reached the server, by method
+        self.rejected: Counter[str] = Counter()  # those the rate limit refused
+        self._lock = threading.Lock()
+        self._pods: dict[tuple[str, str], Pod] = {}
+        self._allocatable = Allocatable()
+        self._restarting = False
+        self._server: grpc.Server | None = None
+        if start:
+            self.start()
+
+    # ----------------------------------------------------------------------- state
+
+    def set_pod(
+        self,
+        namespace: str,
+        name: str,
+        containers: Sequence[Container] = (),
+        *,
+        uid: str = "",
+        active: bool = True,
+    ) -> Pod:
+        """Add or replace a pod (``uid``: derived from namespace and name when empty)."""
+        pod = Pod(
+            namespace,
+            name,
+            uid or str(uuid.uuid5(uuid.NAMESPACE_URL, f"pod/{namespace}/{name}")),
+            tuple(containers),
+            active,
+        )
+        with self._lock:
+            self._pods[(namespace, name)] = pod
+        return pod
+
+    def remove_pod(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._pods.pop((namespace, name), None)
+
+    def pods(self) -> list[Pod]:
+        with self._lock:
+            return list(self._pods.values())
+
+    def set_allocatable(
+        self, devices: Iterable[Device] = (), cpus: Iterable[int] = (), memory: Iterable[Memory] = ()
+    ) -> None:
+        """What GetAllocatableResources answers: healthy devices, allocatable CPUs, memory."""
+        with self._lock:
+            self._allocatable = Allocatable(list(devices), sorted(cpus), list(memory))
+
+    @contextmanager
+    def restarting(self, reopen: bool = True) -> Iterator[None]:
+        """A kubelet that has just restarted: its pod manager is not synced yet (List answers
+        no pods, Get finds none) and no plugin has registered again (no allocatable
+        devices). ``reopen``: the socket is removed and made again first, as a new kubelet
+        process does."""
+        if reopen:
+            self.stop()
+        with self._lock:
+            self._restarting = True
+        try:
+            if reopen:
+                self.start()
+            yield
+        finally:
+            with self._lock:
+                self._restarting = False
+
+    # ----------------------------------------------------------------------- the server
+
+    def start(self) -> None:
+        """Serve on the socket (made again if it is there, as the kubelet removes it first)."""
+        if self._server is not None:
+            return
+        self.socket.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+        self.socket.unlink(missing_ok=True)
+        server = grpc.server(ThreadPoolExecutor(max_workers=4, thread_name_prefix="standin-kubelet"))
+        pr.add_PodResourcesListerServicer_to_server(_Servicer(self), server)
+        server.add_insecure_port(unix_target(self.socket))
+        server.start()
+        self._server = server
+
+    def stop(self) -> None:
+        """Stop serving and remove the socket, as a stopped kubelet leaves it."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace=None).wait()
+        self.socket.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.stop()
+
+    def __enter__(self) -> StandInKubelet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def admit(self, method: str) -> bool:
+        """Count a call and take a token (False: rejected by the rate limit)."""
+        with self._lock:
+            self.calls[method] += 1
+            if self.limiter.allow():
+                return True
+            self.rejected[method] += 1
+            return False
+
+    # ----------------------------------------------------------------------- answers
+
+    def _container(self, pod: Pod, c: Container) -> Any:
+        out = pb.ContainerResources(name=c.name, devices=container_devices(c.devices), cpu_ids=list(c.cpus))
+        if self.minor >= 22:
+            out.memory.extend(container_memory(c.memory))
+        if self.minor >= 27:
+            for claim in c.claims:
+                resources = [pb.ClaimResource(cdi_devices=[pb.CDIDevice(name=n) for n in d.cdi]) for d in claim.devices]
+                if self.minor >= 31:
+                    for r, d in zip(resources, claim.devices, strict=True):
+                        r.driver_name, r.pool_name, r.device_name = d.driver, d.pool, d.device
+                        if d.share_id is not None and self.minor >= 35:
+                            r.share_id = d.share_id
+                out.dynamic_resources.append(
+                    pb.DynamicResource(
+                        claim_name=claim.name, claim_namespace=claim.namespace, claim_resources=resources
+                    )
+                )
+        return out
+
+    def pod_resources(self, pod: Pod) -> Any:
+        listed = [c for c in pod.containers if c.kind == "sidecar"] + [c for c in pod.containers if c.kind == "app"]
+        return pb.PodResources(
+            name=pod.name, namespace=pod.namespace, containers=[self._container(pod, c) for c in listed]
+        )
+
+    def list_answer(self) -> Any:
+        with self._lock:
+            pods = [] if self._restarting else [p for p in self._pods.values() if p.active]
+        return pb.ListPodResourcesResponse(pod_resources=[self.pod_resources(p) for p in pods])
+
+    def get_answer(self, namespace: str, name: str) -> Any | None:
+        with self._lock:
+            pod = None if self._restarting else self._pods.get((namespace, name))
+        return None if pod is None else pb.GetPodResourcesResponse(pod_resources=self.pod_resources(pod))
+
+    def allocatable_answer(self) -> Any:
+        with self._lock:
+            a, restarting = self._allocatable, self._restarting
+        out = pb.AllocatableResourcesResponse(
+            devices=[] if restarting else container_devices(a.devices), cpu_ids=a.cpus
+        )
+        if self.minor >= 22:
+            out.memory.extend(container_memory(a.memory))
+        return out
+
+    # ----------------------------------------------------------------------- checkpoints
+
+    def _held(self) -> list[tuple[Pod, Container]]:
+        with self._lock:
+            return [(p, c) for p in self._pods.values() for c in p.containers]
+
+    def write_device_checkpoint(self) -> Path:
+        """``device-plugins/kubelet_internal_checkpoint``: one entry per (pod, container,
+        resource), its devices by NUMA node (-1: no topology); the allocatable devices are
+        the registered ones."""
+        entries = []
+        for pod, c in self._held():
+            for resource in sorted({d.resource for d in c.devices}):
+                by_node: dict[int, list[str] | None] = {}
+                for d in c.devices:
+                    if d.resource == resource:
+                        for node in d.numa or (-1,):
+                            ids = by_node.setdefault(node, [])
+                            assert ids is not None
+                            ids.append(d.id)
+                entries.append(
+                    ki.PodDevicesEntry(
+                        pod_uid=pod.uid,
+                        container_name=c.name,
+                        resource_name=resource,
+                        device_ids=by_node,
+                        alloc_resp=b"",
+                    )
+                )
+        with self._lock:
+            registered: dict[str, list[str]] = {}
+            for d in self._allocatable.devices:
+                registered.setdefault(d.resource, []).append(d.id)
+        return kc.write(self.root, kc.DEVICE_CHECKPOINT, kc.device_checkpoint(entries or None, registered))
+
+    def write_cpu_state(self, policy: str = "static") -> Path:
+        """``cpu_manager_state``: exclusive CPUs per container; the rest of the allocatable
+        CPUs are the shared pool."""
+        entries: dict[str, dict[str, str]] = {}
+        used: set[int] = set()
+        for pod, c in self._held():
+            if c.cpus:
+                entries.setdefault(pod.uid, {})[c.name] = str(CPUSet(c.cpus))
+                used.update(c.cpus)
+        with self._lock:
+            default = CPUSet(set(self._allocatable.cpus) - used)
+        return kc.write(self.root, kc.CPU_STATE, kc.cpu_state(policy, str(default), entries))
+
+    def write_memory_state(self) -> Path:
+        """``memory_manager_state`` (policy Static): each NUMA node's allocatable memory by
+        type and what the containers hold of it."""
+        entries: dict[str, dict[str, list[kc.MemoryBlock]]] = {}
+        reserved: Counter[tuple[int, str]] = Counter()
+        assignments: Counter[int] = Counter()
+        for pod, c in self._held():
+            for m in c.memory:
+                entries.setdefault(pod.uid, {}).setdefault(c.name, []).append(
+                    kc.MemoryBlock(list(m.numa), m.type, m.size)
+                )
+                for node in m.numa[:1]:  # a block spanning nodes is charged to the first
+                    reserved[(node, m.type)] += m.size
+                for node in m.numa:
+                    assignments[node] += 1
+        with self._lock:
+            memory = list(self._allocatable.memory)
+        tables: dict[int, dict[str, kc.MemoryTable]] = {}
+        for m in memory:
+            for node in m.numa or (0,):
+                tables.setdefault(node, {})[m.type] = kc.MemoryTable(m.size, reserved=reserved[(node, m.type)])
+        machine = {node: kc.NUMANodeState(assignments[node], t, [node]) for node, t in tables.items()}
+        return kc.write(self.root, kc.MEMORY_STATE, kc.memory_state(kc.MemoryState("Static", machine, entries)))
+
+    def write_dra_state(self) -> Path:
+        """``dra_manager_state``: every claim a container uses, with the pods that use it."""
+        claims: dict[str, tuple[Claim, set[str]]] = {}
+        for pod, c in self._held():
+            for claim in c.claims:
+                claims.setdefault(claim.claim_uid, (claim, set()))[1].add(pod.uid)
+        out = []
+        for uid, (claim, pods) in sorted(claims.items()):
+            drivers: dict[str, list[ki.DRADevice]] = {}
+            for d in claim.devices:
+                drivers.setdefault(d.driver, []).append(
+                    ki.DRADevice(
+                        pool_name=d.pool,
+                        device_name=d.device,
+                        share_id=d.share_id,
+                        request_names=list(d.request_names) or None,
+                        cdi_device_ids=list(d.cdi) or None,
+                    )
+                )
+            out.append(
+                ki.DRAClaim(
+                    claim_uid=uid,
+                    claim_name=claim.name,
+                    namespace=claim.namespace,
+                    pod_uids=sorted(pods),
+                    driver_state=drivers,
+                )
+            )
+        return kc.write(self.root, kc.DRA_STATE, kc.dra_state(out, share_ids=self.minor >= 35))
+
+    def write_checkpoints(self) -> list[Path]:
+        """All four files, from the current state."""
+        return [
+            self.write_device_checkpoint(),
+            self.write_cpu_state(),
+            self.write_memory_state(),
+            self.write_dra_state(),
+        ]
+
+
+class _Servicer(pr.PodResourcesListerServicer):  # type: ignore[misc,name-defined]
+    def __init__(self, kubelet: StandInKubelet) -> None:
+        self.k = kubelet
+
+    def _admit(self, method: str, context: grpc.ServicerContext) -> None:
+        if not self.k.admit(method):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, RATE_LIMITED)
+
+    def List(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._admit("List", context)
+        return self.k.list_answer()
+
+    def GetAllocatableResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if self.k.minor < 21:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, _unknown("GetAllocatableResources"))
+        self._admit("GetAllocatableResources", context)
+        return self.k.allocatable_answer()
+
+    def Get(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if self.k.minor < 27:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, _unknown("Get"))
+        self._admit("Get", context)
+        if not self.k.get_enabled:
+            context.abort(grpc.StatusCode.UNKNOWN, GET_DISABLED)
+        answer = self.k.get_answer(request.pod_namespace, request.pod_name)
+        if answer is None:
+            context.abort(grpc.StatusCode.UNKNOWN, pod_not_found(request.pod_namespace, request.pod_name))
+        return answer
+
+
+def _unknown(method: str) -> str:
+    """grpc-go's answer to a method its service does not have."""
+    return f"unknown method {method} for service v1.PodResourcesLister"
