@@ -69,6 +69,15 @@ class Daemon:
 
 
 @pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary directory with a short path (unix sockets allow 107 bytes; pytest's, under
+    xdist, come near that before a socket's own name)."""
+    short = Path(tempfile.mkdtemp(prefix="es-", dir="/tmp"))
+    yield short
+    shutil.rmtree(short, ignore_errors=True)
+
+
+@pytest.fixture
 def root(tmp_path: Path) -> Iterator[Path]:
     # Unix socket paths are limited to 107 bytes: keep the root short (pytest's are not).
     short = Path(tempfile.mkdtemp(prefix="es-", dir="/tmp"))

@@ -45,7 +45,7 @@ from typing import Any, Literal
 import grpc
 
 from eventsrc.core.cpu.cpuset import CPUSet
-from eventsrc.offline import kubelet_import as ki
+from eventsrc.inputs import kubelet_checkpoints as ki
 from eventsrc.rpc.ratelimit import TokenBucket
 from tests.support import kubelet_checkpoints as kc
 from tests.support.grpcio_stubs import pod_resources, unix_target

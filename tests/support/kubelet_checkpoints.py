@@ -1,6 +1,6 @@
 """The kubelet's checkpoint files, written as the kubelet writes them (../shared/kubelet-api.md §5).
 
-Checksums come from eventsrc's own rules where it has them (``eventsrc.offline.kubelet_import``:
+Checksums come from eventsrc's own rules where it has them (``eventsrc.inputs.kubelet_checkpoints``:
 the device manager's and CPU manager's spew-FNV, DRA's CRC32), so a file written here is one
 that ``parse_device_checkpoint``, ``parse_cpu_state`` and ``parse_dra_state`` verify. eventsrc
 has no parser for the memory manager's file; its spew rendering is here
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from eventsrc.bench.scale import write_checkpoint
-from eventsrc.offline import kubelet_import as ki
+from eventsrc.inputs import kubelet_checkpoints as ki
 
 DEVICE_CHECKPOINT = "device-plugins/" + ki.DEVICE_CHECKPOINT  # under the kubelet root
 CPU_STATE = ki.CPU_STATE

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
-from eventsrc.offline import kubelet_import as ki
+from eventsrc.inputs import kubelet_checkpoints as ki
 from tests.support import kubelet_checkpoints as kc
 from tests.support.grpcio_stubs import pod_resources_client, unix_target
 from tests.support.kubelet import (
@@ -51,8 +51,8 @@ class Clock:
 
 
 @pytest.fixture
-def kubelet(tmp_path: Path) -> Iterator[StandInKubelet]:
-    with StandInKubelet(tmp_path / "kubelet") as k:
+def kubelet(short_tmp: Path) -> Iterator[StandInKubelet]:
+    with StandInKubelet(short_tmp / "kubelet") as k:
         yield k
 
 
@@ -135,15 +135,15 @@ def test_list_get_and_allocatable_answer_as_the_kubelet(kubelet: StandInKubelet)
     assert kubelet.calls == {"List": 2, "Get": 3, "GetAllocatableResources": 1} and not kubelet.rejected
 
 
-def test_get_switched_off_or_absent(tmp_path: Path) -> None:
+def test_get_switched_off_or_absent(short_tmp: Path) -> None:
     req = pb.GetPodResourcesRequest(pod_name="trainer", pod_namespace="team-a")
-    with StandInKubelet(tmp_path / "gate-off", get_enabled=False) as k:
+    with StandInKubelet(short_tmp / "gate-off", get_enabled=False) as k:
         populate(k)
         channel, stub = client(k)
         with channel:
             assert status_of(lambda: stub.Get(req)) == (grpc.StatusCode.UNKNOWN, GET_DISABLED)
         assert k.calls["Get"] == 1
-    with StandInKubelet(tmp_path / "v1.26", minor=26) as k:
+    with StandInKubelet(short_tmp / "v1.26", minor=26) as k:
         populate(k)
         channel, stub = client(k)
         with channel:
@@ -154,9 +154,9 @@ def test_get_switched_off_or_absent(tmp_path: Path) -> None:
         assert k.calls["Get"] == 0  # an unknown method never reaches the limiter
 
 
-def test_rate_limit_counts_exactly_with_a_held_clock(tmp_path: Path) -> None:
+def test_rate_limit_counts_exactly_with_a_held_clock(short_tmp: Path) -> None:
     clock = Clock()
-    with StandInKubelet(tmp_path / "kubelet", clock=clock) as k:
+    with StandInKubelet(short_tmp / "kubelet", clock=clock) as k:
         channel, stub = client(k)
         with channel:
             for _ in range(6):
