@@ -37,6 +37,12 @@ Each rule has a short name (``RULES``). How each one is detected:
 * ``reserved-under-admitted-pod``: a PodAdmitted (or a DevicesReserved) after which a
   device is still only reserved for the admitted pod: its Allocate outcome was never
   recorded, yet the pod was acknowledged (two admissions of one uid at once did this).
+* ``kubelet-device-in-two-pods``: beside a kubelet (``serve --beside-kubelet``), at the end of
+  a run of records sharing a correlation id with a KubeletDevicesObserved, a device the
+  observed views say containers of two pods hold at once. The kubelet's decision, not
+  eventsrc's: the rules above judge only eventsrc's own views, which observed facts never
+  change. Two containers of one pod are not judged (an init container's devices are handed on),
+  nor DRA claim devices (a claim may be shared by pods).
 * ``unexpected-transition``: an event that arrives at a pod, a device or a claim in a
   state whose row of its lifecycle table (``eventsrc.state.lifecycles``) does not expect
   it. The reducers apply it anyway (they are total); this rule says it happened.
@@ -73,6 +79,7 @@ RULES: dict[str, str] = {
     "unhealthy-device-allocated": "no allocation of an unhealthy device",
     "reserved-under-admitted-pod": "no device of an admitted pod left reserved without its allocation",
     "unexpected-transition": "every event arrives in a state its lifecycle expects it in",
+    "kubelet-device-in-two-pods": "no device the kubelet gave to two pods at once (observed: the kubelet's fault)",
 }
 
 #: How many later admissions' outcomes a reservation may wait behind (``dangling-reservation``).
@@ -310,6 +317,35 @@ def shared_pool_violations(views: Views, group: list[Record]) -> list[Violation]
     return []
 
 
+def kubelet_devices_shared(views: Views, group: list[Record]) -> list[Violation]:
+    """``kubelet-device-in-two-pods`` at the end of ``group``: each of its KubeletDevicesObserved
+    naming a device that containers of two observed pods hold."""
+    observed = [r for r in group if isinstance(r.event, ev.KubeletDevicesObserved)]
+    if not observed:
+        return []
+    wanted = {
+        (e.resource, i) for r in observed if isinstance(e := r.event, ev.KubeletDevicesObserved) for i in e.device_ids
+    }
+    holders: dict[tuple[str, str], list[str]] = {}
+    for key, pod in views.kubelet.pods.items():
+        for cname, c in pod.containers.items():
+            for resource, ids in c.devices.items():
+                for i in ids:
+                    pods = holders.setdefault((resource, i), [])
+                    if (resource, i) in wanted and not any(p.startswith(f"{key}/") for p in pods):
+                        pods.append(f"{key}/{cname}")
+    out = []
+    for r in observed:
+        e = r.event
+        assert isinstance(e, ev.KubeletDevicesObserved)
+        for i in e.device_ids:
+            both = holders.get((e.resource, i), [])
+            if len(both) > 1:
+                message = f"{e.resource} device {i} is held by {' and '.join(both)} at once (the kubelet's decision)"
+                out.append(_v("kubelet-device-in-two-pods", message, r, group[-1].seq))
+    return out
+
+
 def _owners(views: Views, cpus: CPUSet) -> str:
     out = [
         who(views, uid, name)
@@ -385,7 +421,7 @@ class Checker:
 
     def _end_group(self) -> list[Violation]:
         group, self.group = self.group, []
-        out = shared_pool_violations(self.views, group)
+        out = shared_pool_violations(self.views, group) + kubelet_devices_shared(self.views, group)
         pods = self.views.pods.pods
         for uid, res in list(self.reservations.items()):
             pod = pods.get(uid)

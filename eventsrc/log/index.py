@@ -10,6 +10,8 @@ about one thing:
                                       runtime did with its sandboxes and containers)
 * ``n\\0<namespace>/<name>\\0``       – a pod by name (admissions, refusals, sandboxes started)
 * ``c\\0<claim uid>\\0``              – a DRA claim
+* ``o\\0``                          – what eventsrc could not observe: observation gaps and unreadable
+                                      kubelet checkpoints (few; ``audit`` reads them all)
 
 A prefix too long for an LMDB key (511 bytes in all, the sequence included) is replaced by
 its kind and a digest of it, ``<kind>\\0#<hex>\\0``: queries build the same prefix, so they
@@ -23,6 +25,7 @@ from __future__ import annotations
 import hashlib
 
 from eventsrc import events as ev
+from eventsrc.state.kubelet import OBSERVED_POD_EVENTS, claim_device_id
 from eventsrc.state.lifecycles import DRIVER_EVENTS
 
 MAX_KEY = 511  # LMDB's largest key, as built by default (py-lmdb's Environment.max_key_size)
@@ -49,6 +52,11 @@ def name_prefix(namespace: str, name: str) -> bytes:
 
 def claim_prefix(uid: str) -> bytes:
     return _fit(b"c\0" + uid.encode() + b"\0")
+
+
+def observation_prefix() -> bytes:
+    """The gaps in what eventsrc saw (ObservationGapFound) and the kubelet checkpoints it could not read."""
+    return b"o\0"
 
 
 def keys_for(e: ev._Event) -> list[bytes]:
@@ -82,17 +90,14 @@ def keys_for(e: ev._Event) -> list[bytes]:
         return [pod_prefix(e.pod_uid), *devices]
     if isinstance(e, _RUNTIME_POD_EVENTS) and e.pod_uid:  # "": the runtime did not say (never in practice)
         return [pod_prefix(e.pod_uid)]
-    if isinstance(e, _OBSERVED_POD_EVENTS):
+    if isinstance(e, OBSERVED_POD_EVENTS):
         return [*_observed_pod(e.pod), *_observed_devices(e)]
     if isinstance(e, ev.KubeletAllocatableChanged):
         added = [device_prefix(r, d.id) for r, devices in sorted(e.added.items()) for d in devices]
         return added + [device_prefix(r, i) for r, ids in sorted(e.removed.items()) for i in ids]
+    if isinstance(e, (ev.ObservationGapFound, ev.KubeletCheckpointReadFailed)):
+        return [observation_prefix()]
     return []
-
-
-def claim_device_id(d: ev.ObservedClaimDevice) -> str:
-    """A DRA device as ``audit device`` names it: the driver is the resource, ``pool/device`` the id."""
-    return f"{d.pool}/{d.device}"
 
 
 def _observed_pod(pod: ev.PodRef) -> list[bytes]:
@@ -107,19 +112,6 @@ def _observed_devices(e: ev._Event) -> list[bytes]:
     if isinstance(e, (ev.KubeletClaimObserved, ev.KubeletClaimReleased)):
         return list(dict.fromkeys(device_prefix(d.driver, claim_device_id(d)) for d in e.devices))
     return []
-
-
-_OBSERVED_POD_EVENTS = (
-    ev.KubeletPodObserved,
-    ev.KubeletPodReleased,
-    ev.KubeletDevicesObserved,
-    ev.KubeletDevicesReleased,
-    ev.KubeletCPUsObserved,
-    ev.KubeletCPUsReleased,
-    ev.KubeletMemoryObserved,
-    ev.KubeletClaimObserved,
-    ev.KubeletClaimReleased,
-)
 
 
 _RUNTIME_POD_EVENTS = (

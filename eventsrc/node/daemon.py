@@ -189,6 +189,7 @@ class Daemon:
             last_seq=lambda: self.views.meta.last_seq,
             corrupt_records=lambda: len(self.views.meta.corrupt),
             retention=lambda: self.retainer.health,
+            views=lambda: self.views,
         )
         self.metrics_address: str | None = None  # as bound (port 0 resolved)
         self.loop_holds = LoopHolds()  # the loop's task steps, timed while serve runs

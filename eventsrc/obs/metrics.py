@@ -42,6 +42,8 @@ from eventsrc.errors import EventsrcError
 from eventsrc.events import Record
 from eventsrc.obs.logger import get_logger
 from eventsrc.obs.text import escape
+from eventsrc.state.kubelet import claim_device_id
+from eventsrc.state.views import Views
 
 log = get_logger("eventsrc.obs.metrics")
 
@@ -119,6 +121,7 @@ class Metrics:
         last_seq: Callable[[], int] = lambda: 0,
         corrupt_records: Callable[[], int] = lambda: 0,
         retention: Callable[[], CutHealth] = CutHealth,
+        views: Callable[[], Views] = Views,
     ) -> None:
         r = self.registry = CollectorRegistry(auto_describe=False)
         # ------------------------------------------------------------ the kubelet's
@@ -218,6 +221,7 @@ class Metrics:
             registry=r,
         )
         r.register(_ScrapeTime(self, log_bytes, last_seq, corrupt_records, retention))
+        r.register(_Allocations(views))
         self._on_event: dict[type, Callable[[Any], None]] = {
             ev.PluginRegistered: self._registration,
             ev.PluginRegistrationRejected: self._registration,
@@ -408,6 +412,46 @@ class _ScrapeTime:
             "Retention cuts that failed since the start (tried again with a pause that doubles, up to 60 s).",
             value=health.failures,
         )
+
+
+ALLOCATION_LABELS = ("resource", "device", "namespace", "pod", "container")
+
+
+def device_allocations(views: Views) -> Iterator[tuple[str, str, str, str, str]]:
+    """(resource, device, namespace, pod, container) of every device held now: eventsrc's own
+    grants (``views.pods``) and, beside a kubelet, what it observed the kubelet give
+    (``views.kubelet``; a DRA claim's device as resource = its driver, device = ``pool/device``)."""
+    for pod in views.pods.pods.values():
+        for cname, c in pod.containers.items():
+            for resource, ids in c.devices.items():
+                for i in ids:
+                    yield resource, i, pod.namespace, pod.name, cname
+    for opod in views.kubelet.pods.values():
+        for cname, oc in opod.containers.items():
+            for resource, held in oc.devices.items():
+                for i in held:
+                    yield resource, i, opod.namespace, opod.name, cname
+            for devices in oc.claims.values():
+                for d in devices:
+                    yield d.driver, claim_device_id(d), opod.namespace, opod.name, cname
+
+
+class _Allocations:
+    """``eventsrc_device_allocation_info``, as kube-state-metrics writes its ``_info`` series:
+    1 per device held now, built from the views when scraped (nothing is kept per event)."""
+
+    def __init__(self, views: Callable[[], Views]) -> None:
+        self._views = views
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            "eventsrc_device_allocation_info",
+            "A device held now, by its pod's container (eventsrc's grants, or the kubelet's as observed beside it).",
+            labels=list(ALLOCATION_LABELS),
+        )
+        for series in sorted(set(device_allocations(self._views()))):
+            family.add_metric(list(series), 1)
+        yield family
 
 
 def go_float(value: float) -> str:

@@ -34,8 +34,15 @@ from msgspec import Struct
 from eventsrc import events as ev
 from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.errors import EventsrcError
-from eventsrc.log.index import claim_prefix, device_prefix, name_prefix, pod_prefix
+from eventsrc.log.index import (
+    claim_prefix,
+    device_prefix,
+    name_prefix,
+    observation_prefix,
+    pod_prefix,
+)
 from eventsrc.obs.text import escape
+from eventsrc.state.kubelet import OBSERVED_POD_EVENTS, claim_device_id
 from eventsrc.state.lifecycles import CLAIM, DRIVER_EVENTS
 
 if TYPE_CHECKING:
@@ -175,8 +182,25 @@ class Holding(Struct, kw_only=True, gc=False):
     note: str = ""
     end: At | None = None  # None: still held (at the end of the window)
     still_held: bool = True
-    released_by: str = ""  # "DevicesReleased" or "AllocationFailed"
+    released_by: str = ""  # "DevicesReleased", "AllocationFailed", "KubeletDevicesReleased"...
     reason: str = ""
+    decided_by: str = "eventsrc"  # or "kubelet": observed beside it (``serve --beside-kubelet``)
+    # a kubelet hold: the runtime's containers of that pod and name whose lives overlap it (a restart: a new id)
+    container_ids: list[RuntimeContainer] = []
+
+
+class Gap(Struct, kw_only=True, gc=False):
+    """A time eventsrc could not see ``source`` ("kubelet", "runtime" or "eventsrc"):
+    ObservationGapFound. ``until`` None: still open at the end of the log."""
+
+    source: str
+    since_ns: int
+    since: str
+    until_ns: int = 0
+    until: str = ""
+    reason: str = ""
+    found: At | None = None  # the record that told it
+    closed: At | None = None  # the record that closed it
 
 
 class DeviceTimeline(Struct, kw_only=True, gc=False):
@@ -190,6 +214,7 @@ class DeviceTimeline(Struct, kw_only=True, gc=False):
     changes: list[DeviceChange] = []
     holders: list[Holding] = []
     containers: list[ContainerRun] = []  # the containers the runtime ran with it
+    gaps: list[Gap] = []  # what eventsrc could not see while this history ran
     corrupt: list[int] = []
     log: LogStart | None = None  # None: the log was never cut
 
@@ -254,6 +279,59 @@ class Removal(Struct, kw_only=True, gc=False):
     reason: str = ""
 
 
+class ObservedDevices(Struct, kw_only=True, gc=False):
+    """Devices the kubelet gave a container (KubeletDevicesObserved) until it let them go."""
+
+    resource: str
+    device_ids: list[str]
+    observed: At
+    released: At | None = None
+    reason: str = ""
+
+
+class ObservedCPUs(Struct, kw_only=True, gc=False):
+    """The container's exclusive CPUs as the kubelet listed them from ``at`` (the whole set)
+    until the next listing or their release."""
+
+    cpus: list[int]
+    at: At
+    until: At | None = None
+    reason: str = ""
+
+
+class ObservedMemoryStep(Struct, kw_only=True, gc=False):
+    at: At
+    memory: list[ev.ObservedMemory]
+
+
+class ObservedClaim(Struct, kw_only=True, gc=False):
+    claim: ev.ClaimRef
+    devices: list[ev.ObservedClaimDevice]
+    observed: At
+    released: At | None = None
+    reason: str = ""
+
+
+class ObservedContainer(Struct, kw_only=True, gc=False):
+    name: str
+    devices: list[ObservedDevices] = []
+    cpus: list[ObservedCPUs] = []
+    memory: list[ObservedMemoryStep] = []
+    claims: list[ObservedClaim] = []
+    container_ids: list[RuntimeContainer] = []  # the runtime's containers of that name (restarts: new ids)
+
+
+class ObservedPod(Struct, kw_only=True, gc=False):
+    """What the kubelet decided for the pod, as eventsrc observed it beside it."""
+
+    decided_by: str = "kubelet"
+    observed: At | None = None  # its first observed record
+    uid_from: str = ""  # how its uid was learned: "kubelet", "runtime" (a sandbox of that name) or ""
+    released: At | None = None
+    reason: str = ""
+    containers: list[ObservedContainer] = []
+
+
 class Line(Struct, kw_only=True, gc=False):
     """One record, as ``eventsrc log`` summarizes it."""
 
@@ -277,6 +355,8 @@ class PodHistory(Struct, kw_only=True, gc=False):
     sandboxes: list[Sandbox] = []
     containers: list[RuntimeContainer] = []
     removed: list[Removal] = []
+    observed: ObservedPod | None = None  # what a kubelet decided for it (``serve --beside-kubelet``)
+    gaps: list[Gap] = []  # what eventsrc could not see while the pod lived
     events: list[Line] = []
     corrupt: list[int] = []
     log: LogStart | None = None  # None: the log was never cut
@@ -333,6 +413,9 @@ def _read(
 
 
 _NAMED = (ev.PodAdmissionStarted, ev.PodAdmitted, ev.AdmissionRejected, ev.PodSandboxStarted)
+#: what the kubelet decided, observed beside it: each names its pod (``PodRef``; its uid may be "")
+_OBSERVED = OBSERVED_POD_EVENTS
+_ADMISSIONS = (ev.PodAdmissionStarted, ev.PodAdmitted, ev.AdmissionRejected)
 
 
 def pod_name(log: Reader, uid: str, cache: dict[str, PodName] | None = None) -> PodName:
@@ -346,7 +429,11 @@ def pod_name(log: Reader, uid: str, cache: dict[str, PodName] | None = None) -> 
     while i < len(seqs):
         batch, i, n = seqs[i : i + n], i + n, 8
         hit = next(
-            (r.event.pod for r in log.read_many(batch) if isinstance(r, ev.Record) and isinstance(r.event, _NAMED)),
+            (
+                r.event.pod
+                for r in log.read_many(batch)
+                if isinstance(r, ev.Record) and isinstance(r.event, (*_NAMED, *_OBSERVED)) and r.event.pod.name
+            ),
             None,
         )
         if hit is not None:
@@ -436,6 +523,179 @@ class _Runtime:
         )
 
 
+# --------------------------------------------------------------------------- observed beside a kubelet
+
+
+def overlapping(
+    containers: list[RuntimeContainer], name: str, start: At | None, end: At | None
+) -> list[RuntimeContainer]:
+    """The containers named ``name`` whose lives (created to stopped, else removed) overlap the
+    hold from ``start`` to ``end`` (None: before the log; still held). A restart is a new id."""
+    lo, hi = (start.seq if start else 0), (end.seq if end else None)
+    out = []
+    for c in containers:
+        gone = c.stopped or c.removed
+        if (
+            c.name == name
+            and (hi is None or c.created is None or c.created.seq <= hi)
+            and (gone is None or gone.seq >= lo)
+        ):
+            out.append(c)
+    return out
+
+
+@dataclass
+class ObservedRun:
+    """One pod the kubelet listed under a namespace/name, from its first observed record to
+    its KubeletPodReleased: its uid (as the kubelet said it, else from the runtime's sandbox
+    of that name, else "") and its observed records."""
+
+    uid: str
+    uid_from: str
+    records: list[ev.Record]
+    released: bool = False
+
+
+def observed_runs(recs: list[ev.Record]) -> list[ObservedRun]:
+    """The observed pods in ``recs`` (the records of one namespace/name, in order), oldest first.
+    A new pod starts after a KubeletPodReleased, or where the kubelet names another uid. A pod
+    the kubelet names without a uid takes the uid of the first sandbox of that name started
+    while it was listed, else of the newest started before it that no other pod took."""
+    runs: list[ObservedRun] = []
+    cur: ObservedRun | None = None
+    for r in recs:
+        e = r.event
+        if not isinstance(e, _OBSERVED):
+            continue
+        uid = e.pod.uid
+        if cur is None or cur.released or (uid and cur.uid and uid != cur.uid):
+            cur = ObservedRun(uid=uid, uid_from="kubelet" if uid else "", records=[])
+            runs.append(cur)
+        elif uid and not cur.uid:
+            cur.uid, cur.uid_from = uid, "kubelet"
+        cur.records.append(r)
+        cur.released = cur.released or isinstance(e, ev.KubeletPodReleased)
+    sandboxes = [
+        (r.seq, r.event.pod.uid) for r in recs if isinstance(r.event, ev.PodSandboxStarted) and r.event.pod.uid
+    ]
+    taken = {run.uid for run in runs if run.uid}
+    for i, run in enumerate(runs):
+        if run.uid:
+            continue
+        first = run.records[0].seq
+        last = run.records[-1].seq if run.released else (runs[i + 1].records[0].seq if i + 1 < len(runs) else None)
+        free = [(seq, uid) for seq, uid in sandboxes if uid not in taken]
+        within = [uid for seq, uid in free if seq >= first and (last is None or seq <= last)]
+        before = [uid for seq, uid in free if seq < first]
+        pick = within[0] if within else before[-1] if before else ""
+        if pick:
+            run.uid, run.uid_from = pick, "runtime"
+            taken.add(pick)
+    return runs
+
+
+def _named_records(log: Reader, namespace: str, name: str, corrupt: list[int]) -> list[ev.Record]:
+    return _read(log, name_prefix(namespace, name), corrupt)
+
+
+class _Observed:
+    """One pod's observed records in order (``feed`` each): what the kubelet gave each container."""
+
+    def __init__(self) -> None:
+        self.pod = ObservedPod()
+        self._containers: dict[str, ObservedContainer] = {}
+
+    def _c(self, name: str) -> ObservedContainer:
+        c = self._containers.get(name)
+        if c is None:
+            c = self._containers[name] = ObservedContainer(name=name)
+            self.pod.containers.append(c)
+        return c
+
+    def feed(self, r: ev.Record) -> None:
+        e, a = r.event, at(r)
+        if self.pod.observed is None:
+            self.pod.observed = a
+        if isinstance(e, ev.KubeletPodReleased):
+            self.pod.released, self.pod.reason = a, e.reason
+        elif isinstance(e, ev.KubeletDevicesObserved):
+            self._c(e.container).devices.append(
+                ObservedDevices(resource=e.resource, device_ids=list(e.device_ids), observed=a)
+            )
+        elif isinstance(e, ev.KubeletDevicesReleased):
+            self._devices_released(self._c(e.container), e, a)
+        elif isinstance(e, (ev.KubeletCPUsObserved, ev.KubeletCPUsReleased)):
+            self._cpus(self._c(e.container), e, a)
+        elif isinstance(e, ev.KubeletMemoryObserved):
+            self._c(e.container).memory.append(ObservedMemoryStep(at=a, memory=list(e.memory)))
+        elif isinstance(e, ev.KubeletClaimObserved):
+            c = self._c(e.container)
+            held = next((u for u in c.claims if u.claim == e.claim and u.released is None), None)
+            if held is None:
+                c.claims.append(ObservedClaim(claim=e.claim, devices=list(e.devices), observed=a))
+            else:
+                held.devices = list(e.devices)
+        elif isinstance(e, ev.KubeletClaimReleased):
+            c = self._c(e.container)
+            held = next((u for u in c.claims if u.claim == e.claim and u.released is None), None)
+            if held is None:  # observed before the retained log
+                held = ObservedClaim(claim=e.claim, devices=list(e.devices), observed=a)
+                c.claims.append(held)
+            held.released, held.reason = a, e.reason
+
+    @staticmethod
+    def _devices_released(c: ObservedContainer, e: ev.KubeletDevicesReleased, a: At) -> None:
+        gone = set(e.device_ids)
+        for h in list(c.devices):
+            if h.resource != e.resource or h.released is not None or not gone & set(h.device_ids):
+                continue
+            left = [i for i in h.device_ids if i not in gone]
+            if left:  # part of the grant: the rest stays held
+                released = [i for i in h.device_ids if i in gone]
+                h.device_ids = left
+                h = ObservedDevices(resource=e.resource, device_ids=released, observed=h.observed)
+                c.devices.append(h)
+            h.released, h.reason = a, e.reason
+
+    @staticmethod
+    def _cpus(c: ObservedContainer, e: ev.KubeletCPUsObserved | ev.KubeletCPUsReleased, a: At) -> None:
+        held = c.cpus[-1] if c.cpus and c.cpus[-1].until is None else None
+        left = sorted(e.cpus) if isinstance(e, ev.KubeletCPUsObserved) else []
+        if held is not None:
+            held.until = a
+            if isinstance(e, ev.KubeletCPUsReleased):
+                held.reason = e.reason
+                left = [i for i in held.cpus if i not in set(e.cpus)]
+        if left:
+            c.cpus.append(ObservedCPUs(cpus=left, at=a))
+
+
+# --------------------------------------------------------------------------- gaps
+
+
+def observation_gaps(log: Reader, corrupt: list[int]) -> list[Gap]:
+    """Every ObservationGapFound of the log, one per gap (its closing record folded in)."""
+    gaps: dict[tuple[str, int], Gap] = {}
+    for r in _read(log, observation_prefix(), corrupt):
+        e = r.event
+        if not isinstance(e, ev.ObservationGapFound):
+            continue
+        g = gaps.get((e.source, e.since_ns))
+        if g is None:
+            g = gaps[(e.source, e.since_ns)] = Gap(
+                source=e.source, since_ns=e.since_ns, since=iso(e.since_ns), found=at(r)
+            )
+        if e.until_ns:
+            g.until_ns, g.until, g.closed = e.until_ns, iso(e.until_ns), at(r)
+        g.reason = e.reason or g.reason
+    return sorted(gaps.values(), key=lambda g: (g.since_ns, g.source))
+
+
+def gaps_over(gaps: list[Gap], lo_ns: int, hi_ns: int | None) -> list[Gap]:
+    """The gaps that overlap ``lo_ns``..``hi_ns`` (None: up to now); an open gap runs up to now."""
+    return [g for g in gaps if (hi_ns is None or g.since_ns <= hi_ns) and (not g.until_ns or g.until_ns >= lo_ns)]
+
+
 # --------------------------------------------------------------------------- windows
 
 
@@ -508,7 +768,7 @@ def device_timeline(
         corrupt=corrupt,
     )
     holdings: list[Holding] = []
-    open_: dict[tuple[str, str], Holding] = {}
+    open_: dict[tuple[str, ...], Holding] = {}
     created: list[ev.Record] = []
     for r in recs:
         e = r.event
@@ -550,16 +810,117 @@ def device_timeline(
                 )
                 holdings.append(h)
             h.end, h.still_held, h.released_by, h.reason = a, False, type(e).__name__, e.reason
+        elif isinstance(e, _OBSERVED_HOLDS):
+            _observed_hold(e, a, resource, device_id, open_, holdings)
         if change is not None and not before(r):
             out.changes.append(change)
     names: dict[str, PodName] = {}
+    runtimes: dict[str, _Runtime] = {}
+    named: dict[tuple[str, str], list[ObservedRun]] = {}
     for h in holdings:
         if h.end is not None and before_end(h.end, since_seq, since_ns):
             continue
-        h.pod = pod_name(log, h.pod.uid, names)
+        if h.decided_by == "eventsrc":  # its containers: those the runtime ran with the device (below)
+            h.pod = pod_name(log, h.pod.uid, names)
+        elif not h.pod.uid:
+            h.pod = _observed_uid(log, h, named, corrupt)
+        if h.decided_by == "kubelet" and h.pod.uid:
+            rt = _runtime_of(log, h.pod.uid, corrupt, until_seq, until_ns, runtimes)
+            h.container_ids = overlapping(rt.containers, h.container, h.start, h.end)
         out.holders.append(h)
-    out.containers = _runs(log, created, names, corrupt, until_seq, until_ns, since_seq, since_ns)
+    out.containers = _runs(log, created, names, corrupt, until_seq, until_ns, since_seq, since_ns, runtimes)
+    first = next((r.ts_ns for r in recs if not before(r)), None)
+    if first is not None or since_ns is not None:
+        out.gaps = gaps_over(observation_gaps(log, corrupt), since_ns or first or 0, until_ns)
     return out
+
+
+_OBSERVED_HOLDS = (
+    ev.KubeletDevicesObserved,
+    ev.KubeletDevicesReleased,
+    ev.KubeletClaimObserved,
+    ev.KubeletClaimReleased,
+)
+
+
+def _observed_ids(
+    e: ev.KubeletDevicesObserved | ev.KubeletDevicesReleased | ev.KubeletClaimObserved | ev.KubeletClaimReleased,
+    resource: str,
+) -> list[str]:
+    """The devices of ``resource`` the event names (a DRA device as ``pool/device`` of its driver)."""
+    if isinstance(e, (ev.KubeletDevicesObserved, ev.KubeletDevicesReleased)):
+        return list(e.device_ids) if e.resource == resource else []
+    return [claim_device_id(d) for d in e.devices if d.driver == resource]
+
+
+def _observed_hold(
+    e: ev.KubeletDevicesObserved | ev.KubeletDevicesReleased | ev.KubeletClaimObserved | ev.KubeletClaimReleased,
+    a: At,
+    resource: str,
+    device_id: str,
+    open_: dict[tuple[str, ...], Holding],
+    holdings: list[Holding],
+) -> None:
+    """A hold the kubelet decided, observed: one per pod (by name), container and claim."""
+    ids = _observed_ids(e, resource)
+    if device_id not in ids:
+        return
+    claim = (
+        f"{e.claim.namespace}/{e.claim.name}"
+        if isinstance(e, (ev.KubeletClaimObserved, ev.KubeletClaimReleased))
+        else ""
+    )
+    key = ("kubelet", e.pod.namespace, e.pod.name, e.container, claim)
+    h = open_.get(key)
+    if h is not None and e.pod.uid and not h.pod.uid:
+        h.pod = PodName(uid=e.pod.uid, namespace=e.pod.namespace, name=e.pod.name)
+    if isinstance(e, (ev.KubeletDevicesObserved, ev.KubeletClaimObserved)):
+        if h is None:
+            h = Holding(
+                pod=PodName(uid=e.pod.uid, namespace=e.pod.namespace, name=e.pod.name),
+                container=e.container,
+                device_ids=ids,
+                start=a,
+                decided_by="kubelet",
+                note=f"claim {claim}" if claim else "",
+            )
+            open_[key] = h
+            holdings.append(h)
+        return
+    open_.pop(key, None)
+    if h is None:  # observed before the retained log
+        pod = PodName(uid=e.pod.uid, namespace=e.pod.namespace, name=e.pod.name)
+        h = Holding(pod=pod, container=e.container, device_ids=ids, start=None, decided_by="kubelet")
+        holdings.append(h)
+    h.end, h.still_held, h.released_by, h.reason = a, False, type(e).__name__, e.reason
+
+
+def _observed_uid(
+    log: Reader, h: Holding, named: dict[tuple[str, str], list[ObservedRun]], corrupt: list[int]
+) -> PodName:
+    """The pod of a hold the kubelet named without a uid: the observed pod of that name whose
+    records hold the hold's start (its uid from a later record, or from the runtime's sandbox)."""
+    key = (h.pod.namespace, h.pod.name)
+    if key not in named:
+        named[key] = observed_runs(_named_records(log, *key, corrupt))
+    mark = h.start or h.end
+    for run in named[key]:
+        if mark is not None and any(r.seq == mark.seq for r in run.records):
+            return PodName(uid=run.uid, namespace=h.pod.namespace, name=h.pod.name)
+    return h.pod
+
+
+def _runtime_of(
+    log: Reader, uid: str, corrupt: list[int], until_seq: int | None, until_ns: int | None, cache: dict[str, _Runtime]
+) -> _Runtime:
+    """The pod's sandboxes and containers up to the window's end (read once per uid)."""
+    fold = cache.get(uid)
+    if fold is None:
+        fold = cache[uid] = _Runtime()
+        for pr in _read(log, pod_prefix(uid), corrupt, 1, until_seq):
+            if (until_ns is None or pr.ts_ns <= until_ns) and isinstance(pr.event, _RUNTIME_EVENTS):
+                fold.feed(pr)
+    return fold
 
 
 def _runs(
@@ -571,20 +932,15 @@ def _runs(
     until_ns: int | None,
     since_seq: int | None,
     since_ns: int | None,
+    pods: dict[str, _Runtime],
 ) -> list[ContainerRun]:
     """The containers created in ``created`` (ContainerCreated records), each with its life
     up to the window's end (read from its pod's index), less those gone before the window."""
-    pods: dict[str, _Runtime] = {}
     out: list[ContainerRun] = []
     for r in created:
         assert isinstance(r.event, ev.ContainerCreated)
         uid = r.event.pod_uid
-        if uid not in pods:
-            pods[uid] = fold = _Runtime()
-            for pr in _read(log, pod_prefix(uid), corrupt, 1, until_seq):
-                if until_ns is None or pr.ts_ns <= until_ns:
-                    fold.feed(pr)
-        c = pods[uid].container(r.event.container_id, r.seq)
+        c = _runtime_of(log, uid, corrupt, until_seq, until_ns, pods).container(r.event.container_id, r.seq)
         if c is None:  # not in its pod's index (a corrupt record hid it): what the device's index has
             fold = _Runtime()
             fold.feed(r)
@@ -604,34 +960,55 @@ def before_end(end: At, since_seq: int | None, since_ns: int | None) -> bool:
 # --------------------------------------------------------------------------- pod
 
 
-def resolve_pod(log: Reader, target: str) -> tuple[str, str, list[str]]:
-    """(uid, how it was resolved, other uids with that name) for ``UID`` or ``NAMESPACE/NAME``."""
+def resolve_pod(log: Reader, target: str) -> tuple[str, str, list[str], ObservedRun | None]:
+    """(uid, how it was resolved, other uids with that name, the kubelet's pod of that uid when
+    one was observed) for ``UID`` or ``NAMESPACE/NAME``. A pod the kubelet named without a uid
+    that no sandbox tells has the uid "" (the newest such pod)."""
     if "/" not in target:
-        return target, "", []
+        return target, "", [], None
     namespace, name = target.split("/", 1)
-    uids: list[str] = []
-    for r in log.read_many(log.index_seqs(name_prefix(namespace, name))):
-        if isinstance(r, ev.Record) and isinstance(r.event, _NAMED):
-            uid = r.event.pod.uid
-            if uid in uids:
-                uids.remove(uid)
-            uids.append(uid)  # ordered by each uid's newest record
+    recs = [r for r in log.read_many(log.index_seqs(name_prefix(namespace, name))) if isinstance(r, ev.Record)]
+    newest: dict[str, int] = {}  # uid -> the seq of its newest record
+    for r in recs:
+        if isinstance(r.event, _NAMED):
+            newest.pop(r.event.pod.uid, None)
+            newest[r.event.pod.uid] = r.seq
+    runs = {run.uid: run for run in observed_runs(recs)}  # the newest of each uid
+    for uid, run in runs.items():
+        newest[uid] = max(newest.pop(uid, 0), run.records[-1].seq)
+    uids = sorted(newest, key=lambda u: newest[u])  # ordered by each uid's newest record
     if not uids:
         raise NotInLogError(f"no pod {namespace}/{name} in the log")
-    newest = uids[-1]
-    how = f"{namespace}/{name} is pod {newest}" + (
+    uid = uids[-1]
+    how = f"{namespace}/{name} is pod {uid or '(uid unknown: no sandbox of that name)'}" + (
         f" (the newest of {len(uids)} pods with that name)" if len(uids) > 1 else ""
     )
-    return newest, how, [u for u in reversed(uids[:-1])]
+    return uid, how, [u or "(uid unknown)" for u in reversed(uids[:-1])], runs.get(uid)
+
+
+def _observed_run_of(log: Reader, uid: str, recs: list[ev.Record], corrupt: list[int]) -> ObservedRun | None:
+    """The kubelet's pod with this uid, found by its name (its records may not name the uid)."""
+    if any(isinstance(r.event, _ADMISSIONS) for r in recs):
+        return None  # eventsrc's own pod
+    ref = next((r.event.pod for r in recs if isinstance(r.event, (*_NAMED, *_OBSERVED)) and r.event.pod.name), None)
+    if ref is None:
+        return None
+    return next(
+        (run for run in observed_runs(_named_records(log, ref.namespace, ref.name, corrupt)) if run.uid == uid), None
+    )
 
 
 def pod_history(log: Reader, uid_or_ns_name: str) -> PodHistory:
     """Everything the pod asked for, got, was refused and released, with times and sequences."""
     from eventsrc.offline.render import record_summary
 
-    uid, how, others = resolve_pod(log, uid_or_ns_name)
+    uid, how, others, run = resolve_pod(log, uid_or_ns_name)
     corrupt: list[int] = []
-    recs = _read(log, pod_prefix(uid), corrupt)
+    recs = _read(log, pod_prefix(uid), corrupt) if uid else []
+    if run is None and not how:
+        run = _observed_run_of(log, uid, recs, corrupt)
+    if run is not None:  # its records that name no uid are not in the uid's index
+        recs = sorted({r.seq: r for r in [*recs, *run.records]}.values(), key=lambda r: r.seq)
     if not recs and not corrupt:
         raise NotInLogError(f"no pod with uid {uid} in the log")
     out = PodHistory(uid=uid, resolved=how, other_uids=others, corrupt=corrupt)
@@ -639,13 +1016,16 @@ def pod_history(log: Reader, uid_or_ns_name: str) -> PodHistory:
     cpus: dict[str, CPUGrant] = {}
     claims: dict[str, ClaimUse] = {}
     runtime = _Runtime()
+    observed = _Observed()
     for r in recs:
         e = r.event
         a = at(r)
         out.events.append(Line(at=a, type=r.type, summary=record_summary(r)))
         if isinstance(e, _RUNTIME_EVENTS):
             runtime.feed(r)
-        if isinstance(e, _NAMED) and not out.name:
+        if isinstance(e, _OBSERVED):
+            observed.feed(r)
+        if isinstance(e, (*_NAMED, *_OBSERVED)) and not out.name and e.pod.name:
             out.namespace, out.name = e.pod.namespace, e.pod.name
         if isinstance(e, ev.PodAdmissionStarted):
             out.asked.append(Asked(at=a, type=r.type, containers=list(e.containers)))
@@ -699,7 +1079,21 @@ def pod_history(log: Reader, uid_or_ns_name: str) -> PodHistory:
     out.sandboxes, out.containers = runtime.sandboxes, runtime.containers
     for use in out.claims:
         _fill_claim_use(log, use, out.corrupt)
+    if observed.pod.observed is not None:
+        out.observed = observed.pod
+        observed.pod.uid_from = run.uid_from if run is not None else "kubelet"
+        for oc in observed.pod.containers:
+            oc.container_ids = [x for x in runtime.containers if x.name == oc.name]
+    gone = _gone(out)
+    out.gaps = gaps_over(observation_gaps(log, out.corrupt), recs[0].ts_ns if recs else 0, gone)
     return out
+
+
+def _gone(h: PodHistory) -> int | None:
+    """When the pod was gone (None: it still is not): released by the kubelet, or removed."""
+    if h.observed is not None:
+        return h.observed.released.ts_ns if h.observed.released is not None else None
+    return h.removed[-1].at.ts_ns if h.removed else None
 
 
 def _fill_claim_use(log: Reader, use: ClaimUse, corrupt: list[int]) -> None:
@@ -811,8 +1205,8 @@ def device_lines(t: DeviceTimeline) -> list[str]:
         rows = [
             [
                 f"{h.pod.namespace}/{h.pod.name}" if h.pod.name else "?",
-                h.pod.uid,
-                h.container,
+                h.pod.uid or "?",
+                h.container + (" (kubelet)" if h.decided_by == "kubelet" else ""),
                 _when(h.start, "(before the log)"),
                 _when(h.end, "still held"),
                 (f"{h.released_by}: {h.reason}" if h.reason else h.released_by) if h.end else "-",
@@ -820,12 +1214,25 @@ def device_lines(t: DeviceTimeline) -> list[str]:
             for h in t.holders
         ]
         lines += _table(["POD", "UID", "CONTAINER", "FROM", "UNTIL", "WHY RELEASED"], rows)
+    for h in t.holders:
+        if h.container_ids:
+            lines.append(f"  container ids of {_pod(h.pod)} {h.container}:")
+            lines += [f"    {escape(c.id)}: {_container_times(c)}" for c in h.container_ids]
     lines.append(f"containers the runtime ran with it ({len(t.containers)})")
     for run in t.containers:
         c = run.container
         ids = ",".join(c.device_ids.get(t.resource, []))
         lines.append(f"  {_pod(run.pod)} {escape(c.name) or '?'} {escape(c.id)}: {t.resource} {escape(ids)}")
         lines.append(f"    {_container_times(c)}")
+    return lines + gap_lines(t.gaps)
+
+
+def gap_lines(gaps: list[Gap]) -> list[str]:
+    """The times eventsrc could not see what it records, over the history shown."""
+    lines = [f"not seen ({len(gaps)})"]
+    for g in gaps:
+        until = f"to {g.until}" if g.until_ns else "until now (still open)"
+        lines.append(f"  not seen: {g.source} from {g.since} {until}" + (f" ({g.reason})" if g.reason else ""))
     return lines
 
 
@@ -898,8 +1305,65 @@ def pod_lines(h: PodHistory) -> list[str]:
     lines += runtime_lines(h.sandboxes, h.containers)
     for rm in h.removed:
         lines.append(f"removed {_when(rm.at)}" + (f": {rm.reason}" if rm.reason else ""))
+    if h.observed is not None:
+        lines += observed_lines(h.observed)
+    lines += gap_lines(h.gaps)
     lines.append(f"records ({len(h.events)})")
     lines += _table(["SEQ", "TIME", "TYPE", "EVENT"], [[str(x.at.seq), x.at.time, x.type, x.summary] for x in h.events])
+    return lines
+
+
+def observed_lines(p: ObservedPod) -> list[str]:
+    """What the kubelet decided for the pod, as observed beside it (each line says so)."""
+    uid = {"kubelet": "", "runtime": " (uid from the runtime's sandbox)", "": " (uid unknown)"}.get(p.uid_from, "")
+    lines = [f"decided by the kubelet (observed){uid}: listed {_when(p.observed)}"]
+    for c in p.containers:
+        lines.append(f"  container {escape(c.name)} (kubelet)")
+        for d in c.devices:
+            lines.append(
+                f"    devices {escape(d.resource)} {escape(','.join(d.device_ids))}: observed {_when(d.observed)}; "
+                + (
+                    f"released {_when(d.released)}" + (f": {escape(d.reason)}" if d.reason else "")
+                    if d.released
+                    else "still held"
+                )
+            )
+        for u in c.cpus:
+            lines.append(
+                f"    exclusive cpus {cpu_list(u.cpus)}: from {_when(u.at)}; "
+                + (
+                    f"until {_when(u.until)}" + (f": {escape(u.reason)}" if u.reason else "")
+                    if u.until
+                    else "still held"
+                )
+            )
+        for m in c.memory:
+            blocks = ", ".join(
+                f"{escape(b.memory_type)} {b.size} bytes NUMA {cpu_list(b.numa_nodes)}" for b in m.memory
+            )
+            lines.append(f"    memory {_when(m.at)}: {blocks or 'none'}")
+        for cl in c.claims:
+            devices = " ".join(
+                f"{escape(d.driver)} {escape(claim_device_id(d))}"
+                + (f" cdi {escape(','.join(d.cdi_devices))}" if d.cdi_devices else "")
+                for d in cl.devices
+            )
+            lines.append(
+                f"    claim {escape(cl.claim.namespace)}/{escape(cl.claim.name)}: {devices or 'no devices'}; "
+                f"observed {_when(cl.observed)}; "
+                + (
+                    f"released {_when(cl.released)}" + (f": {escape(cl.reason)}" if cl.reason else "")
+                    if cl.released
+                    else "still held"
+                )
+            )
+        for x in c.container_ids:
+            lines.append(f"    container id {escape(x.id)}: {_container_times(x)}")
+    lines.append(
+        f"released by the kubelet {_when(p.released)}" + (f": {escape(p.reason)}" if p.reason else "")
+        if p.released
+        else "not released by the kubelet"
+    )
     return lines
 
 

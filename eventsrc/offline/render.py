@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from eventsrc import events as ev
 from eventsrc.events import CorruptRecordError, FutureRecordError, LogTrimmed, Record
 from eventsrc.obs.text import escape
 from eventsrc.state.lifecycles import QUARANTINED
@@ -59,9 +60,83 @@ def short(value: Any) -> str:
 def record_summary(rec: Record) -> str:
     if isinstance(rec.event, LogTrimmed):
         return trimmed(rec.event)
+    observed = observed_summary(rec.event)
+    if observed is not None:
+        return observed
     fields = msgspec.to_builtins(rec.event)
     fields.pop("type", None)
     return " ".join(f"{k}={short(v)}" for k, v in fields.items() if v not in ("", [], {}))
+
+
+def _who(pod: ev.PodRef, container: str = "") -> str:
+    named = f"{pod.namespace}/{pod.name}" + (f"/{container}" if container else "")
+    return named + (f" ({pod.uid})" if pod.uid else "")
+
+
+def _why(reason: str) -> str:
+    return f" ({reason})" if reason else ""
+
+
+def _claim_devices(devices: list[ev.ObservedClaimDevice]) -> str:
+    return (
+        ", ".join(
+            f"{d.driver} {d.pool}/{d.device}" + (f" cdi {','.join(d.cdi_devices)}" if d.cdi_devices else "")
+            for d in devices
+        )
+        or "no devices"
+    )
+
+
+def _allocatable(e: ev.KubeletAllocatableChanged) -> str:
+    parts = [f"+{r} {','.join(d.id for d in devices)}" for r, devices in sorted(e.added.items())]
+    parts += [f"-{r} {','.join(ids)}" for r, ids in sorted(e.removed.items())]
+    if e.cpus_added:
+        parts.append(f"+cpus {_cpus(e.cpus_added)}")
+    if e.cpus_removed:
+        parts.append(f"-cpus {_cpus(e.cpus_removed)}")
+    return "allocatable: " + ("; ".join(parts) or "unchanged")
+
+
+def observed_summary(e: object) -> str | None:
+    """A fact observed beside a kubelet (``serve --beside-kubelet``) in words, marked "(kubelet)"
+    (the kubelet decided it, not eventsrc); an observation gap or an unreadable checkpoint
+    likewise. None for every other event. Not escaped (``record_line`` escapes the line)."""
+    if isinstance(e, ev.KubeletPodObserved):
+        return f"(kubelet) pod {_who(e.pod)} listed" + _why(e.source)
+    if isinstance(e, ev.KubeletPodReleased):
+        return f"(kubelet) pod {_who(e.pod)} released" + _why(e.reason)
+    if isinstance(e, ev.KubeletDevicesObserved):
+        numa = f" NUMA {','.join(map(str, e.numa_nodes))}" if e.numa_nodes else ""
+        return f"(kubelet) {_who(e.pod, e.container)} holds {e.resource} {','.join(e.device_ids)}{numa}"
+    if isinstance(e, ev.KubeletDevicesReleased):
+        return f"(kubelet) {_who(e.pod, e.container)} let go of {e.resource} {','.join(e.device_ids)}" + _why(e.reason)
+    if isinstance(e, ev.KubeletCPUsObserved):
+        return f"(kubelet) {_who(e.pod, e.container)} exclusive cpus {_cpus(e.cpus)}"
+    if isinstance(e, ev.KubeletCPUsReleased):
+        return f"(kubelet) {_who(e.pod, e.container)} let go of cpus {_cpus(e.cpus)}" + _why(e.reason)
+    if isinstance(e, ev.KubeletMemoryObserved):
+        blocks = "; ".join(
+            f"{m.memory_type} {m.size} bytes NUMA {','.join(map(str, m.numa_nodes)) or '-'}" for m in e.memory
+        )
+        return f"(kubelet) {_who(e.pod, e.container)} memory {blocks or 'none'}"
+    if isinstance(e, ev.KubeletClaimObserved):
+        claim = f"{e.claim.namespace}/{e.claim.name}"
+        return f"(kubelet) {_who(e.pod, e.container)} uses claim {claim}: {_claim_devices(e.devices)}"
+    if isinstance(e, ev.KubeletClaimReleased):
+        claim = f"{e.claim.namespace}/{e.claim.name}"
+        return f"(kubelet) {_who(e.pod, e.container)} let go of claim {claim}: {_claim_devices(e.devices)}" + _why(
+            e.reason
+        )
+    if isinstance(e, ev.KubeletAllocatableChanged):
+        return f"(kubelet) {_allocatable(e)}"
+    if isinstance(e, ev.KubeletSharedPoolObserved):
+        return f"(kubelet) shared pool {_cpus(e.cpus)}" + _why(", ".join(x for x in (e.policy, e.source) if x))
+    if isinstance(e, ev.KubeletCheckpointReadFailed):
+        return f"(kubelet) checkpoint {e.path} not read: {e.reason}"
+    if isinstance(e, ev.ObservationGapFound):
+        until = f"to {iso(e.until_ns)}" if e.until_ns else "(still open)"
+        return f"not seen: {e.source} from {iso(e.since_ns)} {until}" + _why(e.reason)
+    return None
 
 
 def trimmed(e: LogTrimmed) -> str:

@@ -517,6 +517,11 @@ def change_text(rec: Record, changes: list[Change]) -> str:
         from eventsrc.offline.render import trimmed
 
         return "log trimmed: " + trimmed(rec.event)
+    from eventsrc.offline.render import observed_summary
+
+    observed = observed_summary(rec.event)
+    if observed is not None:  # the kubelet's decision (or a gap): its own view, not eventsrc's
+        return observed
     if not changes:
         from eventsrc.offline.render import record_summary
 

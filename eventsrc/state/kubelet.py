@@ -8,10 +8,29 @@ from eventsrc import events as ev
 from eventsrc.state.types import Handlers
 from eventsrc.state.views import ObservedContainerView, ObservedPodView, Views
 
+#: the observed events about one pod: each names it (``PodRef``; its uid may be "")
+OBSERVED_POD_EVENTS = (
+    ev.KubeletPodObserved,
+    ev.KubeletPodReleased,
+    ev.KubeletDevicesObserved,
+    ev.KubeletDevicesReleased,
+    ev.KubeletCPUsObserved,
+    ev.KubeletCPUsReleased,
+    ev.KubeletMemoryObserved,
+    ev.KubeletClaimObserved,
+    ev.KubeletClaimReleased,
+)
+
 
 def pod_key(pod: ev.PodRef) -> str:
     """How the kubelet names a pod in PodResources, and so how the view keys it."""
     return f"{pod.namespace}/{pod.name}"
+
+
+def claim_device_id(d: ev.ObservedClaimDevice) -> str:
+    """A DRA device as ``audit device`` and the metrics name it: the driver is the resource,
+    ``pool/device`` the id."""
+    return f"{d.pool}/{d.device}"
 
 
 def claim_key(claim: ev.ClaimRef) -> str:

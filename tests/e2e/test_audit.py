@@ -246,6 +246,8 @@ def test_device_timeline_every_field(synthetic: tuple[Path, dict[str, int]]) -> 
         "still_held": False,
         "released_by": "DevicesReleased",
         "reason": "pod removed",
+        "decided_by": "eventsrc",
+        "container_ids": [],  # only for the kubelet's holds (eventsrc's: "containers the runtime ran with it")
     }
     assert a2["pod"] == {"uid": "uid-a2", "namespace": "default", "name": "a"}
     assert (a2["start"], a2["reserved"], a2["allocated"]) == (at(s, "a2_reserved", 8), at(s, "a2_reserved", 8), None)

@@ -175,6 +175,15 @@ def test_kubelet_series_during_device_admission(root: Path, tmp_path: Path, daem
     assert value(samples, "eventsrc_log_corrupt_records") == 0
     assert ("eventsrc_replay_duration_seconds", ()) in samples
     assert value(samples, "eventsrc_admissions_waiting_for_plugin") == 0
+    # kube-state-metrics' way: one _info series per device held now, gone once released.
+    held = [k for k in samples if k[0] == "eventsrc_device_allocation_info"]
+    assert len(held) == 1 and samples[held[0]] == 1
+    labels = dict(held[0][1])
+    assert (labels["resource"], labels["namespace"], labels["pod"]) == (RESOURCE, "default", "a")
+    assert labels["container"] and labels["device"]
+    assert types["eventsrc_device_allocation_info"] == "gauge"
+    run_cli("remove", "default/a", root=root, check=True)
+    assert not [k for k in scrape(address)[2] if k[0] == "eventsrc_device_allocation_info"]
 
     assert get(f"http://{address}/healthz") == (200, "ok")
     assert get(f"http://{address}/readyz") == (200, "ok")
