@@ -1,0 +1,228 @@
+"""eventsrc beside a stock kubelet (``serve --beside-kubelet``): the kubelet's side is played by
+the grpcio stand-in (``tests/support/kubelet.py``), containers come from a real containerd
+through CRI (NRI observe), as in test_nri_containerd.py. Each test asserts what the audit
+answers against what it did, and that nothing under the kubelet's directory changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Daemon, run_cli
+from tests.support.containerd import Containerd
+from tests.support.kubelet import Container, Device, StandInKubelet
+from tests.support.kubelet_checkpoints import write_garbage
+
+RESOURCE = "example.com/dev"
+MEM = 64 << 20
+
+
+def tree(d: Path) -> dict[str, tuple[int, int, int, int]]:
+    """Everything under ``d``: mode, size, mtime and inode of each entry (not its atime, which
+    a reader changes)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(d):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            st = p.lstat()
+            out[str(p.relative_to(d))] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino)
+    return out
+
+
+@pytest.fixture
+def kubelet(short_tmp: Path) -> Iterator[StandInKubelet]:
+    with StandInKubelet(short_tmp / "kubelet") as k:
+        k.set_allocatable(devices=[Device(RESOURCE, f"d-{i}", (0,)) for i in (1, 2)], cpus=[0, 1])
+        yield k
+
+
+def records(root: Path) -> list[dict[str, Any]]:
+    out = run_cli("log", "-o", "json", root=root, check=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def of_type(root: Path, *types: str) -> list[dict[str, Any]]:
+    return [r for r in records(root) if r["type"] in types]
+
+
+def audit_device(root: Path, device: str) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(
+        run_cli("audit", "device", RESOURCE, device, "-o", "json", root=root, check=True).stdout
+    )
+    return out
+
+
+def holds(root: Path, device: str) -> list[tuple[str, str, str, bool]]:
+    return [
+        (f"{h['pod']['namespace']}/{h['pod']['name']}", h["container"], h["decided_by"], h["still_held"])
+        for h in audit_device(root, device)["holders"]
+    ]
+
+
+def check_holds(root: Path) -> None:
+    proc = run_cli("replay", "--check", root=root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def beside(daemon_factory: type[Daemon], kubelet: StandInKubelet, *extra: str) -> Daemon:
+    return daemon_factory("--beside-kubelet", str(kubelet.root), *extra)
+
+
+def test_a_device_handed_from_one_pod_to_another_is_audited_with_both_holders(
+    kubelet: StandInKubelet, root: Path, containerd_runtime: Containerd, daemon_factory: type[Daemon]
+) -> None:
+    rt = containerd_runtime
+    kubelet.write_checkpoints()
+    before = tree(kubelet.root)
+    daemon = beside(
+        daemon_factory,
+        kubelet,
+        "--nri-socket",
+        str(rt.nri_socket),
+        "--container-runtime-endpoint",
+        f"unix://{rt.address}",
+    )
+    daemon.eventually(lambda: of_type(root, "RuntimeConnected"), "NRI to connect")
+
+    kubelet.set_pod(
+        "team-a", "trainer", [Container("main", devices=[Device(RESOURCE, "d-1", (0,))], cpus=[1])], uid="uid-a"
+    )
+    a = rt.run_pod("trainer", "uid-a", namespace="team-a")
+    ca = rt.create_container(a, "main", cpu_millis=1000, memory_limit=MEM)
+    rt.start_container(ca)
+    daemon.eventually(lambda: holds(root, "d-1") == [("team-a/trainer", "main", "kubelet", True)], "pod A's hold")
+
+    # the kubelet lets pod A go, the runtime removes it; pod B gets d-1
+    kubelet.remove_pod("team-a", "trainer")
+    rt.stop_pod(a)
+    rt.remove_pod(a)
+    daemon.eventually(lambda: holds(root, "d-1") == [("team-a/trainer", "main", "kubelet", False)], "pod A's release")
+    kubelet.set_pod("team-b", "server", [Container("web", devices=[Device(RESOURCE, "d-1", (0,))])], uid="uid-b")
+    b = rt.run_pod("server", "uid-b", namespace="team-b")
+    cb = rt.create_container(b, "web", cpu_millis=100, memory_limit=MEM)
+    rt.start_container(cb)
+    want = [("team-a/trainer", "main", "kubelet", False), ("team-b/server", "web", "kubelet", True)]
+    daemon.eventually(lambda: holds(root, "d-1") == want, "pod B's hold")
+
+    answer = audit_device(root, "d-1")
+    first, second = answer["holders"]
+    assert first["pod"]["uid"] == "uid-a" and second["pod"]["uid"] == "uid-b"
+    assert [c["id"] for c in first["container_ids"]] == [ca]
+    assert [c["id"] for c in second["container_ids"]] == [cb]
+    assert first["start"]["ts_ns"] < first["end"]["ts_ns"] <= second["start"]["ts_ns"]
+    assert second["end"] is None
+    table = run_cli("audit", "device", RESOURCE, "d-1", root=root, check=True).stdout
+    assert "team-a/trainer" in table and "team-b/server" in table and "(kubelet)" in table and ca in table
+
+    # the node API is read-only, and answers with what was observed
+    refused = run_cli("admit", "-f", str(Path(__file__).parents[2] / "examples" / "web.yaml"), root=root)
+    assert refused.returncode != 0 and "beside a kubelet" in refused.stderr
+    refused = run_cli("remove", "team-b/server", root=root)
+    assert refused.returncode != 0 and "beside a kubelet" in refused.stderr
+    listed = json.loads(run_cli("pods", "-o", "json", root=root, check=True).stdout)["pods"]
+    assert [(p["namespace"], p["name"], p["state"]) for p in listed] == [("team-b", "server", "observed")]
+
+    daemon.stop()
+    check_holds(root)
+    rt.stop_pod(b)
+    rt.remove_pod(b)
+    assert tree(kubelet.root) == before
+
+
+def test_a_restarting_kubelet_releases_nothing_and_its_absence_is_a_gap(
+    kubelet: StandInKubelet, root: Path, containerd_runtime: Containerd, daemon_factory: type[Daemon]
+) -> None:
+    rt = containerd_runtime
+    daemon = beside(daemon_factory, kubelet, "--nri-socket", str(rt.nri_socket), "--beside-kubelet-resync", "1s")
+    kubelet.set_pod("default", "p", [Container("main", devices=[Device(RESOURCE, "d-2", (0,))])], uid="uid-p")
+    p = rt.run_pod("p", "uid-p")
+    c = rt.create_container(p, "main", cpu_millis=100, memory_limit=MEM)
+    rt.start_container(c)
+    daemon.eventually(lambda: holds(root, "d-2") == [("default/p", "main", "kubelet", True)], "the hold")
+
+    with kubelet.restarting():  # empty answers for a while, the pod's container still runs
+        looked = kubelet.calls["List"]
+        daemon.eventually(lambda: kubelet.calls["List"] >= looked + 2, "two looks at the restarted kubelet")
+    assert holds(root, "d-2") == [("default/p", "main", "kubelet", True)]
+    assert not of_type(root, "KubeletPodReleased")
+
+    kubelet.stop()  # its socket gone
+    daemon.eventually(
+        lambda: [g for g in of_type(root, "ObservationGapFound") if g["event"]["source"] == "kubelet"], "the gap"
+    )
+    kubelet.start()
+    closed = lambda: [  # noqa: E731
+        g for g in of_type(root, "ObservationGapFound") if g["event"]["source"] == "kubelet" and g["event"]["until_ns"]
+    ]
+    daemon.eventually(closed, "the gap closed by the next answer")
+    gaps = audit_device(root, "d-2")["gaps"]
+    assert any(g["source"] == "kubelet" and g["until_ns"] for g in gaps)
+    assert holds(root, "d-2") == [("default/p", "main", "kubelet", True)]
+
+    # gone for real: the runtime removes the sandbox while the kubelet no longer lists it
+    kubelet.remove_pod("default", "p")
+    rt.stop_pod(p)
+    rt.remove_pod(p)
+    daemon.eventually(lambda: holds(root, "d-2") == [("default/p", "main", "kubelet", False)], "the release")
+    daemon.stop()
+    check_holds(root)
+
+
+def test_a_sigkill_loses_nothing_and_the_restart_says_what_it_did_not_see(
+    kubelet: StandInKubelet, root: Path, daemon_factory: type[Daemon]
+) -> None:
+    kubelet.set_pod("default", "a", [Container("main", devices=[Device(RESOURCE, "d-1")], cpus=[1])], uid="uid-a")
+    kubelet.write_checkpoints()
+    daemon = beside(daemon_factory, kubelet)
+    daemon.eventually(lambda: holds(root, "d-1") == [("default/a", "main", "kubelet", True)], "the hold")
+    assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
+    # meanwhile: a leaves, b comes with d-1
+    kubelet.remove_pod("default", "a")
+    kubelet.set_pod("default", "b", [Container("main", devices=[Device(RESOURCE, "d-1")])], uid="uid-b")
+    kubelet.write_checkpoints()
+    daemon = beside(daemon_factory, kubelet)
+    want = [("default/a", "main", "kubelet", False), ("default/b", "main", "kubelet", True)]
+    daemon.eventually(lambda: holds(root, "d-1") == want, "the differences recorded after the restart")
+    gaps = [g["event"] for g in of_type(root, "ObservationGapFound") if g["event"]["source"] == "eventsrc"]
+    assert len(gaps) == 1 and "killed" in gaps[0]["reason"]
+    answer = audit_device(root, "d-1")
+    a, b = answer["holders"]
+    # the release is recorded after the gap: when it happened is not known more closely
+    assert gaps[0]["since_ns"] <= a["end"]["ts_ns"] and gaps[0]["until_ns"] <= a["end"]["ts_ns"]
+    assert any(g["source"] == "eventsrc" for g in answer["gaps"])
+    daemon.stop()
+    check_holds(root)
+
+
+def test_an_unreadable_checkpoint_is_recorded_and_never_stops_the_daemon(
+    kubelet: StandInKubelet, root: Path, daemon_factory: type[Daemon]
+) -> None:
+    kubelet.write_checkpoints()
+    write_garbage(kubelet.root / "cpu_manager_state")
+    daemon = beside(daemon_factory, kubelet)
+    failed = lambda: of_type(root, "KubeletCheckpointReadFailed")  # noqa: E731
+    daemon.eventually(failed, "the unreadable file recorded")
+    assert failed()[0]["event"]["path"] == str(kubelet.root / "cpu_manager_state")
+    kubelet.write_checkpoints()  # the kubelet writes it whole again: the shared pool is read
+    daemon.eventually(lambda: of_type(root, "KubeletSharedPoolObserved"), "the shared pool")
+    assert daemon.exited() is None
+    daemon.stop()
+    check_holds(root)
+
+
+def test_root_inside_the_kubelet_directory_and_enforce_are_refused(kubelet: StandInKubelet) -> None:
+    inside = run_cli("serve", "--beside-kubelet", str(kubelet.root), root=kubelet.root / "eventsrc-state")
+    assert inside.returncode != 0 and "inside the kubelet's directory" in inside.stderr
+    assert len(inside.stderr.strip().splitlines()) == 1
+    assert not (kubelet.root / "eventsrc-state").exists()
+    enforce = run_cli(
+        "serve", "--beside-kubelet", str(kubelet.root), "--nri-socket", "/run/nri.sock", "--nri-mode", "enforce",
+        root=kubelet.root.parent / "own",
+    )  # fmt: skip
+    assert enforce.returncode != 0 and "observe" in enforce.stderr
