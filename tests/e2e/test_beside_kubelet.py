@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon, run_cli
+from tests.e2e.test_metrics import metrics_address, scrape
 from tests.support.containerd import Containerd
 from tests.support.kubelet import Container, Device, StandInKubelet
 from tests.support.kubelet_checkpoints import write_garbage
@@ -186,9 +187,14 @@ def test_a_sigkill_loses_nothing_and_the_restart_says_what_it_did_not_see(
     kubelet.remove_pod("default", "a")
     kubelet.set_pod("default", "b", [Container("main", devices=[Device(RESOURCE, "d-1")])], uid="uid-b")
     kubelet.write_checkpoints()
-    daemon = beside(daemon_factory, kubelet)
+    daemon = beside(daemon_factory, kubelet, "--metrics-address", "127.0.0.1:0")
     want = [("default/a", "main", "kubelet", False), ("default/b", "main", "kubelet", True)]
     daemon.eventually(lambda: holds(root, "d-1") == want, "the differences recorded after the restart")
+    _, _, samples = scrape(metrics_address(root))
+    info = {labels for name, labels in samples if name == "eventsrc_device_allocation_info"}
+    assert info == {
+        (("container", "main"), ("device", "d-1"), ("namespace", "default"), ("pod", "b"), ("resource", RESOURCE))
+    }
     gaps = [g["event"] for g in of_type(root, "ObservationGapFound") if g["event"]["source"] == "eventsrc"]
     assert len(gaps) == 1 and "killed" in gaps[0]["reason"]
     answer = audit_device(root, "d-1")
