@@ -112,6 +112,7 @@ def test_a_device_handed_from_one_pod_to_another_is_audited_with_both_holders(
     daemon.eventually(lambda: holds(root, "d-1") == want, "pod B's hold")
 
     answer = audit_device(root, "d-1")
+    assert answer["listed"] and answer["health"] == "Healthy"  # allocatable, as GetAllocatableResources says
     first, second = answer["holders"]
     assert first["pod"]["uid"] == "uid-a" and second["pod"]["uid"] == "uid-b"
     assert [c["id"] for c in first["container_ids"]] == [ca]
