@@ -90,15 +90,18 @@ class Look:
 @dataclass(frozen=True)
 class Identities:
     """What says a pod's uid: the runtime's live sandboxes by ``namespace/name``, and the
-    device checkpoint's entries by (container, resource, device id)."""
+    device checkpoint's entries by (container, resource, device id). ``runtime_seen``: the
+    runtime's view is current (NRI synchronized in this run); a pod is then observed once a
+    sandbox of it is."""
 
     sandboxes: Mapping[str, str] = field(default_factory=dict)
     checkpoint: Mapping[tuple[str, str, str], str] = field(default_factory=dict)
-    runtime_seen: bool = False  # NRI is in use: a pod is observed once a sandbox of it is
+    runtime_seen: bool = False
 
 
 def identities(runtime: RuntimeView | None, checkpoint: Mapping[tuple[str, str, str], str]) -> Identities:
-    """The uids the runtime's view and the device checkpoint give (newest sandbox wins)."""
+    """The uids the runtime's view (None: not current) and the device checkpoint give (the
+    newest sandbox of a name wins)."""
     sandboxes: dict[str, str] = {}
     if runtime is not None:
         for s in sorted(runtime.sandboxes.values(), key=lambda s: s.since_seq):
@@ -106,21 +109,25 @@ def identities(runtime: RuntimeView | None, checkpoint: Mapping[tuple[str, str, 
     return Identities(sandboxes=sandboxes, checkpoint=checkpoint, runtime_seen=runtime is not None)
 
 
-def _uid(pod: SeenPod, ids: Identities) -> str | None:
+def _uid(pod: SeenPod, ids: Identities, view: KubeletView) -> str | None:
     """The pod's uid, "" when nothing says it, None when the runtime is seen and has no
-    sandbox of it (not observed yet)."""
+    sandbox of it (not observed now). The device checkpoint names a uid only when every device
+    the pod is listed with maps to that one uid, and no other observed pod has it (the
+    checkpoint lags the kubelet: it may still name the device's previous holder)."""
     uid = ids.sandboxes.get(pod.key)
     if uid is not None:
         return uid
     if ids.runtime_seen:
         return None
-    for c in pod.containers:
-        for d in c.devices:
-            for i in d.device_ids:
-                found = ids.checkpoint.get((c.name, d.resource, i))
-                if found:
-                    return found
-    return ""
+    found = {
+        ids.checkpoint.get((c.name, d.resource, i), "") for c in pod.containers for d in c.devices for i in d.device_ids
+    }
+    if len(found) != 1:
+        return ""
+    (uid,) = found
+    if any(p.uid == uid and key != pod.key for key, p in view.pods.items()):
+        return ""
+    return uid
 
 
 def _ref(p: ObservedPodView) -> ev.PodRef:
@@ -223,7 +230,7 @@ def observe(view: KubeletView, look: Look, ids: Identities) -> list[ev._Event]:
     releases: list[ev._Event] = []
     holds: list[ev._Event] = []
     for pod in sorted(look.pods, key=lambda p: p.key):
-        uid = _uid(pod, ids)
+        uid = _uid(pod, ids, view)
         if uid is None:
             continue  # the runtime has no sandbox of it (yet, or any more): not observed now
         held = view.pods.get(pod.key)
@@ -255,10 +262,14 @@ def release_gone(
     look: Look | None,
     runtime: RuntimeView | None,
     removed_uids: Iterable[str] = (),
+    missing_before: frozenset[str] = frozenset(),
 ) -> list[ev._Event]:
     """The pods known gone: those whose uid is in ``removed_uids`` (the runtime removed their
-    last sandbox) and, after a complete ``look``, those it does not list while the runtime runs
-    none of their containers (without the runtime: while it lists some other pod)."""
+    last sandbox) and, after a complete ``look``, those it does not list while the runtime
+    (``runtime``: current) runs none of their containers. Without the runtime's view, a pod is
+    released when the previous complete look (``missing_before``) did not list it either and
+    this one lists some other pod: one empty or partial answer is what a restarting kubelet
+    gives."""
     out: list[ev._Event] = []
     removed = set(removed_uids)
     listed = {p.key for p in look.pods} if look is not None and look.complete else None
@@ -269,18 +280,46 @@ def release_gone(
         if listed is None or key in listed:
             continue
         if runtime is not None:
-            if not _runs(runtime, p):
+            if not runs(runtime, p):
                 out.extend(release_pod(p, NOT_LISTED_NOR_RUNNING))
-        elif listed:
+        elif listed and key in missing_before:
             out.extend(release_pod(p, NOT_LISTED))
     return out
 
 
-def _runs(runtime: RuntimeView, p: ObservedPodView) -> bool:
-    """The runtime has a sandbox of the pod (by uid, or by name when its uid is not known)."""
-    for s in runtime.sandboxes.values():
-        if (p.uid and s.uid == p.uid) or (not p.uid and (s.namespace, s.name) == (p.namespace, p.name)):
-            return True
+def missing(view: KubeletView, look: Look) -> frozenset[str]:
+    """The observed pods a complete ``look`` does not list (for the next ``release_gone``)."""
+    listed = {p.key for p in look.pods}
+    return frozenset(k for k in view.pods if k not in listed) if look.complete else frozenset()
+
+
+def runs(runtime: RuntimeView, p: ObservedPodView) -> bool:
+    """The runtime runs (or has created and not stopped) a container of the pod: of a sandbox
+    with its uid, or with its name when its uid is not known. A completed pod's sandbox stays
+    until the pod is deleted; its stopped containers do not hold what the kubelet gave."""
+    sandboxes = {
+        sid
+        for sid, s in runtime.sandboxes.items()
+        if (p.uid and s.uid == p.uid) or (not p.uid and (s.namespace, s.name) == (p.namespace, p.name))
+    }
+    return any(c.sandbox_id in sandboxes and c.state != "stopped" for c in runtime.containers.values())
+
+
+def taken_from_another(view: KubeletView, look: Look) -> bool:
+    """A pod of ``look`` is listed with a device that another observed pod holds: only a
+    complete look can say whether that pod let it go."""
+    held = {
+        (resource, i): key
+        for key, p in view.pods.items()
+        for c in p.containers.values()
+        for resource, ids in c.devices.items()
+        for i in ids
+    }
+    for pod in look.pods:
+        for c in pod.containers:
+            for d in c.devices:
+                if any(held.get((d.resource, i), pod.key) != pod.key for i in d.device_ids):
+                    return True
     return False
 
 
@@ -324,6 +363,9 @@ __all__ = [
     "allocatable_changes",
     "identities",
     "observe",
+    "missing",
     "release_gone",
+    "runs",
+    "taken_from_another",
     "release_pod",
 ]

@@ -44,8 +44,10 @@ from eventsrc.core.beside import (
     SeenPod,
     allocatable_changes,
     identities,
+    missing,
     observe,
     release_gone,
+    taken_from_another,
 )
 from eventsrc.errors import EventsrcError
 from eventsrc.gen.podresources.v1 import api_grpc as pr_grpc
@@ -179,9 +181,11 @@ class KubeletClient:
         try:
             return await to_aio(getattr(self._stub, method))(request, timeout=CALL_TIMEOUT)
         except GRPCError as exc:
-            if exc.status is Status.RESOURCE_EXHAUSTED:  # other readers took the kubelet's budget: later
-                raise KubeletUnavailable(f"{method}: {why(exc)}") from None
-            raise
+            if method == "Get" and exc.status in (Status.UNIMPLEMENTED, Status.UNKNOWN):
+                raise  # the caller tells "not served" and "not found" apart
+            if exc.status is not Status.RESOURCE_EXHAUSTED:  # that: other readers took the kubelet's budget
+                self.close()
+            raise KubeletUnavailable(f"{method} on {self.path}: {why(exc)}") from None
         except CALL_ERRORS as exc:
             self.close()
             raise KubeletUnavailable(f"{method} on {self.path}: {why(exc)}") from None
@@ -218,8 +222,15 @@ class Beside:
     """The observer. ``saw(records)`` is told every batch the log committed (the runtime's
     events among them ask for a look); ``run`` looks until cancelled."""
 
-    def __init__(self, recorder: Recorder, options: BesideOptions, clock: Callable[[], int] = time.time_ns) -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        options: BesideOptions,
+        runtime_synchronized: Callable[[], bool] = lambda: False,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
         self.recorder = recorder
+        self.runtime_synchronized = runtime_synchronized  # NRI's view is current (this run synchronized)
         self.options = options
         self.clock = clock
         self.client = KubeletClient(options.socket)
@@ -230,6 +241,8 @@ class Beside:
         self._said: dict[str, str] = {}  # checkpoint path -> the reason last recorded
         self._device_uids: dict[tuple[str, str, str], str] = {}
         self._runtime_gaps: list[ev._Event] = []  # to record: the runtime (dis)connected
+        self._missing: frozenset[str] = frozenset()  # observed pods the last complete look did not list
+        self._allocatable_trouble = ""  # why GetAllocatableResources could not be had, as last said
         self.looks = 0
 
     # ----------------------------------------------------------------- asked to look
@@ -298,6 +311,7 @@ class Beside:
         gaps, self._runtime_gaps = self._runtime_gaps, []
         if gaps:
             await self.recorder.record(gaps)
+        await self._close_runtime_gap()
         full, pods, removed = self._full, self._pods, self._removed
         self._full, self._pods, self._removed = False, set(), set()
         try:
@@ -313,11 +327,13 @@ class Beside:
                         if p is not None:
                             found.append(seen_pod(p))
                     answer = Look(pods=tuple(found), complete=False, asked=frozenset(pods), source="Get")
+                    if taken_from_another(self.recorder.views.kubelet, answer):
+                        answer = None  # only the whole list says whether its holder let it go
                 except NotImplementedError:
                     full = True
             if full or (pods and answer is None):
                 answer = Look(pods=tuple(seen_pod(p) for p in await self.client.list()), complete=True)
-                allocatable = await self.client.allocatable()
+                allocatable = await self._allocatable()
         except BaseException:
             # asked again next time: nothing of this look was recorded
             self._full, self._pods = self._full or full, self._pods | pods
@@ -327,12 +343,39 @@ class Beside:
         await self._gap_close("kubelet")
         await self._record_look(answer, allocatable, removed)
 
+    async def _allocatable(self) -> pr.AllocatableResourcesResponse | None:
+        """GetAllocatableResources, or None (said once per reason) when the kubelet does not
+        answer it: what the pods hold is still looked at."""
+        try:
+            answer = await self.client.allocatable()
+        except KubeletUnavailable as exc:
+            if str(exc) != self._allocatable_trouble:
+                self._allocatable_trouble = str(exc)
+                log.warning("the kubelet's allocatable devices and CPUs not seen", reason=str(exc))
+            return None
+        self._allocatable_trouble = ""
+        return answer
+
+    async def _close_runtime_gap(self) -> None:
+        """A runtime gap recorded open after the runtime connected again (its close was
+        computed before the open was recorded) is closed now."""
+        views = self.recorder.views
+        since = views.kubelet.gaps.get("runtime")
+        if since is not None and views.runtime.connected and not self._runtime_gaps:
+            await self.recorder.record(
+                [ev.ObservationGapFound(source="runtime", since_ns=since, until_ns=self.clock())]
+            )
+
     async def _record_look(
         self, answer: Look | None, allocatable: pr.AllocatableResourcesResponse | None, removed: set[str]
     ) -> None:
         views = self.recorder.views
-        runtime = views.runtime if self.options.runtime else None
-        events: list[ev._Event] = release_gone(views.kubelet, answer, runtime, removed)
+        current = self.options.runtime and self.runtime_synchronized()
+        runtime = views.runtime if current else None
+        before = self._missing
+        if answer is not None and answer.complete:
+            self._missing = missing(views.kubelet, answer)
+        events: list[ev._Event] = release_gone(views.kubelet, answer, runtime, removed, before)
         if events:
             await self.recorder.record(events)
         if answer is not None:
@@ -470,15 +513,18 @@ class _Watch:
 # --------------------------------------------------------------------------- at the start
 
 
-def start_events(views: Any, last_ts_ns: int | None, now_ns: int, runtime: bool) -> list[ev._Event]:
+def start_events(
+    views: Any, last_ts_ns: int | None, now_ns: int, runtime: bool, stopped_cleanly: bool
+) -> list[ev._Event]:
     """What a start beside a kubelet records after DaemonStarted: the time eventsrc itself was
-    not running (from its previous last record), closing the gaps the previous run left open
-    at that point; and, with NRI, the runtime not seen until it connects."""
+    not running (from its previous last record: when it stopped, or the last sign of life of a
+    run that was killed), closing the gaps the previous run left open at that point; and, with
+    NRI, the runtime not seen until it connects."""
     out: list[ev._Event] = []
     if last_ts_ns is not None:
         for source, since in sorted(views.kubelet.gaps.items()):
             out.append(ev.ObservationGapFound(source=source, since_ns=since, until_ns=max(since, last_ts_ns)))
-        how = "killed or crashed" if views.meta.running else "stopped"
+        how = "stopped" if stopped_cleanly else "killed or crashed; from its last record"
         out.append(
             ev.ObservationGapFound(
                 source="eventsrc",

@@ -206,7 +206,12 @@ class Daemon:
         self.nri = NRIPlugin(self, self.admission, self.cpus, nri) if nri is not None else None
         self.retainer = Retainer(self, log_, layout.archive, retention or Retention(), snapshot_every)
         # Beside a kubelet: eventsrc records what the kubelet decided, and decides nothing.
-        self.beside = Beside(self, beside) if beside is not None else None
+        self.beside = Beside(self, beside, self._runtime_synchronized) if beside is not None else None
+        if self.beside is not None and self.nri is not None:
+            self.nri.on_synchronized = self.beside.look_again
+
+    def _runtime_synchronized(self) -> bool:
+        return self.nri is not None and self.nri.synchronized
 
     def node_service(self) -> NodeService:
         def status(holds_since_ns: int) -> node_pb2.StatusResponse:
@@ -470,6 +475,7 @@ async def serve(
                     daemon.metrics_address = await nursery.start(serve_http, app, metrics_address)
                     daemon.write_status(ready=False)
                 last_ts = _last_record_ts(event_log, views)
+                stopped_cleanly = not views.meta.running
                 await _record_start(daemon, config, fresh_start=lost)
                 if daemon.beside is None:
                     await daemon.apply_cpu_config()
@@ -477,7 +483,7 @@ async def serve(
                     await nursery.start(daemon.dra.run)
                     await nursery.start(_plugin_watcher(daemon).run)
                 else:
-                    begun = start_events(daemon.views, last_ts, time.time_ns(), daemon.nri is not None)
+                    begun = start_events(daemon.views, last_ts, time.time_ns(), daemon.nri is not None, stopped_cleanly)
                     if begun:
                         await daemon.record(begun)
                 await nursery.start(daemon.heap.run)
@@ -522,9 +528,9 @@ def _last_record_ts(event_log: EventLog, views: Views) -> int | None:
     """When the previous run's last record was written (None for a new log): until then it saw."""
     if not views.meta.last_seq:
         return None
-    for item in event_log.records(views.meta.last_seq, views.meta.last_seq):
-        return item.ts_ns if isinstance(item, Record) else None
-    return None
+    first = max(1, views.meta.last_seq - 64)  # the newest readable one, should the last be damaged
+    found = [item.ts_ns for item in event_log.records(first, views.meta.last_seq) if isinstance(item, Record)]
+    return found[-1] if found else None
 
 
 def _rebuild_views(layout: Layout, event_log: EventLog) -> tuple[Views, RebuildInfo]:

@@ -284,6 +284,7 @@ class NRIPlugin:
         self.registrations = 0  # counted, for tests and logs: each Configure of a new connection
         self._kicked = trio.Event()
         self._synced = False
+        self.on_synchronized: Callable[[], None] | None = None  # told after each Synchronize (beside a kubelet)
         self._sync_pods: list[nri.PodSandbox] = []
         self._sync_containers: list[nri.Container] = []
         self._nursery: trio.Nursery | None = None
@@ -311,6 +312,11 @@ class NRIPlugin:
     @property
     def plugin(self) -> str:
         return f"{self.options.index}-{PLUGIN_NAME}"
+
+    @property
+    def synchronized(self) -> bool:
+        """Connected, and the runtime's Synchronize of this connection is recorded."""
+        return self._synced
 
     def kick(self) -> None:
         """CPUs were assigned or released: the shared pool's containers may need updates."""
@@ -415,6 +421,8 @@ class NRIPlugin:
         updates = await self._reconcile([sandbox_facts(p) for p in pods], [container_facts(c) for c in containers])
         self._synced = True
         self._connected.set()
+        if self.on_synchronized is not None:
+            self.on_synchronized()
         log.info("synchronized with the runtime", pods=len(pods), containers=len(containers), updates=len(updates))
         return nri.SynchronizeResponse(update=container_updates(updates)).SerializeToString()
 

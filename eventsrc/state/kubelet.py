@@ -37,18 +37,28 @@ def claim_key(claim: ev.ClaimRef) -> str:
     return f"{claim.namespace}/{claim.name}"
 
 
-def _pod(v: Views, seq: int, pod: ev.PodRef) -> ObservedPodView:
+def _other(p: ObservedPodView, pod: ev.PodRef) -> bool:
+    """``pod`` is another pod than ``p`` of the same name: both uids known, and not the same."""
+    return bool(p.uid and pod.uid and p.uid != pod.uid)
+
+
+def _pod(v: Views, seq: int, pod: ev.PodRef) -> ObservedPodView | None:
+    """The pod's view (made when new); None when the name is another uid's."""
     key = pod_key(pod)
     p = v.kubelet.pods.get(key)
     if p is None:
         p = v.kubelet.pods[key] = ObservedPodView(uid=pod.uid, namespace=pod.namespace, name=pod.name, since_seq=seq)
+    elif _other(p, pod):
+        return None
     elif pod.uid and not p.uid:
         p.uid = pod.uid
     return p
 
 
-def _container(v: Views, seq: int, pod: ev.PodRef, name: str) -> ObservedContainerView:
+def _container(v: Views, seq: int, pod: ev.PodRef, name: str) -> ObservedContainerView | None:
     p = _pod(v, seq, pod)
+    if p is None:
+        return None
     c = p.containers.get(name)
     if c is None:
         c = p.containers[name] = ObservedContainerView()
@@ -57,19 +67,27 @@ def _container(v: Views, seq: int, pod: ev.PodRef, name: str) -> ObservedContain
 
 def _held(v: Views, pod: ev.PodRef, name: str) -> ObservedContainerView | None:
     p = v.kubelet.pods.get(pod_key(pod))
-    return None if p is None else p.containers.get(name)
+    return None if p is None or _other(p, pod) else p.containers.get(name)
 
 
 def pod_observed(v: Views, seq: int, e: ev.KubeletPodObserved) -> None:
+    """A pod first seen, its uid learned, or a new pod under the name (it replaces the old)."""
+    p = v.kubelet.pods.get(pod_key(e.pod))
+    if p is not None and _other(p, e.pod):
+        del v.kubelet.pods[pod_key(e.pod)]
     _pod(v, seq, e.pod)
 
 
 def pod_released(v: Views, seq: int, e: ev.KubeletPodReleased) -> None:
-    v.kubelet.pods.pop(pod_key(e.pod), None)
+    p = v.kubelet.pods.get(pod_key(e.pod))
+    if p is not None and not _other(p, e.pod):
+        del v.kubelet.pods[pod_key(e.pod)]
 
 
 def devices_observed(v: Views, seq: int, e: ev.KubeletDevicesObserved) -> None:
     c = _container(v, seq, e.pod, e.container)
+    if c is None:
+        return
     held = c.devices.get(e.resource, [])
     c.devices = {**c.devices, e.resource: held + [i for i in e.device_ids if i not in held]}
 
@@ -89,7 +107,9 @@ def devices_released(v: Views, seq: int, e: ev.KubeletDevicesReleased) -> None:
 
 
 def cpus_observed(v: Views, seq: int, e: ev.KubeletCPUsObserved) -> None:
-    _container(v, seq, e.pod, e.container).cpus = sorted(e.cpus)
+    c = _container(v, seq, e.pod, e.container)
+    if c is not None:
+        c.cpus = sorted(e.cpus)
 
 
 def cpus_released(v: Views, seq: int, e: ev.KubeletCPUsReleased) -> None:
@@ -100,11 +120,15 @@ def cpus_released(v: Views, seq: int, e: ev.KubeletCPUsReleased) -> None:
 
 
 def memory_observed(v: Views, seq: int, e: ev.KubeletMemoryObserved) -> None:
-    _container(v, seq, e.pod, e.container).memory = list(e.memory)
+    c = _container(v, seq, e.pod, e.container)
+    if c is not None:
+        c.memory = list(e.memory)
 
 
 def claim_observed(v: Views, seq: int, e: ev.KubeletClaimObserved) -> None:
     c = _container(v, seq, e.pod, e.container)
+    if c is None:
+        return
     c.claims = {**c.claims, claim_key(e.claim): list(e.devices)}
 
 

@@ -15,12 +15,14 @@ from eventsrc.core.beside import (
     SeenPod,
     allocatable_changes,
     identities,
+    missing,
     observe,
     release_gone,
+    taken_from_another,
 )
 from eventsrc.events import Record
 from eventsrc.state.apply import apply_all
-from eventsrc.state.views import SandboxView, Views
+from eventsrc.state.views import RuntimeContainerView, SandboxView, Views
 
 GPU = "example.com/dev"
 
@@ -39,7 +41,11 @@ def fold(views: Views, events: list[ev._Event]) -> Views:
 
 
 def with_sandbox(views: Views, uid: str, name: str, sandbox: str = "s1", ns: str = "default") -> Views:
+    """The runtime runs a sandbox of the pod, with one container running in it."""
     views.runtime.sandboxes[sandbox] = SandboxView(uid=uid, namespace=ns, name=name, since_seq=1)
+    views.runtime.containers[f"c-{sandbox}"] = RuntimeContainerView(
+        sandbox_id=sandbox, pod_uid=uid, name="main", state="running"
+    )
     return views
 
 
@@ -83,7 +89,9 @@ def test_a_device_moved_from_pod_a_to_pod_b_is_released_before_it_is_observed_ag
         ),
     )
     look = Look(pods=(pod("b", SeenContainer(name="m", devices=gpu("d-1"))),), complete=True)
-    gone = release_gone(views.kubelet, look, None)
+    # without the runtime's view, one answer without it is not enough (a restarting kubelet's may be partial)
+    assert release_gone(views.kubelet, look, None) == []
+    gone = release_gone(views.kubelet, look, None, missing_before=missing(views.kubelet, look))
     assert [type(e).__name__ for e in gone] == ["KubeletDevicesReleased", "KubeletPodReleased"]
     assert gone[0].reason == NOT_LISTED  # type: ignore[attr-defined]
     views = fold(views, gone)
@@ -105,8 +113,10 @@ def test_an_empty_answer_of_a_restarted_kubelet_releases_nothing_while_the_runti
     assert release_gone(views.kubelet, empty, views.runtime) == []
     # without the runtime's view, an empty answer is what a restarted kubelet says too
     assert release_gone(views.kubelet, empty, None) == []
-    # the runtime no longer has the sandbox, and the kubelet does not list the pod: gone
-    views.runtime.sandboxes.clear()
+    assert release_gone(views.kubelet, empty, None, missing_before=missing(views.kubelet, empty)) == []
+    # the pod completed: its sandbox stays, its containers stopped; the kubelet does not list it: gone
+    for c in views.runtime.containers.values():
+        c.state = "stopped"
     gone = release_gone(views.kubelet, empty, views.runtime)
     assert gone[-1] == ev.KubeletPodReleased(
         pod=ev.PodRef(uid="uid-a", namespace="default", name="a"), reason=NOT_LISTED_NOR_RUNNING
@@ -204,3 +214,41 @@ def test_allocatable_changes_say_devices_appearing_and_leaving() -> None:
     assert allocatable_changes(views.kubelet, {GPU: {"d-1": (0,), "d-2": (1,)}}, [0, 1]) == []
     second = allocatable_changes(views.kubelet, {GPU: {"d-1": (0,)}}, [0, 1])
     assert second == [ev.KubeletAllocatableChanged(removed={GPU: ["d-2"]})]
+
+
+def test_the_device_checkpoint_names_a_uid_only_when_it_names_one_for_every_device_and_no_other_pod_has_it() -> None:
+    look = Look(pods=(pod("b", SeenContainer(name="main", devices=gpu("d-1", "d-2"))),), complete=True)
+    one = Identities(checkpoint={("main", GPU, "d-1"): "uid-b", ("main", GPU, "d-2"): "uid-b"})
+    assert observe(Views().kubelet, look, one)[0].pod.uid == "uid-b"  # type: ignore[attr-defined]
+    # the checkpoint still names the previous holder of d-1: no uid rather than a wrong one
+    two = Identities(checkpoint={("main", GPU, "d-1"): "uid-a", ("main", GPU, "d-2"): "uid-b"})
+    assert observe(Views().kubelet, look, two)[0].pod.uid == ""  # type: ignore[attr-defined]
+    views = fold(Views(), [ev.KubeletPodObserved(pod=ev.PodRef(uid="uid-b", namespace="default", name="a"))])
+    assert observe(views.kubelet, look, one)[0].pod.uid == ""  # type: ignore[attr-defined]
+
+
+def test_a_get_answer_with_a_device_another_pod_holds_asks_for_the_whole_list() -> None:
+    views = fold(
+        Views(),
+        observe(
+            Views().kubelet,
+            Look(pods=(pod("a", SeenContainer(name="m", devices=gpu("d-1"))),), complete=True),
+            Identities(),
+        ),
+    )
+    got = Look(pods=(pod("b", SeenContainer(name="m", devices=gpu("d-1"))),), complete=False, source="Get")
+    assert taken_from_another(views.kubelet, got)
+    assert not taken_from_another(
+        views.kubelet, Look(pods=(pod("a", SeenContainer(name="m", devices=gpu("d-1"))),), complete=False)
+    )
+
+
+def test_an_event_of_another_pod_under_the_name_does_not_merge_into_it() -> None:
+    old = ev.PodRef(uid="uid-1", namespace="default", name="a")
+    new = ev.PodRef(uid="uid-2", namespace="default", name="a")
+    views = fold(Views(), [ev.KubeletDevicesObserved(pod=old, container="m", resource=GPU, device_ids=["d-1"])])
+    views = fold(views, [ev.KubeletDevicesObserved(pod=new, container="m", resource=GPU, device_ids=["d-2"])])
+    views = fold(views, [ev.KubeletPodReleased(pod=new)])
+    assert views.kubelet.pods["default/a"].containers["m"].devices == {GPU: ["d-1"]}
+    views = fold(views, [ev.KubeletPodObserved(pod=new)])
+    assert views.kubelet.pods["default/a"].uid == "uid-2" and not views.kubelet.pods["default/a"].containers
