@@ -267,9 +267,9 @@ def release_gone(
     """The pods known gone: those whose uid is in ``removed_uids`` (the runtime removed their
     last sandbox) and, after a complete ``look``, those it does not list while the runtime
     (``runtime``: current) runs none of their containers. Without the runtime's view, a pod is
-    released when the previous complete look (``missing_before``) did not list it either and
-    this one lists some other pod: one empty or partial answer is what a restarting kubelet
-    gives."""
+    released when this look lists some other pod and the previous complete look
+    (``missing_before``) did not list it either, or lists one of its devices for another pod:
+    one empty or partial answer is what a restarting kubelet gives."""
     out: list[ev._Event] = []
     removed = set(removed_uids)
     listed = {p.key for p in look.pods} if look is not None and look.complete else None
@@ -282,9 +282,19 @@ def release_gone(
         if runtime is not None:
             if not runs(runtime, p):
                 out.extend(release_pod(p, NOT_LISTED_NOR_RUNNING))
-        elif listed and key in missing_before:
+        elif listed and (key in missing_before or _given_away(p, look)):
             out.extend(release_pod(p, NOT_LISTED))
     return out
+
+
+def _given_away(p: ObservedPodView, look: Look | None) -> bool:
+    """A device ``p`` holds is listed for another pod: the kubelet gave it away."""
+    if look is None:
+        return False
+    held = {(r, i) for c in p.containers.values() for r, ids in c.devices.items() for i in ids}
+    return any(
+        (d.resource, i) in held for q in look.pods for c in q.containers for d in c.devices for i in d.device_ids
+    )
 
 
 def missing(view: KubeletView, look: Look) -> frozenset[str]:

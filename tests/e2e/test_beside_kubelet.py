@@ -99,11 +99,12 @@ def test_a_device_handed_from_one_pod_to_another_is_audited_with_both_holders(
     rt.start_container(ca)
     daemon.eventually(lambda: holds(root, "d-1") == [("team-a/trainer", "main", "kubelet", True)], "pod A's hold")
 
-    # the kubelet lets pod A go, the runtime removes it; pod B gets d-1
-    kubelet.remove_pod("team-a", "trainer")
-    rt.stop_pod(a)
-    rt.remove_pod(a)
-    daemon.eventually(lambda: holds(root, "d-1") == [("team-a/trainer", "main", "kubelet", False)], "pod A's release")
+    # pod A completes: its container stops, its sandbox stays (until the pod is deleted); the
+    # kubelet no longer lists it (terminated) and gives d-1 to pod B
+    rt.stop_container(ca)
+    kubelet.set_pod(
+        "team-a", "trainer", [Container("main", devices=[Device(RESOURCE, "d-1", (0,))])], uid="uid-a", active=False
+    )
     kubelet.set_pod("team-b", "server", [Container("web", devices=[Device(RESOURCE, "d-1", (0,))])], uid="uid-b")
     b = rt.run_pod("server", "uid-b", namespace="team-b")
     cb = rt.create_container(b, "web", cpu_millis=100, memory_limit=MEM)
@@ -119,6 +120,7 @@ def test_a_device_handed_from_one_pod_to_another_is_audited_with_both_holders(
     assert [c["id"] for c in second["container_ids"]] == [cb]
     assert first["start"]["ts_ns"] < first["end"]["ts_ns"] <= second["start"]["ts_ns"]
     assert second["end"] is None
+    assert "runs none of its containers" in first["reason"]
     table = run_cli("audit", "device", RESOURCE, "d-1", root=root, check=True).stdout
     assert "team-a/trainer" in table and "team-b/server" in table and "(kubelet)" in table and ca in table
 
@@ -132,8 +134,9 @@ def test_a_device_handed_from_one_pod_to_another_is_audited_with_both_holders(
 
     daemon.stop()
     check_holds(root)
-    rt.stop_pod(b)
-    rt.remove_pod(b)
+    for sandbox in (a, b):
+        rt.stop_pod(sandbox)
+        rt.remove_pod(sandbox)
     assert tree(kubelet.root) == before
 
 
@@ -188,7 +191,8 @@ def test_a_sigkill_loses_nothing_and_the_restart_says_what_it_did_not_see(
     kubelet.remove_pod("default", "a")
     kubelet.set_pod("default", "b", [Container("main", devices=[Device(RESOURCE, "d-1")])], uid="uid-b")
     kubelet.write_checkpoints()
-    daemon = beside(daemon_factory, kubelet, "--metrics-address", "127.0.0.1:0")
+    # without NRI, a pod the kubelet stops listing is released at the second look without it
+    daemon = beside(daemon_factory, kubelet, "--metrics-address", "127.0.0.1:0", "--beside-kubelet-resync", "1s")
     want = [("default/a", "main", "kubelet", False), ("default/b", "main", "kubelet", True)]
     daemon.eventually(lambda: holds(root, "d-1") == want, "the differences recorded after the restart")
     _, _, samples = scrape(metrics_address(root))
@@ -203,7 +207,11 @@ def test_a_sigkill_loses_nothing_and_the_restart_says_what_it_did_not_see(
     # the release is recorded after the gap: when it happened is not known more closely
     assert gaps[0]["since_ns"] <= a["end"]["ts_ns"] and gaps[0]["until_ns"] <= a["end"]["ts_ns"]
     assert any(g["source"] == "eventsrc" for g in answer["gaps"])
+    daemon.stop()  # a clean stop this time: the next start says so
+    daemon = beside(daemon_factory, kubelet)
     daemon.stop()
+    gaps = [g["event"] for g in of_type(root, "ObservationGapFound") if g["event"]["source"] == "eventsrc"]
+    assert len(gaps) == 2 and gaps[1]["reason"] == "eventsrc was not running (stopped)"
     check_holds(root)
 
 

@@ -89,9 +89,12 @@ def test_a_device_moved_from_pod_a_to_pod_b_is_released_before_it_is_observed_ag
         ),
     )
     look = Look(pods=(pod("b", SeenContainer(name="m", devices=gpu("d-1"))),), complete=True)
-    # without the runtime's view, one answer without it is not enough (a restarting kubelet's may be partial)
-    assert release_gone(views.kubelet, look, None) == []
-    gone = release_gone(views.kubelet, look, None, missing_before=missing(views.kubelet, look))
+    # without the runtime's view, one answer without it is not enough (a restarting kubelet's may be
+    # partial), unless it lists one of its devices for another pod
+    other = Look(pods=(pod("c", SeenContainer(name="m", devices=gpu("d-9"))),), complete=True)
+    assert release_gone(views.kubelet, other, None) == []
+    assert release_gone(views.kubelet, other, None, missing_before=missing(views.kubelet, other)) != []
+    gone = release_gone(views.kubelet, look, None)
     assert [type(e).__name__ for e in gone] == ["KubeletDevicesReleased", "KubeletPodReleased"]
     assert gone[0].reason == NOT_LISTED  # type: ignore[attr-defined]
     views = fold(views, gone)
