@@ -17,12 +17,14 @@ inside [S, U] are then F(U) - F(S), where
 (a hold still open has no end, so it counts up to U): four cursor lookups a group, however
 long the history. A start is added when a hold starts and an end when it ends, so both lists
 grow at their end (a point older than the list's last, after a clock stepped back, rewrites
-the running sums after it). A pod's group keeps its ended holds as a list instead (a pod has
-few), and its open holds are in the tracker's state.
+the running sums after it). Pods are too many to visit each: a pod's ended holds are kept
+by the class of their length and their end (``h<class><end><n>`` -> the pod's id and the
+start), so that a query reads little more than the holds it counts; open holds are in the
+tracker's state.
 
 Databases: ``meta`` (format, log id, the last record fed and its chain hash, the tracker's
-state, counters), ``groups`` (``k<dim><digest>`` -> id; ``g<dim><id>`` -> the group, and for
-a pod its ended holds) and ``points`` (``<id><s|e><t><n>`` -> running count and sum).
+state, counters), ``groups`` (``k<dim><digest>`` -> id; ``g<dim><id>`` -> the group; a pod's
+ended holds) and ``points`` (``<id><s|e><t><n>`` -> running count and sum).
 
 Each chunk of records is fed in one write transaction, with the tracker's state and the
 last record's sequence: a crash leaves the index at a chunk's end, and the next query goes
@@ -170,8 +172,9 @@ class UsageIndex:
 
     def totals(self, by: str, w: Window, resources: frozenset[str] = frozenset()) -> list[Row]:
         """Nanoseconds per group inside ``w``, as ``core.usage.totals`` gives them."""
-        if w.until_ns <= w.since_ns:
+        if w.until_ns <= max(0, w.since_ns):
             return []
+        w = Window(max(0, w.since_ns), w.until_ns)  # the index keeps no time before 1970
         with self.env.begin(buffers=True) as txn:
             if by == "pod":
                 rows = self._pods(txn, w, resources)
@@ -206,14 +209,29 @@ class UsageIndex:
             yield bytes(k[2:]), _group_decoder.decode(v)
 
     def _pods(self, txn: lmdb.Transaction, w: Window, resources: frozenset[str]) -> list[Row]:
-        sums: dict[tuple[str, ...], int] = {}
-        for _gid, (group, ended) in self._each_group(txn, b"p"):
-            if resources and group[3] not in resources:
+        """The ended holds that may overlap ``w``, class by class (see ``_Writer._change``),
+        then the open ones from the tracker's state."""
+        by_id: dict[bytes, int] = {}
+        cur = txn.cursor(db=self.groups)
+        for c in range(1, 65):
+            prefix, last = b"h" + bytes([c]), w.until_ns + (1 << c)
+            if not cur.set_range(prefix + w.since_ns.to_bytes(_U64, "big")):
                 continue
-            ns = sum(overlap(ended[i], ended[i + 1], w) for i in range(0, len(ended), 2))
-            if ns:
-                key = tuple(group)
-                sums[key] = sums.get(key, 0) + ns
+            for k, v in cur:
+                end = int.from_bytes(k[2:10], "big")
+                if bytes(k[:2]) != prefix or end > last:
+                    break
+                ns = overlap(int.from_bytes(v[4:], "big"), end, w)
+                if ns:
+                    gid = bytes(v[:4])
+                    by_id[gid] = by_id.get(gid, 0) + ns
+        sums: dict[tuple[str, ...], int] = {}
+        for gid, ns in by_id.items():
+            raw_group = txn.get(b"gp" + gid, db=self.groups)
+            assert raw_group is not None  # written with the id
+            group = tuple(_group_decoder.decode(raw_group))
+            if not resources or group[3] in resources:
+                sums[group] = sums.get(group, 0) + ns
         raw = txn.get(b"state", db=self.meta)
         for hold in Tracker(_state_decoder.decode(raw)).open_holds() if raw else []:
             if resources and hold.resource not in resources:
@@ -272,7 +290,6 @@ class _Writer:
             self.corrupt: list[int] = msgspec.msgpack.decode(corrupt, type=list[int]) if corrupt else []
         self.ids: dict[tuple[bytes, tuple[str, ...]], bytes] = {}
         self.last: dict[bytes, tuple[int, int, int]] = {}  # id + kind -> the last point's (t, count, sum)
-        self.pods: dict[bytes, list[Any]] = {}  # id -> [group, ended] touched in this chunk
 
     def write(self, chunk: list[tuple[int, Any]]) -> None:
         index = self.index
@@ -280,15 +297,12 @@ class _Writer:
             self.txn = txn
             self.gcur = txn.cursor(db=index.groups)
             self.pcur = txn.cursor(db=index.points)
-            self.pods = {}
             for seq, item in chunk:
                 if isinstance(item, CorruptRecordError):
                     self.corrupt.append(seq)
                     continue
                 for change in self.tracker.feed(item.ts_ns, item.event):
                     self._change(change)
-            for gid, value in self.pods.items():
-                self.gcur.put(b"gp" + gid, msgspec.msgpack.encode(value))
             last_seq = chunk[-1][0]
             stored = [v for c in self.history.log.raw_chunks(last_seq, last_seq) for _, v in c]
             last_value = stored[0] if stored else b""
@@ -316,12 +330,14 @@ class _Writer:
             return
         self._point(n + b"e", end)
         self._point(d + b"e", end)
-        p = self._id(b"p", hold.group("pod"))
-        pod = self.pods.get(p)
-        if pod is None:
-            raw = self.gcur.get(b"gp" + p)
-            pod = self.pods[p] = _group_decoder.decode(raw) if raw else [list(hold.group("pod")), []]
-        pod[1] += (hold.start_ns, end)
+        # A pod's ended hold, by the class of its length (2**(c-1) <= length < 2**c ns) and its
+        # end: one that overlaps [S, U] ends in [S, U + 2**c), so a query reads, class by
+        # class, little more than the holds it counts. One of no length counts nowhere.
+        c = (end - hold.start_ns).bit_length()
+        if c:
+            self.ordinal += 1
+            key = b"h" + bytes([c]) + max(0, end).to_bytes(_U64, "big") + self.ordinal.to_bytes(_U64, "big")
+            self.gcur.put(key, self._id(b"p", hold.group("pod")) + max(0, hold.start_ns).to_bytes(_U64, "big"))
 
     def _id(self, dim: bytes, group: tuple[str, ...]) -> bytes:
         gid = self.ids.get((dim, group))
@@ -333,8 +349,7 @@ class _Writer:
             gid = self.next_id.to_bytes(4, "big")
             self.next_id += 1
             self.gcur.put(key, gid)
-            if dim != b"p":
-                self.gcur.put(b"g" + dim + gid, msgspec.msgpack.encode(group))
+            self.gcur.put(b"g" + dim + gid, msgspec.msgpack.encode(group))
         gid = bytes(gid)
         if len(self.ids) > 100_000:
             self.ids.clear()
