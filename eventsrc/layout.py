@@ -56,6 +56,11 @@ class Layout:
         return self.state / "archive"
 
     @property
+    def usage(self) -> Path:
+        """The usage index, derived from the log and rebuilt from it when missing (docs/adr/0026)."""
+        return self.state / "usage"
+
+    @property
     def lock(self) -> Path:
         return self.state / "daemon.lock"
 

@@ -80,6 +80,21 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
     b.add_argument("--runs", type=int, default=200, help="timed runs per figure (default %(default)s)")
     b.set_defaults(func=bench_audit)
     b = bsub.add_parser(
+        "usage",
+        parents=[parents.root],
+        help="time of 'audit usage' on a year of history (1,000,000 records)",
+        description="Writes a log of --records records spanning a year (pods of 20 namespaces taking GPUs, NIC VFs, "
+        "exclusive CPUs and DRA claim devices, a fifth of them observed beside a kubelet) with the log's batch "
+        "append, cuts its older half into the archive through the real retention steps, builds the usage index, "
+        "then times 'audit usage' (--by namespace over a month and the whole year, --by device, --by resource, "
+        "--by pod over a month): median of --runs, beside reading the index's keys alone and the same answer from "
+        "a scan of every record, measured in the same run; goal under 1 s. Works in a temporary directory unless "
+        "--root-dir is given.",
+    )
+    b.add_argument("--records", type=int, default=1_000_000, help="size of the log (default %(default)s)")
+    b.add_argument("--runs", type=int, default=5, help="timed runs per query (default %(default)s)")
+    b.set_defaults(func=bench_usage)
+    b = bsub.add_parser(
         "scale",
         parents=[parents.root],
         help="how the daemon's costs grow with the pods it holds, beside the kubelet's checkpoint",
@@ -204,6 +219,15 @@ def _workdir(args: argparse.Namespace) -> Path | None:
     return root
 
 
+def _at_least(*checks: tuple[str, int, int]) -> None:
+    """Each (flag, value, least): any value below its least is one error naming every bound,
+    "--events must be at least 1000 and --runs at least 1"."""
+    if any(value < least for _, value, least in checks):
+        raise EventsrcError(
+            " and ".join(f"{flag} {'must be ' * (i == 0)}at least {least}" for i, (flag, _, least) in enumerate(checks))
+        )
+
+
 def _stopped_by_sigterm_too(bench: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """``bench``, stopped by SIGTERM as by Ctrl-C: it stops the daemon, plugin and probe it
     started and removes its temporary directory (under ``timeout`` or a CI job's end, a
@@ -274,9 +298,17 @@ def bench_cpu(args: argparse.Namespace) -> int:
 def bench_audit(args: argparse.Namespace) -> int:
     from eventsrc.bench.audit import run_audit_bench
 
-    if args.events < 1000 or args.runs < 1:
-        raise EventsrcError("--events must be at least 1000 and --runs at least 1")
+    _at_least(("--events", args.events, 1000), ("--runs", args.runs, 1))
     run_audit_bench(events=args.events, runs=args.runs, workdir=_workdir(args))
+    return 0
+
+
+@_stopped_by_sigterm_too
+def bench_usage(args: argparse.Namespace) -> int:
+    from eventsrc.bench.usage import run_usage_bench
+
+    _at_least(("--records", args.records, 100), ("--runs", args.runs, 1))
+    run_usage_bench(records=args.records, runs=args.runs, workdir=_workdir(args))
     return 0
 
 

@@ -1,0 +1,416 @@
+"""Chargeback: how long each device and exclusive CPU was held, exactly, from the log's records.
+
+Pure: records in, intervals and totals out; no LMDB, no clock ("now" is passed in). The
+command (``eventsrc audit usage``, ``eventsrc.offline.usage``) reads the totals from the
+usage index (``eventsrc.log.usage_index``), which is fed by this same ``Tracker``; a scan of
+every record through ``intervals`` and ``totals`` gives the same answer (a property test
+checks it).
+
+What a hold is mirrors the views (``state.devices``, ``state.cpus``, ``state.kubelet``):
+
+* eventsrc's own devices: a device is charged to the container the views name as its holder
+  while its hold is *allocated*: from the ``DevicesAllocated`` that gives it to that
+  container until the views stop naming it so (its container's ``DevicesReleased`` or
+  ``AllocationFailed``, or another container's ``DevicesReserved``/``DevicesAllocated``, as
+  when an init container hands it on). The reservation while Allocate is in flight is not
+  charged. ``PodRemoved`` and ``PodQuarantined`` end nothing: the views keep a hold until
+  its release (a removal records the releases first), and a quarantined pod keeps what it
+  holds (docs/adr/0005).
+* eventsrc's own exclusive CPUs (resource ``cpu``, device the CPU's number): from
+  ``CPUsAssigned`` until ``CPUsReleased``; an assignment replaces the container's set (CPUs
+  in both go on, those left out end, new ones start).
+* observed beside a kubelet, pods keyed by namespace/name: devices from
+  ``KubeletDevicesObserved`` to ``KubeletDevicesReleased``; CPUs as the whole set of each
+  ``KubeletCPUsObserved`` until ``KubeletCPUsReleased``; a claim's devices (resource: the
+  driver, device: ``pool/device``) from ``KubeletClaimObserved`` (the claim's whole list)
+  to ``KubeletClaimReleased``; ``KubeletPodReleased`` ends everything the pod holds.
+
+A hold is charged to the pod (namespace, name, uid) as known when it started: own pods by
+their ``PodAdmissionStarted``/``PodAdmitted`` (or ``PodQuarantined``), observed pods as the
+kubelet view had them. Times are the records' ``ts_ns``; a hold whose end record is older
+than its start (a clock stepped back) lasts 0 ns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Final, Literal, NamedTuple
+
+from msgspec import Struct, field
+
+from eventsrc import events as ev
+
+#: the pseudo-resource of exclusive CPUs
+CPU: Final = "cpu"
+
+By = Literal["namespace", "pod", "device", "resource"]
+#: the fields of a group, in the order groups are sorted and printed
+FIELDS: Final[dict[str, tuple[str, ...]]] = {
+    "namespace": ("namespace", "resource"),
+    "pod": ("namespace", "name", "uid", "resource"),
+    "device": ("resource", "device"),
+    "resource": ("resource",),
+}
+
+
+class Hold(Struct, frozen=True, array_like=True, gc=False):
+    """One held device or CPU, from ``start_ns``, charged to a pod."""
+
+    resource: str
+    device: str
+    namespace: str
+    name: str
+    uid: str
+    start_ns: int
+
+    def group(self, by: str) -> tuple[str, ...]:
+        """The group this hold counts in, as ``FIELDS[by]`` names it."""
+        if by == "namespace":
+            return (self.namespace, self.resource)
+        if by == "pod":
+            return (self.namespace, self.name, self.uid, self.resource)
+        if by == "device":
+            return (self.resource, self.device)
+        return (self.resource,)
+
+
+class Change(NamedTuple):
+    """A hold that started (``end_ns`` None) or ended at ``end_ns`` (never before its start)."""
+
+    hold: Hold
+    end_ns: int | None
+
+
+class OwnDevice(Struct, array_like=True, gc=False):
+    """A device of eventsrc's own as the views hold it: its holder, and its charged hold
+    once allocated (None while reserved)."""
+
+    uid: str
+    container: str
+    hold: Hold | None = None
+
+
+class ObservedContainer(Struct, gc=False):
+    devices: dict[str, dict[str, Hold]] = field(default_factory=dict)  # resource -> id -> hold
+    cpus: dict[int, Hold] = field(default_factory=dict)
+    claims: dict[str, dict[str, Hold]] = field(default_factory=dict)  # claim -> "driver\0pool/device" -> hold
+
+
+class ObservedPod(Struct, gc=False):
+    uid: str
+    namespace: str
+    name: str
+    containers: dict[str, ObservedContainer] = field(default_factory=dict)
+
+
+class UsageState(Struct, gc=False):
+    """Every hold open after the records fed so far, and what naming a new one takes."""
+
+    names: dict[str, tuple[str, str, bool]] = field(default_factory=dict)  # uid -> (ns, name, admitted)
+    devices: dict[str, dict[str, OwnDevice]] = field(default_factory=dict)  # resource -> id -> holder
+    cpus: dict[str, dict[str, dict[int, Hold]]] = field(default_factory=dict)  # uid -> container -> cpu -> hold
+    observed: dict[str, ObservedPod] = field(default_factory=dict)  # "namespace/name" -> pod
+
+
+class Tracker:
+    """Feed records in log order (``feed``); each returns the holds it started and ended."""
+
+    def __init__(self, state: UsageState | None = None) -> None:
+        self.state = state if state is not None else UsageState()
+        self._out: list[Change] = []
+        self._handlers: dict[type, Callable[[int, ev._Event], None]] = {
+            ev.PodAdmissionStarted: self._named,
+            ev.PodAdmitted: self._named,
+            ev.PodQuarantined: self._named,
+            ev.AdmissionRejected: self._rejected,
+            ev.PodRemoved: self._removed,
+            ev.DevicesReserved: self._reserved,
+            ev.DevicesAllocated: self._allocated,
+            ev.DevicesReleased: self._released,
+            ev.AllocationFailed: self._released,
+            ev.CPUsAssigned: self._cpus_assigned,
+            ev.CPUsReleased: self._cpus_released,
+            ev.KubeletPodObserved: self._kubelet_pod,
+            ev.KubeletMemoryObserved: self._kubelet_memory,
+            ev.KubeletPodReleased: self._kubelet_pod_released,
+            ev.KubeletDevicesObserved: self._kubelet_devices,
+            ev.KubeletDevicesReleased: self._kubelet_devices_released,
+            ev.KubeletCPUsObserved: self._kubelet_cpus,
+            ev.KubeletCPUsReleased: self._kubelet_cpus_released,
+            ev.KubeletClaimObserved: self._kubelet_claim,
+            ev.KubeletClaimReleased: self._kubelet_claim_released,
+        }
+
+    def feed(self, ts_ns: int, e: ev._Event) -> list[Change]:
+        handler = self._handlers.get(type(e))
+        if handler is None:
+            return []
+        self._out = []
+        handler(ts_ns, e)
+        return self._out
+
+    def open_holds(self) -> list[Hold]:
+        """Every hold still open, in a fixed order."""
+        s = self.state
+        out = [d.hold for ids in s.devices.values() for d in ids.values() if d.hold is not None]
+        out += [h for containers in s.cpus.values() for cpus in containers.values() for h in cpus.values()]
+        for pod in s.observed.values():
+            for c in pod.containers.values():
+                out += [h for ids in c.devices.values() for h in ids.values()]
+                out += c.cpus.values()
+                out += [h for devices in c.claims.values() for h in devices.values()]
+        return out
+
+    # ------------------------------------------------------------------ helpers
+
+    def _open(self, resource: str, device: str, namespace: str, name: str, uid: str, ts: int) -> Hold:
+        hold = Hold(resource, device, namespace, name, uid, ts)
+        self._out.append(Change(hold, None))
+        return hold
+
+    def _close(self, hold: Hold, ts: int) -> None:
+        self._out.append(Change(hold, max(ts, hold.start_ns)))
+
+    def _own(self, uid: str, resource: str, device: str, ts: int) -> Hold:
+        ns, name, _ = self.state.names.get(uid, ("", "", False))
+        return self._open(resource, device, ns, name, uid, ts)
+
+    # ------------------------------------------------------------------ eventsrc's own pods (state.pods)
+
+    def _named(self, ts: int, e: ev._Event) -> None:
+        assert isinstance(e, (ev.PodAdmissionStarted, ev.PodAdmitted, ev.PodQuarantined))
+        known = self.state.names.get(e.pod.uid)
+        if isinstance(e, ev.PodAdmissionStarted) or known is None:  # the views' PodView is made anew
+            known = (e.pod.namespace, e.pod.name, False)
+        self.state.names[e.pod.uid] = (known[0], known[1], not isinstance(e, ev.PodAdmissionStarted))
+
+    def _rejected(self, ts: int, e: ev._Event) -> None:
+        assert isinstance(e, ev.AdmissionRejected)
+        known = self.state.names.get(e.pod.uid)
+        if known is not None and not known[2]:  # admitting -> gone; admitted or quarantined stay
+            del self.state.names[e.pod.uid]
+
+    def _removed(self, ts: int, e: ev._Event) -> None:
+        assert isinstance(e, ev.PodRemoved)
+        self.state.names.pop(e.pod_uid, None)
+
+    # ------------------------------------------------------------------ eventsrc's own devices (state.devices)
+
+    def _reserved(self, ts: int, e: ev._Event) -> None:
+        assert isinstance(e, ev.DevicesReserved)
+        table = self.state.devices.setdefault(e.resource, {})
+        for i in dict.fromkeys(e.device_ids):
+            d = table.get(i)
+            if d is not None and d.hold is not None:
+                self._close(d.hold, ts)
+            table[i] = OwnDevice(e.pod_uid, e.container)
+
+    def _allocated(self, ts: int, e: ev._Event) -> None:
+        assert isinstance(e, ev.DevicesAllocated)
+        table = self.state.devices.setdefault(e.resource, {})
+        for i in dict.fromkeys(e.device_ids):
+            d = table.get(i)
+            if d is not None and d.hold is not None and (d.uid, d.container) == (e.pod_uid, e.container):
+                continue  # allocated again to its holder: the hold goes on
+            if d is not None and d.hold is not None:
+                self._close(d.hold, ts)
+            table[i] = OwnDevice(e.pod_uid, e.container, self._own(e.pod_uid, e.resource, i, ts))
+
+    def _released(self, ts: int, e: ev._Event) -> None:
+        assert isinstance(e, (ev.DevicesReleased, ev.AllocationFailed))
+        table = self.state.devices.get(e.resource)
+        if table is None:
+            return
+        for i in dict.fromkeys(e.device_ids):
+            d = table.get(i)
+            if d is None or (d.uid, d.container) != (e.pod_uid, e.container):
+                continue  # a release concerns only the devices its container holds
+            if d.hold is not None:
+                self._close(d.hold, ts)
+            del table[i]
+        if not table:
+            del self.state.devices[e.resource]
+
+    # ------------------------------------------------------------------ eventsrc's own CPUs (state.cpus)
+
+    def _set_cpus(self, held: dict[int, Hold], cpus: Iterable[int], ts: int, start: Callable[[int], Hold]) -> None:
+        """``held`` becomes ``cpus``: those left out end, new ones start, the others go on."""
+        new = set(cpus)
+        for cpu in [c for c in held if c not in new]:
+            self._close(held.pop(cpu), ts)
+        for cpu in sorted(new - held.keys()):
+            held[cpu] = start(cpu)
+
+    def _cpus_assigned(self, ts: int, e: ev._Event) -> None:
+        assert isinstance(e, ev.CPUsAssigned)
+        held = self.state.cpus.setdefault(e.pod_uid, {}).setdefault(e.container, {})
+        self._set_cpus(held, e.cpus, ts, lambda cpu: self._own(e.pod_uid, CPU, str(cpu), ts))
+
+    def _cpus_released(self, ts: int, e: ev._Event) -> None:
+        assert isinstance(e, ev.CPUsReleased)
+        pod = self.state.cpus.get(e.pod_uid)
+        if pod is None or e.container not in pod:
+            return
+        for hold in pod.pop(e.container).values():
+            self._close(hold, ts)
+        if not pod:
+            del self.state.cpus[e.pod_uid]
+
+    # ------------------------------------------------------------------ observed beside a kubelet (state.kubelet)
+
+    def _pod(self, ref: ev.PodRef) -> ObservedPod:
+        key = f"{ref.namespace}/{ref.name}"
+        p = self.state.observed.get(key)
+        if p is None:
+            p = self.state.observed[key] = ObservedPod(ref.uid, ref.namespace, ref.name)
+        elif ref.uid and not p.uid:
+            p.uid = ref.uid
+        return p
+
+    def _container(self, ref: ev.PodRef, name: str) -> tuple[ObservedPod, ObservedContainer]:
+        p = self._pod(ref)
+        return p, p.containers.setdefault(name, ObservedContainer())
+
+    def _held(self, ref: ev.PodRef, name: str) -> ObservedContainer | None:
+        p = self.state.observed.get(f"{ref.namespace}/{ref.name}")
+        return None if p is None else p.containers.get(name)
+
+    def _observed(self, p: ObservedPod, resource: str, device: str, ts: int) -> Hold:
+        return self._open(resource, device, p.namespace, p.name, p.uid, ts)
+
+    def _kubelet_pod(self, ts: int, e: ev._Event) -> None:
+        assert isinstance(e, ev.KubeletPodObserved)
+        self._pod(e.pod)
+
+    def _kubelet_memory(self, ts: int, e: ev._Event) -> None:
+        assert isinstance(e, ev.KubeletMemoryObserved)
+        self._container(e.pod, e.container)
+
+    def _kubelet_pod_released(self, ts: int, e: ev._Event) -> None:
+        assert isinstance(e, ev.KubeletPodReleased)
+        p = self.state.observed.pop(f"{e.pod.namespace}/{e.pod.name}", None)
+        if p is None:
+            return
+        for c in p.containers.values():
+            for hold in [*(h for ids in c.devices.values() for h in ids.values()), *c.cpus.values()]:
+                self._close(hold, ts)
+            for devices in c.claims.values():
+                for hold in devices.values():
+                    self._close(hold, ts)
+
+    def _kubelet_devices(self, ts: int, e: ev._Event) -> None:
+        assert isinstance(e, ev.KubeletDevicesObserved)
+        p, c = self._container(e.pod, e.container)
+        held = c.devices.setdefault(e.resource, {})
+        for i in dict.fromkeys(e.device_ids):
+            if i not in held:
+                held[i] = self._observed(p, e.resource, i, ts)
+        if not held:
+            del c.devices[e.resource]
+
+    def _kubelet_devices_released(self, ts: int, e: ev._Event) -> None:
+        assert isinstance(e, ev.KubeletDevicesReleased)
+        c = self._held(e.pod, e.container)
+        held = None if c is None else c.devices.get(e.resource)
+        if c is None or held is None:
+            return
+        for i in dict.fromkeys(e.device_ids):
+            if i in held:
+                self._close(held.pop(i), ts)
+        if not held:
+            del c.devices[e.resource]
+
+    def _kubelet_cpus(self, ts: int, e: ev._Event) -> None:
+        assert isinstance(e, ev.KubeletCPUsObserved)
+        p, c = self._container(e.pod, e.container)
+        self._set_cpus(c.cpus, e.cpus, ts, lambda cpu: self._observed(p, CPU, str(cpu), ts))
+
+    def _kubelet_cpus_released(self, ts: int, e: ev._Event) -> None:
+        assert isinstance(e, ev.KubeletCPUsReleased)
+        c = self._held(e.pod, e.container)
+        if c is not None:
+            for cpu in dict.fromkeys(e.cpus):
+                if cpu in c.cpus:
+                    self._close(c.cpus.pop(cpu), ts)
+
+    def _kubelet_claim(self, ts: int, e: ev._Event) -> None:
+        assert isinstance(e, ev.KubeletClaimObserved)
+        p, c = self._container(e.pod, e.container)
+        held = c.claims.setdefault(f"{e.claim.namespace}/{e.claim.name}", {})
+        new = {f"{d.driver}\0{d.pool}/{d.device}": (d.driver, f"{d.pool}/{d.device}") for d in e.devices}
+        for key in [k for k in held if k not in new]:
+            self._close(held.pop(key), ts)
+        for key, (driver, device) in new.items():
+            if key not in held:
+                held[key] = self._observed(p, driver, device, ts)
+
+    def _kubelet_claim_released(self, ts: int, e: ev._Event) -> None:
+        assert isinstance(e, ev.KubeletClaimReleased)
+        c = self._held(e.pod, e.container)
+        devices = None if c is None else c.claims.pop(f"{e.claim.namespace}/{e.claim.name}", None)
+        for hold in (devices or {}).values():
+            self._close(hold, ts)
+
+
+# --------------------------------------------------------------------------- totals
+
+
+@dataclass(frozen=True)
+class Window:
+    """The window a total is taken over, [since_ns, until_ns]; open holds count up to until_ns."""
+
+    since_ns: int
+    until_ns: int
+
+
+def window(since_ns: int | None, until_ns: int | None, now_ns: int) -> Window:
+    """From --since (None: the beginning) to --until, or to now when --until is absent or later."""
+    until = now_ns if until_ns is None else min(until_ns, now_ns)
+    return Window(0 if since_ns is None else since_ns, until)
+
+
+def overlap(start_ns: int, end_ns: int | None, w: Window) -> int:
+    """Nanoseconds of [start, end] (end None: still open) inside the window."""
+    end = w.until_ns if end_ns is None else min(end_ns, w.until_ns)
+    return max(0, end - max(start_ns, w.since_ns))
+
+
+class Row(NamedTuple):
+    """One group's total: its fields (as ``FIELDS[by]`` names them) and nanoseconds."""
+
+    group: tuple[str, ...]
+    ns: int
+
+
+def intervals(records: Iterable[tuple[int, ev._Event]]) -> list[Change]:
+    """Every hold in ``records`` ((ts_ns, event) in log order): each ended one with its end,
+    then each still open with end None."""
+    tracker = Tracker()
+    out = [c for ts, e in records for c in tracker.feed(ts, e) if c.end_ns is not None]
+    return out + [Change(h, None) for h in tracker.open_holds()]
+
+
+def totals(holds: Iterable[Change], by: str, w: Window, resources: frozenset[str] = frozenset()) -> list[Row]:
+    """Nanoseconds per group inside the window, sorted by group; groups with none left out.
+    ``resources``: only these (empty: all)."""
+    sums: dict[tuple[str, ...], int] = {}
+    for hold, end in holds:
+        if resources and hold.resource not in resources:
+            continue
+        n = overlap(hold.start_ns, end, w)
+        if n:
+            key = hold.group(by)
+            sums[key] = sums.get(key, 0) + n
+    return sorted(Row(k, n) for k, n in sums.items())
+
+
+def seconds_text(ns: int) -> str:
+    """Exact seconds with nine decimals: 3600.000000000."""
+    return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
+
+
+def hours_text(ns: int) -> str:
+    """Hours to six places, rounded half up from the exact nanoseconds."""
+    micro_hours = (ns + 1_800_000) // 3_600_000  # 1 µh = 3.6 ms
+    return f"{micro_hours // 1_000_000}.{micro_hours % 1_000_000:06d}"

@@ -1,0 +1,394 @@
+"""The usage index: what ``eventsrc audit usage`` answers from (docs/adr/0026).
+
+A derived index, in an LMDB environment of its own beside the log (``ROOT/eventsrc/usage``),
+built from the whole history (archive segments and live log, ``History``) by the pure
+``core.usage.Tracker`` and brought up to date by each query before it answers. It never
+changes the log, so the daemon knows nothing of it, and deleting it only costs a rebuild.
+
+Each hold counts in a group per dimension: ``n`` (namespace, resource), ``d`` (resource,
+device) and ``p`` (namespace, name, uid, resource). For the ``n`` and ``d`` groups it keeps
+two sorted lists of points, the starts and the ends of the group's holds, each point with
+the running count and sum of the times up to it. The nanoseconds a group's holds spent
+inside [S, U] are then F(U) - F(S), where
+
+    F(T) = sum over starts s <= T of (T - s)  -  sum over ends e <= T of (T - e)
+         = T * starts(T) - sum_starts(T) - T * ends(T) + sum_ends(T)
+
+(a hold still open has no end, so it counts up to U): four cursor lookups a group, however
+long the history. A start is added when a hold starts and an end when it ends, so both lists
+grow at their end (a point older than the list's last, after a clock stepped back, rewrites
+the running sums after it). Pods are too many to visit each: a pod's ended holds are kept
+by the class of their length and their end (``h<class><end><n>`` -> the pod's id and the
+start), so that a query reads little more than the holds it counts; open holds are in the
+tracker's state.
+
+Databases: ``meta`` (format, log id, the last record fed and its chain hash, the tracker's
+state, counters), ``groups`` (``k<dim><digest>`` -> id; ``g<dim><id>`` -> the group; a pod's
+ended holds) and ``points`` (``<id><s|e><t><n>`` -> running count and sum).
+
+Each chunk of records is fed in one write transaction, with the tracker's state and the
+last record's sequence: a crash leaves the index at a chunk's end, and the next query goes
+on from there. An index whose log id differs, whose last record is past the log's end, or
+whose last record's chain hash is not the log's (a restored log went another way) is
+rebuilt from record 1. One process updates it at a time (a lock file).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import msgspec
+
+from eventsrc.core.usage import Change, Row, Tracker, UsageState, Window, overlap
+from eventsrc.errors import EventsrcError
+from eventsrc.events import CorruptRecordError, chain_hash
+from eventsrc.log.history import History
+from eventsrc.log.store import key_seq
+
+FORMAT = b"1"
+MAP_SIZE = 1 << 36  # address space only: the file grows as pages are written
+CHUNK = 50_000  # records fed per write transaction
+_DIMS = {"namespace": b"n", "device": b"d", "pod": b"p"}
+_U64 = 8
+_SUM = 16
+_state_decoder = msgspec.msgpack.Decoder(UsageState)
+_group_decoder = msgspec.msgpack.Decoder(list[Any])
+
+
+@dataclass
+class Update:
+    """What a query's catch-up did: ``how`` is "current", "updated", "built" or "rebuilt"."""
+
+    how: str
+    records: int = 0
+    seconds: float = 0.0
+    why: str = ""  # why it was rebuilt
+    corrupt: list[int] = field(default_factory=list)
+
+
+def _key_digest(dim: bytes, group: tuple[str, ...]) -> bytes:
+    return b"k" + dim + hashlib.blake2b(msgspec.msgpack.encode(group), digest_size=16).digest()
+
+
+def _value(count: int, total: int) -> bytes:
+    return count.to_bytes(_U64, "big") + total.to_bytes(_SUM, "big")
+
+
+def _parse(value: bytes) -> tuple[int, int]:
+    return int.from_bytes(value[:_U64], "big"), int.from_bytes(value[_U64:], "big")
+
+
+class UsageIndex:
+    """The usage index at ``path`` (created when missing)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.mkdir(mode=0o750, exist_ok=True)
+            self.env = lmdb.open(str(path), max_dbs=4, map_size=MAP_SIZE, metasync=False)
+        except (OSError, lmdb.Error) as exc:
+            raise EventsrcError(f"cannot open the usage index at {path}: {exc}") from None
+        self.meta = self.env.open_db(b"meta")
+        self.groups = self.env.open_db(b"groups")
+        self.points = self.env.open_db(b"points")
+
+    def close(self) -> None:
+        self.env.close()
+
+    def __enter__(self) -> UsageIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ updating
+
+    def catch_up(self, history: History, progress: Callable[[str], None] | None = None) -> Update:
+        """Feed the records the index has not seen yet (all of them on first use)."""
+        t0 = time.perf_counter()
+        with open(self.path / "update.lock", "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            why = self._stale(history)
+            with self.env.begin() as txn:
+                last = key_seq(txn.get(b"seq", db=self.meta) or bytes(8)) if not why else 0
+            if why and why != "first use":
+                self._drop()
+            end = history.last_seq()
+            if last >= end:
+                return Update("current", corrupt=self.corrupt())
+            if progress is not None and why:
+                progress(f"building the usage index ({why}) from records 1..{end}, the archive included")
+            writer = _Writer(self, history)
+            fed = 0
+            for chunk in _chunks(history, last + 1, end):
+                writer.write(chunk)
+                fed += len(chunk)
+            how = "built" if why == "first use" else ("rebuilt" if why else "updated")
+            return Update(how, fed, time.perf_counter() - t0, why, self.corrupt())
+
+    def _stale(self, history: History) -> str:
+        """Why the index must be built from record 1 ("" when it can go on)."""
+        with self.env.begin(db=self.meta) as txn:
+            fmt, log_id, seq, hashed = (txn.get(k) for k in (b"format", b"log_id", b"seq", b"hash"))
+        if fmt is None:
+            return "first use"
+        if fmt != FORMAT:
+            return f"it has format {bytes(fmt).decode(errors='replace')}, this eventsrc writes {FORMAT.decode()}"
+        if bytes(log_id or b"").decode() != history.log.log_id():
+            return "it was built from another log"
+        last = key_seq(bytes(seq or bytes(8)))
+        if last > history.last_seq():
+            return f"it has records up to {last}, past the log's end ({history.last_seq()})"
+        if last >= history.live_first_seq():
+            stored = [v for chunk in history.log.raw_chunks(last, last) for _, v in chunk]
+            if not stored or chain_hash(stored[0]) != hashed:
+                return f"record {last} is not the one it was built from (the log was restored or replaced)"
+        return ""
+
+    def _drop(self) -> None:
+        with self.env.begin(write=True) as txn:
+            for db in (self.meta, self.groups, self.points):
+                txn.drop(db, delete=False)
+
+    def corrupt(self) -> list[int]:
+        with self.env.begin(db=self.meta) as txn:
+            raw = txn.get(b"corrupt")
+        return msgspec.msgpack.decode(raw, type=list[int]) if raw else []
+
+    def gaps(self) -> str:
+        """What the history lacked when the index was built ("" when nothing)."""
+        with self.env.begin(db=self.meta) as txn:
+            raw = txn.get(b"gaps")
+        return bytes(raw).decode() if raw else ""
+
+    # ------------------------------------------------------------------ answering
+
+    def totals(self, by: str, w: Window, resources: frozenset[str] = frozenset()) -> list[Row]:
+        """Nanoseconds per group inside ``w``, as ``core.usage.totals`` gives them."""
+        if w.until_ns <= max(0, w.since_ns):
+            return []
+        w = Window(max(0, w.since_ns), w.until_ns)  # the index keeps no time before 1970
+        with self.env.begin(buffers=True) as txn:
+            if by == "pod":
+                rows = self._pods(txn, w, resources)
+            else:
+                rows = self._step_groups(txn, _DIMS["namespace" if by == "namespace" else "device"], w, resources)
+        if by == "resource":
+            sums: dict[tuple[str, ...], int] = {}
+            for row in rows:
+                sums[row.group[:1]] = sums.get(row.group[:1], 0) + row.ns
+            rows = [Row(k, n) for k, n in sums.items()]
+        return sorted(r for r in rows if r.ns)
+
+    def _step_groups(self, txn: lmdb.Transaction, dim: bytes, w: Window, resources: frozenset[str]) -> list[Row]:
+        out = []
+        pcur = txn.cursor(db=self.points)
+        at = 1 if dim == b"n" else 0  # where the group names its resource
+        for gid, group in self._each_group(txn, dim):
+            if resources and group[at] not in resources:
+                continue
+            ns = _f(pcur, gid, w.until_ns) - _f(pcur, gid, w.since_ns)
+            out.append(Row(tuple(group), ns))
+        return out
+
+    def _each_group(self, txn: lmdb.Transaction, dim: bytes) -> Iterator[tuple[bytes, list[Any]]]:
+        prefix = b"g" + dim
+        cur = txn.cursor(db=self.groups)
+        if not cur.set_range(prefix):
+            return
+        for k, v in cur:
+            if bytes(k[:2]) != prefix:
+                return
+            yield bytes(k[2:]), _group_decoder.decode(v)
+
+    def _pods(self, txn: lmdb.Transaction, w: Window, resources: frozenset[str]) -> list[Row]:
+        """The ended holds that may overlap ``w``, class by class (see ``_Writer._change``),
+        then the open ones from the tracker's state."""
+        by_id: dict[bytes, int] = {}
+        cur = txn.cursor(db=self.groups)
+        for c in range(1, 65):
+            prefix, last = b"h" + bytes([c]), w.until_ns + (1 << c)
+            if not cur.set_range(prefix + w.since_ns.to_bytes(_U64, "big")):
+                continue
+            for k, v in cur:
+                end = int.from_bytes(k[2:10], "big")
+                if bytes(k[:2]) != prefix or end > last:
+                    break
+                ns = overlap(int.from_bytes(v[4:], "big"), end, w)
+                if ns:
+                    gid = bytes(v[:4])
+                    by_id[gid] = by_id.get(gid, 0) + ns
+        sums: dict[tuple[str, ...], int] = {}
+        for gid, ns in by_id.items():
+            raw_group = txn.get(b"gp" + gid, db=self.groups)
+            assert raw_group is not None  # written with the id
+            group = tuple(_group_decoder.decode(raw_group))
+            if not resources or group[3] in resources:
+                sums[group] = sums.get(group, 0) + ns
+        raw = txn.get(b"state", db=self.meta)
+        for hold in Tracker(_state_decoder.decode(raw)).open_holds() if raw else []:
+            if resources and hold.resource not in resources:
+                continue
+            if ns := overlap(hold.start_ns, None, w):
+                key = hold.group("pod")
+                sums[key] = sums.get(key, 0) + ns
+        return [Row(k, n) for k, n in sums.items()]
+
+
+def _f(cur: lmdb.Cursor, gid: bytes, t: int) -> int:
+    """F(t) of the group ``gid`` (see the module's docstring)."""
+    if t < 0:
+        return 0
+    starts, sum_starts = _running(cur, gid + b"s", t)
+    ends, sum_ends = _running(cur, gid + b"e", t)
+    return t * starts - sum_starts - t * ends + sum_ends
+
+
+def _running(cur: lmdb.Cursor, prefix: bytes, t: int) -> tuple[int, int]:
+    """The running (count, sum) of the last point of ``prefix`` at or before ``t``."""
+    after = prefix + (t + 1).to_bytes(_U64, "big")
+    found = cur.prev() if cur.set_range(after) else cur.last()
+    if not found or bytes(cur.key()[: len(prefix)]) != prefix:
+        return 0, 0
+    return _parse(bytes(cur.value()))
+
+
+def _chunks(history: History, first: int, last: int) -> Iterator[list[tuple[int, Any]]]:
+    """(seq, Record or CorruptRecordError) in chunks of CHUNK."""
+    chunk: list[tuple[int, Any]] = []
+    for item in history.records(first, last):
+        chunk.append((item.seq, item))
+        if len(chunk) >= CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+class _Writer:
+    """Feeds records into the index, a chunk per write transaction; what it learns of the
+    groups and their last points is kept between chunks."""
+
+    def __init__(self, index: UsageIndex, history: History) -> None:
+        self.index = index
+        self.history = history
+        self.log_id = history.log.log_id()
+        self.gaps = history.missing_note()
+        with index.env.begin() as txn:
+            raw = txn.get(b"state", db=index.meta)
+            self.tracker = Tracker(_state_decoder.decode(raw) if raw else None)
+            self.next_id = key_seq(txn.get(b"next_id", db=index.meta) or bytes(8))
+            self.ordinal = key_seq(txn.get(b"ordinal", db=index.meta) or bytes(8))
+            corrupt = txn.get(b"corrupt", db=index.meta)
+            self.corrupt: list[int] = msgspec.msgpack.decode(corrupt, type=list[int]) if corrupt else []
+        self.ids: dict[tuple[bytes, tuple[str, ...]], bytes] = {}
+        self.last: dict[bytes, tuple[int, int, int]] = {}  # id + kind -> the last point's (t, count, sum)
+
+    def write(self, chunk: list[tuple[int, Any]]) -> None:
+        index = self.index
+        with index.env.begin(write=True) as txn:
+            self.txn = txn
+            self.gcur = txn.cursor(db=index.groups)
+            self.pcur = txn.cursor(db=index.points)
+            for seq, item in chunk:
+                if isinstance(item, CorruptRecordError):
+                    self.corrupt.append(seq)
+                    continue
+                for change in self.tracker.feed(item.ts_ns, item.event):
+                    self._change(change)
+            last_seq = chunk[-1][0]
+            stored = [v for c in self.history.log.raw_chunks(last_seq, last_seq) for _, v in c]
+            last_value = stored[0] if stored else b""
+            meta = {
+                b"format": FORMAT,
+                b"log_id": self.log_id.encode(),
+                b"seq": last_seq.to_bytes(_U64, "big"),
+                b"hash": chain_hash(last_value) if last_value else b"",
+                b"state": msgspec.msgpack.encode(self.tracker.state),
+                b"next_id": self.next_id.to_bytes(_U64, "big"),
+                b"ordinal": self.ordinal.to_bytes(_U64, "big"),
+                b"corrupt": msgspec.msgpack.encode(self.corrupt),
+                b"gaps": self.gaps.encode(),
+            }
+            for k, v in meta.items():
+                txn.put(k, v, db=index.meta)
+
+    def _change(self, change: Change) -> None:
+        hold, end = change
+        n = self._id(b"n", (hold.namespace, hold.resource))
+        d = self._id(b"d", (hold.resource, hold.device))
+        if end is None:
+            self._point(n + b"s", hold.start_ns)
+            self._point(d + b"s", hold.start_ns)
+            return
+        self._point(n + b"e", end)
+        self._point(d + b"e", end)
+        # A pod's ended hold, by the class of its length (2**(c-1) <= length < 2**c ns) and its
+        # end: one that overlaps [S, U] ends in [S, U + 2**c), so a query reads, class by
+        # class, little more than the holds it counts. One of no length counts nowhere.
+        c = (end - hold.start_ns).bit_length()
+        if c:
+            self.ordinal += 1
+            key = b"h" + bytes([c]) + max(0, end).to_bytes(_U64, "big") + self.ordinal.to_bytes(_U64, "big")
+            self.gcur.put(key, self._id(b"p", hold.group("pod")) + max(0, hold.start_ns).to_bytes(_U64, "big"))
+
+    def _id(self, dim: bytes, group: tuple[str, ...]) -> bytes:
+        gid = self.ids.get((dim, group))
+        if gid is not None:
+            return gid
+        key = _key_digest(dim, group)
+        gid = self.gcur.get(key)
+        if gid is None:
+            gid = self.next_id.to_bytes(4, "big")
+            self.next_id += 1
+            self.gcur.put(key, gid)
+            self.gcur.put(b"g" + dim + gid, msgspec.msgpack.encode(group))
+        gid = bytes(gid)
+        if len(self.ids) > 100_000:
+            self.ids.clear()
+        self.ids[(dim, group)] = gid
+        return gid
+
+    def _point(self, prefix: bytes, t: int) -> None:
+        t = max(0, t)
+        last = self.last.get(prefix)
+        if last is None:
+            last = (0, 0, 0)
+            cur = self.pcur
+            found = cur.prev() if cur.set_range(prefix + b"\xff" * 16) else cur.last()
+            if found and bytes(cur.key()[: len(prefix)]) == prefix:
+                key = bytes(cur.key())
+                last = (int.from_bytes(key[len(prefix) : len(prefix) + _U64], "big"), *_parse(bytes(cur.value())))
+        self.ordinal += 1
+        key = prefix + t.to_bytes(_U64, "big") + self.ordinal.to_bytes(_U64, "big")
+        if t >= last[0]:
+            self.pcur.put(key, _value(last[1] + 1, last[2] + t))
+            self.last[prefix] = (t, last[1] + 1, last[2] + t)
+            return
+        self._insert_before_last(prefix, key, t)
+
+    def _insert_before_last(self, prefix: bytes, key: bytes, t: int) -> None:
+        """A point older than the list's last (a clock stepped back): it goes in its place,
+        and every running sum after it grows by it."""
+        cur = self.pcur
+        before = (0, 0)
+        found = cur.prev() if cur.set_range(key) else cur.last()
+        if found and bytes(cur.key()[: len(prefix)]) == prefix:
+            before = _parse(bytes(cur.value()))
+        cur.put(key, _value(before[0] + 1, before[1] + t))
+        cur.set_key(key)
+        later = []
+        while cur.next() and bytes(cur.key()[: len(prefix)]) == prefix:
+            count, total = _parse(bytes(cur.value()))
+            later.append((bytes(cur.key()), _value(count + 1, total + t)))
+        for k, v in later:
+            cur.put(k, v)
+        t_last, count, total = self.last[prefix]
+        self.last[prefix] = (t_last, count + 1, total + t)
