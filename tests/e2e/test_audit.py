@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -694,8 +696,34 @@ def test_audit_matches_what_pod_resources_showed(root: Path, tmp_path: Path, dae
         assert [h["pod"]["uid"] for h in json.loads(out)["holders"]] == ["uid-a"]
         out = run_cli("audit", "pod", "default/c", root=root, check=True).stdout
         assert "uid uid-c" in out and "still held" in out
+        usage_equals_the_allocations(root)
     finally:
         plugin.stop()
+
+
+def usage_equals_the_allocations(root: Path) -> None:
+    """``audit usage --by pod`` of eventsrc's own allocations equals, to the nanosecond, the
+    DevicesAllocated-to-DevicesReleased intervals of the log (the open ones up to --until)."""
+    records = [json.loads(line) for line in run_cli("log", "-o", "json", root=root, check=True).stdout.splitlines()]
+    until = (records[-1]["ts_ns"] // 1000 + 1) * 1000  # --until takes microseconds; past the last record
+    start: dict[tuple[str, str], int] = {}
+    want: dict[str, int] = {}
+    for r in records:
+        e = r["event"]
+        if r["type"] == "DevicesAllocated":
+            start.update({(e["pod_uid"], i): r["ts_ns"] for i in e["device_ids"]})
+        elif r["type"] == "DevicesReleased":
+            for i in e["device_ids"]:
+                want[e["pod_uid"]] = want.get(e["pod_uid"], 0) + r["ts_ns"] - start.pop((e["pod_uid"], i))
+    for (uid, _), t in start.items():
+        want[uid] = want.get(uid, 0) + until - t
+    when = dt.datetime.fromtimestamp(until // 1000 / 1e6, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    out = run_cli(
+        "audit", "usage", "--by", "pod", "--resource", RES, "--until", when, "-o", "json", root=root, check=True
+    ).stdout
+    got = {r["uid"]: r["seconds"] for r in json.loads(out, parse_float=Decimal)}
+    assert got == {uid: Decimal(ns) / 10**9 for uid, ns in want.items()}
+    assert set(got) == {"uid-a", "uid-b", "uid-c"}
 
 
 def _first_seq(log: EventLog, uid: str) -> int:

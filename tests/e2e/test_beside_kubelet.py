@@ -5,10 +5,12 @@ answers against what it did, and that nothing under the kubelet's directory chan
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +215,32 @@ def test_a_sigkill_loses_nothing_and_the_restart_says_what_it_did_not_see(
     gaps = [g["event"] for g in of_type(root, "ObservationGapFound") if g["event"]["source"] == "eventsrc"]
     assert len(gaps) == 2 and gaps[1]["reason"] == "eventsrc was not running (stopped)"
     check_holds(root)
+    usage_equals_the_recorded_holds(root)
+
+
+def rfc3339(ts_ns: int) -> str:
+    """``ts_ns`` to the microsecond (as --since and --until take it)."""
+    return dt.datetime.fromtimestamp(ts_ns // 1000 / 1e6, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def usage_equals_the_recorded_holds(root: Path) -> None:
+    """``audit usage --by pod`` in a window that clips pod a's hold and ends while pod b still
+    holds d-1 equals, to the nanosecond, what the records' times say."""
+    (a_start,) = [r["ts_ns"] for r in of_type(root, "KubeletDevicesObserved") if r["event"]["pod"]["name"] == "a"]
+    (a_end,) = [r["ts_ns"] for r in of_type(root, "KubeletDevicesReleased") if r["event"]["pod"]["name"] == "a"]
+    (b_start,) = [r["ts_ns"] for r in of_type(root, "KubeletDevicesObserved") if r["event"]["pod"]["name"] == "b"]
+    since = (a_start + (a_end - a_start) // 2) // 1000 * 1000
+    until = of_type(root, "DaemonStopped")[-1]["ts_ns"] // 1000 * 1000
+    assert a_start < since < a_end <= b_start < until
+    out = run_cli(
+        "audit", "usage", "--by", "pod", "--resource", RESOURCE, "--since", rfc3339(since), "--until", rfc3339(until),
+        "-o", "json", root=root, check=True,
+    ).stdout  # fmt: skip
+    rows = {(r["name"], r["resource"]): r["seconds"] for r in json.loads(out, parse_float=Decimal)}
+    assert rows == {
+        ("a", RESOURCE): Decimal(a_end - since) / 10**9,  # clipped by --since
+        ("b", RESOURCE): Decimal(until - b_start) / 10**9,  # still held: counted up to --until
+    }
 
 
 def test_an_unreadable_checkpoint_is_recorded_and_never_stops_the_daemon(
