@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eventsrc.cli.options import Parents, Subparsers
-from eventsrc.layout import BESIDE_ROOT, Layout
+from eventsrc.layout import BESIDE_ROOT, DEFAULT_ROOT, Layout
 
 if TYPE_CHECKING:
     from eventsrc.inputs.config import Configuration
@@ -312,11 +312,15 @@ def effective_config(args: argparse.Namespace) -> Configuration:
             value = DEFAULT_METRICS_ADDRESS
         overrides[name] = value
     cfg = config.merge(cfg, overrides)
-    if cfg.beside_kubelet and "nriMode" not in overrides:
+    given = "nriMode" in overrides or (args.config is not None and "nriMode" in config.fields_set(args.config))
+    if cfg.beside_kubelet and not given:
         cfg = config.merge(cfg, {"nriMode": "observe"})  # the kubelet decides: NRI only observes
     if not cfg.root_dir:
-        beside_default = cfg.beside_kubelet and args.root_dir_from == "default"
-        cfg = config.merge(cfg, {"rootDir": str(BESIDE_ROOT if beside_default else args.root_dir)})
+        if args.root_dir_from == "default":  # not the readers' fallback: a daemon's root is chosen by its mode
+            root = BESIDE_ROOT if cfg.beside_kubelet else DEFAULT_ROOT
+        else:
+            root = args.root_dir
+        cfg = config.merge(cfg, {"rootDir": str(root)})
     config.check(cfg)
     args.layout = Layout(Path(cfg.root_dir))
     return cfg

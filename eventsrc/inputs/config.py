@@ -350,6 +350,18 @@ def _choices(name: str) -> tuple[str, ...]:
 
 def decode(data: bytes, name: str) -> Configuration:
     """The configuration in ``data`` (TOML when ``name`` ends in .toml, else YAML)."""
+    return _convert(_mapping(data, name), name)
+
+
+def fields_set(path: Path) -> set[str]:
+    """The fields the configuration file at ``path`` sets itself (by their names in the file)."""
+    try:
+        return set(_mapping(path.read_bytes(), str(path)))
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+
+
+def _mapping(data: bytes, name: str) -> dict[str, Any]:
     if name.endswith(".toml"):
         import tomllib
 
@@ -373,6 +385,10 @@ def decode(data: bytes, name: str) -> Configuration:
         obj = {}
     if not isinstance(obj, dict):
         raise ConfigError(f"config file {name}: expected a mapping of fields, got {type(obj).__name__}")
+    return obj
+
+
+def _convert(obj: dict[str, Any], name: str) -> Configuration:
     try:
         cfg = msgspec.convert(obj, Configuration, dec_hook=_dec_hook)
     except msgspec.ValidationError as err:
