@@ -461,6 +461,8 @@ async def serve(
             beside=beside,
         )
         daemon.metrics.replayed(info.seconds, info.tail_records)
+        last_ts = _last_record_ts(event_log, views) if beside is not None else None
+        stopped_cleanly = not views.meta.running
         start_seq = views.meta.last_seq
         if config is None:  # the CLI passes the whole configuration; a bare caller, what it set
             config = _configuration_set(layout, snapshot_every, admission_wait, grace, metrics_address)
@@ -474,8 +476,6 @@ async def serve(
                     app = HealthApp(daemon.metrics, live=daemon.liveness, ready=daemon.readiness, warn=daemon.warning)
                     daemon.metrics_address = await nursery.start(serve_http, app, metrics_address)
                     daemon.write_status(ready=False)
-                last_ts = _last_record_ts(event_log, views)
-                stopped_cleanly = not views.meta.running
                 await _record_start(daemon, config, fresh_start=lost)
                 if daemon.beside is None:
                     await daemon.apply_cpu_config()
@@ -529,7 +529,11 @@ def _last_record_ts(event_log: EventLog, views: Views) -> int | None:
     if not views.meta.last_seq:
         return None
     first = max(1, views.meta.last_seq - 64)  # the newest readable one, should the last be damaged
-    found = [item.ts_ns for item in event_log.records(first, views.meta.last_seq) if isinstance(item, Record)]
+    try:
+        found = [item.ts_ns for item in event_log.records(first, views.meta.last_seq) if isinstance(item, Record)]
+    except EventsrcError as err:  # a damaged file: the scrub says so; the gap has no start it can trust
+        log.warning("the time of the previous run's last record cannot be read", reason=str(err))
+        return None
     return found[-1] if found else None
 
 

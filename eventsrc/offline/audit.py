@@ -406,7 +406,8 @@ def _read(
     out: list[ev.Record] = []
     for item in log.read_many(seqs):
         if isinstance(item, ev.CorruptRecordError):
-            corrupt.append(item.seq)
+            if item.seq not in corrupt:  # an archived one is under every query (and several are made)
+                corrupt.append(item.seq)
         else:
             out.append(item)
     return out
