@@ -410,9 +410,12 @@ class Beside:
     # ----------------------------------------------------------------- checkpoint files
 
     async def _read_checkpoints(self) -> None:
+        """Each checkpoint file read and verified: one that cannot be is recorded once per reason,
+        and is a gap (source "checkpoint PATH") until it is read again."""
         events: list[ev._Event] = []
-        paths = self.options.checkpoints()
-        for name, path in paths.items():
+        gaps = self.recorder.views.kubelet.gaps
+        for name, path in self.options.checkpoints().items():
+            source = f"checkpoint {path}"
             try:
                 read = await trio.to_thread.run_sync(_read_checkpoint, name, path)
             except ki.CheckpointError as exc:
@@ -421,8 +424,12 @@ class Beside:
                     self._said[str(path)] = reason
                     log.warning("kubelet checkpoint file not read", path=path, reason=reason)
                     events.append(ev.KubeletCheckpointReadFailed(path=str(path), reason=reason))
+                    if source not in gaps:
+                        events.append(ev.ObservationGapFound(source=source, since_ns=self.clock(), reason=reason))
                 continue
             self._said.pop(str(path), None)
+            if source in gaps:
+                events.append(ev.ObservationGapFound(source=source, since_ns=gaps[source], until_ns=self.clock()))
             if isinstance(read, ki.DeviceCheckpoint):
                 entries = read.entries or []
                 self._device_uids = {

@@ -20,7 +20,7 @@ from tests.conftest import Daemon, run_cli
 from tests.e2e.test_metrics import metrics_address, scrape
 from tests.support.containerd import Containerd
 from tests.support.kubelet import Container, Device, StandInKubelet
-from tests.support.kubelet_checkpoints import write_garbage
+from tests.support.kubelet_checkpoints import write_garbage, write_torn
 
 RESOURCE = "example.com/dev"
 MEM = 64 << 20
@@ -246,14 +246,26 @@ def usage_equals_the_recorded_holds(root: Path) -> None:
 def test_an_unreadable_checkpoint_is_recorded_and_never_stops_the_daemon(
     kubelet: StandInKubelet, root: Path, daemon_factory: type[Daemon]
 ) -> None:
+    kubelet.set_pod("default", "a", [Container("main", devices=[Device(RESOURCE, "d-1")], cpus=[1])], uid="uid-a")
     kubelet.write_checkpoints()
-    write_garbage(kubelet.root / "cpu_manager_state")
+    cpu_state = kubelet.root / "cpu_manager_state"
+    devices = kubelet.root / "device-plugins" / "kubelet_internal_checkpoint"
+    write_garbage(cpu_state)
+    write_torn(devices, devices.read_bytes())  # a write torn mid-way
     daemon = beside(daemon_factory, kubelet)
     failed = lambda: of_type(root, "KubeletCheckpointReadFailed")  # noqa: E731
-    daemon.eventually(failed, "the unreadable file recorded")
-    assert failed()[0]["event"]["path"] == str(kubelet.root / "cpu_manager_state")
-    kubelet.write_checkpoints()  # the kubelet writes it whole again: the shared pool is read
+    daemon.eventually(lambda: len(failed()) == 2, "both unreadable files recorded")
+    assert {r["event"]["path"] for r in failed()} == {str(cpu_state), str(devices)}
+    # PodResources is still read: the hold is recorded (with no uid: the device checkpoint is not read)
+    daemon.eventually(lambda: holds(root, "d-1") == [("default/a", "main", "kubelet", True)], "the hold")
+    kubelet.write_checkpoints()  # the kubelet writes them whole again: read, and the gaps closed
     daemon.eventually(lambda: of_type(root, "KubeletSharedPoolObserved"), "the shared pool")
+    closed = lambda: [g for g in of_type(root, "ObservationGapFound") if g["event"]["until_ns"]]  # noqa: E731
+    daemon.eventually(lambda: len(closed()) == 2, "the two checkpoint gaps closed")
+    assert {g["event"]["source"] for g in closed()} == {f"checkpoint {cpu_state}", f"checkpoint {devices}"}
+    # what was not read is in the audit of what it overlaps
+    text = run_cli("audit", "device", RESOURCE, "d-1", root=root, check=True).stdout
+    assert f"checkpoint {cpu_state}" in text and "not seen" in text
     assert daemon.exited() is None
     daemon.stop()
     check_holds(root)
