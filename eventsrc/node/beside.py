@@ -414,12 +414,13 @@ class Beside:
         and is a gap (source "checkpoint PATH") until it is read again."""
         events: list[ev._Event] = []
         gaps = self.recorder.views.kubelet.gaps
-        for name, path in self.options.checkpoints().items():
+        paths = self.options.checkpoints()
+        results = await trio.to_thread.run_sync(_read_checkpoints, paths)  # one thread for all: small files
+        for name, path in paths.items():
             source = f"checkpoint {path}"
-            try:
-                read = await trio.to_thread.run_sync(_read_checkpoint, name, path)
-            except ki.CheckpointError as exc:
-                reason = str(exc)
+            read = results[name]
+            if isinstance(read, ki.CheckpointError):
+                reason = str(read)
                 if self._said.get(str(path)) != reason:
                     self._said[str(path)] = reason
                     log.warning("kubelet checkpoint file not read", path=path, reason=reason)
@@ -454,6 +455,17 @@ class Beside:
                     self.look_again()
         finally:
             await watched.aclose()
+
+
+def _read_checkpoints(paths: dict[str, Path]) -> dict[str, Any]:
+    """Each file parsed (None: not there), or the CheckpointError that says why not."""
+    out: dict[str, Any] = {}
+    for name, path in paths.items():
+        try:
+            out[name] = _read_checkpoint(name, path)
+        except ki.CheckpointError as exc:
+            out[name] = exc
+    return out
 
 
 def _read_checkpoint(name: str, path: Path) -> Any:
