@@ -415,7 +415,6 @@ def status_response(
     pid: int,
     holds: LoopHolds | None = None,
     holds_since_ns: int = 0,
-    heap_trims: int = 0,
     retention: RetentionReport | None = None,
 ) -> pb.StatusResponse:
     """The daemon's Status; with ``holds``, how long its loop was held (the long steps that
@@ -428,7 +427,6 @@ def status_response(
         last_seq=last_seq,
         sockets=sockets,
         pid=pid,
-        heap_trims=heap_trims,
     )
     if retention is not None:
         health = retention.health

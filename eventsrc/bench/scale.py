@@ -83,7 +83,6 @@ from eventsrc.gen.node.v1.node_grpc import NodeStub
 from eventsrc.gen.podresources.v1 import api_pb2 as pr
 from eventsrc.gen.podresources.v1.api_grpc import PodResourcesListerStub
 from eventsrc.inputs.kubelet_checkpoints import DeviceCheckpoint, PodDevicesEntry, device_checksum_text, fnv32a
-from eventsrc.node.heap import LARGE_BYTES, QUIET_SECONDS
 
 SIZES = (10, 100, 1_000, 10_000)
 PROBE_PERIOD = 0.010
@@ -318,7 +317,6 @@ class Row:
     listings_hold: Hold
     anon: int
     anon_after: int
-    rss_trimmed: int | None  # None: no answer large enough for the daemon to trim after it
 
 
 @dataclass(frozen=True)
@@ -543,17 +541,6 @@ class _Bench:
             api.close()
         return lists, pods
 
-    async def trimmed(self, stub: NodeStub, trims: int) -> int:
-        """The daemon's RSS once it gave back its free memory after the listings
-        (``node.heap``: ``QUIET_SECONDS`` after the last large answer); Status asked every
-        0.1 s for its ``heap_trims``."""
-        deadline = time.monotonic() + QUIET_SECONDS + TRIM_WAIT
-        while (await stub.Status(pb.StatusRequest(), timeout=10)).heap_trims <= trims:
-            if time.monotonic() > deadline:
-                raise EventsrcError(f"the daemon did not trim its heap within {QUIET_SECONDS + TRIM_WAIT:g} s")
-            await asyncio.sleep(0.1)
-        return rss_bytes(self.daemon.pid)
-
     async def list_pods_latencies(self, stub: NodeStub, size: int) -> tuple[list[float], int]:
         """``--repeats`` node API ListPods calls: their latencies, and the answer's size."""
         out, size_bytes = [], 0
@@ -591,17 +578,12 @@ class _Bench:
                 self.progress.show(size, "PodResources List at")
                 admissions_stall, probe_p50, _ = self.probe.read()
                 span = await HoldSpan.start(stub)
-                trims = (await stub.Status(pb.StatusRequest(), timeout=10)).heap_trims
                 lists, allocatable, list_bytes = await self.pod_resources_latencies(size)
                 pods_lat, pods_bytes = await self.list_pods_latencies(stub, size)
                 raw_lists, raw_pods = await self.undecoded_latencies(list_bytes, pods_bytes)
                 listings_stall, _, _ = self.probe.read()
                 listings_hold = await span.end(stub)
                 rss_after, anon_after = rss_bytes(self.daemon.pid), rss_bytes(self.daemon.pid, "RssAnon")
-                rss_trimmed = None
-                if max(list_bytes, pods_bytes) >= LARGE_BYTES:
-                    self.progress.show(size, "the daemon's heap trimmed at")
-                    rss_trimmed = await self.trimmed(stub, trims)
                 self.progress.show(size, "kubelet checkpoint at")
                 ckpt, ckpt_bytes = checkpoint_per_change(self.log_dir, self.held, registered, self.repeats)
                 span = await HoldSpan.start(stub)
@@ -634,7 +616,6 @@ class _Bench:
                     listings_hold,
                     anon,
                     anon_after,
-                    rss_trimmed,
                 )
                 _row(self.out, row)
                 rows.append(row)
@@ -714,8 +695,6 @@ class _Undecoded(ProtoCodec):
         return data
 
 
-#: seconds the bench waits for the daemon's heap trim beyond its QUIET_SECONDS
-TRIM_WAIT = 10.0
 
 #: serve's --log-retention-max-size for the cut: below any live log, so every whole piece goes
 CUT_MAX_SIZE = "4Ki"
@@ -899,7 +878,6 @@ _LISTING_COLUMNS = (
     ("listings", "work ms", 9),
     ("after them", "RSS MB", 12),
     ("after them", "anon MB", 9),
-    ("", "trimmed MB", 12),
 )
 
 
@@ -918,9 +896,7 @@ def _listings(out: TextIO, rows: list[Row], repeats: int) -> None:
             f"{r.list_pods_bytes / 1e3:{w[3]},.0f}{r.list_raw_p50 * 1e3:{w[4]}.2f}{r.list_pods_raw_p50 * 1e3:{w[5]}.2f}"
             f"{r.list_bytes / 1e3:{w[6]},.0f}{r.allocatable_p50 * 1e3:{w[7]}.2f}{r.listings_stall * 1e3:{w[8]}.1f}"
             f"{r.listings_hold.text():>{w[9]}}{r.listings_hold.work_text():>{w[10]}}"
-            f"{r.rss_after / 2**20:{w[11]}.1f}{r.anon_after / 2**20:{w[12]}.1f}"
-            + (f"{r.rss_trimmed / 2**20:{w[13]}.1f}" if r.rss_trimmed is not None else "-".rjust(w[13]))
-            + "\n"
+            f"{r.rss_after / 2**20:{w[11]}.1f}{r.anon_after / 2**20:{w[12]}.1f}\n"
         )
     out.write(
         "\n"
@@ -936,8 +912,6 @@ def _listings(out: TextIO, rows: list[Row], repeats: int) -> None:
         "include them)\n"
         "  RSS            the daemon's VmRSS after them (the listings' caches filled at that size), and its "
         "anonymous part\n"
-        f"  trimmed        its VmRSS once it gave back the memory the large answers used, {QUIET_SECONDS:g} s after "
-        f"the last answer of {LARGE_BYTES // 2**20} MiB or more (docs/adr/0020); '-': no answer that large\n"
     )
     worst = max(rows, key=lambda r: r.hold.seconds, default=None)
     if worst is not None and worst.hold.task:

@@ -10,8 +10,6 @@
       │                              rpc/bridge.serve_unix); one task per plugin endpoint
       ├─ DRAManager.run              finishes claim work (prepare, unprepare) when kicked, retries
       ├─ PluginWatcher.run           plugins_registry/: DRA drivers and device plugins register
-      ├─ HeapTrimmer.run             gives the heap's free pages back once large answers stop
-      │                              (node/heap.py)
       ├─ serve_unix(NodeService)     eventsrc/api.sock, mode 0600 (api/node.py): admit, remove,
       │                              list pods, watch; admission is node/admission.py asking
       │                              core/admission.py for its decisions
@@ -31,20 +29,18 @@ Before any unix socket is served, the daemon records what the previous run left 
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import os
 import signal
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
+import trio_asyncio
 
 from eventsrc import __version__
 from eventsrc import events as ev
@@ -81,10 +77,8 @@ from eventsrc.log.snapshots import (
 from eventsrc.log.store import DirLock, EventLog
 from eventsrc.node.admission import DEFAULT_ADMISSION_WAIT, Admission
 from eventsrc.node.beside import Beside, BesideOptions, refuse_root_inside, start_events
-from eventsrc.node.collector import Collector
 from eventsrc.node.device_manager import DEFAULT_GRACE, DeviceManager, RegistryHandler
 from eventsrc.node.dra_manager import DRAManager
-from eventsrc.node.heap import HeapTrimmer, malloc_trim, tune_malloc
 from eventsrc.node.interfaces import record_or_log
 from eventsrc.node.nri import NRIOptions, NRIPlugin
 from eventsrc.node.plugin_watcher import PluginWatcher
@@ -100,7 +94,7 @@ from eventsrc.obs.metrics import (
     parse_address,
     serve_http,
 )
-from eventsrc.rpc.bridge import check_socket_path, open_loop, raise_open_files_limit, serve_unix
+from eventsrc.rpc.bridge import check_socket_path, raise_open_files_limit, serve_unix
 from eventsrc.state.apply import apply_all
 from eventsrc.state.lifecycles import QUARANTINED
 from eventsrc.state.views import Views
@@ -108,14 +102,6 @@ from eventsrc.state.views import Views
 log = get_logger("eventsrc.node.daemon")
 
 DEFAULT_SNAPSHOT_EVERY = 10_000
-
-#: How long another thread running Python may keep the GIL once the loop's thread asks for
-#: it, while the daemon serves (CPython's default is 5 ms). The loop's thread lets the GIL go
-#: at every blocking call inside a step (a socket's send, an LMDB call) and waits this long
-#: to get it back each time: at 5 ms, a step with a few such calls was 10-50 ms of waiting
-#: beside a thread that scanned the log (docs/adr/0024).
-SWITCH_INTERVAL = 0.0005
-
 
 def machine_boot_id() -> str:
     try:
@@ -193,7 +179,6 @@ class Daemon:
         )
         self.metrics_address: str | None = None  # as bound (port 0 resolved)
         self.loop_holds = LoopHolds()  # the loop's task steps, timed while serve runs
-        self.heap = HeapTrimmer(malloc_trim())  # the heap trimmed after large answers
         # For /healthz: appends in flight, since when, and when the last commit landed.
         self._appending = 0
         self._appending_since = self._last_commit = time.monotonic()
@@ -225,7 +210,6 @@ class Daemon:
                 os.getpid(),
                 self.loop_holds,
                 holds_since_ns,
-                self.heap.trims,
                 self.retainer.report() if self.retainer.policy.enabled else None,
             )
 
@@ -421,7 +405,6 @@ async def serve(
     if metrics_address is not None:
         parse_address(metrics_address)  # a malformed address is refused before anything starts
     raise_open_files_limit()  # each socket's connection cap is a share of it (rpc.bridge.connection_cap)
-    tune_malloc()
     if beside is not None:
         refuse_root_inside(layout.root, beside.kubelet_dir)
         layout.create(own_only=True)  # none of the kubelet's directories: it serves none of its sockets
@@ -434,7 +417,6 @@ async def serve(
     lock.acquire()
     event_log: EventLog | None = None
     daemon_holds: LoopHolds | None = None
-    switch_interval = sys.getswitchinterval()
     try:
         if metrics_address is not None:
             check_address(metrics_address)
@@ -468,9 +450,8 @@ async def serve(
             config = _configuration_set(layout, snapshot_every, admission_wait, grace, metrics_address)
         daemon_holds = daemon.loop_holds
         trio.lowlevel.add_instrument(daemon_holds)
-        sys.setswitchinterval(SWITCH_INTERVAL)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with open_loop(), trio.open_nursery() as nursery:
+            async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
                 await nursery.start(daemon.committer.run)
                 if metrics_address is not None:
                     app = HealthApp(daemon.metrics, live=daemon.liveness, ready=daemon.readiness, warn=daemon.warning)
@@ -486,18 +467,11 @@ async def serve(
                     begun = start_events(daemon.views, last_ts, time.time_ns(), daemon.nri is not None, stopped_cleanly)
                     if begun:
                         await daemon.record(begun)
-                await nursery.start(daemon.heap.run)
-                sent = daemon.heap.sent
-                await nursery.start(
-                    partial(serve_unix, on_encoded=sent), [daemon.node_service()], layout.api_socket, 0o600
-                )
+                await nursery.start(serve_unix, [daemon.node_service()], layout.api_socket, 0o600)
                 if daemon.beside is None:
                     # 0o755 as the kubelet's, under the usual umask 022: only its owner connects
                     await nursery.start(
-                        partial(serve_unix, on_encoded=sent),
-                        [daemon.pod_resources_service()],
-                        layout.pod_resources_socket,
-                        0o755,
+                        serve_unix, [daemon.pod_resources_service()], layout.pod_resources_socket, 0o755
                     )
                 else:
                     await nursery.start(daemon.beside.run)
@@ -506,9 +480,7 @@ async def serve(
                 nursery.start_soon(daemon.scrub, start_seq)
                 nursery.start_soon(daemon.snapshot_loop)
                 nursery.start_soon(daemon.retainer.run)
-                await nursery.start(Collector().run)
                 _announce_ready(daemon)
-                daemon.heap.want()  # what the rebuild and the start freed
                 task_status.started(daemon)
                 reason = await _stop_signal(signals)
                 await _record_stop(daemon, reason)
@@ -517,7 +489,6 @@ async def serve(
     finally:
         if daemon_holds is not None:
             trio.lowlevel.remove_instrument(daemon_holds)
-        sys.setswitchinterval(switch_interval)
         layout.status.unlink(missing_ok=True)
         if event_log is not None:
             event_log.close()
@@ -690,12 +661,6 @@ def _plugin_watcher(daemon: Daemon) -> PluginWatcher:
 
 def _announce_ready(daemon: Daemon) -> None:
     """Every socket is served: say so in the status file, the log and to systemd."""
-    # What the start built (modules, classes, the rebuilt views) lives as long as
-    # the process: out of the collector's sight, a full collection no longer walks
-    # it (one took 11-20 ms under load, stalling every admission in flight).
-    # From here on the full collections run in a step of their own (``node.collector``).
-    gc.collect()
-    gc.freeze()
     daemon.ready = True
     daemon.write_status(ready=True)
     log.info("ready", root=daemon.layout.root, last_seq=daemon.views.meta.last_seq, instance_id=daemon.instance_id)

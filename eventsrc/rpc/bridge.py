@@ -7,22 +7,19 @@ grpclib is asyncio-only. The daemon opens one asyncio loop inside ``trio.run`` w
 Every channel and server made here bounds what it receives and what each connection
 remembers of its closed streams (``rpc.limits``). Everything else in eventsrc stays trio.
 
-``open_loop`` is trio-asyncio's loop with its cancelled timers dropped as asyncio's own
-loop drops them (``drop_cancelled_timers``).
+The loop is trio-asyncio's own (``trio_asyncio.open_loop()``), used through its documented
+API only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import heapq
 import os
 import resource
 import socket
 import stat
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -36,7 +33,7 @@ from grpclib.server import Server
 
 from eventsrc.errors import EventsrcError
 from eventsrc.obs.logger import get_logger
-from eventsrc.rpc.limits import MAX_MESSAGE_BYTES, BoundedCodec, bound_closed_streams
+from eventsrc.rpc.limits import MAX_MESSAGE_BYTES, BoundedCodec
 
 T = TypeVar("T")
 
@@ -101,55 +98,9 @@ def why(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-#: Cancelled timers kept before they are dropped: more than this many, and more than half
-#: the timers (asyncio's own loop: more than 100 timers, more than half of them cancelled).
-MIN_CANCELLED_TIMERS = 100
-
-
-@contextlib.asynccontextmanager
-async def open_loop() -> AsyncIterator[trio_asyncio.TrioEventLoop]:
-    """``trio_asyncio.open_loop()``, its cancelled timers dropped (``drop_cancelled_timers``)."""
-    async with trio_asyncio.open_loop() as loop:
-        drop_cancelled_timers(loop)
-        yield loop
-
-
-def drop_cancelled_timers(loop: Any) -> None:
-    """Drop ``loop``'s cancelled timers once more than ``MIN_CANCELLED_TIMERS`` were
-    cancelled and they are more than half of its timers, as asyncio's own loop does.
-
-    grpclib sets a timer for every call that has a deadline (its client's ``grpc-timeout``)
-    and cancels it when the call ends. trio-asyncio (0.16) keeps a cancelled timer in its
-    heap until the time it was set for: with clients calling 30 times a second with a 60 s
-    deadline, 2,000 dead timers, each with its copy of the context, which every full
-    collection walked (half of what it walked at 10,000 pods).
-
-    The heap is trio-asyncio's ``_timers``, read at each cancel. The timers still set go to a
-    new list, heap-ordered, which replaces it: the loop reads the attribute afresh each time,
-    and its shutdown, which cancels the timers while it walks the old list, walks it to the
-    end. The count includes timers cancelled before they reached the heap or after they
-    fired (none of those is in the heap): at worst a pass comes early and finds fewer to
-    drop. ``tests/unit/test_bridge_timers.py`` fails if trio-asyncio renames the heap or
-    starts dropping them itself."""
-    cancelled = 0
-
-    def cancelled_one(handle: Any) -> None:
-        nonlocal cancelled
-        cancelled += 1
-        timers: list[Any] = loop._timers
-        if cancelled > MIN_CANCELLED_TIMERS and 2 * cancelled > len(timers):
-            kept = [t for t in timers if not t.cancelled() and t is not handle]
-            heapq.heapify(kept)
-            loop._timers = kept
-            cancelled = 0
-
-    loop._timer_handle_cancelled = cancelled_one
-
-
 def unix_channel(path: str, max_message: int = MAX_MESSAGE_BYTES) -> Channel:
     """A grpclib channel to the unix socket ``path`` that refuses answers longer than
     ``max_message`` (it connects on its first call; close it when done)."""
-    bound_closed_streams()
     # No status details codec: the daemon reads none, and a peer's cannot fail a call.
     return Channel(path=path, codec=BoundedCodec(max_message), status_details_codec=None)
 
@@ -256,61 +207,10 @@ class CappedListener(socket.socket):
             log.info("connections accepted again", socket=self.name, refused=self.refused)
 
 
-#: How long one loop step may keep writing to a served connection (``_ServedConnection``).
-WRITE_BUDGET_SECONDS = 0.002
-
-_clock = time.perf_counter
-
-
 class _ServedConnection(socket.socket):
-    """An accepted connection: it gives its place under the cap back when closed, and it
-    does not let one loop step write to it for longer than ``WRITE_BUDGET_SECONDS``.
-
-    grpclib sends a large answer (ListPods at 10,000 pods is 3.3 MB) as HTTP/2 frames of
-    the client's frame size (16 KiB for grpclib and grpc-go clients) in one loop, and
-    yields only while asyncio's transport has paused it, so while the socket takes every
-    frame the whole answer is framed and written in one step. Past the budget this socket
-    says it would block (EAGAIN) until the step ends: the transport keeps what follows in
-    its buffer, pauses grpclib's writer at its high-water mark (``pause_writing``, part of
-    asyncio's protocol interface), and writes the buffer in a later step when the socket is
-    writable, which resumes the writer. Nothing is lost or reordered: asyncio treats the
-    refusal as a full socket buffer. The step is over when a callback scheduled at the
-    step's first write runs (``call_soon``, first in first out): under trio-asyncio, once
-    the callbacks queued before it have run, so on a busy loop a small answer written after
-    a large one's budget was spent waits for that pass too. Python 3.11's transport writes
-    with ``send``, later ones with ``sendmsg``: both are budgeted.
-    """
+    """An accepted connection: it gives its place under the cap back when closed."""
 
     listener: CappedListener | None = None
-    _writing_since: float | None = None  # when this step's first write was; None: no write yet
-    #: writes refused because a step's budget was spent, on every served connection
-    deferred = 0
-
-    def _within_budget(self) -> None:
-        """Raise EAGAIN once this step has written for longer than the budget."""
-        now = _clock()
-        since = self._writing_since
-        if since is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # not from a loop: no step to end
-                return
-            loop.call_soon(self._step_ended)
-            self._writing_since = now
-        elif now - since > WRITE_BUDGET_SECONDS:
-            _ServedConnection.deferred += 1
-            raise BlockingIOError(errno.EAGAIN, "this loop step's write budget is spent")
-
-    def send(self, data: Any, flags: int = 0) -> int:
-        self._within_budget()
-        return super().send(data, flags)
-
-    def sendmsg(self, buffers: Any, *args: Any) -> int:  # asyncio's transport from Python 3.12
-        self._within_budget()
-        return super().sendmsg(buffers, *args)
-
-    def _step_ended(self) -> None:
-        self._writing_since = None
 
     def close(self) -> None:
         listener, self.listener = self.listener, None
@@ -347,7 +247,6 @@ async def serve_unix(
     *,
     max_message: int = MAX_MESSAGE_BYTES,
     max_connections: int | None = None,
-    on_encoded: Callable[[int], None] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve grpclib ``handlers`` on the unix socket ``path`` until cancelled.
@@ -358,11 +257,9 @@ async def serve_unix(
     is refused (RESOURCE_EXHAUSTED), one that does not decode too (INTERNAL); a request
     that is not gRPC gets grpclib's answer (HTTP 405, 415 or 400). At most
     ``max_connections`` (default ``connection_cap()``) connections are held at a time; one
-    over that is closed at once (``CappedListener``). ``on_encoded`` is told the length of
-    every response message (``BoundedCodec``).
+    over that is closed at once (``CappedListener``).
     """
-    bound_closed_streams()
-    server = Server(list(handlers), codec=BoundedCodec(max_message, on_encoded), status_details_codec=None)
+    server = Server(list(handlers), codec=BoundedCodec(max_message), status_details_codec=None)
     sock = bind_unix(path, mode, connection_cap() if max_connections is None else max_connections)
     try:
         await to_aio(server.start)(sock=sock)  # listens

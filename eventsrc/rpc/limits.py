@@ -1,5 +1,4 @@
-"""What the daemon takes from a gRPC peer: the received-message limit (docs/adr/0012), and
-what it remembers of each connection's closed streams.
+"""What the daemon takes from a gRPC peer: the received-message limit (docs/adr/0012).
 
 grpclib has no message size option on its Channel or Server. Every message it receives
 goes through the codec it was given, whole, before anyone sees it; so the limit is a codec,
@@ -12,11 +11,6 @@ peer gets that status.
 The codec sees a message once grpclib has read all of it: an oversized message is refused
 after it arrived, not from its 5-byte length prefix (docs/adr/0012 says what that costs).
 
-h2, under grpclib, remembers how each closed stream of a connection ended, up to 65,536 of
-them: on a long-lived connection (the node API's client, a PodResources poller, the daemon's
-channel to each plugin) every call leaves about 150 bytes until then, 10 MiB or so a
-connection, reached after hours. ``bound_closed_streams`` keeps ``MAX_CLOSED_STREAMS``.
-
 The codec also sends an answer encoded beforehand (``PreEncoded``, through ``send_encoded``)
 as it is: the listings at 10,000 pods are megabytes, and serialising one whole held the
 daemon's loop for 4-15 ms, where joining the pods' encodings kept from call to call costs
@@ -26,7 +20,6 @@ about one (``api.podresources.SeqCache``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
@@ -34,29 +27,13 @@ from grpclib.const import Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
-from h2.connection import H2Connection
 
 #: The largest message the daemon takes from a peer: grpc-go's default receive limit, which
 #: the kubelet keeps for its device-plugin client and its registration and PodResources
 #: servers (none of them sets MaxRecvMsgSize).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
-#: Closed streams each HTTP/2 connection remembers (h2's default: 65,536). h2 keeps them so
-#: that a frame still in flight for a stream it reset draws a RST_STREAM rather than a
-#: connection error; such a frame is for a stream closed moments before, while at most 100
-#: streams were open together (h2's SETTINGS_MAX_CONCURRENT_STREAMS).
-#: 1024 leaves room for a late answer to a call abandoned some seconds before (about 150 KB a
-#: connection at most).
-MAX_CLOSED_STREAMS = 1024
-
 M = TypeVar("M")
-
-
-def bound_closed_streams(limit: int = MAX_CLOSED_STREAMS) -> None:
-    """Every HTTP/2 connection this process opens or accepts from now on remembers at most
-    ``limit`` closed streams. grpclib makes its ``H2Connection`` itself, with no option for
-    it; h2 reads the class's ``MAX_CLOSED_STREAMS`` when it makes one."""
-    H2Connection.MAX_CLOSED_STREAMS = limit
 
 
 class BoundedCodec(ProtoCodec):
@@ -69,13 +46,11 @@ class BoundedCodec(ProtoCodec):
 
     Encoding is grpclib's own (the content type stays ``application/grpc``), except for a
     ``PreEncoded`` message, whose bytes are sent as they are once its type is checked
-    against the one the method sends. ``on_encoded``, when given, is told each encoded
-    message's length (the daemon's ``node.heap.HeapTrimmer``).
+    against the one the method sends.
     """
 
-    def __init__(self, max_bytes: int = MAX_MESSAGE_BYTES, on_encoded: Callable[[int], None] | None = None) -> None:
+    def __init__(self, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._on_encoded = on_encoded
 
     def encode(self, message: Any, message_type: Any) -> bytes:
         if isinstance(message, PreEncoded):
@@ -84,8 +59,6 @@ class BoundedCodec(ProtoCodec):
             data = message.data
         else:
             data = super().encode(message, message_type)
-        if self._on_encoded is not None:
-            self._on_encoded(len(data))
         return data
 
     def decode(self, data: bytes, message_type: Any) -> Any:

@@ -63,7 +63,6 @@ def test_serve_status_stop_restart(root: Path, daemon_factory) -> None:  # type:
     loop = status["loop"]
     assert loop["steps"] > 0 and loop["longest_seconds"] > 0 and loop["long_steps"] >= loop["over_10ms"] >= 0
     assert loop["cpu_over_10ms"] <= loop["long_steps"] and loop["longest_cpu_seconds"] >= 0
-    assert status["heap_trims"] in (0, 1)  # the one after the start, 2 s after it said ready
     for sub in ("device-plugins", "plugins_registry", "plugins", "pod-resources", "eventsrc"):
         assert (root / sub).is_dir()
     second = run_cli("serve", root=root)

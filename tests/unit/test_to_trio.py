@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio_asyncio
 
-from eventsrc.rpc.bridge import open_loop, to_trio
+from eventsrc.rpc.bridge import to_trio
 
 
 class Spec:
@@ -46,7 +46,7 @@ async def _call(adapter: Callable[[Any], Any]) -> weakref.ref[Spec]:
         assert got is spec
         return weakref.ref(spec)
 
-    async with open_loop():
+    async with trio_asyncio.open_loop():
         return await trio_asyncio.aio_as_trio(handler)()  # type: ignore[no-any-return]
 
 
@@ -88,7 +88,7 @@ async def test_a_handler_cancelled_during_its_call_leaves_nothing_either() -> No
 
     with _no_collector():
         box: list[weakref.ref[Spec]] = []
-        async with open_loop():
+        async with trio_asyncio.open_loop():
             task = asyncio.ensure_future(handler(box))  # on trio-asyncio's loop
             await started.wait()
             task.cancel()
