@@ -54,7 +54,6 @@ def status(args: argparse.Namespace) -> int:
                 "cpu_over_10ms": st.loop.cpu_over_10ms,
                 "long_steps": st.loop.long_steps,
             },
-            heap_trims=st.heap_trims,  # free memory given back after large answers (docs/adr/0020)
         )
         if st.HasField("retention"):
             info["retention"], warning = _retention(st.retention)

@@ -84,7 +84,7 @@ class DeviceView(Struct, kw_only=True, gc=False):
 @functools.lru_cache(maxsize=1024)
 def _shared_mounts(mounts: tuple[Mount, ...]) -> list[Mount]:
     """One list for equal mount lists seen lately: a plugin gives every container the same
-    few. Shared, so not one more object per pod for the cycle collector to walk (docs/adr/0021);
+    few. Shared, so not one more object per pod for the cycle collector to walk (docs/adr/0028);
     never changed in place (the allocation is frozen, and replaced whole)."""
     return list(mounts)
 
@@ -174,7 +174,7 @@ class ContainerView(Struct, kw_only=True, gc=False):
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     # resource -> device ids (reserved or allocated); tuples, so that neither they nor the
-    # dict stay tracked by the cycle collector (docs/adr/0021)
+    # dict stay tracked by the cycle collector (docs/adr/0028)
     devices: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # resource -> the plugin's Allocate response
     allocations: dict[str, ContainerAllocation] = field(default_factory=dict)

@@ -1,6 +1,6 @@
 """A handler's call into trio (``rpc.bridge.to_trio``) leaves no reference cycle: its
 arguments and result go with the handler's last reference, not at the next full
-collection (docs/adr/0023). trio-asyncio's own ``trio_as_aio`` leaves one per call."""
+collection (docs/adr/0028). trio-asyncio's own ``trio_as_aio`` leaves one per call."""
 
 from __future__ import annotations
 

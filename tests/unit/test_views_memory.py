@@ -187,7 +187,7 @@ def _collected_away(views: Views) -> None:
     """After a full collection, what each pod adds is out of the cycle collector's walk too:
     its device ids and their dict, and the device index's entry for its device; equal mount
     lists are one list. So a full collection does not grow with the pods admitted since the
-    last one (docs/adr/0023)."""
+    last one (docs/adr/0028)."""
     index = device_state.index_of(views.devices)
     gc.collect()
     for pod in views.pods.pods.values():
