@@ -33,7 +33,7 @@ from eventsrc.state.views import ClaimView, ObservedPodView, PodView, Views
 
 
 class Admitter(Protocol):
-    """Admission as the node API uses it (``eventsrc.node.admission.Admission``)."""
+    """Admission as the node API and the NRI plugin use it (``eventsrc.node.admission.Admission``)."""
 
     def admit(self, spec: PodSpec) -> Awaitable[tuple[PodView, str]]:
         """Admit ``spec``, or keep it as it is when it is admitted already: the pod as admitted
@@ -41,10 +41,10 @@ class Admitter(Protocol):
         and drivers that are away. Raises AdmissionRefused with the reason."""
         ...
 
-    def remove(self, uid: str) -> Awaitable[tuple[PodView, str, int]]:
-        """Release everything pod ``uid`` holds and forget it: the pod as it was, the
-        correlation id and the sequence of its PodRemoved. Raises NotFound, or
-        AdmissionRefused while its admission runs."""
+    def remove(self, uid: str, reason: str = ...) -> Awaitable[tuple[PodView, str, int]]:
+        """Release everything pod ``uid`` holds and forget it (``reason`` recorded with it):
+        the pod as it was, the correlation id and the sequence of its PodRemoved. Raises
+        NotFound, or AdmissionRefused while its admission runs."""
         ...
 
 

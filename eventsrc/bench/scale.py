@@ -695,7 +695,6 @@ class _Undecoded(ProtoCodec):
         return data
 
 
-
 #: serve's --log-retention-max-size for the cut: below any live log, so every whole piece goes
 CUT_MAX_SIZE = "4Ki"
 #: a piece: serve's default --snapshot-every (a cut takes whole pieces)

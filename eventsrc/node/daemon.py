@@ -103,6 +103,7 @@ log = get_logger("eventsrc.node.daemon")
 
 DEFAULT_SNAPSHOT_EVERY = 10_000
 
+
 def machine_boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()

@@ -36,13 +36,13 @@ import stat
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import msgspec
 import trio
 from google.protobuf.message import DecodeError
 
 from eventsrc import events as ev
+from eventsrc.api.node import Admitter
 from eventsrc.core.cpu.cpuset import CPUSet, CPUSetParseError, format_list
 from eventsrc.core.cpu.static import CPUManagerConfig
 from eventsrc.core.runtime import (
@@ -71,7 +71,6 @@ from eventsrc.obs.logger import correlation, get_logger
 from eventsrc.obs.text import escape
 from eventsrc.rpc import ttrpc
 from eventsrc.state.lifecycles import ADMITTED
-from eventsrc.state.views import PodView
 
 log = get_logger("eventsrc.node.nri")
 
@@ -141,12 +140,6 @@ class NRIOptions:
             raise ValueError(f"NRI plugin index must be exactly two digits, not {self.index!r}")
         if self.mode not in MODES:
             raise ValueError(f"NRI mode must be enforce or observe, not {self.mode!r}")
-
-
-class Admitter(Protocol):
-    async def admit(self, spec: PodSpec) -> tuple[PodView, str]: ...
-
-    async def remove(self, uid: str, reason: str = ...) -> tuple[PodView, str, int]: ...
 
 
 # --------------------------------------------------------------------------- facts from the wire

@@ -61,8 +61,8 @@ def test_serve_status_stop_restart(root: Path, daemon_factory) -> None:  # type:
     assert run_cli("status", root=root).returncode == 0
     status = json.loads(run_cli("status", "-o", "json", root=root, check=True).stdout)
     loop = status["loop"]
-    assert loop["steps"] > 0 and loop["longest_seconds"] > 0 and loop["long_steps"] >= loop["over_10ms"] >= 0
-    assert loop["cpu_over_10ms"] <= loop["long_steps"] and loop["longest_cpu_seconds"] >= 0
+    assert loop["steps"] > 0 and loop["longest_seconds"] > 0 and loop["long_steps"] >= loop["over_10ms"]
+    assert loop["cpu_over_10ms"] <= loop["long_steps"]
     for sub in ("device-plugins", "plugins_registry", "plugins", "pod-resources", "eventsrc"):
         assert (root / sub).is_dir()
     second = run_cli("serve", root=root)
@@ -159,7 +159,7 @@ def test_one_flipped_byte_is_named_and_nothing_else_is_lost(root: Path, daemon_f
     d = daemon_factory()
     assert run_cli("status", root=root).returncode == 0
     loop = json.loads(run_cli("status", "-o", "json", root=root, check=True).stdout)["loop"]
-    assert loop["steps"] > 0 and loop["longest_seconds"] > 0 and loop["long_steps"] >= loop["over_10ms"] >= 0
+    assert loop["steps"] > 0 and loop["longest_seconds"] > 0 and loop["long_steps"] >= loop["over_10ms"]
     assert d.stop() == 0
     assert "seq=117" in d.output() and 'msg="corrupt record' in d.output()
     found = [json.loads(line) for line in run_cli("log", "-o", "json", "--from", "201", root=root).stdout.splitlines()]

@@ -4,65 +4,92 @@ its CPU time tells the loop's own work from another thread's and from waiting.""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 import trio
 
 from eventsrc.obs.loop import KEEP, KEEP_SECONDS, LoopHolds
 
-SLOW = 0.012  # a step that holds the loop at least this long (longer than the 10 ms goal)
+SLOW = 0.012  # a step that holds the loop this long (longer than the 10 ms goal)
 
 
-async def _slow_step() -> None:
-    await trio.lowlevel.checkpoint()
-    time.sleep(SLOW)  # plays a request that keeps the loop: no checkpoint for SLOW seconds
-    await trio.lowlevel.checkpoint()
+class Clocks:
+    """The instrument's clocks, played by the test: a step's wall time, the loop thread's CPU
+    time and the process's, each moved only by what the test says happened (no sleeping,
+    no spinning, so no figure depends on this machine's load)."""
+
+    def __init__(self) -> None:
+        self.wall = self.thread = self.process = 100.0  # not 0: the instrument takes 0 for "no start"
+        self.ns = 1_000_000_000
+
+    def work(self, seconds: float) -> None:
+        """The loop's thread computes."""
+        self.wall += seconds
+        self.thread += seconds
+        self.process += seconds
+
+    def wait(self, seconds: float) -> None:
+        """The loop's thread waits (a blocking call, no core)."""
+        self.wall += seconds
+
+    def other_thread(self, seconds: float) -> None:
+        """Another thread of the process computes while the loop's waits for it."""
+        self.wall += seconds
+        self.process += seconds
+
+    def now_ns(self) -> int:
+        return self.ns + int(self.wall * 1e9)
 
 
-def test_a_step_that_keeps_the_loop_is_found_with_its_task_and_time() -> None:
+@pytest.fixture
+def clocks(monkeypatch: pytest.MonkeyPatch) -> Clocks:
+    from eventsrc.obs import loop
+
+    c = Clocks()
+    monkeypatch.setattr(loop, "_clock", lambda: c.wall)
+    monkeypatch.setattr(loop, "_thread_cpu", lambda: c.thread)
+    monkeypatch.setattr(loop, "_process_cpu", lambda: c.process)
+    monkeypatch.setattr(loop, "_now_ns", c.now_ns)
+    return c
+
+
+def test_a_step_that_keeps_the_loop_is_found_with_its_task_and_time(clocks: Clocks) -> None:
     holds = LoopHolds()
-    before = time.monotonic_ns()
+    before = clocks.now_ns()
+
+    async def slow_step() -> None:
+        await trio.lowlevel.checkpoint()
+        clocks.wait(SLOW)  # plays a request that keeps the loop: no checkpoint for SLOW seconds
+        await trio.lowlevel.checkpoint()
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_slow_step, name="slow-request")
+            nursery.start_soon(slow_step, name="slow-request")
 
     trio.run(main, instruments=[holds])
-    after = time.monotonic_ns()
+    after = clocks.now_ns() + 1
     assert holds.steps > 2
-    assert holds.longest >= SLOW and holds.longest_task == "slow-request"
-    assert holds.over >= 1 and holds.kept >= 1
-    kept = [step for step in holds.recent if step.task == "slow-request"]
-    assert len(kept) == 1 and kept[0].seconds >= SLOW and before < kept[0].end_ns <= after
-    assert kept[0] in holds.since(before)
+    assert holds.longest == pytest.approx(SLOW) and holds.longest_task == "slow-request"
+    assert holds.over == 1 and holds.kept == 1
+    (kept,) = holds.recent
+    assert kept.task == "slow-request" and kept.seconds == pytest.approx(SLOW) and before < kept.end_ns <= after
+    assert kept in holds.since(before)
     assert holds.since(after) == []  # it ended before that span began
     assert all(step.seconds >= KEEP_SECONDS for step in holds.recent)
-    # it slept: a long step, but not the loop's work
-    assert kept[0].cpu < SLOW / 2 and holds.cpu_over == 0
+    # it waited: a long step, but not the loop's work
+    assert kept.cpu == 0 and holds.cpu_over == 0
 
 
-def _spin(seconds: float) -> None:
-    """Burn ``seconds`` of this thread's CPU time."""
-    until = time.thread_time() + seconds
-    while time.thread_time() < until:
-        pass
-
-
-def test_a_step_that_works_is_told_from_one_that_waits() -> None:
+def test_a_step_that_works_is_told_from_one_that_waits(clocks: Clocks) -> None:
     holds = LoopHolds()
 
     async def busy() -> None:
         await trio.lowlevel.checkpoint()
-        _spin(SLOW)  # the loop's own work
+        clocks.work(SLOW)  # the loop's own work
         await trio.lowlevel.checkpoint()
 
     async def other_thread() -> None:
         await trio.lowlevel.checkpoint()
-        worker = threading.Thread(target=_spin, args=(SLOW,))
-        worker.start()
-        worker.join()  # the loop waits while another thread of the process works
+        clocks.other_thread(SLOW)  # the loop waits while another thread of the process works
         await trio.lowlevel.checkpoint()
 
     async def main() -> None:
@@ -73,10 +100,10 @@ def test_a_step_that_works_is_told_from_one_that_waits() -> None:
 
     trio.run(main, instruments=[holds])
     (worked,) = (step for step in holds.recent if step.task == "busy")
-    assert worked.cpu >= SLOW and worked.process_cpu >= worked.cpu and worked.seconds >= SLOW
-    assert holds.longest_cpu >= SLOW and holds.longest_cpu_task == "busy" and holds.cpu_over == 1
+    assert worked.cpu == pytest.approx(SLOW) and worked.process_cpu == pytest.approx(SLOW)
+    assert holds.longest_cpu == pytest.approx(SLOW) and holds.longest_cpu_task == "busy" and holds.cpu_over == 1
     (waited,) = (step for step in holds.recent if step.task == "other-thread")
-    assert waited.seconds >= SLOW and waited.cpu < SLOW / 2 and waited.process_cpu - waited.cpu >= SLOW
+    assert waited.seconds == pytest.approx(SLOW) and waited.cpu == 0 and waited.process_cpu == pytest.approx(SLOW)
 
 
 def test_quick_steps_are_counted_not_kept() -> None:
