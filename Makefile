@@ -22,6 +22,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/vulture
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

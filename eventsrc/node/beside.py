@@ -243,7 +243,6 @@ class Beside:
         self._runtime_gaps: list[ev._Event] = []  # to record: the runtime (dis)connected
         self._missing: frozenset[str] = frozenset()  # observed pods the last complete look did not list
         self._allocatable_trouble = ""  # why GetAllocatableResources could not be had, as last said
-        self.looks = 0
 
     # ----------------------------------------------------------------- asked to look
 
@@ -339,7 +338,6 @@ class Beside:
             self._full, self._pods = self._full or full, self._pods | pods
             self._removed |= removed
             raise
-        self.looks += 1
         await self._gap_close("kubelet")
         await self._record_look(answer, allocatable, removed)
 

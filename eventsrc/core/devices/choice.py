@@ -59,30 +59,6 @@ def aligned_nodes(device_nodes: Iterable[int], machine_numa_nodes: Collection[in
     return nodes if all(n in machine_numa_nodes for n in nodes) else []
 
 
-def generate_hints(
-    devices: Mapping[str, list[int]],
-    available: Iterable[str],
-    reusable: Iterable[str],
-    request: int,
-    numa_nodes: list[int],
-) -> list[Hint]:
-    """generateDeviceTopologyHints: every NUMA mask that can hold ``request`` devices.
-
-    ``devices`` is every device of the resource (any health) with its NUMA nodes;
-    ``preferred`` marks the masks as narrow as the narrowest that could hold the request
-    on an empty node.
-    """
-    # Devices are counted per distinct NUMA set once: each mask is then a sum over the
-    # few sets, not a pass over every device (the same counts as the kubelet's loops).
-    return _hints(
-        _count_per_set(devices.values()),
-        _count_per_set(devices.get(i) for i in available),
-        [devices.get(i) for i in reusable],
-        request,
-        numa_nodes,
-    )
-
-
 def _hints(
     everywhere: Mapping[NumaSet, int],
     free: Mapping[NumaSet, int],
@@ -90,7 +66,7 @@ def _hints(
     request: int,
     numa_nodes: list[int],
 ) -> list[Hint]:
-    """generate_hints from the counts per NUMA set of every device and of the available ones,
+    """generateDeviceTopologyHints from the counts per NUMA set of every device and of the available ones,
     and the NUMA nodes of each reusable device."""
     min_size = len(numa_nodes)
     hints: list[Hint] = []
