@@ -115,9 +115,9 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         "--devices",
         type=int,
         default=None,
-        help="devices of the sample plugin (default: the larger of 1024 and --pods)",
+        help="devices of the sample plugin (default: the larger of 10,000 and --pods)",
     )
-    b.add_argument("--pods", type=int, default=None, help="resident pods to reach (default 1000; 5000 with --ratios)")
+    b.add_argument("--pods", type=int, default=None, help="resident pods to reach (default 1000, with --ratios too)")
     b.add_argument(
         "--samples", type=int, default=100, help="admissions per size for the percentiles (default %(default)s)"
     )
@@ -125,7 +125,7 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         "--ratios",
         action="store_true",
         help="instead, the admission cost ratios: one-device admission p50 with --small-devices and with "
-        "--devices devices (default 6000) at --base-pods resident pods, and with --devices devices at --pods "
+        "--devices devices (default 10,000) at --base-pods resident pods, and with --devices devices at --pods "
         "resident pods (three daemons side by side, sampled in turn, each admission removed again); prints the "
         "figures and the two ratios",
     )
@@ -329,7 +329,7 @@ def bench_scale(args: argparse.Namespace) -> int:
     if args.ratios:
         return _bench_scale_ratios(args)
     args.pods = 1000 if args.pods is None else args.pods
-    devices = max(1024, args.pods) if args.devices is None else args.devices
+    devices = max(10_000, args.pods) if args.devices is None else args.devices  # the bound: ADR 0028
     if min(args.pods, args.samples, args.repeats) < 1:
         raise EventsrcError("--pods, --samples and --repeats must be at least 1")
     if devices < args.pods:
@@ -378,8 +378,8 @@ def bench_soak(args: argparse.Namespace) -> int:
 def _bench_scale_ratios(args: argparse.Namespace) -> int:
     from eventsrc.bench.scale import run_ratio_bench
 
-    pods = 5000 if args.pods is None else args.pods
-    devices = 6000 if args.devices is None else args.devices
+    pods = 1000 if args.pods is None else args.pods  # the bound: ADR 0028
+    devices = 10_000 if args.devices is None else args.devices
     if min(args.small_devices, args.base_pods, args.samples) < 1:
         raise EventsrcError("--small-devices, --base-pods and --samples must be at least 1")
     if pods < args.base_pods:
