@@ -366,6 +366,7 @@ class _Writer:
             if found and bytes(cur.key()[: len(prefix)]) == prefix:
                 key = bytes(cur.key())
                 last = (int.from_bytes(key[len(prefix) : len(prefix) + _U64], "big"), *_parse(bytes(cur.value())))
+            self.last[prefix] = last  # what _insert_before_last updates too
         self.ordinal += 1
         key = prefix + t.to_bytes(_U64, "big") + self.ordinal.to_bytes(_U64, "big")
         if t >= last[0]:

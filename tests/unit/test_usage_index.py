@@ -7,7 +7,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from eventsrc import events as ev
@@ -36,6 +36,16 @@ def cut(log: EventLog, archive: Path, seq: int) -> None:
     st.floats(0, 0.8) | st.none(),
     st.lists(st.tuples(st.integers(-2, 40), st.integers(-2, 40)), min_size=1, max_size=4),
     st.sets(st.sampled_from(["cpu", GPU, "dra1"]), max_size=2),
+)
+@example(  # found in CI's run: a point older than the last one already in the index, in a later update
+    records=[
+        (ev.KubeletCPUsObserved(pod=ev.PodRef(uid="", namespace="ns", name="p"), container="m", cpus=[0]), 0),
+        (ev.CPUsAssigned(cpus=[0], pod_uid="a", container="m"), -1 * 60 * S),
+    ],
+    splits=[0.5],
+    cut_at=None,
+    windows=[(0, 0)],
+    resources=set(),
 )
 def test_the_index_answers_as_a_scan_does(
     records: list[tuple[ev._Event, int]],
