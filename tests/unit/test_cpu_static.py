@@ -1162,4 +1162,3 @@ def test_derived_socket_aligned_hints(case: dict[str, Any]) -> None:
     assert len(case["expect"]) == 255 and sum(p for _, p in case["expect"]) == 30
     assert _hints(planner.hints(container)) == _hints(case["expect"])
     assert _hints(planner.pod_hints([container])) == _hints(case["expect"])
-
