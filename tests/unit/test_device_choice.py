@@ -687,3 +687,27 @@ def test_init_container_device_allocation(case: dict[str, Any]) -> None:
     for resource, n in case["used"].items():
         assert len(set().union(*(v for (_, r), v in got.items() if r == resource))) == n
         assert len(resources[resource].in_use) == n
+
+
+@pytest.mark.parametrize(
+    ("extra", "noted"),
+    [([], False), (["Elsewhere"], True)],
+    ids=["what it was asked to include", "a device not offered"],
+)
+def test_a_plugin_that_names_its_must_include_devices_is_not_accused(extra: list[str], noted: bool) -> None:
+    """A container reusing an init container's devices asks the plugin with them in
+    ``available`` and ``must_include``; a plugin that answers with them did nothing wrong.
+    Only a device it was not offered makes the note (issue 26's `ml/train`)."""
+    devices = devs("Dev", range(8), 0)
+    state = ResourceState(table=table_of(devices), in_use={"Dev0", "Dev5"}, offers_preferred=True)
+
+    def answer(ask: PreferredAsk) -> list[str]:
+        new = [i for i in ask.available if i not in ask.must_include][: ask.size - len(ask.must_include)]
+        return [*ask.must_include, *new, *extra]
+
+    step, (ask,) = drive(
+        _devices_to_allocate("main", GPA_RESOURCE, 4, state, [], {"Dev0", "Dev5"}, frozenset({0}), [0]), answer
+    )
+    assert set(ask.must_include) == {"Dev0", "Dev5"}
+    assert isinstance(step, Step) and step.choice == "plugin" and len(step.device_ids) == 4
+    assert ("were not candidates" in step.note) is noted

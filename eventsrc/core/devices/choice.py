@@ -565,7 +565,9 @@ def _devices_to_allocate(
             return set()
         preferred = {i for i in answer if i in candidates}
         choice = "plugin"
-        if len(preferred) < len(set(answer)):
+        # what it was asked to include (the container's devices already, e.g. an init
+        # container's it reuses) is no fault of the plugin's: only a device it was not offered is
+        if any(i not in candidates and i not in allocated for i in answer):
             note = "the plugin's preference named devices that were not candidates; they were ignored"
         return preferred
 
