@@ -218,11 +218,6 @@ def _container_changes(ref: ev.PodRef, seen: SeenContainer, held: ObservedPodVie
     return out
 
 
-def _dropped_container(ref: ev.PodRef, name: str, held: ObservedPodView) -> list[ev._Event]:
-    """A container the kubelet no longer lists in a pod it lists: what it held, released."""
-    return _container_changes(ref, SeenContainer(name=name), held)
-
-
 def observe(view: KubeletView, look: Look, ids: Identities) -> list[ev._Event]:
     """The events that bring ``view`` to what ``look`` says, pod by pod (releases before the
     holds that may take the same devices). Pods ``look`` does not list are left to
@@ -247,7 +242,7 @@ def observe(view: KubeletView, look: Look, ids: Identities) -> list[ev._Event]:
         listed = {c.name for c in pod.containers}
         for name in sorted(held.containers):
             if name not in listed:
-                releases.extend(_dropped_container(ref, name, held))
+                releases.extend(_container_changes(ref, SeenContainer(name=name), held))  # all it held goes
         for c in pod.containers:
             for e in _container_changes(ref, c, held):
                 (releases if isinstance(e, _RELEASES) else holds).append(e)

@@ -57,6 +57,7 @@ from eventsrc.node.interfaces import Recorder
 from eventsrc.obs.logger import get_logger
 from eventsrc.rpc.bridge import CALL_ERRORS, endpoint_socket_error, to_aio, unix_channel, why
 from eventsrc.rpc.ratelimit import TokenBucket
+from eventsrc.state.views import Views
 
 log = get_logger("eventsrc.beside")
 
@@ -531,7 +532,7 @@ class _Watch:
 
 
 def start_events(
-    views: Any, last_ts_ns: int | None, now_ns: int, runtime: bool, stopped_cleanly: bool
+    views: Views, last_ts_ns: int | None, now_ns: int, runtime: bool, stopped_cleanly: bool
 ) -> list[ev._Event]:
     """What a start beside a kubelet records after DaemonStarted: the time eventsrc itself was
     not running (from its previous last record: when it stopped, or the last sign of life of a
@@ -555,7 +556,7 @@ def start_events(
     return out
 
 
-def runtime_gap_events(views: Any, items: Iterable[ev.Record | ev._Event]) -> list[ev._Event]:
+def runtime_gap_events(views: Views, items: Iterable[ev.Record | ev._Event]) -> list[ev._Event]:
     """The runtime's gap opened at a disconnection, closed at a connection (NRI's records),
     after the gap events not recorded yet (given first among ``items``, kept)."""
     out: list[ev._Event] = []

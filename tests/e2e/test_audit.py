@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Iterator
 from decimal import Decimal
@@ -717,7 +716,7 @@ def usage_equals_the_allocations(root: Path) -> None:
                 want[e["pod_uid"]] = want.get(e["pod_uid"], 0) + r["ts_ns"] - start.pop((e["pod_uid"], i))
     for (uid, _), t in start.items():
         want[uid] = want.get(uid, 0) + until - t
-    when = dt.datetime.fromtimestamp(until // 1000 / 1e6, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    when = audit.iso(until)
     out = run_cli(
         "audit", "usage", "--by", "pod", "--resource", RES, "--until", when, "-o", "json", root=root, check=True
     ).stdout

@@ -5,7 +5,6 @@ answers against what it did, and that nothing under the kubelet's directory chan
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import signal
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from eventsrc.offline.audit import iso
 from tests.conftest import Daemon, run_cli
 from tests.e2e.test_metrics import metrics_address, scrape
 from tests.support.containerd import Containerd
@@ -218,11 +218,6 @@ def test_a_sigkill_loses_nothing_and_the_restart_says_what_it_did_not_see(
     usage_equals_the_recorded_holds(root)
 
 
-def rfc3339(ts_ns: int) -> str:
-    """``ts_ns`` to the microsecond (as --since and --until take it)."""
-    return dt.datetime.fromtimestamp(ts_ns // 1000 / 1e6, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def usage_equals_the_recorded_holds(root: Path) -> None:
     """``audit usage --by pod`` in a window that clips pod a's hold and ends while pod b still
     holds d-1 equals, to the nanosecond, what the records' times say."""
@@ -233,7 +228,7 @@ def usage_equals_the_recorded_holds(root: Path) -> None:
     until = of_type(root, "DaemonStopped")[-1]["ts_ns"] // 1000 * 1000
     assert a_start < since < a_end <= b_start < until
     out = run_cli(
-        "audit", "usage", "--by", "pod", "--resource", RESOURCE, "--since", rfc3339(since), "--until", rfc3339(until),
+        "audit", "usage", "--by", "pod", "--resource", RESOURCE, "--since", iso(since), "--until", iso(until),
         "-o", "json", root=root, check=True,
     ).stdout  # fmt: skip
     rows = {(r["name"], r["resource"]): r["seconds"] for r in json.loads(out, parse_float=Decimal)}
