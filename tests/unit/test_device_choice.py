@@ -370,8 +370,10 @@ FILTER_BY_AFFINITY: list[tuple[tuple[int, ...] | None, list[str], list[str], lis
 
 # ======================================================== TestPodContainerDeviceToAllocate
 # One node: pod1/con1 holds res1 {dev1, dev2}, which exist but are unhealthy; pod2/con2
-# holds dev5 of res2, which is not registered; pod3/con3 holds dev5 of res3, which left the
-# plugin's list (res3's healthy devices are dev7 and dev8).
+# holds dev5 of res2, which is not registered (the kubelet's healthyDevices has no entry for
+# it: as the views hold a resource dropped after its grace period, its plugin gone and the
+# held device kept, unlisted); pod3/con3 holds dev5 of res3, which left the plugin's list
+# (res3's healthy devices are dev7 and dev8).
 
 RES1, RES2, RES3 = "domain1.com/resource1", "domain2.com/resource2", "domain2.com/resource3"
 TO_ALLOCATE_DEVICES: dict[str, dict[str, dict[str, Any]]] = {
@@ -379,12 +381,14 @@ TO_ALLOCATE_DEVICES: dict[str, dict[str, dict[str, Any]]] = {
         "dev1": {"health": "Unhealthy", "holder": "pod1/con1", "hold": "allocated"},
         "dev2": {"health": "Unhealthy", "holder": "pod1/con1", "hold": "allocated"},
     },
+    RES2: {"dev5": {"health": "Unhealthy", "holder": "pod2/con2", "hold": "allocated", "removed": True}},
     RES3: {
         "dev5": {"health": "Unhealthy", "holder": "pod3/con3", "hold": "allocated", "removed": True},
         "dev7": {"health": "Healthy"},
         "dev8": {"health": "Healthy"},
     },
 }
+TO_ALLOCATE_REGISTERED = {RES1, RES3}
 TO_ALLOCATE_HELD = {
     ("pod1", "con1", RES1): ["dev1", "dev2"],
     ("pod2", "con2", RES2): ["dev5"],
@@ -645,6 +649,7 @@ def test_pod_container_device_to_allocate(
         r: ResourceState(
             table={i: DeviceView(**d) for i, d in devices.items()},
             in_use={i for i, d in devices.items() if d.get("holder")},
+            registered=r in TO_ALLOCATE_REGISTERED,
         )
         for r, devices in TO_ALLOCATE_DEVICES.items()
     }

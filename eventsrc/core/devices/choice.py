@@ -3,7 +3,9 @@
 The kubelet's steps, in its order (pkg/kubelet/cm/devicemanager/manager.go):
 
 1. a container that already holds devices for the resource keeps them; a changed count
-   is an error; they must still be healthy;
+   is an error; then a resource no plugin is registered for (dropped after its grace
+   period while a pod holds its devices) is refused, as is one without a healthy device;
+   the devices held must still be healthy;
 2. devices left by earlier non-restartable init containers of the same pod are reused
    first (not health-checked, as the kubelet does);
 3. the rest comes from healthy devices nobody holds, split by the topology hint into
@@ -36,6 +38,11 @@ from eventsrc.state.views import DeviceView
 
 class Refusal(Exception):
     """The pod cannot get its devices; the message is the kubelet's reason."""
+
+
+def unregistered(resource: str) -> str:
+    """devicesToAllocate's words for a resource no plugin is registered for."""
+    return f"cannot allocate unregistered device {resource}"
 
 
 # --------------------------------------------------------------------------- topology hints
@@ -325,6 +332,9 @@ class ResourceState:
     free: DeviceSets | None = None  # healthy, listed devices nobody holds, per NUMA set
     everywhere: Mapping[NumaSet, int] | None = None  # every device per NUMA set
     healthy: int | None = None  # healthy, listed devices, held or not
+    # False: no plugin is registered for it (dropped after its grace period) while a pod still
+    # holds its devices, which keeps it a device plugin resource (isDevicePluginResource).
+    registered: bool = True
     _listed: DeviceSets | None = field(default=None, repr=False)  # without ``free``: the healthy, listed ones
 
     def free_sets(self) -> DeviceSets:
@@ -474,7 +484,7 @@ def plan_pod(
         for resource in sorted(requests.get(c.name, {})):
             required = requests[c.name][resource]
             if resource not in resources:
-                raise Refusal(f"cannot allocate unregistered device {resource}")
+                raise Refusal(unregistered(resource))
             state = resources[resource]
             step = yield from _devices_to_allocate(
                 c.name,
@@ -511,6 +521,8 @@ def _devices_to_allocate(
     table = state.table
     if current and len(current) != required:
         raise Refusal(changed_request(pod_uid, container, resource, len(current), required))
+    if not state.registered:
+        raise Refusal(unregistered(resource))
     if not state.healthy_count():
         raise Refusal(f"no healthy devices present; cannot allocate unhealthy devices {resource}")
     if current:
