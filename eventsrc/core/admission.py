@@ -4,18 +4,21 @@ and DRA claims together, as the events to record and the calls to make.
 Theory of operation
 -------------------
 A ``PodAdmission`` is made from the views, the daemon's configuration (``AdmissionConfig``)
-and the pod. The shell (``eventsrc.node.admission``) walks it through four phases, in order:
+and the pod. The shell (``eventsrc.node.admission``) walks it through five phases, in order:
 
     known()          a pod the views hold already is kept as it is (a restarted kubelet
                      admits its pods again) or refused, unrecorded (its admission has not
                      ended, the uid is another pod's, or its device request changed); None
                      for a new pod
-    find()           yields PluginWanted and DriverWanted for each resource and DRA driver
-                     the pod needs; returns a Refused when one is unknown or stays away
+    find()           yields PluginWanted and DriverWanted for each registered resource and
+                     DRA driver the pod needs; returns a Refused when one stays away
     plan()           the topology manager (container or pod scope) with the CPU and device
                      managers as hint providers, container by container; yields PreferredAsk
                      when a plugin's preference is wanted; returns a Refused, or the Intent:
                      the events to record before any call, and the calls to make
+    fits()           after an Intent, the kubelet's predicate admit handler (which runs after
+                     its allocation handler): a Refused for an extended resource no device
+                     plugin serves, or None
     settle(results)  given what the calls returned, yields the outcome events to record,
                      batch by batch, and returns the Outcome: admitted, or refused after the
                      one undo (release devices, CPUs and claims; reject with the reason)
@@ -316,6 +319,7 @@ class PodAdmission:
         self.uid = pod.pod.uid
         self.requests = {c.name: device_requests(c) for c in pod.containers}
         self._options: dict[str, ev.PluginOptions] = {}  # per resource, as find() got them
+        self._planned: set[str] = set()  # the device plugin resources plan() gave devices
 
     def _refused(self, reason: str, container: str = "", hint: str = "", pinning: Sequence[bool] = ()) -> Refused:
         event = ev.AdmissionRejected(pod=self.pod.pod, reason=reason, container=container, topology_hint=hint)
@@ -354,21 +358,18 @@ class PodAdmission:
 
     # ------------------------------------------------------------------ find
 
-    def _needed(self) -> dict[str, int]:
-        """The pod's effective request per resource, as the kubelet counts it (init
-        containers hand theirs on), for the refusal's message."""
-        resources = {r for reqs in self.requests.values() for r in reqs}
-        return {r: pod_request(self.pod.containers, self.requests, r) for r in resources}
+    def _resources(self) -> list[str]:
+        """The extended resources the pod asks for, by name."""
+        return sorted({r for reqs in self.requests.values() for r in reqs})
 
     def find(self) -> Generator[Question, Answer, Refused | None]:
-        """Every device plugin (by resource name), then every DRA driver the pod needs."""
-        needed = self._needed()
+        """Every device plugin (by resource name), then every DRA driver the pod needs. A
+        resource with no plugin registered has no endpoint to wait for: plan() refuses it
+        when a pod still holds its devices, fits() when none does."""
         wait = self.config.wait
-        for resource in sorted(needed):
+        for resource in self._resources():
             if resource not in self.views.devices.plugins:
-                return self._refused(
-                    f"Node didn't have enough resource: {resource}, requested: {needed[resource]}, used: 0, capacity: 0"
-                )
+                continue
             options = yield PluginWanted(resource)
             if not isinstance(options, ev.PluginOptions):
                 return self._refused(
@@ -404,18 +405,31 @@ class PodAdmission:
         uid = self.uid
         resources = {}
         index = index_of(views.devices)
-        for resource, options in self._options.items():
+        for resource in self._resources():
+            # The kubelet's isDevicePluginResource: a registered plugin's (find() got its
+            # options), or one whose plugin was dropped while a pod still holds its devices
+            # (devicesToAllocate refuses it, once the topology manager had its hints). The
+            # others are left to the predicate (fits()).
+            r = index.resources.get(resource) or ResourceIndex()
+            registered = resource in views.devices.plugins
+            options = self._options.get(resource)
+            if registered and options is None:  # registered since find(): not waited for
+                continue
+            if not registered and not any(d.holder for d in r.devices.values()):
+                continue
             # The index's free devices stand for "every device but those held": in_use is
             # only what this pod takes as it goes (no pass over the devices, nor a copy).
-            r = index.resources.get(resource) or ResourceIndex()
             resources[resource] = ResourceState(
                 table=views.devices.devices.get(resource, {}),
                 in_use=set(),
-                offers_preferred=options.get_preferred_allocation_available,
+                offers_preferred=registered and options is not None and options.get_preferred_allocation_available,
                 free=r.free,
                 everywhere=r.everywhere,
                 healthy=r.healthy,
+                registered=registered,
             )
+        self._planned = set(resources)
+        requests = {c: {r: n for r, n in reqs.items() if r in resources} for c, reqs in self.requests.items()}
         held = holdings(views, uid) if uid in views.pods.pods else {}
         cpus = CPUPlanner(
             self.config.cpus, views.cpus.assignments, uid, qos_class(self.pod.containers), cpu_index_of(views.cpus)
@@ -446,7 +460,7 @@ class PodAdmission:
         try:
             plan = yield from plan_pod(
                 self.pod.containers,
-                self.requests,
+                requests,
                 resources,
                 held=held,
                 numa_nodes=self._machine_numa_nodes(),
@@ -487,6 +501,23 @@ class PodAdmission:
             if s.new
         ]
         return Intent(intent, allocations, claims.work() if self.pod.claims else None, tuple(pinning))
+
+    # ------------------------------------------------------------------ fits
+
+    def fits(self) -> Refused | None:
+        """After plan() gave an Intent: the kubelet's predicate admit handler, which runs after
+        the allocation handler. An extended resource plan() gave no devices is no device
+        plugin's (none is registered, and no pod holds its devices): the node has 0 of it
+        (the kubelet's node status keeps 0 for a dropped plugin's resource; one never
+        registered is refused alike, ADR 0006), and the pod's effective request (init
+        containers hand theirs on) does not fit."""
+        for resource in self._resources():
+            if resource not in self._planned:
+                needed = pod_request(self.pod.containers, self.requests, resource)
+                return self._refused(
+                    f"Node didn't have enough resource: {resource}, requested: {needed}, used: 0, capacity: 0"
+                )
+        return None
 
     def _machine_numa_nodes(self) -> list[int]:
         # The machine's NUMA nodes (as the topology manager got them), never the ids plugins

@@ -9,6 +9,7 @@
         for those known but away
         the topology manager's admission, timed: GetPreferredAllocation core: plan()
         when the core asks
+        the predicate, after the allocation (as the kubelet's handlers) core: fits()
         record the intent: PodAdmissionStarted, DevicesReserved, CPUsAssigned, claim references
         and prepares
       shielded from cancellation from here on:
@@ -172,6 +173,9 @@ class Admission(Generic[D]):
                         metrics.cpu_pinning(failed=failed)
                     if isinstance(decision, Refused):
                         raise await self._refuse(spec, decision)
+                unfit = core.fits()  # not the topology manager's: not counted as its error
+                if unfit is not None:
+                    raise await self._refuse(spec, unfit)
                 await self.recorder.record(decision.events)  # durable and in the views: the next admission sees it
         results = CallResults()
         with trio.CancelScope(shield=True):  # an acknowledged intent always gets its outcome

@@ -313,8 +313,15 @@ def test_a_resource_is_dropped_after_the_grace_period(root: Path, tmp_path: Path
     assert RESOURCE not in state["devices"]["plugins"]
     # The running pod still holds its device; the free one is gone.
     assert list(state["devices"]["devices"][RESOURCE]) == devices_of(info)
+    # A pod still holds a device of it: the kubelet's device manager refuses it as unregistered.
     rc, _, err = admit(root, pod_yaml(tmp_path, "late", 1))
-    assert rc == 1 and "Node didn't have enough resource: example.com/dev" in err
+    assert rc == 1 and "cannot allocate unregistered device example.com/dev" in err, err
+    # Once none is held, it is no device plugin's: the predicate finds capacity 0.
+    run_cli("remove", "default/keeps", root=root, check=True)
+    rc, _, err = admit(root, pod_yaml(tmp_path, "later", 1))
+    assert rc == 1 and "Node didn't have enough resource: example.com/dev, requested: 1, used: 0, capacity: 0" in err, (
+        err
+    )
 
 
 def test_a_plugin_with_thousands_of_devices_is_recorded_in_bounded_records(

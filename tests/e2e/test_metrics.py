@@ -83,12 +83,12 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def device_pod(tmp: Path, name: str, devices: int) -> Path:
+def device_pod(tmp: Path, name: str, devices: int, resource: str = RESOURCE) -> Path:
     path = tmp / f"{name}.yaml"
     path.write_text(
         f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, uid: uid-{name}}}\nspec:\n"
         "  containers:\n  - name: main\n    image: busybox\n"
-        f"    resources:\n      limits: {{{RESOURCE}: {devices}, cpu: '2', memory: 1Gi}}\n"
+        f"    resources:\n      limits: {{{resource}: {devices}, cpu: '2', memory: 1Gi}}\n"
     )
     return path
 
@@ -117,6 +117,8 @@ def test_kubelet_series_during_device_admission(root: Path, tmp_path: Path, daem
     assert proc.returncode == 0, proc.stderr
     refused = run_cli("admit", "-f", str(device_pod(tmp_path, "b", 9)), root=root)
     assert refused.returncode == 1 and "requested number of devices unavailable" in refused.stderr
+    unfit = run_cli("admit", "-f", str(device_pod(tmp_path, "c", 1, "example.com/nothing")), root=root)
+    assert unfit.returncode == 1 and "Node didn't have enough resource: example.com/nothing" in unfit.stderr
     with grpc.insecure_channel(unix_target(root / "pod-resources" / "kubelet.sock")) as ch:
         client = pod_resources_client(ch)
         assert len(client.List(pr.ListPodResourcesRequest()).pod_resources) == 1
@@ -140,12 +142,13 @@ def test_kubelet_series_during_device_admission(root: Path, tmp_path: Path, daem
     assert ("kubelet_device_plugin_alloc_duration_seconds_sum", (("resource_name", RESOURCE),)) in samples
     assert value(samples, "kubelet_device_plugin_alloc_duration_seconds_bucket", resource_name=RESOURCE, le="+Inf") == 1
     # The second pod was refused by the device planner: a topology manager admission error.
-    assert value(samples, "kubelet_topology_manager_admission_requests_total") == 2
+    # The third by the predicate, which runs after the topology manager admitted it: no error.
+    assert value(samples, "kubelet_topology_manager_admission_requests_total") == 3
     assert value(samples, "kubelet_topology_manager_admission_errors_total") == 1
     assert types["kubelet_topology_manager_admission_duration_ms"] == "histogram"
-    assert value(samples, "kubelet_topology_manager_admission_duration_ms_count") == 2
-    # Both pods asked for 2 exclusive CPUs; the second got them before its devices failed.
-    assert value(samples, "kubelet_cpu_manager_pinning_requests_total") == 2
+    assert value(samples, "kubelet_topology_manager_admission_duration_ms_count") == 3
+    # Each pod asked for 2 exclusive CPUs; the second and the third got them before their refusal.
+    assert value(samples, "kubelet_cpu_manager_pinning_requests_total") == 3
     assert value(samples, "kubelet_cpu_manager_pinning_errors_total") == 0
     v1 = {"server_api_version": "v1"}
     assert types["kubelet_pod_resources_endpoint_requests_list"] == "counter"

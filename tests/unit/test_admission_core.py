@@ -151,13 +151,15 @@ def decide(
     find: Callable[[Question], ev.PluginOptions | bool | None] | None = None,
     preferred: Callable[[PreferredAsk], list[str] | PreferredFailed] = no_preference,
 ) -> tuple[PodAdmission, Refused | Intent]:
-    """known, find and plan, as the shell runs them for a new pod."""
+    """known, find, plan and fits, as the shell runs them for a new pod."""
     core = PodAdmission(n.views, cfg or config(), spec)
     assert core.known() is None
     refused, _ = run(core.find(), find or everything_there())
     if refused is not None:
         return core, refused
     decision, _ = run(core.plan(), preferred)
+    if isinstance(decision, Intent):
+        return core, core.fits() or decision
     return core, decision
 
 
@@ -288,9 +290,10 @@ def test_an_unknown_resource_is_refused_with_the_pods_effective_request() -> Non
     )
     core = PodAdmission(n.views, config(), spec)
     refused, asked = run(core.find(), everything_there())
-    assert asked == []  # nothing is waited for
+    assert (refused, asked) == (None, [])  # nothing is waited for
+    assert isinstance(run(core.plan(), no_preference)[0], Intent)  # no device plugin's: the predicate's
     reason = f"Node didn't have enough resource: {fpga}, requested: 3, used: 0, capacity: 0"
-    assert refused == Refused(reason, ev.AdmissionRejected(pod=spec.pod, reason=reason))
+    assert core.fits() == Refused(reason, ev.AdmissionRejected(pod=spec.pod, reason=reason))
 
 
 def test_a_plugin_that_stays_away_is_refused() -> None:
@@ -334,6 +337,94 @@ def test_cpus_that_cannot_be_taken_are_refused_and_counted_as_a_failed_pinning()
     assert isinstance(refused, Refused)
     assert refused.reason.startswith("not enough cpus available to satisfy request")
     assert refused.cpu_pinning == (False, True)  # "a" got its CPUs, "b" could not
+
+
+# --------------------------------------------------------------------------- a plugin away, or past its grace
+# The kubelet's words for a resource whose plugin went away, by where the resource stands
+# (pkg/kubelet/cm/devicemanager/manager.go). Within the grace period the resource is still
+# a device plugin resource (a stopped endpoint, no healthy device: eventsrc waits for the
+# plugin first). Past it, GetCapacity forgets its healthy devices; while a pod holds some of
+# them it stays a device plugin resource (isDevicePluginResource: allocatedDevices), and
+# devicesToAllocate refuses it as unregistered, after the topology manager had the hints
+# (none can be met); once none is held, the device manager leaves it alone and the
+# predicate admit handler, which runs after the allocation handler, finds capacity 0 (the
+# node status setter writes 0 for a dropped plugin's resource). The rows on a stopped
+# endpoint and on a dropped resource nobody holds are TestUpdateCapacityAllocatable's last
+# steps, as an admission meets them.
+
+FPGA = "example.com/fpga"  # never registered
+ACCEL = "example.com/accel"  # never registered, and before example.com/gpu by name
+
+GONE = [ev.PluginDisconnected(resource=GPU, endpoint="gpu.sock", reason="ListAndWatch ended")]
+DROPPED = [*GONE, ev.ResourceDropped(resource=GPU, reason="plugin away for 300 s")]
+UNREGISTERED = f"cannot allocate unregistered device {GPU}"
+TOPOLOGY = TOPOLOGY_AFFINITY_MESSAGE
+TOO_FEW = f"requested number of devices unavailable for {GPU}. Requested: 5, Available: 4"
+AWAY = f"no healthy devices present; cannot allocate unhealthy devices {GPU} (its plugin did not register within 30 s)"
+
+
+def connected(n: Log, q: Question) -> bool:
+    """A plugin still connected answers at once; one that went away stays away."""
+    return isinstance(q, PluginWanted) and n.views.devices.plugins[q.resource].connected
+
+
+def no_fit(resource: str, requested: int) -> str:
+    return f"Node didn't have enough resource: {resource}, requested: {requested}, used: 0, capacity: 0"
+
+
+# (id, a pod holds gpu-0 first, what follows, the new pod's limits, topology manager
+# policy/scope, the reason, the phase that refuses, the plugins waited for)
+GRACE: list[tuple[str, bool, list[ev._Event], dict[str, str], str, str, str, list[str]]] = [
+    ("within the grace period", True, GONE, {GPU: "1"}, "none/container", AWAY, "find", [GPU]),
+    ("past it, a pod holds its devices", True, DROPPED, {GPU: "1"}, "none/container", UNREGISTERED, "plan", []),
+    ("past it, held: topology first", True, DROPPED, {GPU: "1"}, "restricted/container", TOPOLOGY, "plan", []),
+    ("past it, held: pod scope first", True, DROPPED, {GPU: "1"}, "single-numa-node/pod", TOPOLOGY, "plan", []),
+    ("past it, held: best-effort admits", True, DROPPED, {GPU: "1"}, "best-effort/container", UNREGISTERED, "plan", []),
+    ("past it, nobody holds any", False, DROPPED, {GPU: "2"}, "none/container", no_fit(GPU, 2), "fits", []),
+    ("never registered", False, [], {FPGA: "1"}, "none/container", no_fit(FPGA, 1), "fits", []),
+    ("the device manager first", True, DROPPED, {ACCEL: "1", GPU: "1"}, "none/container", UNREGISTERED, "plan", []),
+    ("too few devices first", False, [], {ACCEL: "1", GPU: "5"}, "none/container", TOO_FEW, "plan", [GPU]),
+    ("the predicate last", False, [], {ACCEL: "2", GPU: "1"}, "none/container", no_fit(ACCEL, 2), "fits", [GPU]),
+]
+
+
+@pytest.mark.parametrize(
+    ("held", "then", "limits", "tm", "reason", "phase", "waited"),
+    [row[1:] for row in GRACE],
+    ids=[row[0] for row in GRACE],
+)
+def test_a_resource_whose_plugin_went_away_is_refused_with_the_kubelets_words(
+    held: bool,
+    then: list[ev._Event],
+    limits: dict[str, str],
+    tm: str,
+    reason: str,
+    phase: str,
+    waited: list[str],
+) -> None:
+    n = node()
+    if held:
+        admitted(n, pod(container("app", gpus=1), uid="keeps"))
+        assert holders(n) == {"gpu-0": "keeps/app"}
+    n.record(then)
+    spec = pod(ev.ContainerSpec(name="app", requests=dict(limits), limits=limits), uid="late")
+    policy, scope = tm.split("/")
+    core = PodAdmission(n.views, config(policy, scope), spec)
+    assert core.known() is None
+    refused, asked = run(core.find(), lambda q: PLAIN if connected(n, q) else None)
+    assert asked == [PluginWanted(r) for r in waited]
+    if phase != "find":
+        assert refused is None
+        refused, _ = run(core.plan(), no_preference)
+    if phase == "fits":
+        assert isinstance(refused, Intent)
+        refused = core.fits()
+    assert isinstance(refused, Refused)
+    assert refused.reason == reason
+    topology = reason == TOPOLOGY  # the merged hint is the policy's (tested there)
+    assert (refused.event.pod, refused.event.reason) == (spec.pod, reason)
+    assert refused.event.container == ("app" if topology and scope == "container" else "")
+    assert bool(refused.event.topology_hint) == topology
 
 
 # --------------------------------------------------------------------------- the topology manager
