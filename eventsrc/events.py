@@ -217,7 +217,8 @@ class DevicesRemoved(_Event, frozen=True):
 
 class ResourceDropped(_Event, frozen=True):
     """The plugin of ``resource`` stayed away past the grace period: its free devices are
-    gone and new admissions treat the resource as unregistered."""
+    gone, and new admissions are refused as unregistered while a pod holds its devices,
+    then as a resource the node has none of."""
 
     resource: str
     reason: str = ""
