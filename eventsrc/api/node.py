@@ -7,7 +7,9 @@ shell, which records events.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
@@ -17,6 +19,7 @@ from grpclib.server import Stream
 from eventsrc import __version__
 from eventsrc import events as ev
 from eventsrc.api.podresources import SeqCache, element
+from eventsrc.api.readers import CHUNK, Turns
 from eventsrc.core.claims import cdi_devices
 from eventsrc.core.retention import RetentionReport
 from eventsrc.errors import AdmissionRefused, BadRequest, EventsrcError, NotFound
@@ -24,12 +27,15 @@ from eventsrc.events import CorruptRecordError, Record
 from eventsrc.gen.node.v1 import node_pb2 as pb
 from eventsrc.gen.node.v1.node_grpc import NodeBase
 from eventsrc.inputs.manifest import PodClaim, PodSpec, checked_pod
+from eventsrc.obs.logger import get_logger
 from eventsrc.obs.loop import LoopHolds
 from eventsrc.obs.text import escape
 from eventsrc.rpc.bridge import to_trio
 from eventsrc.rpc.limits import send_encoded
 from eventsrc.state.lifecycles import ADMITTED
 from eventsrc.state.views import ClaimView, ObservedPodView, PodView, Views
+
+log = get_logger("eventsrc.api.node")
 
 
 class Admitter(Protocol):
@@ -309,30 +315,37 @@ class NodeService(NodeBase):
         views: Callable[[], Views],
         admitter: Admitter,
         status: Callable[[int], pb.StatusResponse],
-        records: Callable[[int], Awaitable[list[Record | CorruptRecordError]]] | None = None,
+        history: History | None = None,
         read_only: str = "",
     ) -> None:
         self._views = views
         self._read_only = read_only  # why Admit and Remove are refused ("" when they are not)
         self._admitter = admitter
         self._status = status
-        self._records = records
+        self._history = history
         self._pods = PodsCache()
 
     async def Watch(self, stream: Stream[pb.WatchRequest, pb.WatchEvent]) -> None:
         req = await stream.recv_message()
         assert req is not None
-        if self._records is None:
+        h = self._history
+        if h is None:
             raise GRPCError(Status.UNIMPLEMENTED, "this daemon does not serve its history")
         seq = max(1, req.from_seq)
         while True:
-            batch = await to_trio(self._records)(seq)
-            for item in batch:
-                event = watch_event(item)
-                if item.seq > seq:  # seq.. left the live log before they were sent: said, not skipped silently
-                    event.skipped_from = seq
-                await stream.send_message(event)
-                seq = item.seq + 1
+            turn = await to_trio(h.turns.take)()  # api.readers: one reader at a time, decisions first
+            try:
+                batch = h.read(seq, CHUNK)
+                for item in batch:
+                    event = watch_event(item)
+                    if item.seq > seq:  # seq.. left the live log before they were sent: said, not skipped silently
+                        event.skipped_from = seq
+                    await _send_or_cut_off(stream, event, h.stall, seq)
+                    seq = item.seq + 1
+            finally:
+                h.turns.done(turn)
+            if not batch:
+                await to_trio(h.appended)(seq)
 
     async def Status(self, stream: Stream[pb.StatusRequest, pb.StatusResponse]) -> None:
         req = await stream.recv_message()
@@ -392,6 +405,37 @@ class NodeService(NodeBase):
         except EventsrcError as err:
             raise _grpc_error(err) from None
         await stream.send_message(pod_info(pod, shared=self._views().cpus.shared, views=self._views()))
+
+
+@dataclass(frozen=True)
+class History:
+    """What Watch serves the log's records with (the daemon's)."""
+
+    #: up to ``n`` records from ``seq`` (from the live log's first when ``seq`` is before it)
+    read: Callable[[int, int], list[Record | CorruptRecordError]]
+    #: returns once the log holds ``seq`` (a trio function)
+    appended: Callable[[int], Awaitable[None]]
+    turns: Turns
+    #: seconds a watcher's send may wait on its client before the watcher is cut off
+    stall: float
+
+
+async def _send_or_cut_off(
+    stream: Stream[pb.WatchRequest, pb.WatchEvent], event: pb.WatchEvent, stall: float, seq: int
+) -> None:
+    """Send ``event``, or end the stream with RESOURCE_EXHAUSTED when it waits ``stall``
+    seconds on its client: what the client has not read (its stream's window, at most) is all
+    that is kept for it, and it is told where to start again."""
+    try:
+        async with asyncio.timeout(stall):
+            await stream.send_message(event)
+    except TimeoutError:
+        log.warning("watch stream cut off: its client read nothing", stall_s=stall, next_seq=seq)
+        raise GRPCError(
+            Status.RESOURCE_EXHAUSTED,
+            f"this watcher read nothing for {stall:g} s with its stream's window full; "
+            f"watch again from seq {seq} to go on",
+        ) from None
 
 
 def watch_event(item: Record | CorruptRecordError) -> pb.WatchEvent:

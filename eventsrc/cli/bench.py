@@ -143,6 +143,26 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
     b.add_argument("--keep", action="store_true", help="keep the bench's directory (the daemon's log and output)")
     b.set_defaults(func=bench_scale)
     b = bsub.add_parser(
+        "watch",
+        parents=[parents.root],
+        help="what readers of the node's history cost its admissions",
+        description="Starts a daemon and the sample plugin, fills its log to --records records, then times "
+        "one-device admissions (each removed again) on the idle node, while --watchers node API Watch streams "
+        "replay the log from its first record (a third reading as fast as they can, a third one message every "
+        "--slow-ms, a third never reading; each on its own connection, in a process of their own), and after "
+        "they have gone. Prints admission p50/p90/max beside the idle node's (the goal: within 2x while the "
+        "watchers run) and the daemon's RSS (peak while they run; after, under the 100 MiB bound), and what "
+        "each kind of watcher read. The defaults take about a minute. Works in a temporary directory (in "
+        "--root-dir when given).",
+    )
+    b.add_argument("--records", type=int, default=7500, help="records in the log (default %(default)s)")
+    b.add_argument("--watchers", type=int, default=100, help="Watch streams (default %(default)s)")
+    b.add_argument("--samples", type=int, default=50, help="admissions per phase (default %(default)s)")
+    b.add_argument(
+        "--slow-ms", type=float, default=10.0, help="the slow watchers' pause per message (default %(default)s)"
+    )
+    b.set_defaults(func=bench_watch)
+    b = bsub.add_parser(
         "idle",
         parents=[parents.root],
         help="CPU of a daemon with nothing to do",
@@ -309,6 +329,23 @@ def bench_usage(args: argparse.Namespace) -> int:
 
     _at_least(("--records", args.records, 100), ("--runs", args.runs, 1))
     run_usage_bench(records=args.records, runs=args.runs, workdir=_workdir(args))
+    return 0
+
+
+@_stopped_by_sigterm_too
+def bench_watch(args: argparse.Namespace) -> int:
+    from eventsrc.bench.watch import run_watch_bench
+
+    _at_least(("--records", args.records, 1), ("--watchers", args.watchers, 3), ("--samples", args.samples, 1))
+    if args.slow_ms < 0:
+        raise EventsrcError("--slow-ms must not be negative")
+    run_watch_bench(
+        records=args.records,
+        watchers=args.watchers,
+        samples=args.samples,
+        slow_ms=args.slow_ms,
+        workdir=_workdir(args),
+    )
     return 0
 
 

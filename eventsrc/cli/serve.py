@@ -100,6 +100,14 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
         help="how long an admission waits for a known plugin that has not registered (again) yet (default 30s)",
     )
     p.add_argument(
+        "--watch-stall-timeout",
+        type=_duration,
+        default=None,
+        metavar="SECONDS|DURATION",
+        help="end a node API Watch stream whose client has read nothing for this long with its stream's window "
+        "full (RESOURCE_EXHAUSTED, saying the seq to watch again from; default 30s)",
+    )
+    p.add_argument(
         "--plugin-grace",
         type=_duration,
         default=None,
@@ -361,6 +369,7 @@ def serve(args: argparse.Namespace) -> int:
             args.layout,
             snapshot_every=cfg.snapshot_every,
             admission_wait=cfg.admission_wait.seconds,
+            watch_stall=cfg.watch_stall_timeout.seconds,
             grace=cfg.plugin_grace_period.seconds,
             cpus=cpus,
             topology=topology,

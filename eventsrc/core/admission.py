@@ -13,7 +13,8 @@ and the pod. The shell (``eventsrc.node.admission``) walks it through five phase
     find()           yields PluginWanted and DriverWanted for each registered resource and
                      DRA driver the pod needs; returns a Refused when one stays away
     plan()           the topology manager (container or pod scope) with the CPU and device
-                     managers as hint providers, container by container; yields PreferredAsk
+                     managers as its hint providers (``topology_manager.HintProvider``),
+                     container by container; yields PreferredAsk
                      when a plugin's preference is wanted; returns a Refused, or the Intent:
                      the events to record before any call, and the calls to make
     fits()           after an Intent, the kubelet's predicate admit handler (which runs after
@@ -49,26 +50,20 @@ from eventsrc.core.claims import ClaimWork
 from eventsrc.core.claims import admission_events as claim_admission_events
 from eventsrc.core.claims import release_events as claim_release_events
 from eventsrc.core.cpu.assignment import TakeError
-from eventsrc.core.cpu.static import CPUManagerConfig, CPUPlanner, pool_change
+from eventsrc.core.cpu.static import CPUManagerConfig, CPUPlanner, CPUProvider, pool_change
 from eventsrc.core.devices.choice import (
-    Hint,
+    DeviceProvider,
     PreferredAsk,
     PreferredFailed,
     Refusal,
     ResourceState,
     changed_request,
-    container_hints,
-    plan_pod,
+    pod_request,
 )
 from eventsrc.core.devices.holds import holdings, release_events, remove_pod_events
 from eventsrc.core.devices.names import is_extended_resource_name
 from eventsrc.core.resources import qos_class
-from eventsrc.core.topology_manager import (
-    TOPOLOGY_AFFINITY_MESSAGE,
-    ProviderHints,
-    TopologyHint,
-    TopologyManager,
-)
+from eventsrc.core.topology_manager import HintProvider, TopologyAffinityError, TopologyManager, admit_and_allocate
 from eventsrc.errors import AdmissionRefused, NotFound
 from eventsrc.events import ContainerSpec
 from eventsrc.state.cpus import index_of as cpu_index_of
@@ -132,13 +127,6 @@ class AdmissionConfig:
 def device_requests(container: ContainerSpec) -> dict[str, int]:
     """Extended resources the container asks for (limits, as the kubelet reads them)."""
     return {k: int(v) for k, v in container.limits.items() if is_extended_resource_name(k) and int(v) > 0}
-
-
-def pod_request(containers: list[ContainerSpec], requests: Mapping[str, Mapping[str, int]], resource: str) -> int:
-    """The pod-level device count: the larger of the biggest init container and the rest."""
-    init = max((requests[c.name].get(resource, 0) for c in containers if c.kind == "init"), default=0)
-    rest = sum(requests[c.name].get(resource, 0) for c in containers if c.kind != "init")
-    return max(init, rest)
 
 
 # --------------------------------------------------------------------------- questions
@@ -283,29 +271,6 @@ def pod_difference(was: Pod, now: Pod) -> str | None:
     return _identity_difference(first, second) or _resources_difference(first, second)
 
 
-# --------------------------------------------------------------------------- topology manager
-
-
-class TopologyRefusal(Refusal):
-    """The topology manager's policy refused the merged hint (TopologyAffinityError)."""
-
-    def __init__(self, hint: TopologyHint, container: str) -> None:
-        super().__init__(TOPOLOGY_AFFINITY_MESSAGE)
-        self.hint = str(hint)
-        self.container = container
-
-
-def _cpu_provider(hints: list[tuple[list[int], bool]] | None) -> ProviderHints:
-    """The CPU manager as a hint provider: no exclusive CPUs, no preference (a nil map)."""
-    return None if hints is None else {"cpu": [TopologyHint.of(nodes, preferred) for nodes, preferred in hints]}
-
-
-def _device_provider(hints: dict[str, list[Hint] | None]) -> ProviderHints:
-    return {
-        r: None if h is None else [TopologyHint.of(sorted(x.nodes), x.preferred) for x in h] for r, h in hints.items()
-    }
-
-
 # --------------------------------------------------------------------------- one admission
 
 
@@ -395,21 +360,39 @@ class PodAdmission:
     def plan(self) -> Generator[PreferredAsk, list[str] | PreferredFailed, Refused | Intent]:
         """Devices and exclusive CPUs for every container, with the topology manager's say.
 
-        The device planner walks the containers; at each one it asks ``affinity_of``, which
-        merges the CPU and device hints (container scope), admits or rejects, and gives the
-        container its CPUs within the merged affinity, before its devices are chosen with
-        the same affinity, as the kubelet's providers allocate in order. The pod scope merges
-        the pod-level hints once, before the walk, and every container gets that affinity.
+        The topology manager's scope asks its hint providers, the CPU manager then the device
+        manager (the kubelet's order), for hints, merges them (per container, or once for the
+        pod), and has each provider allocate the container within the merged hint, container
+        by container (``topology_manager.admit_and_allocate``). The device manager yields
+        ``PreferredAsk`` when a plugin's preference is wanted. An extended resource that is
+        no device plugin's is left to the predicate (``fits``).
         """
+        devices = self._devices()
+        self._planned = set(devices.resources)
+        cpus = self._cpus()
+        providers: list[HintProvider[PreferredAsk, list[str] | PreferredFailed]] = [cpus, devices]
+        try:
+            yield from admit_and_allocate(self.config.topology, self.pod.containers, providers)
+        except TopologyAffinityError as refusal:
+            return self._refused(
+                str(refusal), container=refusal.container, hint=str(refusal.hint), pinning=cpus.pinning
+            )
+        except (Refusal, TakeError) as refusal:
+            return self._refused(str(refusal), pinning=cpus.pinning)
+        return self._intent(devices, cpus)
+
+    def _devices(self) -> DeviceProvider:
+        """The device manager for this pod, with the pod's device plugin resources (the
+        kubelet's isDevicePluginResource): those of a registered plugin ``find`` got options
+        for, and those whose plugin was dropped after its grace period while a pod still holds
+        their devices (``registered`` False: the topology manager gets their hints, then
+        devicesToAllocate refuses them); and what the pod holds already (a known pod admitted
+        again). The provider passes over the pod's other extended resources: the predicate's
+        (``fits``)."""
         views = self.views
-        uid = self.uid
         resources = {}
         index = index_of(views.devices)
         for resource in self._resources():
-            # The kubelet's isDevicePluginResource: a registered plugin's (find() got its
-            # options), or one whose plugin was dropped while a pod still holds its devices
-            # (devicesToAllocate refuses it, once the topology manager had its hints). The
-            # others are left to the predicate (fits()).
             r = index.resources.get(resource) or ResourceIndex()
             registered = resource in views.devices.plugins
             options = self._options.get(resource)
@@ -428,51 +411,23 @@ class PodAdmission:
                 healthy=r.healthy,
                 registered=registered,
             )
-        self._planned = set(resources)
-        requests = {c: {r: n for r, n in reqs.items() if r in resources} for c, reqs in self.requests.items()}
-        held = holdings(views, uid) if uid in views.pods.pods else {}
-        cpus = CPUPlanner(
-            self.config.cpus, views.cpus.assignments, uid, qos_class(self.pod.containers), cpu_index_of(views.cpus)
-        )
-        tm = self.config.topology
-        pinning: list[bool] = []
-        try:
-            pod_affinity = self._pod_affinity(resources, held, cpus) if tm.scope == "pod" else None
-        except TopologyRefusal as refusal:
-            return self._refused(str(refusal), hint=refusal.hint)
+        held = holdings(views, self.uid) if self.uid in views.pods.pods else {}
+        # The machine's NUMA nodes (as the topology manager got them), never the ids plugins
+        # report: hints are masks over these, as the kubelet's are.
+        numa_nodes = list(self.config.topology.numa_info.nodes)
+        return DeviceProvider(self.requests, resources, held, numa_nodes, self.uid)
 
-        def affinity_of(c: ContainerSpec, device_hints: dict[str, list[Hint] | None]) -> frozenset[int] | None:
-            nodes = pod_affinity
-            if tm.scope == "container":
-                best, admit = tm.policy.merge([_cpu_provider(cpus.hints(c)), _device_provider(device_hints)])
-                if not admit:
-                    raise TopologyRefusal(best, c.name)
-                nodes = best.nodes()
-            try:
-                step = cpus.allocate(c, nodes)
-            except TakeError as err:
-                pinning.append(True)
-                raise Refusal(str(err)) from None
-            if step is not None:  # the container asked for exclusive CPUs
-                pinning.append(False)
-            return frozenset(nodes) if nodes else None
+    def _cpus(self) -> CPUProvider:
+        """The CPU manager for this pod."""
+        cpus = self.views.cpus
+        qos = qos_class(self.pod.containers)
+        return CPUProvider(CPUPlanner(self.config.cpus, cpus.assignments, self.uid, qos, cpu_index_of(cpus)))
 
-        try:
-            plan = yield from plan_pod(
-                self.pod.containers,
-                requests,
-                resources,
-                held=held,
-                numa_nodes=self._machine_numa_nodes(),
-                pod_uid=uid,
-                affinity_of=affinity_of,
-                device_hints_needed=tm.scope == "container",
-            )
-        except TopologyRefusal as refusal:
-            return self._refused(str(refusal), container=refusal.container, hint=refusal.hint, pinning=pinning)
-        except Refusal as refusal:
-            return self._refused(str(refusal), pinning=pinning)
-
+    def _intent(self, devices: DeviceProvider, cpus: CPUProvider) -> Intent:
+        """What the providers planned, as the events to record before any call and the calls:
+        devices reserved, CPUs assigned (final with the intent: no plugin call) and the shared
+        pool without them, the claims' references and prepares; an Allocate per new step."""
+        uid = self.uid
         intent: list[ev._Event] = [ev.PodAdmissionStarted(pod=self.pod.pod, containers=self.pod.containers)]
         intent += [
             ev.DevicesReserved(
@@ -483,24 +438,30 @@ class PodAdmission:
                 choice=s.choice,
                 note=s.note,
             )
-            for s in plan.steps
+            for s in devices.plan.steps
         ]
-        # CPUs need no plugin call: their assignment is final with the intent.
-        intent += [
-            ev.CPUsAssigned(pod_uid=uid, container=s.container, cpus=s.cpus.sorted_list()) for s in cpus.steps if s.new
-        ]
-        if any(s.new for s in cpus.steps):
-            # the pool with this pod's CPUs as planned in place of any it had
-            after = cpu_index_of(views.cpus).assigned(without_pod=uid).union(*(s.cpus for s in cpus.steps))
-            intent += pool_change(self.config.cpus, views.cpus.shared, after, f"exclusive CPUs for pod {uid}")
-        claims = claim_admission_events(views, uid, [(c.ref, c.driver) for c in self.pod.claims])
+        intent += self._cpu_events(cpus.planner)
+        claims = claim_admission_events(self.views, uid, [(c.ref, c.driver) for c in self.pod.claims])
         intent += claims.events
         allocations = [
             AllocateCall(s.container, s.resource, s.device_ids, self._options[s.resource].pre_start_required)
-            for s in plan.steps
+            for s in devices.plan.steps
             if s.new
         ]
-        return Intent(intent, allocations, claims.work() if self.pod.claims else None, tuple(pinning))
+        return Intent(intent, allocations, claims.work() if self.pod.claims else None, tuple(cpus.pinning))
+
+    def _cpu_events(self, cpus: CPUPlanner) -> list[ev._Event]:
+        """CPUsAssigned per container that got new exclusive CPUs, then the shared pool with
+        this pod's CPUs as planned in place of any it had."""
+        uid = self.uid
+        new = [s for s in cpus.steps if s.new]
+        out: list[ev._Event] = [
+            ev.CPUsAssigned(pod_uid=uid, container=s.container, cpus=s.cpus.sorted_list()) for s in new
+        ]
+        if new:
+            after = cpu_index_of(self.views.cpus).assigned(without_pod=uid).union(*(s.cpus for s in cpus.steps))
+            out += pool_change(self.config.cpus, self.views.cpus.shared, after, f"exclusive CPUs for pod {uid}")
+        return out
 
     # ------------------------------------------------------------------ fits
 
@@ -518,34 +479,6 @@ class PodAdmission:
                     f"Node didn't have enough resource: {resource}, requested: {needed}, used: 0, capacity: 0"
                 )
         return None
-
-    def _machine_numa_nodes(self) -> list[int]:
-        # The machine's NUMA nodes (as the topology manager got them), never the ids plugins
-        # report: hints are masks over these, as the kubelet's are.
-        return list(self.config.topology.numa_info.nodes)
-
-    def _pod_affinity(
-        self,
-        resources: dict[str, ResourceState],
-        held: Mapping[tuple[str, str], list[str]],
-        cpus: CPUPlanner,
-    ) -> list[int] | None:
-        """The pod scope: one merge of the pod-level hints, for every container."""
-        containers = self.pod.containers
-        device_hints: dict[str, list[Hint] | None] = {}
-        for resource, state in resources.items():
-            n = pod_request(containers, self.requests, resource)
-            pod_held = [i for (_, r), ids in held.items() if r == resource for i in ids]
-            machine = self._machine_numa_nodes()
-            device_hints[resource] = container_hints(
-                state.table, pod_held, state.in_use, [], n, machine, free=state.free, everywhere=state.everywhere
-            )
-        best, admit = self.config.topology.policy.merge(
-            [_cpu_provider(cpus.pod_hints(containers)), _device_provider(device_hints)]
-        )
-        if not admit:
-            raise TopologyRefusal(best, "")
-        return best.nodes()
 
     # ------------------------------------------------------------------ settle
 

@@ -40,17 +40,30 @@ in the order given) and stops at the first rejection; ``pod_scope_admit`` merges
 hints once and gives every container the same hint. A rejection carries the kubelet's
 admission result: reason ``TopologyAffinityError``, message
 ``Resources cannot be allocated with Topology locality``, and the merged hint.
+
+Hint providers
+--------------
+``HintProvider`` is the kubelet's interface of the same name: a resource manager (the CPU
+manager, the device manager) gives hints for a container or for the whole pod, and allocates
+a container's resources with the hint the scope merged for it. ``admit_and_allocate`` is a
+scope's ``Admit`` with its ``allocateAlignedResources``: container by container, the hint,
+then every provider's allocation, in the providers' order. Allocation may need a question
+answered (the device manager asks a plugin for its preferred allocation): ``allocate`` is a
+generator that yields the question and receives the answer, and ``admit_and_allocate``
+passes both through.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from eventsrc.core.devices.names import go_quote
 from eventsrc.errors import EventsrcError
+from eventsrc.events import ContainerSpec
 
 # --------------------------------------------------------------------------- names and messages
 
@@ -547,6 +560,74 @@ def pod_scope_admit(
     if not admit:
         return _rejected({}, best, None)
     return Admission(admit=True, hints={name: best for name in container_names})
+
+
+# --------------------------------------------------------------------------- hint providers
+
+Ask = TypeVar("Ask")  # what a provider's allocation asks the shell (yields)
+Answer = TypeVar("Answer")  # and the answer it is given (receives)
+_Ask_co = TypeVar("_Ask_co", covariant=True)
+_Answer_contra = TypeVar("_Answer_contra", contravariant=True)
+
+
+class HintProvider(Protocol[_Ask_co, _Answer_contra]):
+    """``topologymanager.HintProvider``: one resource manager, for one pod."""
+
+    def topology_hints(self, container: ContainerSpec) -> ProviderHints:
+        """``GetTopologyHints``: the container's hints per resource, given what the
+        containers before it were allocated."""
+        ...
+
+    def pod_topology_hints(self, containers: list[ContainerSpec]) -> ProviderHints:
+        """``GetPodTopologyHints``: the pod's hints per resource (the pod scope)."""
+        ...
+
+    def allocate(self, container: ContainerSpec, hint: TopologyHint) -> Generator[_Ask_co, _Answer_contra, None]:
+        """``Allocate``: the container's resources, within ``hint`` (the merged hint the scope
+        stored for it). Raises an exception whose message is the kubelet's reason to refuse
+        the pod."""
+        ...
+
+
+class TopologyAffinityError(Exception):
+    """The policy refused a merged hint: the kubelet's ``TopologyAffinityError``, with the
+    hint and the container whose merge it was ("" for the pod scope's one merge)."""
+
+    def __init__(self, hint: TopologyHint, container: str) -> None:
+        super().__init__(TOPOLOGY_AFFINITY_MESSAGE)
+        self.hint = hint
+        self.container = container
+
+
+def _merged(policy: Policy, providers_hints: Sequence[ProviderHints], container: str) -> TopologyHint:
+    best, admit = policy.merge(providers_hints)
+    if not admit:
+        raise TopologyAffinityError(best, container)
+    return best
+
+
+def admit_and_allocate(
+    manager: TopologyManager, containers: list[ContainerSpec], providers: Sequence[HintProvider[Ask, Answer]]
+) -> Generator[Ask, Answer, None]:
+    """A scope's ``Admit`` with ``allocateAlignedResources``, over ``containers`` in admission
+    order (init containers first).
+
+    Each container's hint is, in the container scope, the merge of every provider's
+    ``topology_hints`` for it, asked after the containers before it were allocated; in the
+    pod scope, the one merge of the providers' ``pod_topology_hints``, before any container;
+    in the none scope, ``{nil, false}`` (nothing merged). Every provider then allocates the
+    container with that hint, in the providers' order. Raises TopologyAffinityError when the
+    policy refuses a merge; what a provider's ``allocate`` raises goes through.
+    """
+    pod_hint = TopologyHint(None, False)  # the none scope's, for every container
+    if manager.scope == SCOPE_POD:
+        pod_hint = _merged(manager.policy, [p.pod_topology_hints(containers) for p in providers], "")
+    for c in containers:
+        hint = pod_hint
+        if manager.scope == SCOPE_CONTAINER:
+            hint = _merged(manager.policy, [p.topology_hints(c) for p in providers], c.name)
+        for p in providers:
+            yield from p.allocate(c, hint)
 
 
 # --------------------------------------------------------------------------- topology_manager.go

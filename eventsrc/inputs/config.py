@@ -248,6 +248,7 @@ class Configuration(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     snapshot_every: Annotated[int, msgspec.Meta(ge=1)] = 10_000
     admission_wait: Duration = Duration.of_seconds(30)
     plugin_grace_period: Duration = Duration.of_seconds(300)
+    watch_stall_timeout: Duration = Duration.of_seconds(30)
     metrics_address: str = ""  # host:port; "" serves no metrics
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -289,6 +290,7 @@ FLAGS: Mapping[str, str] = {
     "snapshotEvery": "--snapshot-every",
     "admissionWait": "--admission-wait",
     "pluginGracePeriod": "--plugin-grace",
+    "watchStallTimeout": "--watch-stall-timeout",
     "metricsAddress": "--metrics-address",
     "logFormat": "--log-format",
     "logLevel": "--log-level",
@@ -507,6 +509,8 @@ def check(cfg: Configuration) -> None:
             "nriMode",
             ValueError("beside a kubelet (besideKubelet) NRI only observes: the kubelet decides; use observe"),
         )
+    if cfg.watch_stall_timeout.seconds <= 0:
+        raise wrap("watchStallTimeout", ValueError("must be more than 0"))
     if cfg.beside_kubelet_resync.seconds <= 0:
         raise wrap("besideKubeletResync", ValueError("must be more than 0"))
     endpoint = cfg.container_runtime_endpoint

@@ -28,6 +28,7 @@ the pod was never acknowledged, its devices go back.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -111,9 +112,15 @@ class Admission(Generic[D]):
     """Admission and removal (``eventsrc.api.node.Admitter``)."""
 
     def __init__(
-        self, recorder: Recorder, config: AdmissionConfig, devices: DevicePlugins, dra: ClaimDrivers[D]
+        self,
+        recorder: Recorder,
+        config: AdmissionConfig,
+        devices: DevicePlugins,
+        dra: ClaimDrivers[D],
+        deciding: Callable[[], AbstractContextManager[None]] = nullcontext,
     ) -> None:
         self.recorder = recorder
+        self.deciding = deciding  # around each admission and removal: readers of the history wait (api.readers)
         self.config = config
         self.devices = devices
         self.dra = dra
@@ -145,7 +152,10 @@ class Admission(Generic[D]):
             # The first caller went away before its admission had an answer: admit here.
         running = self._running[uid] = _Running(spec)
         try:
-            with correlation(new_correlation_id()) as cid:  # on every line logged and record appended for this pod
+            with (
+                self.deciding(),
+                correlation(new_correlation_id()) as cid,
+            ):  # on every line logged and record appended for this pod
                 running.answer = (await self._admit(spec), cid)
             return running.answer
         except AdmissionRefused as refused:
@@ -280,7 +290,7 @@ class Admission(Generic[D]):
         async with self._deciding:
             events = removal(views, self.config.cpus, uid, reason)
             pod = _copy(views.pods.pods[uid])
-            with correlation(new_correlation_id()) as cid, trio.CancelScope(shield=True):
+            with self.deciding(), correlation(new_correlation_id()) as cid, trio.CancelScope(shield=True):
                 records = await self.recorder.record(events)
         with correlation(cid):
             self.dra.kick()  # the claims left with no pod are to be unprepared

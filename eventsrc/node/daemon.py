@@ -30,7 +30,6 @@ Before any unix socket is served, the daemon records what the previous run left 
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import time
@@ -44,8 +43,9 @@ import trio_asyncio
 
 from eventsrc import __version__
 from eventsrc import events as ev
-from eventsrc.api.node import NodeService, status_response
+from eventsrc.api.node import History, NodeService, status_response
 from eventsrc.api.podresources import PodResourcesService
+from eventsrc.api.readers import WATCH_STALL, Turns
 from eventsrc.core.admission import AdmissionConfig
 from eventsrc.core.cpu.assignment import StaticPolicyOptions
 from eventsrc.core.cpu.cpuset import CPUSet
@@ -151,6 +151,7 @@ class Daemon:
         nri: NRIOptions | None = None,
         retention: Retention | None = None,
         beside: BesideOptions | None = None,
+        watch_stall: float = WATCH_STALL,
     ) -> None:
         self.layout = layout
         self.cpus = cpus or CPUManagerConfig("none", single_cpu_topology(), CPUSet(), StaticPolicyOptions())
@@ -186,8 +187,14 @@ class Daemon:
         # The one place the parts meet: each is handed what it uses (the daemon as a Recorder).
         self.devices = DeviceManager(self, layout.device_plugins, grace, self.topology.numa_info.nodes)
         self.dra = DRAManager(self)
+        # Readers of the history take turns, after the decisions (api.readers).
+        self.turns, self.watch_stall = Turns(), watch_stall
         self.admission = Admission(
-            self, AdmissionConfig(self.cpus, self.topology, admission_wait), self.devices, self.dra
+            self,
+            AdmissionConfig(self.cpus, self.topology, admission_wait),
+            self.devices,
+            self.dra,
+            deciding=self.turns.deciding,
         )
         self.nri = NRIPlugin(self, self.admission, self.cpus, nri) if nri is not None else None
         self.retainer = Retainer(self, log_, layout.archive, retention or Retention(), snapshot_every)
@@ -215,7 +222,8 @@ class Daemon:
             )
 
         read_only = READ_ONLY_BESIDE if self.beside is not None else ""
-        return NodeService(lambda: self.views, self.admission, status, self.records_from, read_only=read_only)
+        history = History(self.records_from, self.appended, self.turns, self.watch_stall)
+        return NodeService(lambda: self.views, self.admission, status, history, read_only=read_only)
 
     def pod_resources_service(self) -> PodResourcesService:
         return PodResourcesService(
@@ -224,25 +232,17 @@ class Daemon:
             metrics=self.metrics,
         )
 
-    async def records_from(
-        self, seq: int, limit: int = 512, wait: float = math.inf
-    ) -> list[Record | CorruptRecordError]:
+    def records_from(self, seq: int, limit: int) -> list[Record | CorruptRecordError]:
         """Up to ``limit`` records from ``seq``, or from the live log's start when ``seq`` is
-        before it (a retention cut took those: docs/adr/0018); when there are none yet, waits
-        for an append, up to ``wait`` seconds (an empty list then: the watcher asks again). A
-        Watch stream with nothing to send waits on the committer, not on a clock: grpclib
-        cancels it when its client goes."""
+        before it (a retention cut took those: docs/adr/0018)."""
+        start = max(seq, self.event_log.first_seq())
+        return list(self.event_log.records(start, start + limit - 1))
 
-        def read() -> list[Record | CorruptRecordError]:
-            start = max(seq, self.event_log.first_seq())
-            return list(self.event_log.records(start, start + limit - 1))
-
-        items = read()
-        if not items:
-            with trio.move_on_after(wait):
-                await self.committer.wait_appended()
-            items = read()
-        return items
+    async def appended(self, seq: int) -> None:
+        """Returns once the log holds ``seq``: a Watch stream with nothing to send waits on
+        the committer, not on a clock (grpclib cancels it when its client goes)."""
+        while self.event_log.last_seq() < seq:
+            await self.committer.wait_appended()
 
     async def apply_cpu_config(self) -> None:
         """Record what this start's CPU manager configuration changes (never refuses)."""
@@ -393,6 +393,7 @@ async def serve(
     nri: NRIOptions | None = None,
     retention: Retention | None = None,
     beside: BesideOptions | None = None,
+    watch_stall: float = WATCH_STALL,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT (or until cancelled).
@@ -442,6 +443,7 @@ async def serve(
             nri=nri,
             retention=retention,
             beside=beside,
+            watch_stall=watch_stall,
         )
         daemon.metrics.replayed(info.seconds, info.tail_records)
         last_ts = _last_record_ts(event_log, views) if beside is not None else None

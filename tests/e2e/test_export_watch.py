@@ -108,3 +108,48 @@ def test_watch_before_a_trimmed_logs_start_starts_there_and_says_what_it_skipped
         channel.close()
     assert [e.seq for e in got] == list(range(1601, 1601 + len(got)))
     assert [e.skipped_from for e in got] == [1] + [0] * (len(got) - 1)
+
+
+def test_a_watcher_that_stops_reading_is_cut_off_and_told_where_to_go_on_while_others_read_on(
+    root: Path, tmp_path: Path, daemon_factory
+) -> None:  # type: ignore[no-untyped-def]
+    """A history larger than a stream window (5,000 records). One watcher reads a record
+    and stops; another reads the whole history meanwhile, and an admission is decided: the
+    stalled one holds up neither. After --watch-stall-timeout the stalled stream is ended
+    with RESOURCE_EXHAUSTED naming the seq to watch again from: the one after the last it
+    was sent, so that nothing is lost between its two streams."""
+    layout = Layout(root)
+    layout.state.mkdir(parents=True)
+    log = EventLog(layout.log)
+    flaps(log, 5_000)
+    log.close()
+    d = daemon_factory("--watch-stall-timeout", "1s")
+    # no window grown by bandwidth probes: the stream's window stays its initial 64 KiB
+    channel = grpc.insecure_channel(unix_target(root / "eventsrc" / "api.sock"), options=[("grpc.http2.bdp_probe", 0)])
+    node = stubs("node/v1/node.proto").NodeStub(channel)
+    try:
+        stalled = node.Watch(pb.WatchRequest(from_seq=1), timeout=120)
+        assert next(stalled).seq == 1
+        reader = node.Watch(pb.WatchRequest(from_seq=1), timeout=120)
+        last = 0
+        for e in reader:
+            assert e.seq == last + 1
+            last = e.seq
+            if last == 5_000:
+                break
+        reader.cancel()
+        assert run_cli("admit", "-f", str(refused_pod(tmp_path)), root=root).returncode == 1  # decided, recorded
+        d.eventually(lambda: "watch stream cut off" in d.output(), "the stalled watcher to be cut off")
+        seqs = [1]
+        try:
+            for e in stalled:
+                seqs.append(e.seq)
+            raise AssertionError("the stalled watcher's stream ended without a status")
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+            details = err.details()
+    finally:
+        channel.close()
+    assert seqs == list(range(1, len(seqs) + 1))  # what it was sent, in order, before the end
+    assert 1 < len(seqs) < 5_000  # its window's worth, not the whole history
+    assert details.endswith(f"watch again from seq {len(seqs) + 1} to go on"), details

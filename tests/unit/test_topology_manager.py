@@ -17,6 +17,7 @@ resource -> list of hints (``None`` = nil list), or ``None`` for a nil map.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -33,8 +34,10 @@ from eventsrc.core.topology_manager import (
     ProviderHints,
     RestrictedPolicy,
     SingleNumaNodePolicy,
+    TopologyAffinityError,
     TopologyHint,
     TopologyManagerError,
+    admit_and_allocate,
     check_policy_option_available,
     container_scope_admit,
     filter_providers_hints,
@@ -50,6 +53,7 @@ from eventsrc.core.topology_manager import (
     parse_topology_manager,
     pod_scope_admit,
 )
+from eventsrc.events import ContainerSpec
 
 T, F = True, False
 ALL = "ALL"
@@ -1039,3 +1043,81 @@ def test_none_policy_scope() -> None:
     manager = parse_topology_manager("none", "pod", {"unknown-option": "x"}, list(range(16)))
     result = manager.admit(["a"], pod_hints=providers([{"r": []}]))
     assert manager.scope == "none" and result.admit and result.hints == {"a": TopologyHint(None, False)}
+
+
+# ============================================================================ hint providers (eventsrc's)
+
+
+class Provider:
+    """A hint provider that notes every call; its allocation asks one question and notes the
+    answer."""
+
+    def __init__(self, name: str, log: list[tuple[str, ...]], hints: dict[str, ProviderHints]) -> None:
+        self.name, self.log, self.hints = name, log, hints
+
+    def topology_hints(self, container: ContainerSpec) -> ProviderHints:
+        self.log.append((self.name, "hints", container.name))
+        return self.hints.get(container.name)
+
+    def pod_topology_hints(self, containers: list[ContainerSpec]) -> ProviderHints:
+        self.log.append((self.name, "pod hints"))
+        return self.hints.get("pod")
+
+    def allocate(self, container: ContainerSpec, hint: TopologyHint) -> Generator[str, str, None]:
+        answer = yield f"{self.name} {container.name}"
+        self.log.append((self.name, "allocate", container.name, str(hint), answer))
+
+
+def walk(scope: str, policy: str, hints: dict[str, ProviderHints]) -> tuple[list[tuple[str, ...]], object]:
+    """admit_and_allocate over an init and an app container with providers a and b; each
+    question is answered with itself, upper-cased."""
+    log: list[tuple[str, ...]] = []
+    manager = parse_topology_manager(policy, scope, {}, [0, 1])
+    containers = [ContainerSpec(name="init", kind="init"), ContainerSpec(name="app")]
+    gen = admit_and_allocate(manager, containers, [Provider("a", log, hints), Provider("b", log, {})])
+    try:
+        question = next(gen)
+        while True:
+            log.append(("asked", question))
+            question = gen.send(question.upper())
+    except StopIteration:
+        return log, None
+    except TopologyAffinityError as refused:
+        return log, (refused.container, str(refused.hint))
+
+
+ON_1 = {"cpu": [TopologyHint.of([1], True)]}
+
+
+def test_the_container_scope_asks_each_container_s_hints_after_the_containers_before_it_are_allocated() -> None:
+    log, refused = walk("container", "best-effort", {"init": ON_1, "app": ON_1})
+    assert refused is None
+    assert log == [
+        *[("a", "hints", "init"), ("b", "hints", "init")],
+        *[("asked", "a init"), ("a", "allocate", "init", "{10 true}", "A INIT")],
+        *[("asked", "b init"), ("b", "allocate", "init", "{10 true}", "B INIT")],
+        *[("a", "hints", "app"), ("b", "hints", "app")],
+        *[("asked", "a app"), ("a", "allocate", "app", "{10 true}", "A APP")],
+        *[("asked", "b app"), ("b", "allocate", "app", "{10 true}", "B APP")],
+    ]
+
+
+def test_the_pod_scope_merges_once_before_any_allocation_and_the_none_scope_never() -> None:
+    pod, _ = walk("pod", "single-numa-node", {"pod": ON_1})
+    assert pod[:2] == [("a", "pod hints"), ("b", "pod hints")]
+    assert [e[3] for e in pod[2:] if e[1] == "allocate"] == ["{10 true}"] * 4
+    none, _ = walk("container", "none", {"init": ON_1, "app": ON_1})
+    assert [e[1] for e in none if e[0] != "asked"] == ["allocate"] * 4
+    assert {e[3] for e in none if e[0] != "asked"} == {"{<nil> false}"}
+
+
+def test_a_refused_merge_names_its_container_and_allocates_nothing_more() -> None:
+    log, refused = walk("container", "restricted", {"init": ON_1, "app": {"cpu": []}})
+    assert refused == ("app", "{11 false}")
+    assert [e for e in log if e[1] == "allocate"] == [
+        ("a", "allocate", "init", "{10 true}", "A INIT"),
+        ("b", "allocate", "init", "{10 true}", "B INIT"),
+    ]
+    assert log[-2:] == [("a", "hints", "app"), ("b", "hints", "app")]
+    _, refused = walk("pod", "restricted", {"pod": {"cpu": []}})
+    assert refused == ("", "{11 false}")

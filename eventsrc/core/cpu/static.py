@@ -19,9 +19,9 @@ The shared pool is derived, never stored apart from its record in the log
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Generator, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import NoReturn, Protocol
 
 from eventsrc.core.cpu.assignment import (
     StaticPolicyOptions,
@@ -32,6 +32,7 @@ from eventsrc.core.cpu.assignment import (
 from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.core.cpu.topology import CPUTopology
 from eventsrc.core.resources import exclusive_cpus
+from eventsrc.core.topology_manager import ProviderHints, TopologyHint
 from eventsrc.events import (
     ContainerSpec,
     CPUsReleased,
@@ -372,3 +373,36 @@ def pod_cpu_request(planner: CPUPlanner, containers: list[ContainerSpec]) -> int
         else:
             apps += n
     return max(init_max, apps + sidecars)
+
+
+def _provider_hints(hints: list[tuple[list[int], bool]] | None) -> ProviderHints:
+    """No exclusive CPUs: no preference (a nil map)."""
+    return None if hints is None else {"cpu": [TopologyHint.of(nodes, preferred) for nodes, preferred in hints]}
+
+
+@dataclass
+class CPUProvider:
+    """The CPU manager for one pod, as the topology manager's hint provider (its
+    ``planner`` does the work). ``pinning`` has one entry per container that asked for
+    exclusive CPUs, in order: True when it could not get them (the allocation raised)."""
+
+    planner: CPUPlanner
+    pinning: list[bool] = field(default_factory=list)
+
+    def topology_hints(self, container: ContainerSpec) -> ProviderHints:
+        return _provider_hints(self.planner.hints(container))
+
+    def pod_topology_hints(self, containers: list[ContainerSpec]) -> ProviderHints:
+        return _provider_hints(self.planner.pod_hints(containers))
+
+    def allocate(self, container: ContainerSpec, hint: TopologyHint) -> Generator[NoReturn, object, None]:
+        """The container's CPUs within the hint's nodes; asks nothing. Raises TakeError
+        (CPUPolicyError, SMTAlignmentError) with the kubelet's message."""
+        try:
+            step = self.planner.allocate(container, hint.nodes())
+        except TakeError:
+            self.pinning.append(True)
+            raise
+        if step is not None:  # the container asked for exclusive CPUs
+            self.pinning.append(False)
+        yield from ()  # a generator, as every provider's allocation is

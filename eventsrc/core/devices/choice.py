@@ -19,9 +19,12 @@ Where the kubelet takes "any" device (a Go map's random order), eventsrc takes t
 a deterministic NUMA-packing order: devices on the fewest NUMA nodes that can hold the
 request first, then by natural device-id order. Same rules, repeatable choices.
 
-The planner is a generator: it yields a ``PreferredAsk`` whenever the plugin must be
-asked and receives the plugin's answer (a list of ids, or a ``PreferredFailed``). It
-returns the ``PodPlan``. No I/O happens here; the shell does the asking.
+``DeviceProvider`` is the device manager for one pod, as the topology manager's hint
+provider (``topology_manager.HintProvider``): a container's (or the pod's) hints, then a
+container's devices. Its allocation is a generator: it yields a ``PreferredAsk`` whenever
+the plugin must be asked and receives the plugin's answer (a list of ids, or a
+``PreferredFailed``); the steps go to its ``PodPlan``. ``plan_pod`` drives it alone over a
+pod. No I/O happens here; the shell does the asking.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import itertools
 from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from eventsrc.core.topology_manager import ProviderHints, TopologyHint
 from eventsrc.events import ContainerSpec
 from eventsrc.state.devices import DeviceSets, NumaSet, device_order, natural_key, numa_set
 from eventsrc.state.views import DeviceView
@@ -431,6 +435,118 @@ def _narrowest_holding(numa_nodes: list[int], per_set: Mapping[tuple[int, ...], 
     return frozenset()
 
 
+def pod_request(containers: list[ContainerSpec], requests: Mapping[str, Mapping[str, int]], resource: str) -> int:
+    """The pod-level device count: the larger of the biggest init container and the rest."""
+    init = max((requests[c.name].get(resource, 0) for c in containers if c.kind == "init"), default=0)
+    rest = sum(requests[c.name].get(resource, 0) for c in containers if c.kind != "init")
+    return max(init, rest)
+
+
+@dataclass
+class DeviceProvider:
+    """The device manager for one pod, as the topology manager's hint provider: hints for a
+    container (or the pod), then its devices, container by container in admission order.
+
+    ``requests[container][resource]`` is the device count; ``resources`` the device plugin
+    resources (the kubelet's isDevicePluginResource: a registered plugin's, or one dropped
+    while a pod still holds its devices, ``registered`` False); ``held`` what each
+    (container, resource) already holds; ``numa_nodes`` the machine's. A request for any
+    other resource is no device manager's: it gives no hint for it and allocates nothing (the
+    kubelet's predicate admit handler has it). What the pod takes as it goes is added to each
+    resource's ``in_use``, and ``plan`` gets a step per (container, resource).
+    """
+
+    requests: Mapping[str, Mapping[str, int]]
+    resources: Mapping[str, ResourceState]
+    held: Mapping[tuple[str, str], list[str]]
+    numa_nodes: list[int]
+    pod_uid: str = ""
+    plan: PodPlan = field(default_factory=PodPlan, init=False)
+    _reusable: dict[str, set[str]] = field(default_factory=dict, init=False)  # devicesToReuse, per resource
+
+    def hints(self, c: ContainerSpec) -> dict[str, list[Hint] | None]:
+        """GetTopologyHints: per device plugin resource the container asks for."""
+        out: dict[str, list[Hint] | None] = {}
+        for resource, required in sorted(self.requests.get(c.name, {}).items()):
+            if resource in self.resources:
+                st = self.resources[resource]
+                out[resource] = container_hints(
+                    st.table,
+                    self.held.get((c.name, resource), []),
+                    st.in_use,
+                    self._reusable.get(resource, set()),
+                    required,
+                    self.numa_nodes,
+                    free=st.free,
+                    everywhere=st.every_set(),
+                )
+        return out
+
+    def pod_hints(self, containers: list[ContainerSpec]) -> dict[str, list[Hint] | None]:
+        """GetPodTopologyHints: per resource, the pod-level count, with every device a
+        container of the pod holds."""
+        out: dict[str, list[Hint] | None] = {}
+        for resource, st in self.resources.items():
+            n = pod_request(containers, self.requests, resource)
+            pod_held = [i for (_, r), ids in self.held.items() if r == resource for i in ids]
+            out[resource] = container_hints(
+                st.table, pod_held, st.in_use, [], n, self.numa_nodes, free=st.free, everywhere=st.every_set()
+            )
+        return out
+
+    def topology_hints(self, container: ContainerSpec) -> ProviderHints:
+        return _provider_hints(self.hints(container))
+
+    def pod_topology_hints(self, containers: list[ContainerSpec]) -> ProviderHints:
+        return _provider_hints(self.pod_hints(containers))
+
+    def allocate(
+        self, container: ContainerSpec, hint: TopologyHint
+    ) -> Generator[PreferredAsk, list[str] | PreferredFailed, None]:
+        """Allocate (allocateContainerResources): the container's devices, device plugin
+        resource by resource, within the hint's nodes."""
+        nodes = hint.nodes()
+        affinity = frozenset(nodes) if nodes else None
+        for resource in sorted(self.requests.get(container.name, {})):
+            if resource in self.resources:  # isDevicePluginResource
+                yield from self.allocate_resource(container, resource, affinity)
+
+    def allocate_resource(
+        self, c: ContainerSpec, resource: str, affinity: frozenset[int] | None
+    ) -> Generator[PreferredAsk, list[str] | PreferredFailed, None]:
+        """One resource of the container: devicesToAllocate (a resource with no state here
+        has no healthyDevices entry: unregistered), then the devices it took count as in
+        use, and an init container's are there for the containers after it."""
+        if resource not in self.resources:
+            raise Refusal(unregistered(resource))
+        state = self.resources[resource]
+        reusable = self._reusable.setdefault(resource, set())
+        step = yield from _devices_to_allocate(
+            c.name,
+            resource,
+            self.requests[c.name][resource],
+            state,
+            list(self.held.get((c.name, resource), [])),
+            reusable,
+            affinity,
+            self.numa_nodes,
+            self.pod_uid,
+        )
+        self.plan.steps.append(step)
+        state.in_use.update(step.device_ids)
+        ids = set(step.device_ids)
+        if c.kind == "init":
+            reusable |= ids
+        else:
+            reusable -= ids
+
+
+def _provider_hints(hints: Mapping[str, list[Hint] | None]) -> ProviderHints:
+    return {
+        r: None if h is None else [TopologyHint.of(sorted(x.nodes), x.preferred) for x in h] for r, h in hints.items()
+    }
+
+
 def plan_pod(
     containers: list[ContainerSpec],
     requests: Mapping[str, Mapping[str, int]],
@@ -440,71 +556,29 @@ def plan_pod(
     numa_nodes: list[int] | None = None,
     pod_uid: str = "",
     affinity_of: AffinityOf | None = None,
-    device_hints_needed: bool = True,
 ) -> Generator[PreferredAsk, list[str] | PreferredFailed, PodPlan]:
-    """Plan every container's devices, in admission order (init containers first).
+    """Plan every container's devices, in admission order (init containers first): the
+    device manager alone, with the ``DeviceProvider``.
 
-    ``requests[container][resource]`` is the device count; ``held`` what each
-    (container, resource) already holds; ``hints`` the topology manager's NUMA affinity
-    for each (container, resource), None for no preference. With ``affinity_of``, the
-    topology manager is asked instead, container by container, with this container's
-    device hints computed after the previous containers got theirs (its container scope);
-    it returns the container's NUMA affinity or raises Refusal. Without
-    ``device_hints_needed`` (no merge per container: the pod scope merged once already, and
-    the none policy, like the kubelet's admitPolicyNone, merges nothing) ``affinity_of``
-    gets no device hints. Raises Refusal.
+    ``hints`` is the topology manager's NUMA affinity for each (container, resource), None
+    for no preference. With ``affinity_of``, the topology manager is asked instead,
+    container by container, with this container's device hints computed after the previous
+    containers got theirs (its container scope); it returns the container's NUMA affinity
+    or raises Refusal. Raises Refusal.
     """
-    held = held or {}
     hints = hints or {}
     nodes_all = (
         numa_nodes
         if numa_nodes is not None
         else sorted({n for r in resources.values() for nodes in r.every_set() for n in nodes})
     )
-    plan = PodPlan()
-    pool: dict[str, set[str]] = {}  # devicesToReuse, per resource
+    devices = DeviceProvider(requests, resources, held or {}, nodes_all, pod_uid)
     for c in containers:
-        container_affinity: frozenset[int] | None = None
-        if affinity_of is not None:
-            device_hints: dict[str, list[Hint] | None] = {}
-            for resource, required in sorted(requests.get(c.name, {}).items()) if device_hints_needed else ():
-                if resource in resources:
-                    st = resources[resource]
-                    device_hints[resource] = container_hints(
-                        st.table,
-                        held.get((c.name, resource), []),
-                        st.in_use,
-                        pool.get(resource, set()),
-                        required,
-                        nodes_all,
-                        free=st.free,
-                        everywhere=st.every_set(),
-                    )
-            container_affinity = affinity_of(c, device_hints)
+        container_affinity = None if affinity_of is None else affinity_of(c, devices.hints(c))
         for resource in sorted(requests.get(c.name, {})):
-            required = requests[c.name][resource]
-            if resource not in resources:
-                raise Refusal(unregistered(resource))
-            state = resources[resource]
-            step = yield from _devices_to_allocate(
-                c.name,
-                resource,
-                required,
-                state,
-                list(held.get((c.name, resource), [])),
-                pool.setdefault(resource, set()),
-                container_affinity if affinity_of is not None else hints.get((c.name, resource)),
-                nodes_all,
-                pod_uid,
-            )
-            plan.steps.append(step)
-            state.in_use.update(step.device_ids)
-            ids = set(step.device_ids)
-            if c.kind == "init":
-                pool[resource] |= ids
-            else:
-                pool[resource] -= ids
-    return plan
+            affinity = container_affinity if affinity_of is not None else hints.get((c.name, resource))
+            yield from devices.allocate_resource(c, resource, affinity)
+    return devices.plan
 
 
 def _devices_to_allocate(
