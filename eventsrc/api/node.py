@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,7 +20,7 @@ from grpclib.server import Stream
 from eventsrc import __version__
 from eventsrc import events as ev
 from eventsrc.api.podresources import SeqCache, element
-from eventsrc.api.readers import CHUNK, Turns
+from eventsrc.api.readers import CHUNK, Stalls, Turns
 from eventsrc.core.claims import cdi_devices
 from eventsrc.core.retention import RetentionReport
 from eventsrc.errors import AdmissionRefused, BadRequest, EventsrcError, NotFound
@@ -325,6 +326,10 @@ class NodeService(NodeBase):
         self._history = history
         self._pods = PodsCache()
 
+    def _deciding(self) -> AbstractContextManager[None]:
+        """From a decision's request to its answer: readers of the history wait (api.readers)."""
+        return self._history.turns.deciding() if self._history is not None else nullcontext()
+
     async def Watch(self, stream: Stream[pb.WatchRequest, pb.WatchEvent]) -> None:
         req = await stream.recv_message()
         assert req is not None
@@ -332,20 +337,38 @@ class NodeService(NodeBase):
         if h is None:
             raise GRPCError(Status.UNIMPLEMENTED, "this daemon does not serve its history")
         seq = max(1, req.from_seq)
-        while True:
-            turn = await to_trio(h.turns.take)()  # api.readers: one reader at a time, decisions first
+        task = asyncio.current_task()
+        assert task is not None  # a handler runs in one
+        with h.stalls.watching(task) as sending:
             try:
-                batch = h.read(seq, CHUNK)
-                for item in batch:
-                    event = watch_event(item)
-                    if item.seq > seq:  # seq.. left the live log before they were sent: said, not skipped silently
-                        event.skipped_from = seq
-                    await _send_or_cut_off(stream, event, h.stall, seq)
-                    seq = item.seq + 1
-            finally:
-                h.turns.done(turn)
-            if not batch:
-                await to_trio(h.appended)(seq)
+                while True:
+                    turn = await to_trio(h.turns.take)()  # api.readers: one reader at a time, decisions first
+                    try:
+                        batch = h.read(seq, CHUNK)
+                        for item in batch:
+                            if not h.turns.holds(turn):
+                                break  # its turn passed on while a send waited on the client: take another
+                            event = watch_event(item)
+                            if item.seq > seq:  # seq.. left the live log before they were sent: said, not skipped
+                                event.skipped_from = seq
+                            sending.since = h.stalls.now()
+                            await stream.send_message(event)
+                            sending.since = None
+                            seq = item.seq + 1
+                    finally:
+                        h.turns.done(turn)
+                    if not batch:
+                        await to_trio(h.appended)(seq)
+            except asyncio.CancelledError:
+                if not sending.cut_off:
+                    raise
+                task.uncancel()
+        log.warning("watch stream cut off: its client read nothing", stall_s=h.stalls.stall, next_seq=seq)
+        raise GRPCError(
+            Status.RESOURCE_EXHAUSTED,
+            f"this watcher read nothing for {h.stalls.stall:g} s with its stream's window full; "
+            f"watch again from seq {seq} to go on",
+        )
 
     async def Status(self, stream: Stream[pb.StatusRequest, pb.StatusResponse]) -> None:
         req = await stream.recv_message()
@@ -357,28 +380,30 @@ class NodeService(NodeBase):
         assert req is not None
         if self._read_only:
             raise GRPCError(Status.FAILED_PRECONDITION, self._read_only)
-        try:
-            spec = pod_from_proto(req.pod, list(req.claims))
-            pod, cid = await to_trio(self._admitter.admit)(spec)
-        except EventsrcError as err:
-            raise _grpc_error(err) from None
-        views = self._views()
-        await stream.send_message(pod_info(pod, correlation_id=cid, shared=views.cpus.shared, views=views))
+        with self._deciding():
+            try:
+                spec = pod_from_proto(req.pod, list(req.claims))
+                pod, cid = await to_trio(self._admitter.admit)(spec)
+            except EventsrcError as err:
+                raise _grpc_error(err) from None
+            views = self._views()
+            await stream.send_message(pod_info(pod, correlation_id=cid, shared=views.cpus.shared, views=views))
 
     async def Remove(self, stream: Stream[pb.RemoveRequest, pb.PodInfo]) -> None:
         req = await stream.recv_message()
         assert req is not None
         if self._read_only:
             raise GRPCError(Status.FAILED_PRECONDITION, self._read_only)
-        try:
-            # a uid goes to the admitter as it is: it knows the pods whose admission runs
-            uid = req.pod.uid or find_pod(self._views(), req.pod).uid
-            pod, cid, removed_seq = await to_trio(self._admitter.remove)(uid)
-        except EventsrcError as err:
-            raise _grpc_error(err) from None
-        info = pod_info(pod, state="removed", correlation_id=cid)
-        info.removed_seq = removed_seq
-        await stream.send_message(info)
+        with self._deciding():
+            try:
+                # a uid goes to the admitter as it is: it knows the pods whose admission runs
+                uid = req.pod.uid or find_pod(self._views(), req.pod).uid
+                pod, cid, removed_seq = await to_trio(self._admitter.remove)(uid)
+            except EventsrcError as err:
+                raise _grpc_error(err) from None
+            info = pod_info(pod, state="removed", correlation_id=cid)
+            info.removed_seq = removed_seq
+            await stream.send_message(info)
 
     async def ListPods(self, stream: Stream[pb.ListPodsRequest, pb.ListPodsResponse]) -> None:
         await stream.recv_message()
@@ -416,26 +441,7 @@ class History:
     #: returns once the log holds ``seq`` (a trio function)
     appended: Callable[[int], Awaitable[None]]
     turns: Turns
-    #: seconds a watcher's send may wait on its client before the watcher is cut off
-    stall: float
-
-
-async def _send_or_cut_off(
-    stream: Stream[pb.WatchRequest, pb.WatchEvent], event: pb.WatchEvent, stall: float, seq: int
-) -> None:
-    """Send ``event``, or end the stream with RESOURCE_EXHAUSTED when it waits ``stall``
-    seconds on its client: what the client has not read (its stream's window, at most) is all
-    that is kept for it, and it is told where to start again."""
-    try:
-        async with asyncio.timeout(stall):
-            await stream.send_message(event)
-    except TimeoutError:
-        log.warning("watch stream cut off: its client read nothing", stall_s=stall, next_seq=seq)
-        raise GRPCError(
-            Status.RESOURCE_EXHAUSTED,
-            f"this watcher read nothing for {stall:g} s with its stream's window full; "
-            f"watch again from seq {seq} to go on",
-        ) from None
+    stalls: Stalls
 
 
 def watch_event(item: Record | CorruptRecordError) -> pb.WatchEvent:

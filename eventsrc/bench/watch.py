@@ -27,6 +27,7 @@ from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from eventsrc.bench.harness import (
+    cpu_seconds,
     one_device_pod,
     pct,
     rss_bytes,
@@ -49,11 +50,11 @@ RSS_BOUND = 100 * 1024 * 1024
 
 
 def watchers_main() -> None:
-    """The watchers (argv: the node API socket, the watchers per kind, the slow readers' delay
-    in ms). Prints ``open`` once every stream has its first message (the stalled ones: once
+    """The watchers (argv: the node API socket, the watchers, the slow readers' delay in ms;
+    the kinds in turn). Prints ``open`` once every stream has its first message (the stalled ones: once
     asked); then each line read on stdin is answered with one line per kind: the kind, the
     records read, the streams ended by the daemon and the first ending's status."""
-    api, per_kind, slow_ms = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    api, n, slow_ms = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     read = dict.fromkeys(KINDS, 0)
     ended: dict[str, list[str]] = {k: [] for k in KINDS}
     opened = 0
@@ -67,7 +68,7 @@ def watchers_main() -> None:
                 await stream.send_message(pb.WatchRequest(from_seq=1))
                 if kind == "stalled":
                     opened += 1
-                    if opened == 3 * per_kind:
+                    if opened == n:
                         all_open.set()
                     await stream.recv_trailing_metadata()  # headers are not flow controlled: the daemon's verdict
                     ended[kind].append(f"{stream.trailing_metadata}")
@@ -82,7 +83,7 @@ def watchers_main() -> None:
                     if first:
                         first = False
                         opened += 1
-                        if opened == 3 * per_kind:
+                        if opened == n:
                             all_open.set()
                     if kind == "slow":
                         await asyncio.sleep(slow_ms / 1000)
@@ -95,7 +96,7 @@ def watchers_main() -> None:
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        tasks = [asyncio.create_task(watcher(k)) for k in KINDS for _ in range(per_kind)]
+        tasks = [asyncio.create_task(watcher(KINDS[i % len(KINDS)])) for i in range(n)]
         await all_open.wait()
         print("open", flush=True)
         while True:
@@ -114,10 +115,10 @@ def watchers_main() -> None:
 class Watchers:
     """The watchers' process."""
 
-    def __init__(self, api: Path, per_kind: int, slow_ms: float) -> None:
+    def __init__(self, api: Path, n: int, slow_ms: float) -> None:
         code = "from eventsrc.bench.watch import watchers_main; watchers_main()"
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", code, str(api), str(per_kind), str(slow_ms)],
+            [sys.executable, "-c", code, str(api), str(n), str(slow_ms)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
@@ -175,13 +176,30 @@ class Phase:
     name: str
     latencies: list[float]
     rss: int
+    cpu: float  # the daemon's CPU over the phase, as a share of one core
+    others: float = 0.0  # the watchers' process's
 
     def row(self, idle_p50: float) -> str:
         p50 = statistics.median(self.latencies)
         return (
             f"{self.name:<22} {p50 * 1e3:>9.2f} {pct(self.latencies, 0.9) * 1e3:>9.2f} "
-            f"{max(self.latencies) * 1e3:>9.2f} {p50 / idle_p50:>7.2f} {self.rss / 2**20:>9.1f}"
+            f"{max(self.latencies) * 1e3:>9.2f} {p50 / idle_p50:>7.2f} {self.rss / 2**20:>9.1f} "
+            f"{self.cpu:>7.2f} {self.others:>9.2f}"
         )
+
+
+class CPU:
+    """The CPU a process used since the last look, as a share of one core."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.start()
+
+    def start(self) -> None:
+        self.c, self.t = cpu_seconds(self.pid), time.perf_counter()
+
+    def share(self) -> float:
+        return (cpu_seconds(self.pid) - self.c) / (time.perf_counter() - self.t)
 
 
 async def _admit_remove(stub: NodeStub, n: int, start: int) -> list[float]:
@@ -215,7 +233,6 @@ async def _fill(stub: NodeStub, records: int, out: IO[str]) -> int:
 def run_watch_bench(
     records: int, watchers: int, samples: int, slow_ms: float, workdir: Path | None, out: IO[str] = sys.stdout
 ) -> list[Phase]:
-    per_kind = max(1, watchers // len(KINDS))
     with tempfile.TemporaryDirectory(prefix="eventsrc-bench-watch-", dir=workdir) as tmp_name:
         tmp = Path(tmp_name)
         root = tmp / "r"
@@ -224,7 +241,7 @@ def run_watch_bench(
             start_daemon_and_plugin(tmp, root, 8, procs)
             daemon = procs[0]
             api = root / "eventsrc" / "api.sock"
-            return asyncio.run(_phases(daemon, root, tmp, api, records, per_kind, samples, slow_ms, out))
+            return asyncio.run(_phases(daemon, root, tmp, api, records, watchers, samples, slow_ms, out))
         finally:
             stop(procs)
 
@@ -235,7 +252,7 @@ async def _phases(
     tmp: Path,
     api: Path,
     records: int,
-    per_kind: int,
+    watchers: int,
     samples: int,
     slow_ms: float,
     out: IO[str],
@@ -247,29 +264,38 @@ async def _phases(
         used = await _fill(stub, records, out)
         last = (await stub.Status(pb.StatusRequest(), timeout=30)).last_seq
         out.write(f"\rthe log: {last:,} records{' ' * 30}\n")
-        idle = Phase("idle", await _admit_remove(stub, samples, used), rss_bytes(daemon.pid))
+        cpu = CPU(daemon.pid)
+        idle = Phase("idle", await _admit_remove(stub, samples, used), rss_bytes(daemon.pid), cpu.share())
         used += samples
         peak = PeakRSS(daemon.pid)
-        w = Watchers(api, per_kind, slow_ms)
+        w = Watchers(api, watchers, slow_ms)
         try:
             t = time.perf_counter()
             w.wait_open()
-            out.write(f"{3 * per_kind} watchers open in {time.perf_counter() - t:.1f} s\n")
+            out.write(f"{watchers} watchers open in {time.perf_counter() - t:.1f} s\n")
+            cpu.start()
+            theirs = CPU(w.proc.pid)
             during = await _admit_remove(stub, samples, used)
             used += samples
+            daemon_cpu, their_cpu = cpu.share(), theirs.share()
             seen = w.progress()
         finally:
             w.close()
-        watching = Phase(f"{3 * per_kind} watchers", during, peak.close())
-        after = Phase("after they went", await _admit_remove(stub, samples, used), rss_bytes(daemon.pid))
+        watching = Phase(f"{watchers} watchers", during, peak.close(), daemon_cpu, their_cpu)
+        cpu.start()
+        after_latencies = await _admit_remove(stub, samples, used)
+        after = Phase("after they went", after_latencies, rss_bytes(daemon.pid), cpu.share())
     finally:
         channel.close()
     idle_p50 = statistics.median(idle.latencies)
     out.write(f"one-device admissions, {samples} per phase, each removed again; pid {os.getpid()}\n")
-    out.write(f"{'phase':<22} {'p50 ms':>9} {'p90 ms':>9} {'max ms':>9} {'× idle':>7} {'RSS MiB':>9}\n")
+    out.write(
+        f"{'phase':<22} {'p50 ms':>9} {'p90 ms':>9} {'max ms':>9} {'× idle':>7} {'RSS MiB':>9} {'CPU':>7} "
+        f"{'watchers':>9}\n"
+    )
     for phase in (idle, watching, after):
         out.write(phase.row(idle_p50) + "\n")
-    out.write(f"\nwhile the admissions ran ({per_kind} watchers of each kind, from seq 1 of {last:,}):\n")
+    out.write(f"\nwhile the admissions ran (the watchers' kinds in turn, from seq 1 of {last:,}):\n")
     for kind, (n, ends, status) in seen.items():
         told = f"; {ends} ended by the daemon, the first: {status}" if ends else ""
         out.write(f"  {kind:<8} {n:>10,} records read{told}\n")

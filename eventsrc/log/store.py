@@ -517,7 +517,11 @@ class EventLog:
         to or past the next record wanted (``from_seq`` first), instead of going on after it."""
         start = seq_key(max(from_seq, self.first_seq()))
         while True:
-            chunk, base_seq = self._chunk(start)
+            # no more than asked for is read (a reader of a few records pays for a few)
+            n = READ_CHUNK if until_seq is None else min(READ_CHUNK, until_seq - key_seq(start) + 1)
+            if n <= 0:
+                return
+            chunk, base_seq = self._chunk(start, n)
             if strict and base_seq >= key_seq(start):
                 raise LogCutWhileReadingError(key_seq(start), base_seq)
             if not chunk:
@@ -530,12 +534,12 @@ class EventLog:
                         yield chunk
                     return
             yield chunk
-            if len(chunk) < READ_CHUNK:
+            if len(chunk) < n:
                 return
             start = seq_key(key_seq(chunk[-1][0]) + 1)
 
-    def _chunk(self, start: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
-        """Up to READ_CHUNK (key, value) pairs from key ``start``, and the base they were read
+    def _chunk(self, start: bytes, n: int = READ_CHUNK) -> tuple[list[tuple[bytes, bytes]], int]:
+        """Up to ``n`` (key, value) pairs from key ``start``, and the base they were read
         under, in one read transaction."""
         chunk: list[tuple[bytes, bytes]] = []
         try:
@@ -547,7 +551,7 @@ class EventLog:
                     return chunk, base_seq
                 for kv in cur:
                     chunk.append(kv)  # type: ignore[arg-type]  # bytes: buffers=False
-                    if len(chunk) >= READ_CHUNK:
+                    if len(chunk) >= n:
                         break
         except (lmdb.Error, msgspec.MsgspecError) as exc:
             raise DamagedLogError(f"the event log file {self.path / 'data.mdb'} is damaged: {exc}") from None

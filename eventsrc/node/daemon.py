@@ -10,6 +10,9 @@
       │                              rpc/bridge.serve_unix); one task per plugin endpoint
       ├─ DRAManager.run              finishes claim work (prepare, unprepare) when kicked, retries
       ├─ PluginWatcher.run           plugins_registry/: DRA drivers and device plugins register
+      ├─ Turns.run, Stalls.run       give Watch streams their turns to read the history, after
+      │                              the decisions; cut off those whose client reads nothing
+      │                              (api/readers.py)
       ├─ serve_unix(NodeService)     eventsrc/api.sock, mode 0600 (api/node.py): admit, remove,
       │                              list pods, watch; admission is node/admission.py asking
       │                              core/admission.py for its decisions
@@ -45,7 +48,7 @@ from eventsrc import __version__
 from eventsrc import events as ev
 from eventsrc.api.node import History, NodeService, status_response
 from eventsrc.api.podresources import PodResourcesService
-from eventsrc.api.readers import WATCH_STALL, Turns
+from eventsrc.api.readers import WATCH_STALL, Stalls, Turns
 from eventsrc.core.admission import AdmissionConfig
 from eventsrc.core.cpu.assignment import StaticPolicyOptions
 from eventsrc.core.cpu.cpuset import CPUSet
@@ -188,7 +191,7 @@ class Daemon:
         self.devices = DeviceManager(self, layout.device_plugins, grace, self.topology.numa_info.nodes)
         self.dra = DRAManager(self)
         # Readers of the history take turns, after the decisions (api.readers).
-        self.turns, self.watch_stall = Turns(), watch_stall
+        self.turns, self.stalls = Turns(), Stalls(watch_stall)
         self.admission = Admission(
             self,
             AdmissionConfig(self.cpus, self.topology, admission_wait),
@@ -222,7 +225,7 @@ class Daemon:
             )
 
         read_only = READ_ONLY_BESIDE if self.beside is not None else ""
-        history = History(self.records_from, self.appended, self.turns, self.watch_stall)
+        history = History(self.records_from, self.appended, self.turns, self.stalls)
         return NodeService(lambda: self.views, self.admission, status, history, read_only=read_only)
 
     def pod_resources_service(self) -> PodResourcesService:
@@ -470,6 +473,8 @@ async def serve(
                     begun = start_events(daemon.views, last_ts, time.time_ns(), daemon.nri is not None, stopped_cleanly)
                     if begun:
                         await daemon.record(begun)
+                nursery.start_soon(daemon.turns.run)
+                nursery.start_soon(daemon.stalls.run)
                 await nursery.start(serve_unix, [daemon.node_service()], layout.api_socket, 0o600)
                 if daemon.beside is None:
                     # 0o755 as the kubelet's, under the usual umask 022: only its owner connects

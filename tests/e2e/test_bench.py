@@ -205,3 +205,17 @@ def test_a_bench_stopped_by_sigterm_stops_what_it_started(tmp_path: Path) -> Non
         for pid in started:  # only what this test's bench started, by pid
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_bench_watch_prints_its_figures() -> None:
+    proc = run_cli("bench", "watch", "--records", "300", "--watchers", "6", "--samples", "5", timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for phase in ("idle", "6 watchers", "after they went"):
+        assert re.search(rf"^{phase} +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$", out, re.M), out
+    # every kind was opened, and those that read, read from the first record on
+    read = {
+        m[1]: int(m[2].replace(",", "")) for m in re.finditer(r"^  (fast|slow|stalled) +([0-9,]+) records", out, re.M)
+    }
+    assert read.keys() == {"fast", "slow", "stalled"} and read["fast"] > 0 and read["stalled"] == 0, out
+    assert "admission p50 with the watchers:" in out and "RSS after the watchers went:" in out, out

@@ -2,74 +2,131 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
+import pytest
 import trio
 import trio.testing
 
-from eventsrc.api.readers import Turns
+from eventsrc.api.readers import Stalls, Turns
 
 
-async def test_one_reader_at_a_time_the_next_when_the_turn_is_given_back() -> None:
-    turns = Turns(lease=3600)
-    first = await turns.take()
-    got: list[object] = []
-
-    async def second() -> None:
-        got.append(await turns.take())
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(second)
-        await trio.testing.wait_all_tasks_blocked()
-        assert got == []  # parked while the first holds its turn
-        turns.done(first)
-        await trio.testing.wait_all_tasks_blocked()
-        assert len(got) == 1 and got[0] is not first
-    assert turns.given == 2
+@pytest.fixture
+async def nursery() -> AsyncIterator[trio.Nursery]:
+    async with trio.open_nursery() as n:
+        yield n
+        n.cancel_scope.cancel()
 
 
-async def test_no_turn_starts_while_a_decision_runs() -> None:
-    turns = Turns(patience=3600)
+async def given(turns: Turns, nursery: trio.Nursery) -> list[object]:
+    """A reader asking for a turn: the list its token lands in."""
     got: list[object] = []
 
     async def reader() -> None:
         got.append(await turns.take())
 
-    async with trio.open_nursery() as nursery:
-        with turns.deciding():
-            nursery.start_soon(reader)
-            await trio.testing.wait_all_tasks_blocked()
-            with turns.deciding():  # two at once: the turn waits for both
-                pass
-            await trio.testing.wait_all_tasks_blocked()
-            assert got == []
-        await trio.testing.wait_all_tasks_blocked()
-        assert len(got) == 1
+    nursery.start_soon(reader)
+    await trio.testing.wait_all_tasks_blocked()
+    return got
 
 
-async def test_a_reader_kept_waiting_by_decisions_takes_a_turn_after_its_patience(autojump_clock) -> None:  # type: ignore[no-untyped-def]
+async def test_one_reader_at_a_time_in_the_order_they_asked(nursery: trio.Nursery) -> None:
+    turns = Turns(lease=3600)
+    nursery.start_soon(turns.run)
+    first = await turns.take()
+    second = await given(turns, nursery)
+    third = await given(turns, nursery)
+    assert second == third == []  # waiting while the first holds its turn
+    turns.done(first)
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(second) == 1 and second[0] is not first and third == []
+    turns.done(second[0])
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(third) == 1
+    assert turns.given == 3
+
+
+async def test_while_decisions_run_one_turn_per_patience(nursery: trio.Nursery, autojump_clock) -> None:  # type: ignore[no-untyped-def]
     turns = Turns(patience=0.1)
+    nursery.start_soon(turns.run)
     with turns.deciding():  # a decision that does not end
         start = trio.current_time()
-        await turns.take()
-        assert trio.current_time() - start == 0.1
+        turns.done(await turns.take())  # the first turn: none was given in the last 0.1 s
+        assert trio.current_time() == start
+        turns.done(await turns.take())
+        assert trio.current_time() - start == pytest.approx(0.1)
+        turns.done(await turns.take())
+        assert trio.current_time() - start == pytest.approx(0.2)
 
 
-async def test_a_turn_whose_reader_waits_on_its_client_passes_on_when_its_lease_ends(autojump_clock) -> None:  # type: ignore[no-untyped-def]
+async def test_a_turn_waits_for_the_decisions_under_way_to_end(nursery: trio.Nursery) -> None:
+    turns = Turns(patience=3600)
+    nursery.start_soon(turns.run)
+    turns.done(await turns.take())  # the patience counts from here
+    with turns.deciding():
+        got = await given(turns, nursery)
+        with turns.deciding():  # two at once: the turn waits for both
+            pass
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(got) == 1
+
+
+async def test_a_turn_whose_reader_waits_on_its_client_passes_on_when_its_lease_ends(
+    nursery: trio.Nursery, autojump_clock
+) -> None:  # type: ignore[no-untyped-def]
     turns = Turns(lease=0.02)
+    nursery.start_soon(turns.run)
     first = await turns.take()  # not given back in time: its sends wait on a client that does not read
     start = trio.current_time()
     second = await turns.take()
-    assert trio.current_time() - start == 0.02
-    third: list[object] = []
+    assert trio.current_time() - start == pytest.approx(0.02)
+    assert not turns.holds(first) and turns.holds(second)
+    third = await given(turns, nursery)
+    turns.done(first)  # given back late: it takes nothing from the one that holds the turn now
+    await trio.testing.wait_all_tasks_blocked()
+    assert third == []
+    turns.done(second)
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(third) == 1
 
-    async def reader() -> None:
-        third.append(await turns.take())
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(reader)
-        await trio.testing.wait_all_tasks_blocked()
-        turns.done(first)  # given back late: it takes nothing from the one that holds the turn now
-        await trio.testing.wait_all_tasks_blocked()
-        assert third == []
-        turns.done(second)
-        await trio.testing.wait_all_tasks_blocked()
-        assert len(third) == 1
+async def test_a_reader_that_goes_away_while_it_waits_is_forgotten(nursery: trio.Nursery) -> None:
+    turns = Turns(lease=3600)
+    nursery.start_soon(turns.run)
+    first = await turns.take()
+    with trio.move_on_after(0) as scope:  # cancelled at once, before its turn
+        await turns.take()
+    assert scope.cancelled_caught
+    waiting = await given(turns, nursery)
+    turns.done(first)
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(waiting) == 1  # the turn went to one still there
+
+
+class FakeTask:
+    def __init__(self) -> None:
+        self.cancelled = 0
+
+    def cancel(self) -> None:
+        self.cancelled += 1
+
+
+def test_the_watchdog_cuts_off_a_stream_whose_send_waited_the_stall_and_only_it() -> None:
+    now = [100.0]
+    stalls = Stalls(stall=30, clock=lambda: now[0])
+    stuck, reading, idle = FakeTask(), FakeTask(), FakeTask()
+    with stalls.watching(stuck) as s1, stalls.watching(reading) as s2, stalls.watching(idle):
+        s1.since = s2.since = stalls.now()  # idle sends nothing: caught up, it waits for records
+        now[0] += 29.9
+        stalls.look()
+        assert stuck.cancelled == 0
+        s2.since = stalls.now()  # reading: its sends end and the next one begins
+        now[0] += 0.1
+        stalls.look()
+        stalls.look()  # once only
+        assert (stuck.cancelled, reading.cancelled, idle.cancelled) == (1, 0, 0)
+        assert s1.cut_off and not s2.cut_off
+    stalls.look()  # gone streams are not looked at
+    assert stuck.cancelled == 1
