@@ -31,6 +31,26 @@ def run_cli(
     return proc
 
 
+def ready(root: Path, pid: int) -> bool:
+    """Whether the daemon ``pid`` answers Status on ``root``'s node API socket, ready: what
+    ``eventsrc status`` asks, without a new interpreter per look (tests/e2e/test_cli.py
+    tests the command itself)."""
+    import grpc
+
+    from eventsrc.gen.node.v1 import node_pb2 as pb
+    from tests.support.grpcio_stubs import stubs, unix_target
+
+    api = root / "eventsrc" / "api.sock"
+    if not api.exists():
+        return False
+    with grpc.insecure_channel(unix_target(api)) as channel:
+        try:
+            st = stubs("node/v1/node.proto").NodeStub(channel).Status(pb.StatusRequest(), timeout=2)
+        except grpc.RpcError:
+            return False
+    return bool(st.ready and st.pid == pid)
+
+
 class Daemon:
     """``eventsrc serve`` in a subprocess, ready when ``eventsrc status`` says so."""
 
@@ -44,7 +64,7 @@ class Daemon:
             stderr=subprocess.STDOUT,
             preexec_fn=preexec_fn,
         )
-        self.eventually(lambda: run_cli("status", root=root).returncode == 0, "the daemon to be ready")
+        self.eventually(lambda: ready(root, self.proc.pid), "the daemon to be ready")
 
     def exited(self) -> str | None:
         """Why waiting on this daemon is pointless (it has exited), or None."""

@@ -27,7 +27,7 @@ from tests.conftest import env_rounds, run_cli
 from tests.support.eventually import eventually
 from tests.support.grpcio_stubs import stubs, unix_target
 
-ROUNDS = env_rounds("EVENTSRC_DAEMON_CRASH_ROUNDS", 20)
+ROUNDS = env_rounds("EVENTSRC_DAEMON_CRASH_ROUNDS", 8)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 + 20 * ROUNDS)]
 RESOURCE = "example.com/dev"
 

@@ -27,7 +27,7 @@ from tests.crash.test_device_crash import start_daemon, wait_ready
 from tests.support.eventually import eventually
 from tests.support.grpcio_stubs import stubs, unix_target
 
-ROUNDS = env_rounds("EVENTSRC_DRA_CRASH_ROUNDS", 20)
+ROUNDS = env_rounds("EVENTSRC_DRA_CRASH_ROUNDS", 8)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 + 20 * ROUNDS)]
 DRIVER = "gpu.example.com"
 SHARED = "c-shared"

@@ -25,7 +25,7 @@ from eventsrc.log.store import EventLog
 from tests.conftest import Daemon, env_rounds, run_cli
 from tests.support.node_client import NodeClient
 
-KILLS = env_rounds("EVENTSRC_RETENTION_KILLS", 15)
+KILLS = env_rounds("EVENTSRC_RETENTION_KILLS", 6)
 RESOURCE = "example.com/dev"
 SERVE = ("--snapshot-every", "20", "--log-retention-max-size", "40Ki", "--plugin-grace", "600")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 + 20 * KILLS)]

@@ -39,7 +39,7 @@ from tests.conftest import run_cli
 from tests.e2e.test_devices_e2e import Plugin, admit, devices_of, pod_yaml
 from tests.support.eventually import eventually
 
-EXAMPLES = int(os.environ.get("EVENTSRC_FUZZ_EXAMPLES", "20"))
+EXAMPLES = int(os.environ.get("EVENTSRC_DAMAGE_EXAMPLES", "8"))
 EXITS = {0, 1, 2, 3, 4}  # every exit an eventsrc command may give; never a signal
 LOG = Path("eventsrc") / "log"
 SNAPSHOTS = Path("eventsrc") / "snapshots"

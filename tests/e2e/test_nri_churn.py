@@ -36,9 +36,9 @@ from tests.e2e.test_nri_containerd import (
 from tests.support.containerd import Containerd
 from tests.support.eventually import eventually
 
-SANDBOXES = env_rounds("EVENTSRC_NRI_CHURN_SANDBOXES", 100)
-RESTARTS = env_rounds("EVENTSRC_NRI_CHURN_RESTARTS", 5)
-KILLS = env_rounds("EVENTSRC_NRI_CHURN_KILLS", 10)
+SANDBOXES = env_rounds("EVENTSRC_NRI_CHURN_SANDBOXES", 40)
+RESTARTS = env_rounds("EVENTSRC_NRI_CHURN_RESTARTS", 2)
+KILLS = env_rounds("EVENTSRC_NRI_CHURN_KILLS", 4)
 SEED = int(os.environ.get("EVENTSRC_NRI_CHURN_SEED", random.randrange(1 << 30)))
 LIVE = 3  # sandboxes kept at once (4 devices, one exclusive CPU: some creations are refused)
 
