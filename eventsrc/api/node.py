@@ -18,7 +18,7 @@ from eventsrc import __version__
 from eventsrc import events as ev
 from eventsrc.api.podresources import SeqCache, element
 from eventsrc.core.claims import cdi_devices
-from eventsrc.core.retention import RetentionReport
+from eventsrc.core.retention_policy import RetentionReport
 from eventsrc.errors import AdmissionRefused, BadRequest, EventsrcError, NotFound
 from eventsrc.events import CorruptRecordError, Record
 from eventsrc.gen.node.v1 import node_pb2 as pb

@@ -16,7 +16,7 @@ import pytest
 
 from eventsrc import events as ev
 from eventsrc.layout import Layout
-from eventsrc.log import retention as steps
+from eventsrc.log import cut_steps as steps
 from eventsrc.log.store import EventLog
 from eventsrc.offline.audit import iso
 from tests.conftest import run_cli

@@ -13,7 +13,7 @@ import trio
 
 from eventsrc import events as ev
 from eventsrc.errors import EventsrcError, RecordsCutError
-from eventsrc.log import retention as steps
+from eventsrc.log import cut_steps as steps
 from eventsrc.log import store
 from eventsrc.log.archive import segment_name
 from eventsrc.log.commit import follow
