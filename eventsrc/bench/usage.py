@@ -34,7 +34,7 @@ from eventsrc.log import cut_steps as steps
 from eventsrc.log.history import History
 from eventsrc.log.store import EventLog, PendingAppend
 from eventsrc.log.usage_index import UsageIndex
-from eventsrc.offline.audit import iso
+from eventsrc.offline.audit_queries import iso
 from eventsrc.offline.usage import answer, render, scan_totals
 
 GPU = "example.com/gpu"

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from eventsrc.core.invariants import Checker, Violation
     from eventsrc.events import CorruptRecordError, Record
     from eventsrc.log.history import History
-    from eventsrc.offline.audit import Point
+    from eventsrc.offline.audit_queries import Point
     from eventsrc.state.views import DeviceView, RuntimeContainerView, Views
 
 # The heavy modules (lmdb, msgspec, the projections) are imported where they are used:
@@ -66,7 +66,7 @@ def find_log(path: Path) -> Path:
 
 def parse_until(text: str | None) -> Point:
     """``SEQ`` (digits) or an RFC 3339 time, read as ``audit --until`` reads it."""
-    from eventsrc.offline.audit import parse_point
+    from eventsrc.offline.audit_queries import parse_point
 
     return parse_point(text, "--until")
 

@@ -25,7 +25,7 @@ from eventsrc.events import CorruptRecordError
 from eventsrc.log.history import History
 from eventsrc.log.usage_index import UsageIndex
 from eventsrc.obs.text import escape
-from eventsrc.offline.audit import UsageError, iso, parse_point
+from eventsrc.offline.audit_queries import UsageError, iso, parse_point
 
 _json = msgspec.json.Encoder(decimal_format="number")
 
@@ -118,7 +118,7 @@ def render(rows: list[Row], by: str, w: Window, output: str, out: TextIO) -> Non
 
 
 def table_lines(rows: list[Row], by: str, w: Window) -> list[str]:
-    from eventsrc.offline.audit import _table
+    from eventsrc.offline.audit_render import column_lines
 
     head = (
         f"usage by {by} from {iso(w.since_ns)} to {iso(w.until_ns)}: {len(rows)} group{'s' if len(rows) != 1 else ''}"
@@ -126,7 +126,7 @@ def table_lines(rows: list[Row], by: str, w: Window) -> list[str]:
     if not rows:
         return [head]
     body = [[escape(x) or "-" for x in r.group] + [seconds_text(r.ns), hours_text(r.ns)] for r in rows]
-    return [head, *_table([f.upper() for f in FIELDS[by]] + ["SECONDS", "HOURS"], body)]
+    return [head, *column_lines([f.upper() for f in FIELDS[by]] + ["SECONDS", "HOURS"], body)]
 
 
 def run(args: Any, history: History, index_path: Any) -> int:
