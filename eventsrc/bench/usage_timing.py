@@ -28,7 +28,7 @@ from typing import Any, TextIO
 import lmdb
 
 from eventsrc import events as ev
-from eventsrc.core.usage import Window, window
+from eventsrc.core.chargeback import Window, window
 from eventsrc.layout import Layout
 from eventsrc.log import cut_steps as steps
 from eventsrc.log.history import History

@@ -1,6 +1,6 @@
 """``eventsrc audit usage``: device-hours and exclusive CPU-hours per namespace, pod, device or
 resource, exact to the nanosecond, from the usage index (``eventsrc.log.usage_index``;
-docs/adr/0026). What a hold is: ``eventsrc.core.usage``.
+docs/adr/0026). What a hold is: ``eventsrc.core.chargeback``.
 
 The index is brought up to date first (built from record 1, archive included, on first use:
 a line on stderr says so). Where it cannot be written (a read-only state directory), or with
@@ -19,7 +19,7 @@ from typing import Any, TextIO
 import lmdb
 import msgspec
 
-from eventsrc.core.usage import FIELDS, Row, Window, hours_text, intervals, seconds_text, totals, window
+from eventsrc.core.chargeback import FIELDS, Row, Window, hours_text, intervals, seconds_text, totals, window
 from eventsrc.errors import EventsrcError
 from eventsrc.events import CorruptRecordError
 from eventsrc.log.history import History
