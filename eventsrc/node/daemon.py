@@ -11,7 +11,7 @@
       ├─ DRAManager.run              finishes claim work (prepare, unprepare) when kicked, retries
       ├─ PluginWatcher.run           plugins_registry/: DRA drivers and device plugins register
       ├─ serve_unix(NodeService)     eventsrc/api.sock, mode 0600 (api/node.py): admit, remove,
-      │                              list pods, watch; admission is node/admission.py asking
+      │                              list pods, watch; admission is node/admitter.py asking
       │                              core/admission.py for its decisions
       ├─ serve_unix(PodResources)    pod-resources/kubelet.sock (api/podresources.py)
       ├─ Daemon.scrub                checks every record written before this start
@@ -75,7 +75,7 @@ from eventsrc.log.snapshots import (
     wait_snapshot,
 )
 from eventsrc.log.store import DirLock, EventLog
-from eventsrc.node.admission import DEFAULT_ADMISSION_WAIT, Admission
+from eventsrc.node.admitter import DEFAULT_ADMISSION_WAIT, Admission
 from eventsrc.node.beside import Beside, BesideOptions, refuse_root_inside, start_events
 from eventsrc.node.device_manager import DEFAULT_GRACE, DeviceManager, RegistryHandler
 from eventsrc.node.dra_manager import DRAManager

@@ -23,8 +23,8 @@ from eventsrc import events as ev
 from eventsrc.layout import Layout
 from eventsrc.log.store import EventLog
 from eventsrc.offline import audit_queries, audit_render
+from eventsrc.offline.log_replay import step, step_line
 from eventsrc.offline.render import record_line
-from eventsrc.offline.replay import step, step_line
 from eventsrc.state.views import Views
 
 RES = "example.com/dev"
