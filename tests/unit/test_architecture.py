@@ -1,5 +1,6 @@
 """The package's shape, checked: import-linter's contracts (pyproject.toml), no import
-cycle, a small package root, one gRPC stack used through its public API only."""
+cycle, a small package root, no two modules of one name, one gRPC stack used through its
+public API only."""
 
 from __future__ import annotations
 
@@ -111,6 +112,30 @@ def test_the_package_root_holds_at_most_six_modules() -> None:
 
 def python_files() -> list[Path]:
     return [p for p in PACKAGE.rglob("*.py") if "gen" not in p.relative_to(PACKAGE).parts[:1]]
+
+
+def shared_names(package: Path) -> dict[str, list[str]]:
+    """The file names two or more modules under ``package`` share (``__init__.py`` and the
+    generated ``gen/`` aside), each with the modules that bear it."""
+    where: dict[str, list[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package)
+        if path.name != "__init__.py" and relative.parts[0] != "gen":
+            where.setdefault(path.name, []).append(str(relative))
+    return {name: paths for name, paths in where.items() if len(paths) > 1}
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """Each module is named for what it does, so a name (in a traceback, a log line, a search)
+    points at one file: no two share a file name, in whatever folders they are."""
+    assert shared_names(PACKAGE) == {}
+
+
+def test_the_shared_name_check_finds_a_planted_one(tmp_path: Path) -> None:
+    shutil.copytree(PACKAGE, tmp_path / "eventsrc", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "eventsrc" / "cli" / "views.py").write_text("")
+    (tmp_path / "eventsrc" / "gen" / "retainer.py").write_text("")
+    assert shared_names(tmp_path / "eventsrc") == {"views.py": ["cli/views.py", "state/views.py"]}
 
 
 def test_no_module_speaks_http2_itself() -> None:
