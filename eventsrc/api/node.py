@@ -16,7 +16,6 @@ from grpclib.server import Stream
 
 from eventsrc import __version__
 from eventsrc import events as ev
-from eventsrc.api.podresources import SeqCache, element
 from eventsrc.core.claims import cdi_devices
 from eventsrc.core.retention_policy import RetentionReport
 from eventsrc.errors import AdmissionRefused, BadRequest, EventsrcError, NotFound
@@ -26,6 +25,7 @@ from eventsrc.gen.node.v1.node_grpc import NodeBase
 from eventsrc.inputs.manifest import PodClaim, PodSpec, checked_pod
 from eventsrc.obs.loop import LoopHolds
 from eventsrc.obs.text import escape
+from eventsrc.rpc.answer_cache import SeqCache, element
 from eventsrc.rpc.bridge import to_trio
 from eventsrc.rpc.limits import send_encoded
 from eventsrc.state.lifecycles import ADMITTED

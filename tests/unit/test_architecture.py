@@ -41,6 +41,7 @@ def test_the_import_contracts_hold() -> None:
         ("core/cpu/cpuset.py", "import trio", "eventsrc.core.cpu.cpuset -> trio"),
         ("state/views.py", "import eventsrc.log.store", "eventsrc.state.views -> eventsrc.log.store"),
         ("log/store.py", "import eventsrc.node.daemon", "eventsrc.log.store -> eventsrc.node.daemon"),
+        ("api/node.py", "import eventsrc.api.podresources", "eventsrc.api.node -> eventsrc.api.podresources"),
     ],
 )
 def test_a_contract_fails_when_a_module_imports_against_it(tmp_path: Path, module: str, line: str, broken: str) -> None:
