@@ -19,10 +19,9 @@ from grpclib.server import Stream
 
 from eventsrc import __version__
 from eventsrc import events as ev
-from eventsrc.api.podresources import SeqCache, element
 from eventsrc.api.readers import CHUNK, Stalls, Turns
 from eventsrc.core.claims import cdi_devices
-from eventsrc.core.retention import RetentionReport
+from eventsrc.core.retention_policy import RetentionReport
 from eventsrc.errors import AdmissionRefused, BadRequest, EventsrcError, NotFound
 from eventsrc.events import CorruptRecordError, Record
 from eventsrc.gen.node.v1 import node_pb2 as pb
@@ -31,6 +30,7 @@ from eventsrc.inputs.manifest import PodClaim, PodSpec, checked_pod
 from eventsrc.obs.logger import get_logger
 from eventsrc.obs.loop import LoopHolds
 from eventsrc.obs.text import escape
+from eventsrc.rpc.answer_cache import SeqCache, element
 from eventsrc.rpc.bridge import to_trio
 from eventsrc.rpc.limits import send_encoded
 from eventsrc.state.lifecycles import ADMITTED
@@ -40,7 +40,7 @@ log = get_logger("eventsrc.api.node")
 
 
 class Admitter(Protocol):
-    """Admission as the node API and the NRI plugin use it (``eventsrc.node.admission.Admission``)."""
+    """Admission as the node API and the NRI plugin use it (``eventsrc.node.admitter.Admission``)."""
 
     def admit(self, spec: PodSpec) -> Awaitable[tuple[PodView, str]]:
         """Admit ``spec``, or keep it as it is when it is admitted already: the pod as admitted
@@ -185,7 +185,7 @@ _PODS = pb.ListPodsResponse.DESCRIPTOR.fields_by_name["pods"].number
 
 class PodsCache(SeqCache[pb.ListPodsResponse]):
     """ListPods' answer, kept encoded per log sequence, and each pod's PodInfo kept encoded
-    from one call to the next (``api.podresources.SeqCache``: built in chunks, from one views
+    from one call to the next (``rpc.answer_cache.SeqCache``: built in chunks, from one views
     state, sent as it is).
 
     An admitted pod's message is built again when a record changed what it holds (its

@@ -122,9 +122,9 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
 
 def query(args: argparse.Namespace) -> int:
     """audit device, pod or claim: a query of the index (and of the archive, unless --live-only)."""
-    from eventsrc.offline import audit as queries
+    from eventsrc.offline import audit_render
 
-    return queries.run(args, open_history(args.layout, args.live_only))
+    return audit_render.run(args, open_history(args.layout, args.live_only))
 
 
 def usage(args: argparse.Namespace) -> int:

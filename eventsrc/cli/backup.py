@@ -28,7 +28,7 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
 
 
 def backup(args: argparse.Namespace) -> int:
-    from eventsrc.log.backup import backup as copy
+    from eventsrc.log.consistent_copy import backup as copy
 
     info = copy(args.layout, args.dest.absolute())
     if args.output == "json":

@@ -290,7 +290,7 @@ def bench_log(args: argparse.Namespace) -> int:
 
 @_stopped_by_sigterm_too
 def bench_devices(args: argparse.Namespace) -> int:
-    from eventsrc.bench.devices import run_devices_bench
+    from eventsrc.bench.device_admissions import run_devices_bench
 
     if min(args.devices, args.clients, args.admissions, args.rounds, args.rtt_calls) < 1:
         raise EventsrcError("--devices, --clients, --admissions, --rounds and --rtt-calls must be at least 1")
@@ -306,7 +306,7 @@ def bench_devices(args: argparse.Namespace) -> int:
 
 @_stopped_by_sigterm_too
 def bench_cpu(args: argparse.Namespace) -> int:
-    from eventsrc.bench.cpu import run_cpu_bench
+    from eventsrc.bench.cpu_picking import run_cpu_bench
 
     if args.repetitions < 1:
         raise EventsrcError("--repetitions must be at least 1")
@@ -316,7 +316,7 @@ def bench_cpu(args: argparse.Namespace) -> int:
 
 @_stopped_by_sigterm_too
 def bench_audit(args: argparse.Namespace) -> int:
-    from eventsrc.bench.audit import run_audit_bench
+    from eventsrc.bench.audit_timing import run_audit_bench
 
     _at_least(("--events", args.events, 1000), ("--runs", args.runs, 1))
     run_audit_bench(events=args.events, runs=args.runs, workdir=_workdir(args))
@@ -325,7 +325,7 @@ def bench_audit(args: argparse.Namespace) -> int:
 
 @_stopped_by_sigterm_too
 def bench_usage(args: argparse.Namespace) -> int:
-    from eventsrc.bench.usage import run_usage_bench
+    from eventsrc.bench.usage_timing import run_usage_bench
 
     _at_least(("--records", args.records, 100), ("--runs", args.runs, 1))
     run_usage_bench(records=args.records, runs=args.runs, workdir=_workdir(args))

@@ -21,7 +21,7 @@ from eventsrc.cli import (
     bench,
     cpu,
     kubelet_import,
-    pods,
+    pod_commands,
     records,
     replay,
     samples,
@@ -34,7 +34,7 @@ from eventsrc.layout import BESIDE_ROOT, DEFAULT_ROOT, Layout
 from eventsrc.obs import logger as logs
 
 # In the order ``eventsrc --help`` lists them.
-COMMAND_MODULES = (serve, pods, samples, status, records, replay, cpu, kubelet_import, audit, backup, bench)
+COMMAND_MODULES = (serve, pod_commands, samples, status, records, replay, cpu, kubelet_import, audit, backup, bench)
 
 
 def default_root() -> Path:

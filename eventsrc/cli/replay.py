@@ -8,7 +8,7 @@ from eventsrc.cli.options import Parents, Subparsers
 
 
 def add_parser(sub: Subparsers, parents: Parents) -> None:
-    from eventsrc.offline.replay import add_arguments
+    from eventsrc.offline.log_replay import add_arguments
 
     p = sub.add_parser(
         "replay",
@@ -24,7 +24,7 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
 
 
 def replay(args: argparse.Namespace) -> int:
-    from eventsrc.offline.replay import run
+    from eventsrc.offline.log_replay import run
 
     if args.path is None:
         args.path = args.layout.root

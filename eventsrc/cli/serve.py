@@ -337,7 +337,7 @@ def effective_config(args: argparse.Namespace) -> Configuration:
 def serve(args: argparse.Namespace) -> int:
     import trio
 
-    from eventsrc.core.retention import Retention
+    from eventsrc.core.retention_policy import Retention
     from eventsrc.core.topology_manager import parse_topology_manager
     from eventsrc.inputs import config
     from eventsrc.inputs.cpu_config import load_cpu_config, load_topology

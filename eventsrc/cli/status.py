@@ -85,7 +85,7 @@ def _retention(r: Any) -> tuple[dict[str, Any], str]:
     operator in it ("" for nothing)."""
     import time
 
-    from eventsrc.core.retention import CutHealth, Retention, RetentionReport, trouble
+    from eventsrc.core.retention_policy import CutHealth, Retention, RetentionReport, trouble
 
     report = RetentionReport(
         policy=Retention(max_size=r.max_size_bytes, max_age_ns=round(r.max_age_seconds * 1e9)),

@@ -4,7 +4,7 @@ and DRA claims together, as the events to record and the calls to make.
 Theory of operation
 -------------------
 A ``PodAdmission`` is made from the views, the daemon's configuration (``AdmissionConfig``)
-and the pod. The shell (``eventsrc.node.admission``) walks it through five phases, in order:
+and the pod. The shell (``eventsrc.node.admitter``) walks it through five phases, in order:
 
     known()          a pod the views hold already is kept as it is (a restarted kubelet
                      admits its pods again) or refused, unrecorded (its admission has not

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from eventsrc.core.devices.names import is_extended_resource_name
-from eventsrc.core.runtime import RESOURCES_ANNOTATION
+from eventsrc.core.runtime_decisions import RESOURCES_ANNOTATION
 from eventsrc.inputs.manifest import ManifestError
 
 #: Bounds on what one annotation may ask (the apiserver bounds annotations at 256 KiB in all).

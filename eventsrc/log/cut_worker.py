@@ -1,4 +1,4 @@
-"""A retention cut's first step (``retention.prepare``) in a process of its own, so that the
+"""A retention cut's first step (``cut_steps.prepare``) in a process of its own, so that the
 daemon's interpreter never waits for it: the replay up to the cut and msgspec's encoding of
 the views hold the GIL (the encoding for all of it, 25-60 ms at 10,000 pods), and a worker
 thread stalled the daemon's loop as long.
@@ -32,7 +32,7 @@ import msgspec
 
 from eventsrc.errors import EventsrcError
 from eventsrc.log.archive import LedgerEntry
-from eventsrc.log.retention import Prepared, failure_reason, prepare
+from eventsrc.log.cut_steps import Prepared, failure_reason, prepare
 from eventsrc.log.store import Base, EventLog
 
 #: the worker's exit status when the cut cannot be prepared (its reason on stdout)

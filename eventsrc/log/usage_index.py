@@ -2,7 +2,7 @@
 
 A derived index, in an LMDB environment of its own beside the log (``ROOT/eventsrc/usage``),
 built from the whole history (archive segments and live log, ``History``) by the pure
-``core.usage.Tracker`` and brought up to date by each query before it answers. It never
+``core.chargeback.Tracker`` and brought up to date by each query before it answers. It never
 changes the log, so the daemon knows nothing of it, and deleting it only costs a rebuild.
 
 Each hold counts in a group per dimension: ``n`` (namespace, resource), ``d`` (resource,
@@ -46,7 +46,7 @@ from typing import Any
 import lmdb
 import msgspec
 
-from eventsrc.core.usage import Change, Row, Tracker, UsageState, Window, overlap
+from eventsrc.core.chargeback import Change, Row, Tracker, UsageState, Window, overlap
 from eventsrc.errors import EventsrcError
 from eventsrc.events import CorruptRecordError, chain_hash
 from eventsrc.log.history import History
@@ -171,7 +171,7 @@ class UsageIndex:
     # ------------------------------------------------------------------ answering
 
     def totals(self, by: str, w: Window, resources: frozenset[str] = frozenset()) -> list[Row]:
-        """Nanoseconds per group inside ``w``, as ``core.usage.totals`` gives them."""
+        """Nanoseconds per group inside ``w``, as ``core.chargeback.totals`` gives them."""
         if w.until_ns <= max(0, w.since_ns):
             return []
         w = Window(max(0, w.since_ns), w.until_ns)  # the index keeps no time before 1970

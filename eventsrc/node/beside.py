@@ -1,5 +1,5 @@
 """Beside a kubelet (``serve --beside-kubelet DIR``): the shell that asks the kubelet what it
-decided and records it as observed (``eventsrc.core.beside`` says what changed).
+decided and records it as observed (``eventsrc.core.kubelet_observations`` says what changed).
 
 It reads, and never writes, under DIR:
 
@@ -35,7 +35,7 @@ from grpclib import Status
 from grpclib.exceptions import GRPCError
 
 from eventsrc import events as ev
-from eventsrc.core.beside import (
+from eventsrc.core.kubelet_observations import (
     Identities,
     Look,
     SeenClaim,

@@ -3,7 +3,7 @@
 NRI tells a plugin every sandbox removal but one kind: containerd (2.x) keeps which sandboxes
 it has told its plugins about in memory only, so the sandboxes it recovers at its start are
 removed with no NRI event (its ``RemovePodSandbox`` asks that memory first). Only the
-runtime's listing then shows them gone (``eventsrc.core.runtime.vanished``); the NRI plugin
+runtime's listing then shows them gone (``eventsrc.core.runtime_decisions.vanished``); the NRI plugin
 asks it (``eventsrc.node.nri``). This module only asks.
 """
 

@@ -14,14 +14,14 @@
       │                              the decisions; cut off those whose client reads nothing
       │                              (api/readers.py)
       ├─ serve_unix(NodeService)     eventsrc/api.sock, mode 0600 (api/node.py): admit, remove,
-      │                              list pods, watch; admission is node/admission.py asking
+      │                              list pods, watch; admission is node/admitter.py asking
       │                              core/admission.py for its decisions
       ├─ serve_unix(PodResources)    pod-resources/kubelet.sock (api/podresources.py)
       ├─ Daemon.scrub                checks every record written before this start
       ├─ Daemon.snapshot_loop        writes a snapshot every ``snapshot_every`` records
       ├─ Retainer.run                finishes an interrupted retention cut; with logRetention,
       │                              cuts the live log at piece boundaries, a failed cut again
-      │                              after a pause of 1 s doubling to 60 s (node/retention.py)
+      │                              after a pause of 1 s doubling to 60 s (node/retainer.py)
       └─ (ready; waits for SIGTERM / SIGINT, records DaemonStopped, writes a snapshot, cancels)
 
 Every unix socket is served by grpclib through ``rpc/bridge.serve_unix``. State changes only
@@ -55,8 +55,8 @@ from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.core.cpu.static import CPUManagerConfig, allocatable_cpus, pool_events, startup_events
 from eventsrc.core.cpu.topology import single_cpu_topology
 from eventsrc.core.devices.holds import restart_events
-from eventsrc.core.retention import Retention
-from eventsrc.core.retention import trouble as retention_trouble
+from eventsrc.core.retention_policy import Retention
+from eventsrc.core.retention_policy import trouble as retention_trouble
 from eventsrc.core.topology_manager import TopologyManager, parse_topology_manager
 from eventsrc.errors import DamagedLogError, EventsrcError, NewerLogError
 from eventsrc.events import CorruptRecordError, FutureRecordError, Record, newer_unreadable
@@ -66,7 +66,7 @@ from eventsrc.inputs.config import changes as configuration_changes
 from eventsrc.inputs.config import recorded as recorded_config
 from eventsrc.layout import Layout
 from eventsrc.log.commit import GroupCommitter
-from eventsrc.log.retention import undo_unfinished
+from eventsrc.log.cut_steps import undo_unfinished
 from eventsrc.log.snapshots import (
     RebuildInfo,
     fork_snapshot,
@@ -78,14 +78,14 @@ from eventsrc.log.snapshots import (
     wait_snapshot,
 )
 from eventsrc.log.store import DirLock, EventLog
-from eventsrc.node.admission import DEFAULT_ADMISSION_WAIT, Admission
+from eventsrc.node.admitter import DEFAULT_ADMISSION_WAIT, Admission
 from eventsrc.node.beside import Beside, BesideOptions, refuse_root_inside, start_events
 from eventsrc.node.device_manager import DEFAULT_GRACE, DeviceManager, RegistryHandler
 from eventsrc.node.dra_manager import DRAManager
 from eventsrc.node.interfaces import record_or_log
 from eventsrc.node.nri import NRIOptions, NRIPlugin
 from eventsrc.node.plugin_watcher import PluginWatcher
-from eventsrc.node.retention import Retainer
+from eventsrc.node.retainer import Retainer
 from eventsrc.obs import systemd
 from eventsrc.obs.logger import current_correlation_id, get_logger
 from eventsrc.obs.loop import LoopHolds

@@ -4,9 +4,10 @@
                                 runtime restart, connect again with backoff, and register again
       RegisterPlugin            "NN-eventsrc" (``--nri-plugin-index``)
       Configure                 answer the events the mode needs; RuntimeConnected
-      Synchronize               the runtime's pods and containers against the log (core.runtime
-                                .reconcile): gone sandboxes release their pods, unknown containers
-                                are recorded (and admitted, in enforce mode), cpusets corrected
+      Synchronize               the runtime's pods and containers against the log
+                                (core.runtime_decisions.reconcile): gone sandboxes release their
+                                pods, unknown containers are recorded (and admitted, in enforce
+                                mode), cpusets corrected
       CreateContainer           enforce: admit the pod from CRI's facts when eventsrc has not
                                 seen it; record ContainerCreated with what it gets, then answer
                                 the adjustment (cpuset, devices, envs, mounts, annotations, CDI
@@ -45,7 +46,7 @@ from eventsrc import events as ev
 from eventsrc.api.node import Admitter
 from eventsrc.core.cpu.cpuset import CPUSet, CPUSetParseError, format_list
 from eventsrc.core.cpu.static import CPUManagerConfig
-from eventsrc.core.runtime import (
+from eventsrc.core.runtime_decisions import (
     ContainerFacts,
     Placement,
     SandboxFacts,

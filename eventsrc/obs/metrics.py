@@ -37,7 +37,7 @@ from prometheus_client.context_managers import Timer
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from eventsrc import events as ev
-from eventsrc.core.retention import CutHealth
+from eventsrc.core.retention_policy import CutHealth
 from eventsrc.errors import EventsrcError
 from eventsrc.events import Record
 from eventsrc.obs.logger import get_logger

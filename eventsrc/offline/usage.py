@@ -1,6 +1,6 @@
 """``eventsrc audit usage``: device-hours and exclusive CPU-hours per namespace, pod, device or
 resource, exact to the nanosecond, from the usage index (``eventsrc.log.usage_index``;
-docs/adr/0026). What a hold is: ``eventsrc.core.usage``.
+docs/adr/0026). What a hold is: ``eventsrc.core.chargeback``.
 
 The index is brought up to date first (built from record 1, archive included, on first use:
 a line on stderr says so). Where it cannot be written (a read-only state directory), or with
@@ -19,13 +19,13 @@ from typing import Any, TextIO
 import lmdb
 import msgspec
 
-from eventsrc.core.usage import FIELDS, Row, Window, hours_text, intervals, seconds_text, totals, window
+from eventsrc.core.chargeback import FIELDS, Row, Window, hours_text, intervals, seconds_text, totals, window
 from eventsrc.errors import EventsrcError
 from eventsrc.events import CorruptRecordError
 from eventsrc.log.history import History
 from eventsrc.log.usage_index import UsageIndex
 from eventsrc.obs.text import escape
-from eventsrc.offline.audit import UsageError, iso, parse_point
+from eventsrc.offline.audit_queries import UsageError, iso, parse_point
 
 _json = msgspec.json.Encoder(decimal_format="number")
 
@@ -118,7 +118,7 @@ def render(rows: list[Row], by: str, w: Window, output: str, out: TextIO) -> Non
 
 
 def table_lines(rows: list[Row], by: str, w: Window) -> list[str]:
-    from eventsrc.offline.audit import _table
+    from eventsrc.offline.audit_render import column_lines
 
     head = (
         f"usage by {by} from {iso(w.since_ns)} to {iso(w.until_ns)}: {len(rows)} group{'s' if len(rows) != 1 else ''}"
@@ -126,7 +126,7 @@ def table_lines(rows: list[Row], by: str, w: Window) -> list[str]:
     if not rows:
         return [head]
     body = [[escape(x) or "-" for x in r.group] + [seconds_text(r.ns), hours_text(r.ns)] for r in rows]
-    return [head, *_table([f.upper() for f in FIELDS[by]] + ["SECONDS", "HOURS"], body)]
+    return [head, *column_lines([f.upper() for f in FIELDS[by]] + ["SECONDS", "HOURS"], body)]
 
 
 def run(args: Any, history: History, index_path: Any) -> int:

@@ -14,7 +14,7 @@ after it arrived, not from its 5-byte length prefix (docs/adr/0012 says what tha
 The codec also sends an answer encoded beforehand (``PreEncoded``, through ``send_encoded``)
 as it is: the listings at 10,000 pods are megabytes, and serialising one whole held the
 daemon's loop for 4-15 ms, where joining the pods' encodings kept from call to call costs
-about one (``api.podresources.SeqCache``).
+about one (``rpc.answer_cache.SeqCache``).
 """
 
 from __future__ import annotations

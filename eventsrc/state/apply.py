@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from eventsrc import events as ev
 from eventsrc.events import CorruptRecordError, Record, ignorable
-from eventsrc.state import claims, cpus, devices, kubelet, pods, runtime
+from eventsrc.state import claim_lifecycle, cpus, devices, kubelet, pods, runtime
 from eventsrc.state.lifecycles import Step
 from eventsrc.state.types import Handlers, Reducer
 from eventsrc.state.views import Views
@@ -61,14 +61,14 @@ _META: Handlers = {
 }
 
 HANDLERS: dict[type, tuple[Reducer, ...]] = _combine(
-    _META, devices.HANDLERS, pods.HANDLERS, cpus.HANDLERS, claims.HANDLERS, runtime.HANDLERS, kubelet.HANDLERS
+    _META, devices.HANDLERS, pods.HANDLERS, cpus.HANDLERS, claim_lifecycle.HANDLERS, runtime.HANDLERS, kubelet.HANDLERS
 )
 
 
 def lifecycle_steps(views: Views, event: ev._Event) -> list[Step]:
     """The lifecycle steps (pod, device hold, claim) ``event`` makes in ``views``, each with
     the state it arrives in and whether that state's row of its table expects it."""
-    return [*pods.steps(views, event), *devices.steps(views, event), *claims.steps(views, event)]
+    return [*pods.steps(views, event), *devices.steps(views, event), *claim_lifecycle.steps(views, event)]
 
 
 def apply(views: Views, item: Record | CorruptRecordError) -> Views:

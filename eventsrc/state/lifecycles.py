@@ -10,7 +10,7 @@ by pods). Each has one table here, ``expected``: for each state, the event types
 arrive in it and the state each leads to. The daemon records only what these tables
 expect; everything that names a lifecycle state reads it from here:
 
-* the reducers (``pods.py``, ``devices.py``, ``claims.py``) take the next state from
+* the reducers (``pods.py``, ``devices.py``, ``claim_lifecycle.py``) take the next state from
   ``Lifecycle.next``, and the view fields are typed with these states;
 * ``eventsrc replay --check`` (``eventsrc.core.invariants``) reports an event that arrives
   in a state whose row does not expect it, as the rule ``unexpected-transition``;

@@ -25,7 +25,7 @@ def daemon_started(v: Views, seq: int, e: ev.DaemonStarted) -> None:
 def _is_pod(v: Views, sandbox: SandboxView) -> bool:
     """The sandbox is the pod its uid names in the pods view: same namespace and name (a
     sandbox carrying another pod's uid neither owes nor cancels that pod's release), or a pod
-    recorded without them (``core.runtime.not_its_pod``)."""
+    recorded without them (``core.runtime_decisions.not_its_pod``)."""
     pod = v.pods.pods.get(sandbox.uid)
     return pod is not None and (pod.namespace, pod.name) in ((sandbox.namespace, sandbox.name), ("", ""))
 

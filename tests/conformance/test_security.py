@@ -42,7 +42,7 @@ from eventsrc.gen.dra.v1 import api_pb2 as drapb
 from eventsrc.gen.pluginregistration.v1 import api_pb2 as regpb
 from eventsrc.layout import Layout
 from eventsrc.log.store import seq_key
-from eventsrc.node import admission as admission_module
+from eventsrc.node import admitter as admission_module
 from eventsrc.node import device_manager as device_plugins
 from eventsrc.node import dra_manager as dra
 from eventsrc.node.device_manager import RegistrationRejected, RegistryHandler

@@ -23,7 +23,7 @@ from eventsrc import events as ev
 from eventsrc.gen.podresources.v1 import api_pb2 as pr
 from eventsrc.layout import Layout
 from eventsrc.log.store import EventLog
-from eventsrc.offline import audit
+from eventsrc.offline import audit_queries, audit_render
 from tests.conftest import run_cli
 from tests.e2e.test_devices_e2e import Plugin, pod_yaml
 from tests.support.eventually import eventually
@@ -35,7 +35,7 @@ SEC = 1_000_000_000
 
 
 def iso(t: int) -> str:
-    return audit.iso(t)
+    return audit_queries.iso(t)
 
 
 # --------------------------------------------------------------------------- (b) a synthetic log
@@ -211,13 +211,13 @@ def at(seqs: dict[str, int], label: str, step: int) -> dict[str, Any]:
 
 
 def as_json(answer: Any) -> Any:
-    return json.loads(audit.to_json(answer))
+    return json.loads(audit_render.to_json(answer))
 
 
 def test_device_timeline_every_field(synthetic: tuple[Path, dict[str, int]]) -> None:
     root, s = synthetic
     with reader(root) as log:
-        got = as_json(audit.device_timeline(log, RES, "dev-0"))
+        got = as_json(audit_queries.device_timeline(log, RES, "dev-0"))
     assert got["resource"] == RES and got["device_id"] == "dev-0"
     assert (got["health"], got["numa_nodes"], got["listed"]) == ("Healthy", [0], False)
     assert got["since"] is None and got["until"] is None and got["corrupt"] == []
@@ -264,7 +264,7 @@ def test_device_timeline_every_field(synthetic: tuple[Path, dict[str, int]]) -> 
     assert (c["end"], c["still_held"], c["released_by"], c["device_ids"]) == (None, True, "", ["dev-0", "dev-1"])
 
 
-def holders(t: audit.DeviceTimeline) -> list[tuple[str, bool]]:
+def holders(t: audit_queries.DeviceTimeline) -> list[tuple[str, bool]]:
     return [(h.pod.uid, h.still_held) for h in t.holders]
 
 
@@ -272,24 +272,24 @@ def test_device_window_by_sequence_and_time(synthetic: tuple[Path, dict[str, int
     root, s = synthetic
     with reader(root) as log:
         # Up to a point: a holding released later is still held there; nothing later is read.
-        t = audit.device_timeline(log, RES, "dev-0", until_seq=s["unhealthy"])
+        t = audit_queries.device_timeline(log, RES, "dev-0", until_seq=s["unhealthy"])
         assert holders(t) == [("uid-a", True)]
         assert [c.what for c in t.changes] == ["listed", "health"] and t.health == "Unhealthy"
         # A window: holdings that overlap it, changes inside it.
-        t = audit.device_timeline(log, RES, "dev-0", since_seq=s["a_released"] + 1, until_seq=s["a2_refused"])
+        t = audit_queries.device_timeline(log, RES, "dev-0", since_seq=s["a_released"] + 1, until_seq=s["a2_refused"])
         assert holders(t) == [("uid-a2", False)]
         assert [(c.what, c.health) for c in t.changes] == [("health", "Healthy")]
-        t = audit.device_timeline(log, RES, "dev-0", since_seq=s["a_released"])
+        t = audit_queries.device_timeline(log, RES, "dev-0", since_seq=s["a_released"])
         assert holders(t) == [("uid-a", False), ("uid-a2", False), ("uid-c", True)]
         # The same by time (inclusive bounds).
-        t = audit.device_timeline(log, RES, "dev-0", T0 + 4 * SEC + SEC // 2, T0 + 8 * SEC)
+        t = audit_queries.device_timeline(log, RES, "dev-0", T0 + 4 * SEC + SEC // 2, T0 + 8 * SEC)
         assert holders(t) == [("uid-a", False), ("uid-a2", False)]
         assert [c.at.seq for c in t.changes] == [s["healthy"]]
         assert t.since is not None and t.since.time == "2026-01-01T00:00:04.500000Z"
-        t = audit.device_timeline(log, RES, "dev-0", T0 + 9 * SEC)
+        t = audit_queries.device_timeline(log, RES, "dev-0", T0 + 9 * SEC)
         assert holders(t) == [("uid-c", True)] and [c.what for c in t.changes] == ["removed"]
         # A window before anything about the device: empty, not an error.
-        t = audit.device_timeline(log, RES, "dev-0", until_ns=T0)
+        t = audit_queries.device_timeline(log, RES, "dev-0", until_ns=T0)
         assert t.holders == [] and t.changes == []
     # The CLI takes sequences and RFC 3339 times.
     out = run_cli(
@@ -317,7 +317,7 @@ def test_device_window_by_sequence_and_time(synthetic: tuple[Path, dict[str, int
 def test_pod_history_every_field(synthetic: tuple[Path, dict[str, int]]) -> None:
     root, s = synthetic
     with reader(root) as log:
-        h = as_json(audit.pod_history(log, "uid-a"))
+        h = as_json(audit_queries.pod_history(log, "uid-a"))
     assert (h["uid"], h["namespace"], h["name"], h["resolved"], h["other_uids"]) == ("uid-a", "default", "a", "", [])
     spec = [
         {
@@ -396,18 +396,18 @@ def test_pod_history_every_field(synthetic: tuple[Path, dict[str, int]]) -> None
     assert h["corrupt"] == []
 
     with reader(root) as log:
-        b = audit.pod_history(log, "uid-b")
+        b = audit_queries.pod_history(log, "uid-b")
         assert [(r.at.seq, r.reason, r.container, r.topology_hint) for r in b.refused] == [
             (s["b_refused"], "Resources cannot be allocated with Topology locality", "main", "{01 false}")
         ]
         assert b.admitted == [] and b.devices == []
         # Refused after a failed Allocate: the grant says so, with its reason.
-        a2 = audit.pod_history(log, "uid-a2")
+        a2 = audit_queries.pod_history(log, "uid-a2")
         (g,) = a2.devices
         assert g.failed is not None and g.failed.seq == s["a2_failed"] and g.released is None
         assert g.reason == "Allocate failed: boom" and a2.refused[0].reason == "Allocate failed: boom"
         # Admitted without an intent record (an import): PodAdmitted says what it asked for.
-        c = audit.pod_history(log, "uid-c")
+        c = audit_queries.pod_history(log, "uid-c")
         assert [(x.type, x.at.seq) for x in c.asked] == [("PodAdmitted", s["c_admitted"])]
         assert c.devices[0].released is None and c.devices[0].allocated is not None
 
@@ -431,10 +431,10 @@ def test_pod_history_every_field(synthetic: tuple[Path, dict[str, int]]) -> None
 def test_pod_by_namespace_and_name(synthetic: tuple[Path, dict[str, int]]) -> None:
     root, s = synthetic
     with reader(root) as log:
-        h = audit.pod_history(log, "default/a")
+        h = audit_queries.pod_history(log, "default/a")
         assert (h.uid, h.other_uids) == ("uid-a2", ["uid-a"])
         assert "uid-a2" in h.resolved and "newest of 2" in h.resolved
-        c = audit.pod_history(log, "default/c")
+        c = audit_queries.pod_history(log, "default/c")
         assert (c.uid, c.other_uids) == ("uid-c", [])
     out = run_cli("audit", "pod", "default/a", root=root, check=True).stdout
     assert "default/a is pod uid-a2 (the newest of 2 pods with that name); older: uid-a" in out
@@ -443,7 +443,7 @@ def test_pod_by_namespace_and_name(synthetic: tuple[Path, dict[str, int]]) -> No
 def test_claim_history_every_field(synthetic: tuple[Path, dict[str, int]]) -> None:
     root, s = synthetic
     with reader(root) as log:
-        c = as_json(audit.claim_history(log, "claim-1"))
+        c = as_json(audit_queries.claim_history(log, "claim-1"))
     assert (c["uid"], c["namespace"], c["name"], c["driver"], c["state"]) == (
         "claim-1",
         "default",
@@ -539,9 +539,9 @@ def test_answers_come_from_the_index(synthetic: tuple[Path, dict[str, int]], mon
     root, s = synthetic
     with reader(root) as log:
         expected = [
-            audit.device_timeline(log, RES, "dev-0"),
-            audit.pod_history(log, "default/a"),
-            audit.claim_history(log, "claim-1"),
+            audit_queries.device_timeline(log, RES, "dev-0"),
+            audit_queries.pod_history(log, "default/a"),
+            audit_queries.claim_history(log, "claim-1"),
         ]
 
     def no_scan(*args: object, **kwargs: object) -> None:
@@ -565,7 +565,7 @@ def test_answers_come_from_the_index(synthetic: tuple[Path, dict[str, int]], mon
     monkeypatch.setattr(EventLog, "index_seqs", spy_index)
     monkeypatch.setattr(EventLog, "read_many", spy_read)
     with reader(root) as log:
-        got = audit.device_timeline(log, RES, "dev-0")
+        got = audit_queries.device_timeline(log, RES, "dev-0")
         assert got == expected[0]
         assert prefixes[0] == b"d\0example.com/dev\0dev-0\0"
         # Only the device's own records, and the first records of its holders' pods (their names).
@@ -585,10 +585,10 @@ def test_answers_come_from_the_index(synthetic: tuple[Path, dict[str, int]], mon
         assert s["listed"] in read and s["b_started"] not in read and s["c_unprepared"] not in read
         prefixes.clear()
         read.clear()
-        assert audit.pod_history(log, "default/a") == expected[1]
+        assert audit_queries.pod_history(log, "default/a") == expected[1]
         assert prefixes[:2] == [b"n\0default/a\0", b"p\0uid-a2\0"]
         assert s["listed"] not in read and s["unhealthy"] not in read
-        assert audit.claim_history(log, "claim-1") == expected[2]
+        assert audit_queries.claim_history(log, "claim-1") == expected[2]
 
 
 # --------------------------------------------------------------------------- (a) a log the daemon wrote
@@ -620,7 +620,7 @@ def audit_holders_at(log: EventLog, seq: int, devices: list[str]) -> dict[tuple[
     """Who held each device at ``seq``, by the device timelines."""
     out: dict[tuple[str, str, str], dict[str, list[str]]] = {}
     for d in devices:
-        for h in audit.device_timeline(log, RES, d, until_seq=seq).holders:
+        for h in audit_queries.device_timeline(log, RES, d, until_seq=seq).holders:
             if h.still_held and h.allocated is not None:
                 out.setdefault((h.pod.namespace, h.pod.name, h.container), {}).setdefault(RES, []).append(d)
     return {k: {r: sorted(ids) for r, ids in v.items()} for k, v in out.items()}
@@ -629,7 +629,7 @@ def audit_holders_at(log: EventLog, seq: int, devices: list[str]) -> dict[tuple[
 def pod_devices_at(log: EventLog, uid: str, seq: int) -> dict[str, list[str]]:
     """What the pod history says the pod held at ``seq``: container -> device ids."""
     out: dict[str, list[str]] = {}
-    for g in audit.pod_history(log, uid).devices:
+    for g in audit_queries.pod_history(log, uid).devices:
         if g.allocated is not None and g.allocated.seq <= seq and (g.released is None or g.released.seq > seq):
             out.setdefault(g.container, []).extend(g.device_ids)
     return {k: sorted(v) for k, v in out.items()}
@@ -676,7 +676,7 @@ def test_audit_matches_what_pod_resources_showed(root: Path, tmp_path: Path, dae
                     assert got == want, (step, uid)
             # The health change sits between the two snapshots around it, on a's device.
             seq_b, seq_unhealthy = snaps[1][1], snaps[2][1]
-            t = audit.device_timeline(log, RES, a_devices[0])
+            t = audit_queries.device_timeline(log, RES, a_devices[0])
             (change,) = [c for c in t.changes if c.what == "health"]
             assert change.health == "Unhealthy" and seq_b < change.at.seq <= seq_unhealthy
             (held,) = t.holders
@@ -684,12 +684,12 @@ def test_audit_matches_what_pod_resources_showed(root: Path, tmp_path: Path, dae
             assert held.end is not None and snaps[2][1] < held.end.seq <= snaps[3][1]
             assert held.reason == "pod removed" and held.start is not None and held.start.ts_ns <= change.at.ts_ns
             # The pod history: asked, got (with the plugin's response), released.
-            a = audit.pod_history(log, "default/a")
+            a = audit_queries.pod_history(log, "default/a")
             assert a.uid == "uid-a" and a.asked[0].containers[0].limits[RES] == "2"
             (grant,) = a.devices
             assert sorted(grant.device_ids) == a_devices and grant.response is not None and grant.response.cdi_devices
             assert grant.released is not None and grant.reason == "pod removed" and a.removed
-            assert audit.pod_history(log, "uid-c").devices[0].released is None
+            assert audit_queries.pod_history(log, "uid-c").devices[0].released is None
         # The CLI gives the same answer.
         out = run_cli("audit", "device", RES, a_devices[0], "-o", "json", root=root, check=True).stdout
         assert [h["pod"]["uid"] for h in json.loads(out)["holders"]] == ["uid-a"]
@@ -716,7 +716,7 @@ def usage_equals_the_allocations(root: Path) -> None:
                 want[e["pod_uid"]] = want.get(e["pod_uid"], 0) + r["ts_ns"] - start.pop((e["pod_uid"], i))
     for (uid, _), t in start.items():
         want[uid] = want.get(uid, 0) + until - t
-    when = audit.iso(until)
+    when = audit_queries.iso(until)
     out = run_cli(
         "audit", "usage", "--by", "pod", "--resource", RES, "--until", when, "-o", "json", root=root, check=True
     ).stdout

@@ -16,9 +16,9 @@ import pytest
 
 from eventsrc import events as ev
 from eventsrc.layout import Layout
-from eventsrc.log import retention as steps
+from eventsrc.log import cut_steps as steps
 from eventsrc.log.store import EventLog
-from eventsrc.offline.audit import iso
+from eventsrc.offline.audit_queries import iso
 from tests.conftest import run_cli
 
 T0 = 1_577_836_800_000_000_000  # 2020-01-01T00:00:00Z: before now, so --until is the window's end

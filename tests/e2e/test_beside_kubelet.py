@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from eventsrc.offline.audit import iso
+from eventsrc.offline.audit_queries import iso
 from tests.conftest import Daemon, run_cli
 from tests.e2e.test_metrics import metrics_address, scrape
 from tests.support.containerd import Containerd

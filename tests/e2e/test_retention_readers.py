@@ -133,7 +133,7 @@ def test_replay_from_record_one_through_the_archive(cut_root: Path) -> None:
 def test_replay_check_catches_a_broken_rule_in_the_archive(tmp_path: Path) -> None:
     """An invariant broken by archived records is found by default, not with --live-only."""
     from eventsrc import events as ev
-    from eventsrc.log import retention as steps
+    from eventsrc.log import cut_steps as steps
     from eventsrc.log.store import EventLog
 
     root = tmp_path / "root"

@@ -22,9 +22,9 @@ import pytest
 from eventsrc import events as ev
 from eventsrc.layout import Layout
 from eventsrc.log.store import EventLog
-from eventsrc.offline import audit
+from eventsrc.offline import audit_queries, audit_render
+from eventsrc.offline.log_replay import step, step_line
 from eventsrc.offline.render import record_line
-from eventsrc.offline.replay import step, step_line
 from eventsrc.state.views import Views
 
 RES = "example.com/dev"
@@ -96,7 +96,7 @@ def log(tmp_path: Path) -> Iterator[EventLog]:
 
 
 def test_audit_device_names_the_kubelets_holders_with_their_container_ids(log: EventLog) -> None:
-    t = audit.device_timeline(log, RES, "dev-0")
+    t = audit_queries.device_timeline(log, RES, "dev-0")
     assert [(h.decided_by, h.pod.uid, h.container, h.still_held) for h in t.holders] == [
         ("kubelet", "uid-1", "main", False),  # its uid from the runtime's sandbox of that name
         ("kubelet", "uid-2", "main", True),  # the name reused: another pod
@@ -111,29 +111,29 @@ def test_audit_device_names_the_kubelets_holders_with_their_container_ids(log: E
     assert [c.id for c in second.container_ids] == ["c-3"]
     assert [(g.source, g.until_ns) for g in t.gaps] == [("kubelet", ts(7)), ("runtime", 0)]
 
-    text = "\n".join(audit.device_lines(t))
+    text = "\n".join(audit_render.device_lines(t))
     assert "main (kubelet)" in text
     assert "c-1: created" in text and "c-2: created" in text
-    assert f"not seen: kubelet from {audit.iso(ts(6))} to {audit.iso(ts(7))} (socket missing)" in text
-    assert f"not seen: runtime from {audit.iso(ts(10))} until now (still open) (NRI disconnected)" in text
-    holders = json.loads(audit.to_json(t))["holders"]
+    assert f"not seen: kubelet from {audit_queries.iso(ts(6))} to {audit_queries.iso(ts(7))} (socket missing)" in text
+    assert f"not seen: runtime from {audit_queries.iso(ts(10))} until now (still open) (NRI disconnected)" in text
+    holders = json.loads(audit_render.to_json(t))["holders"]
     assert [h["decided_by"] for h in holders] == ["kubelet", "kubelet"]
 
 
 def test_audit_device_of_a_claim_and_in_a_window(log: EventLog) -> None:
-    t = audit.device_timeline(log, DRIVER, "node-a/gpu-0")
+    t = audit_queries.device_timeline(log, DRIVER, "node-a/gpu-0")
     assert [(h.pod.uid, h.container, h.note, h.released_by) for h in t.holders] == [
         ("uid-1", "main", "claim default/gpu", "KubeletClaimReleased")
     ]
-    late = audit.device_timeline(log, RES, "dev-0", since_ns=ts(9))
+    late = audit_queries.device_timeline(log, RES, "dev-0", since_ns=ts(9))
     assert [h.pod.uid for h in late.holders] == ["uid-2"]
     assert [g.source for g in late.gaps] == ["runtime"]  # the kubelet's gap closed before the window
 
 
 def test_audit_pod_shows_what_the_kubelet_gave_and_its_release(log: EventLog) -> None:
-    newest = audit.pod_history(log, "default/web")
+    newest = audit_queries.pod_history(log, "default/web")
     assert (newest.uid, newest.other_uids) == ("uid-2", ["uid-1"])
-    h = audit.pod_history(log, "uid-1")
+    h = audit_queries.pod_history(log, "uid-1")
     assert (h.namespace, h.name) == ("default", "web")
     o = h.observed
     assert o is not None and o.uid_from == "runtime"
@@ -145,13 +145,13 @@ def test_audit_pod_shows_what_the_kubelet_gave_and_its_release(log: EventLog) ->
     assert [(u.claim.name, u.released is not None) for u in c.claims] == [("gpu", True)]
     assert [x.id for x in c.container_ids] == ["c-1", "c-2"]
     assert [g.source for g in h.gaps] == ["kubelet"]  # the runtime's began after the pod was gone
-    text = "\n".join(audit.pod_lines(h))
+    text = "\n".join(audit_render.pod_lines(h))
     assert "decided by the kubelet (observed) (uid from the runtime's sandbox)" in text
     assert "exclusive cpus 2-3" in text and "claim default/gpu: gpu.example.com node-a/gpu-0" in text
     assert "released by the kubelet" in text
-    assert json.loads(audit.to_json(h))["observed"]["decided_by"] == "kubelet"
+    assert json.loads(audit_render.to_json(h))["observed"]["decided_by"] == "kubelet"
 
-    lonely = audit.pod_history(log, "default/lonely")
+    lonely = audit_queries.pod_history(log, "default/lonely")
     assert lonely.uid == "" and lonely.observed is not None and "uid unknown" in lonely.resolved
     assert [g.source for g in lonely.gaps] == ["runtime"]  # still listed: an open gap counts
 

@@ -23,7 +23,7 @@ import pytest
 from eventsrc import events as ev
 from eventsrc.layout import Layout
 from eventsrc.log.store import EventLog
-from eventsrc.offline import audit
+from eventsrc.offline import audit_queries, audit_render
 from tests.conftest import run_cli
 
 RES = "example.com/dev"
@@ -40,7 +40,7 @@ def ts(seconds: int) -> int:
 
 
 def time_of(seconds: int) -> str:
-    return audit.iso(ts(seconds))
+    return audit_queries.iso(ts(seconds))
 
 
 def write_log(root: Path, batches: list[Batch]) -> dict[str, ev.Record]:
@@ -164,7 +164,7 @@ def reader(root: Path) -> EventLog:
 
 
 def at(rec: ev.Record) -> dict[str, Any]:
-    return {"seq": rec.seq, "ts_ns": rec.ts_ns, "time": audit.iso(rec.ts_ns)}
+    return {"seq": rec.seq, "ts_ns": rec.ts_ns, "time": audit_queries.iso(rec.ts_ns)}
 
 
 # --------------------------------------------------------------------------- (a) audit
@@ -175,7 +175,7 @@ def test_audit_pod_shows_its_sandbox_and_containers_with_times(
 ) -> None:
     root, r = lifecycle_log
     with reader(root) as log:
-        h = json.loads(audit.to_json(audit.pod_history(log, "uid-a")))
+        h = json.loads(audit_render.to_json(audit_queries.pod_history(log, "uid-a")))
     assert h["sandboxes"] == [
         {
             "id": SANDBOX,
@@ -262,7 +262,7 @@ def test_audit_pod_of_a_pod_the_runtime_ran_alone(tmp_path: Path) -> None:
 def test_audit_device_lists_the_containers_that_ran_with_it(lifecycle_log: tuple[Path, dict[str, ev.Record]]) -> None:
     root, r = lifecycle_log
     with reader(root) as log:
-        t = json.loads(audit.to_json(audit.device_timeline(log, RES, "dev-0")))
+        t = json.loads(audit_render.to_json(audit_queries.device_timeline(log, RES, "dev-0")))
         (run,) = t["containers"]
         assert run["pod"] == {"uid": "uid-a", "namespace": "default", "name": "a"}
         c = run["container"]
@@ -274,12 +274,12 @@ def test_audit_device_lists_the_containers_that_ran_with_it(lifecycle_log: tuple
             at(r["ContainerRemoved"]),
         )
         # Another device of the resource: no container ran with it.
-        assert audit.device_timeline(log, RES, "dev-1").containers == []
+        assert audit_queries.device_timeline(log, RES, "dev-1").containers == []
         # A window after the container stopped leaves it out; one up to its start shows it
         # as it was then (not yet stopped).
-        after = audit.device_timeline(log, RES, "dev-0", since_seq=r["ContainerRemoved"].seq)
+        after = audit_queries.device_timeline(log, RES, "dev-0", since_seq=r["ContainerRemoved"].seq)
         assert after.containers == []
-        then = audit.device_timeline(log, RES, "dev-0", until_seq=r["ContainerStarted"].seq)
+        then = audit_queries.device_timeline(log, RES, "dev-0", until_seq=r["ContainerStarted"].seq)
         (early,) = then.containers
         assert early.container.started is not None and early.container.stopped is None
 
@@ -309,8 +309,8 @@ def test_runtime_answers_come_from_the_index(
     for name in ("records", "raw_chunks", "read"):
         monkeypatch.setattr(EventLog, name, no_scan)
     with reader(root) as log:
-        assert [c.id for c in audit.pod_history(log, "default/a").containers] == [CONTAINER]
-        assert [x.container.id for x in audit.device_timeline(log, RES, "dev-0").containers] == [CONTAINER]
+        assert [c.id for c in audit_queries.pod_history(log, "default/a").containers] == [CONTAINER]
+        assert [x.container.id for x in audit_queries.device_timeline(log, RES, "dev-0").containers] == [CONTAINER]
 
 
 # --------------------------------------------------------------------------- (b) replay --step

@@ -13,14 +13,14 @@ import trio
 
 from eventsrc import events as ev
 from eventsrc.errors import EventsrcError, RecordsCutError
-from eventsrc.log import retention as steps
+from eventsrc.log import cut_steps as steps
 from eventsrc.log import store
 from eventsrc.log.archive import segment_name
 from eventsrc.log.commit import follow
 from eventsrc.log.history import History
 from eventsrc.log.index import device_prefix, name_prefix, pod_prefix
 from eventsrc.log.store import EventLog
-from eventsrc.offline import audit
+from eventsrc.offline import audit_queries
 from eventsrc.state.apply import rebuild
 from eventsrc.state.views import Views
 
@@ -116,10 +116,10 @@ def test_the_index_covers_the_archive(tmp_path: Path) -> None:
 
 def test_a_device_held_by_a_pod_in_the_archive_is_still_held(tmp_path: Path) -> None:
     log = held_then_cut(tmp_path / "log", tmp_path / "archive")
-    t = audit.device_timeline(History(log, tmp_path / "archive"), RES, "dev-0")
+    t = audit_queries.device_timeline(History(log, tmp_path / "archive"), RES, "dev-0")
     assert [(h.pod.name, h.still_held, h.start.seq if h.start else None) for h in t.holders] == [("hold", True, 4)]
     assert [c.what for c in t.changes] == ["listed", "health"]
-    live = audit.device_timeline(History(log, tmp_path / "archive", live_only=True), RES, "dev-0")
+    live = audit_queries.device_timeline(History(log, tmp_path / "archive", live_only=True), RES, "dev-0")
     assert live.holders == [] and [c.at.seq for c in live.changes] == [23]
 
 
@@ -219,7 +219,7 @@ def test_a_corrupt_archived_record_counts_under_every_query(tmp_path: Path) -> N
     assert [type(r).__name__ for r in history.records(6, 8)] == ["Record", "CorruptRecordError", "Record"]
     assert history.index_seqs(pod_prefix("uid-hold")) == [3, 4, 5, 6, 7]
     assert history.index_seqs(pod_prefix("uid-hold"), 8) == []
-    t = audit.device_timeline(history, RES, "dev-0")
+    t = audit_queries.device_timeline(history, RES, "dev-0")
     assert t.corrupt == [7] and [h.pod.name for h in t.holders] == ["hold"]
 
 

@@ -23,17 +23,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventsrc import events as ev
-from eventsrc.core.retention import Retention, boundaries
-from eventsrc.core.retention import trouble as trouble_of
+from eventsrc.core.retention_policy import Retention, boundaries
+from eventsrc.core.retention_policy import trouble as trouble_of
 from eventsrc.errors import EventsrcError
-from eventsrc.log import retention as steps
+from eventsrc.log import cut_steps as steps
 from eventsrc.log.archive import iter_records, segment_files, verify_archive, verify_segment
 from eventsrc.log.index import pod_prefix
 from eventsrc.log.snapshots import load_views
 from eventsrc.log.store import EventLog
 from eventsrc.log.verify import verify
-from eventsrc.node import retention as node_retention
-from eventsrc.node.retention import Retainer
+from eventsrc.node import retainer as node_retention
+from eventsrc.node.retainer import Retainer
 from eventsrc.obs.metrics import Metrics, go_float
 from eventsrc.state.apply import rebuild
 from tests.node.test_nri_plugin import FakeRecorder

@@ -1,5 +1,6 @@
 """The package's shape, checked: import-linter's contracts (pyproject.toml), no import
-cycle, a small package root, one gRPC stack used through its public API only."""
+cycle, a small package root, no two modules of one name, one gRPC stack used through its
+public API only."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def test_the_import_contracts_hold() -> None:
         ("core/cpu/cpuset.py", "import trio", "eventsrc.core.cpu.cpuset -> trio"),
         ("state/views.py", "import eventsrc.log.store", "eventsrc.state.views -> eventsrc.log.store"),
         ("log/store.py", "import eventsrc.node.daemon", "eventsrc.log.store -> eventsrc.node.daemon"),
+        ("api/node.py", "import eventsrc.api.podresources", "eventsrc.api.node -> eventsrc.api.podresources"),
     ],
 )
 def test_a_contract_fails_when_a_module_imports_against_it(tmp_path: Path, module: str, line: str, broken: str) -> None:
@@ -111,6 +113,30 @@ def test_the_package_root_holds_at_most_six_modules() -> None:
 
 def python_files() -> list[Path]:
     return [p for p in PACKAGE.rglob("*.py") if "gen" not in p.relative_to(PACKAGE).parts[:1]]
+
+
+def shared_names(package: Path) -> dict[str, list[str]]:
+    """The file names two or more modules under ``package`` share (``__init__.py`` and the
+    generated ``gen/`` aside), each with the modules that bear it."""
+    where: dict[str, list[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package)
+        if path.name != "__init__.py" and relative.parts[0] != "gen":
+            where.setdefault(path.name, []).append(str(relative))
+    return {name: paths for name, paths in where.items() if len(paths) > 1}
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """Each module is named for what it does, so a name (in a traceback, a log line, a search)
+    points at one file: no two share a file name, in whatever folders they are."""
+    assert shared_names(PACKAGE) == {}
+
+
+def test_the_shared_name_check_finds_a_planted_one(tmp_path: Path) -> None:
+    shutil.copytree(PACKAGE, tmp_path / "eventsrc", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "eventsrc" / "cli" / "views.py").write_text("")
+    (tmp_path / "eventsrc" / "gen" / "retainer.py").write_text("")
+    assert shared_names(tmp_path / "eventsrc") == {"views.py": ["cli/views.py", "state/views.py"]}
 
 
 def test_no_module_speaks_http2_itself() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from eventsrc import events as ev
-from eventsrc.core.beside import (
+from eventsrc.core.kubelet_observations import (
     NOT_LISTED,
     NOT_LISTED_NOR_RUNNING,
     SANDBOX_GONE,

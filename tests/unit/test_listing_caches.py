@@ -13,10 +13,11 @@ from google.protobuf.message import Message
 
 from eventsrc import events as ev
 from eventsrc.api.node import PodsCache, pod_info
-from eventsrc.api.podresources import PACED_PASSES, AllocatableCache, ListCache, allocatable, pod_resources
+from eventsrc.api.podresources import AllocatableCache, ListCache, allocatable, pod_resources
 from eventsrc.events import Record
 from eventsrc.gen.node.v1 import node_pb2 as npb
 from eventsrc.gen.podresources.v1 import api_pb2 as pb
+from eventsrc.rpc.answer_cache import PACED_PASSES
 from eventsrc.rpc.limits import PreEncoded
 from eventsrc.state.apply import apply_all
 from eventsrc.state.lifecycles import ADMITTED

@@ -1,6 +1,6 @@
 """Answers sent encoded beforehand (``rpc.limits.PreEncoded``): the codec sends their bytes as
 they are, for the method's own reply type only, and the listings joined from each pod's
-encoding (``api.podresources.element``) are byte for byte the whole answer serialised."""
+encoding (``rpc.answer_cache.element``) are byte for byte the whole answer serialised."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from grpclib.encoding.proto import ProtoCodec
 
 from eventsrc import events as ev
 from eventsrc.api.node import PodsCache
-from eventsrc.api.podresources import ListCache, element
+from eventsrc.api.podresources import ListCache
 from eventsrc.gen.node.v1 import node_pb2 as npb
 from eventsrc.gen.podresources.v1 import api_pb2 as pb
+from eventsrc.rpc.answer_cache import element
 from eventsrc.rpc.limits import YIELD_BEFORE_BYTES, BoundedCodec, PreEncoded, send_encoded
 from tests.unit.test_listing_caches import DEV, Node, fresh_list, fresh_pods, node_with_devices, run_paced, same
 

@@ -1,10 +1,10 @@
-"""Where the live log is cut (eventsrc.core.retention) and how sizes are read (ByteSize)."""
+"""Where the live log is cut (eventsrc.core.retention_policy) and how sizes are read (ByteSize)."""
 
 from __future__ import annotations
 
 import pytest
 
-from eventsrc.core.retention import (
+from eventsrc.core.retention_policy import (
     CutHealth,
     Retention,
     RetentionReport,

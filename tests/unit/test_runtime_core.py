@@ -1,4 +1,4 @@
-"""The NRI decisions (``eventsrc.core.runtime``) and the annotation (``inputs.runtime_annotations``),
+"""The NRI decisions (``eventsrc.core.runtime_decisions``) and the annotation (``inputs.runtime_annotations``),
 in-process: views built by applying records, no runtime."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from eventsrc.core.cpu.static import CPUManagerConfig
 from eventsrc.core.cpu.topology import Core, MachineInfo, discover
 from eventsrc.core.cpu.topology import Node as NUMANode
 from eventsrc.core.resources import exclusive_cpus, qos_class
-from eventsrc.core.runtime import (
+from eventsrc.core.runtime_decisions import (
     ContainerFacts,
     SandboxFacts,
     container_not_held,

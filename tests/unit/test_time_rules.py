@@ -11,7 +11,7 @@ from pathlib import Path
 from eventsrc import events as ev
 from eventsrc.core.invariants import Checker, Violation
 from eventsrc.log.store import EventLog
-from eventsrc.offline.replay import _records, parse_until
+from eventsrc.offline.log_replay import _records, parse_until
 
 RES = "example.com/dev"
 T0 = int(dt.datetime(2026, 11, 21, 23, 0, tzinfo=dt.UTC).timestamp()) * 1_000_000_000

@@ -1,4 +1,4 @@
-"""The pure interval computation of ``eventsrc audit usage`` (``eventsrc.core.usage``):
+"""The pure interval computation of ``eventsrc audit usage`` (``eventsrc.core.chargeback``):
 exact totals against intervals built here, and the holds it tracks equal the views' holds
 after any sequence of events (the views are the reference)."""
 
@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventsrc import events as ev
-from eventsrc.core.usage import (
+from eventsrc.core.chargeback import (
     Row,
     Tracker,
     hours_text,

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from eventsrc import events as ev
-from eventsrc.core.usage import window
+from eventsrc.core.chargeback import window
 from eventsrc.layout import Layout
-from eventsrc.log import retention as steps
+from eventsrc.log import cut_steps as steps
 from eventsrc.log.history import History
 from eventsrc.log.store import EventLog
 from eventsrc.log.usage_index import UsageIndex

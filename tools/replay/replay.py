@@ -4,7 +4,7 @@ event with its change (``--step``), or a check of the invariants (``--check``).
 
     tools/replay/replay.py PATH [--until SEQ|TIME] [--from SEQ] [--step] [--check] [-o table|json]
 
-The same as ``eventsrc replay``; see ``eventsrc/offline/replay.py``.
+The same as ``eventsrc replay``; see ``eventsrc/offline/log_replay.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 # Run from a checkout without installing: the package is two directories up.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
-from eventsrc.offline.replay import main  # noqa: E402
+from eventsrc.offline.log_replay import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,7 @@
 Nothing here is a test: it prints numbers. The log is a year of pods (eventsrc's own and some
 observed beside a kubelet) taking GPUs, NIC VFs, exclusive CPUs and DRA claim devices, written
 with the log's batch append (``EventLog.commit``); the oldest part is cut into the archive by
-the real retention steps (``log.retention``). Then the usage index is built (its first use),
+the real retention steps (``log.cut_steps``). Then the usage index is built (its first use),
 and each query is timed as the command runs it (open the index, bring it up to date, answer,
 render), median of ``runs``. The ceilings: reading the index's group keys alone, and the same
 answer from a scan of every record (``--scan``).
@@ -28,13 +28,13 @@ from typing import Any, TextIO
 import lmdb
 
 from eventsrc import events as ev
-from eventsrc.core.usage import Window, window
+from eventsrc.core.chargeback import Window, window
 from eventsrc.layout import Layout
-from eventsrc.log import retention as steps
+from eventsrc.log import cut_steps as steps
 from eventsrc.log.history import History
 from eventsrc.log.store import EventLog, PendingAppend
 from eventsrc.log.usage_index import UsageIndex
-from eventsrc.offline.audit import iso
+from eventsrc.offline.audit_queries import iso
 from eventsrc.offline.usage import answer, render, scan_totals
 
 GPU = "example.com/gpu"

@@ -1,7 +1,7 @@
 """Retention cuts on the log (docs/adr/0018): the shell's steps, each synchronous, each run
 by the daemon in a worker thread, except a large cut's ``prepare``, which runs in a process of
 its own (``eventsrc.log.cut_worker``) on the log opened read-only. The decision where to cut
-is ``eventsrc.core.retention``.
+is ``eventsrc.core.retention_policy``.
 
 A cut at ``seq`` goes in this order, so that a SIGKILL at any point leaves the old state or
 the new one, and the next start finishes or undoes it:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from eventsrc.core.invariants import Checker, Violation
     from eventsrc.events import CorruptRecordError, Record
     from eventsrc.log.history import History
-    from eventsrc.offline.audit import Point
+    from eventsrc.offline.audit_queries import Point
     from eventsrc.state.views import DeviceView, RuntimeContainerView, Views
 
 # The heavy modules (lmdb, msgspec, the projections) are imported where they are used:
@@ -66,7 +66,7 @@ def find_log(path: Path) -> Path:
 
 def parse_until(text: str | None) -> Point:
     """``SEQ`` (digits) or an RFC 3339 time, read as ``audit --until`` reads it."""
-    from eventsrc.offline.audit import parse_point
+    from eventsrc.offline.audit_queries import parse_point
 
     return parse_point(text, "--until")
 
@@ -578,7 +578,7 @@ def step_json(item: Record | CorruptRecordError, changes: list[Change]) -> dict[
 # --------------------------------------------------------------------------- --check
 
 #: The rules checked here beside ``eventsrc.core.invariants.RULES``: the runtime's, whose
-#: decisions are ``eventsrc.core.runtime.container_not_held`` and ``devices_shared``.
+#: decisions are ``eventsrc.core.runtime_decisions.container_not_held`` and ``devices_shared``.
 RUNTIME_RULES: dict[str, str] = {
     "container-not-held": "a container eventsrc adjusted runs only with the CPUs and devices its pod holds",
     "device-in-two-containers": "no device runs in two running containers",
@@ -596,7 +596,7 @@ def feed(checker: Checker, item: Record | CorruptRecordError) -> list[Violation]
     ``container-not-held`` at each ContainerCreated or ContainerCPUsUpdated,
     ``device-in-two-containers`` at each ContainerStarted."""
     from eventsrc import events as ev
-    from eventsrc.core.runtime import container_not_held, devices_shared
+    from eventsrc.core.runtime_decisions import container_not_held, devices_shared
 
     out = checker.feed(item)
     if isinstance(item, Exception):

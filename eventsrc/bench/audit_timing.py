@@ -28,7 +28,7 @@ from eventsrc.bench.log import NIC, build_log
 from eventsrc.layout import Layout
 from eventsrc.log.index import device_prefix, pod_prefix
 from eventsrc.log.store import EventLog, seq_key
-from eventsrc.offline import audit
+from eventsrc.offline import audit_queries, audit_render
 
 GOAL_S = 0.100
 
@@ -68,8 +68,8 @@ def run_audit_bench(*, events: int, runs: int, workdir: Path | None = None) -> N
         try:
             dev_seqs = log.index_seqs(device_prefix(NIC, device))
             pod_seqs = log.index_seqs(pod_prefix(pod))
-            timeline = audit.device_timeline(log, NIC, device)
-            audit.pod_history(log, pod)  # warm and check it answers
+            timeline = audit_queries.device_timeline(log, NIC, device)
+            audit_queries.pod_history(log, pod)  # warm and check it answers
             out.write(
                 f"device {NIC} {device}: {len(dev_seqs):,} indexed records, {len(timeline.holders):,} holders; "
                 f"pod {pod} (default/job-{pod_i}): {len(pod_seqs)} indexed records\n\n"
@@ -137,9 +137,9 @@ def _queries(log: EventLog, device: str, pod_i: int, runs: int, out: TextIO) -> 
     pod = f"pod-{pod_i:08d}"
     out.write("audit queries (in process, log open)\n")
     rows: list[tuple[str, Callable[[], Any]]] = [
-        (f"audit device {NIC} {device}", lambda: audit.device_timeline(log, NIC, device)),
-        (f"audit pod {pod}", lambda: audit.pod_history(log, pod)),
-        (f"audit pod default/job-{pod_i}", lambda: audit.pod_history(log, f"default/job-{pod_i}")),
+        (f"audit device {NIC} {device}", lambda: audit_queries.device_timeline(log, NIC, device)),
+        (f"audit pod {pod}", lambda: audit_queries.pod_history(log, pod)),
+        (f"audit pod default/job-{pod_i}", lambda: audit_queries.pod_history(log, f"default/job-{pod_i}")),
     ]
     for name, fn in rows:
         med, p99 = timed(fn, runs)
@@ -158,7 +158,7 @@ def _whole_command(d: Path, device: str, pod: str, runs: int, out: TextIO) -> No
 
         def command(argv: Namespace = argv) -> None:
             with EventLog(d, readonly=True) as reader, redirect_stdout(io.TextIOWrapper(io.BytesIO())):
-                audit.run(argv, reader)
+                audit_render.run(argv, reader)
 
         med, p99 = timed(command, runs)
         label = f"audit {argv.audit} (-o json)"

@@ -1,12 +1,12 @@
 """The daemon's retention task (docs/adr/0018): when the live log outgrows ``logRetention``,
-cut it at a piece boundary, in the steps of ``eventsrc.log.retention``: the first (the views
+cut it at a piece boundary, in the steps of ``eventsrc.log.cut_steps``: the first (the views
 at the cut, the sealed segment) in a process of its own when the cut is large
 (``eventsrc.log.cut_worker``: its replay and encoding would hold the daemon's GIL), the others
 in worker threads, none holding the log's writer for more than one short transaction.
 
 The task wakes when the log crosses a piece boundary (``maybe_due``, from the commit
 path), and, with ``maxAge``, on a clock as well. It first deletes what an interrupted cut
-left (records before the base). Where to cut is ``eventsrc.core.retention.plan_cut``.
+left (records before the base). Where to cut is ``eventsrc.core.retention_policy.plan_cut``.
 
 A failed attempt (a full or unwritable archive) is tried again after a pause that doubles
 with each failure in a row, up to a minute (``retry_delay``), and is said once per change
@@ -26,7 +26,7 @@ from pathlib import Path
 import trio
 
 from eventsrc import events as ev
-from eventsrc.core.retention import (
+from eventsrc.core.retention_policy import (
     RETRY_FIRST_SECONDS,
     RETRY_MAX_SECONDS,
     CutHealth,
@@ -38,8 +38,8 @@ from eventsrc.core.retention import (
     retry_delay,
 )
 from eventsrc.errors import EventsrcError
+from eventsrc.log import cut_steps as steps
 from eventsrc.log import cut_worker
-from eventsrc.log import retention as steps
 from eventsrc.log.store import EventLog
 from eventsrc.node.interfaces import Recorder
 from eventsrc.obs.logger import get_logger
