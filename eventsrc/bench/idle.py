@@ -11,6 +11,7 @@ plugin watcher waits on inotify, docs/adr/0016), so what remains is its safety r
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import statistics
@@ -20,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from eventsrc.bench.harness import cpu_seconds, start_daemon, stop
+from eventsrc.bench.harness import cpu_seconds, start_daemon, stop, wait_ready
 from eventsrc.errors import EventsrcError
 
 GOAL_PERCENT = 0.5  # of one core
@@ -35,15 +36,6 @@ def _switches(pid: int) -> int:
             if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
                 n += int(line.split()[1])
     return n
-
-
-def _wait_ready(root: Path, daemon: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    status = [sys.executable, "-m", "eventsrc", "--root-dir", str(root), "status"]
-    while subprocess.run(status, capture_output=True).returncode != 0:
-        if daemon.poll() is not None or time.monotonic() > deadline:
-            raise EventsrcError(f"the daemon did not become ready; see {log}")
-        time.sleep(0.1)
 
 
 def run_idle_bench(*, seconds: float, rounds: int, beside: bool = False) -> None:
@@ -62,7 +54,7 @@ def run_idle_bench(*, seconds: float, rounds: int, beside: bool = False) -> None
         with open(log, "wb") as f:
             started.append(start_daemon(root, f, extra))
         daemon = started[0]
-        _wait_ready(root, daemon, log)
+        asyncio.run(wait_ready(root, daemon, log, timeout=60))  # no process per look: only the daemon is a child
         what = "beside a kubelet directory with no kubelet" if beside else "with no plugin, client or runtime"
         out.write(
             f"eventsrc bench idle: {os.cpu_count()} cpus, Python {sys.version.split()[0]}; a daemon {what}, "
