@@ -2,7 +2,7 @@
 acknowledged admission or removal is lost, the chain stays whole across archive and live
 log, and every interrupted cut is undone or finished by the next start (docs/adr/0018).
 
-Kills: EVENTSRC_RETENTION_KILLS (default 15; CI runs 30).
+Kills: EVENTSRC_RETENTION_KILLS (default 6; CI runs 30).
 """
 
 from __future__ import annotations
