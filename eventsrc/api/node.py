@@ -342,27 +342,28 @@ class NodeService(NodeBase):
         with h.stalls.watching(task) as sending:
             try:
                 while True:
-                    turn = await to_trio(h.turns.take)()  # api.readers: one reader at a time, decisions first
-                    try:
-                        batch = h.read(seq, CHUNK)
-                        for item in batch:
-                            if not h.turns.holds(turn):
-                                break  # its turn passed on while a send waited on the client: take another
-                            event = watch_event(item)
-                            if item.seq > seq:  # seq.. left the live log before they were sent: said, not skipped
-                                event.skipped_from = seq
-                            sending.since = h.stalls.now()
-                            await stream.send_message(event)
-                            sending.since = None
-                            seq = item.seq + 1
-                    finally:
-                        h.turns.done(turn)
+                    # api.readers: one reader at a time, decisions first; the turn is noted on
+                    # ``sending`` as it is given, so that it goes back however this handler ends
+                    turn = await to_trio(h.turns.take)(sending)
+                    batch = h.read(seq, CHUNK)
+                    for i, item in enumerate(batch):
+                        if i and not h.turns.holds(turn):
+                            break  # its turn passed on while a send waited on the client: take another
+                        event = watch_event(item)
+                        if item.seq > seq:  # seq.. left the live log before they were sent: said, not skipped
+                            event.skipped_from = seq
+                        sending.since = h.stalls.now()
+                        await stream.send_message(event)
+                        sending.since = None
+                        seq = item.seq + 1
+                    h.turns.done(sending)
                     if not batch:
                         await to_trio(h.appended)(seq)
             except asyncio.CancelledError:
-                if not sending.cut_off:
-                    raise
-                task.uncancel()
+                if not sending.cut_off or task.uncancel() > 0:
+                    raise  # not the watchdog's alone: the client went, or the daemon stops
+            finally:
+                h.turns.done(sending)
         log.warning("watch stream cut off: its client read nothing", stall_s=h.stalls.stall, next_seq=seq)
         raise GRPCError(
             Status.RESOURCE_EXHAUSTED,
@@ -387,7 +388,8 @@ class NodeService(NodeBase):
             except EventsrcError as err:
                 raise _grpc_error(err) from None
             views = self._views()
-            await stream.send_message(pod_info(pod, correlation_id=cid, shared=views.cpus.shared, views=views))
+            info = pod_info(pod, correlation_id=cid, shared=views.cpus.shared, views=views)
+        await stream.send_message(info)
 
     async def Remove(self, stream: Stream[pb.RemoveRequest, pb.PodInfo]) -> None:
         req = await stream.recv_message()
@@ -403,7 +405,7 @@ class NodeService(NodeBase):
                 raise _grpc_error(err) from None
             info = pod_info(pod, state="removed", correlation_id=cid)
             info.removed_seq = removed_seq
-            await stream.send_message(info)
+        await stream.send_message(info)
 
     async def ListPods(self, stream: Stream[pb.ListPodsRequest, pb.ListPodsResponse]) -> None:
         await stream.recv_message()

@@ -41,6 +41,10 @@ PATIENCE = 0.1
 WATCH_STALL = 30.0
 
 
+class Holder(Protocol):
+    turn: object | None
+
+
 class _Asked:
     def __init__(self) -> None:
         self.given = trio.Event()
@@ -102,8 +106,9 @@ class Turns:
             if self._deciding == 0:
                 self._token.run_sync_soon(self._changed_now)
 
-    async def take(self) -> object:
-        """Wait for a turn; the token to give it back with (``done``)."""
+    async def take(self, holder: Holder) -> object:
+        """Wait for a turn, noted on ``holder`` (``holder.turn``) as it is given: ``done(holder)``
+        gives it back, however its reader ends. The turn's token."""
         asked = _Asked()
         self._asked.append(asked)
         self._changed.set()
@@ -116,6 +121,7 @@ class Turns:
                 self._release(asked.token)
             raise
         assert asked.token is not None
+        holder.turn = asked.token
         return asked.token
 
     def holds(self, token: object) -> bool:
@@ -123,10 +129,13 @@ class Turns:
         out while a send waited on its client) sends no more before it takes another."""
         return self._holder is token
 
-    def done(self, token: object) -> None:
-        """The turn ``token`` is over: the next reader's goes on. Callable from any code that
-        runs on the daemon's thread (an asyncio handler too): it only schedules the change."""
-        self._token.run_sync_soon(self._release, token)
+    def done(self, holder: Holder) -> None:
+        """``holder``'s turn, if it has one, is over: the next reader's goes on. Callable from
+        any code that runs on the daemon's thread (an asyncio handler too): it only schedules
+        the change."""
+        if holder.turn is not None:
+            self._token.run_sync_soon(self._release, holder.turn)
+            holder.turn = None
 
     def _release(self, token: object) -> None:
         if self._holder is token:  # else its lease ran out, and another reader has the turn
@@ -148,6 +157,7 @@ class Sending:
         self.task = task
         self.since: float | None = None  # when the send under way began (None: none is)
         self.cut_off = False
+        self.turn: object | None = None  # its reader's turn (Turns.take), while it has one
 
 
 class Stalls:

@@ -18,28 +18,41 @@ async def nursery() -> AsyncIterator[trio.Nursery]:
         n.cancel_scope.cancel()
 
 
-async def given(turns: Turns, nursery: trio.Nursery) -> list[object]:
-    """A reader asking for a turn: the list its token lands in."""
-    got: list[object] = []
+class Reader:
+    def __init__(self) -> None:
+        self.turn: object | None = None
 
-    async def reader() -> None:
-        got.append(await turns.take())
 
-    nursery.start_soon(reader)
+async def given(turns: Turns, nursery: trio.Nursery) -> list[Reader]:
+    """A reader asking for a turn: the list it lands in once it has one."""
+    got: list[Reader] = []
+    reader = Reader()
+
+    async def read() -> None:
+        await turns.take(reader)
+        got.append(reader)
+
+    nursery.start_soon(read)
     await trio.testing.wait_all_tasks_blocked()
     return got
+
+
+async def took(turns: Turns) -> Reader:
+    reader = Reader()
+    await turns.take(reader)
+    return reader
 
 
 async def test_one_reader_at_a_time_in_the_order_they_asked(nursery: trio.Nursery) -> None:
     turns = Turns(lease=3600)
     nursery.start_soon(turns.run)
-    first = await turns.take()
+    first = await took(turns)
     second = await given(turns, nursery)
     third = await given(turns, nursery)
     assert second == third == []  # waiting while the first holds its turn
     turns.done(first)
     await trio.testing.wait_all_tasks_blocked()
-    assert len(second) == 1 and second[0] is not first and third == []
+    assert len(second) == 1 and second[0].turn is not None and first.turn is None and third == []
     turns.done(second[0])
     await trio.testing.wait_all_tasks_blocked()
     assert len(third) == 1
@@ -51,18 +64,18 @@ async def test_while_decisions_run_one_turn_per_patience(nursery: trio.Nursery, 
     nursery.start_soon(turns.run)
     with turns.deciding():  # a decision that does not end
         start = trio.current_time()
-        turns.done(await turns.take())  # the first turn: none was given in the last 0.1 s
+        turns.done(await took(turns))  # the first turn: none was given in the last 0.1 s
         assert trio.current_time() == start
-        turns.done(await turns.take())
+        turns.done(await took(turns))
         assert trio.current_time() - start == pytest.approx(0.1)
-        turns.done(await turns.take())
+        turns.done(await took(turns))
         assert trio.current_time() - start == pytest.approx(0.2)
 
 
 async def test_a_turn_waits_for_the_decisions_under_way_to_end(nursery: trio.Nursery) -> None:
     turns = Turns(patience=3600)
     nursery.start_soon(turns.run)
-    turns.done(await turns.take())  # the patience counts from here
+    turns.done(await took(turns))  # the patience counts from here
     with turns.deciding():
         got = await given(turns, nursery)
         with turns.deciding():  # two at once: the turn waits for both
@@ -78,11 +91,11 @@ async def test_a_turn_whose_reader_waits_on_its_client_passes_on_when_its_lease_
 ) -> None:  # type: ignore[no-untyped-def]
     turns = Turns(lease=0.02)
     nursery.start_soon(turns.run)
-    first = await turns.take()  # not given back in time: its sends wait on a client that does not read
+    first = await took(turns)  # not given back in time: its sends wait on a client that does not read
     start = trio.current_time()
-    second = await turns.take()
+    second = await took(turns)
     assert trio.current_time() - start == pytest.approx(0.02)
-    assert not turns.holds(first) and turns.holds(second)
+    assert not turns.holds(first.turn) and turns.holds(second.turn)
     third = await given(turns, nursery)
     turns.done(first)  # given back late: it takes nothing from the one that holds the turn now
     await trio.testing.wait_all_tasks_blocked()
@@ -95,9 +108,9 @@ async def test_a_turn_whose_reader_waits_on_its_client_passes_on_when_its_lease_
 async def test_a_reader_that_goes_away_while_it_waits_is_forgotten(nursery: trio.Nursery) -> None:
     turns = Turns(lease=3600)
     nursery.start_soon(turns.run)
-    first = await turns.take()
+    first = await took(turns)
     with trio.move_on_after(0) as scope:  # cancelled at once, before its turn
-        await turns.take()
+        await took(turns)
     assert scope.cancelled_caught
     waiting = await given(turns, nursery)
     turns.done(first)
