@@ -4,9 +4,12 @@ command, never a test)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -248,6 +251,26 @@ def _at_least(*checks: tuple[str, int, int]) -> None:
         )
 
 
+#: seconds a bench stopped by SIGTERM has to stop what it started before it exits anyway
+STOP_GRACE = 20.0
+
+
+def _signal_children(sig: int) -> None:
+    """``sig`` to each process this one started that still runs (the kernel's list of them)."""
+    try:
+        children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
+    except OSError:
+        return
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), sig)
+
+
+def _stop_now() -> None:
+    _signal_children(signal.SIGKILL)
+    os._exit(130)
+
+
 def _stopped_by_sigterm_too(bench: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """``bench``, stopped by SIGTERM as by Ctrl-C: it stops the daemon, plugin and probe it
     started and removes its temporary directory (under ``timeout`` or a CI job's end, a
@@ -260,6 +283,13 @@ def _stopped_by_sigterm_too(bench: Callable[[argparse.Namespace], int]) -> Calla
     def run(args: argparse.Namespace) -> int:
         def interrupt(signum: int, frame: FrameType | None) -> None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            # The children first, by pid: one forked a moment ago may not be in the bench's
+            # own list yet. And the bench is gone within STOP_GRACE seconds whatever its
+            # stopping meets, its children killed.
+            _signal_children(signal.SIGTERM)
+            deadline = threading.Timer(STOP_GRACE, _stop_now)
+            deadline.daemon = True  # a bench that stopped in time exits at once
+            deadline.start()
             signal.raise_signal(signal.SIGINT)
 
         previous = signal.signal(signal.SIGTERM, interrupt)
