@@ -281,7 +281,10 @@ def _stopped_by_sigterm_too(bench: Callable[[argparse.Namespace], int]) -> Calla
 
     @functools.wraps(bench)
     def run(args: argparse.Namespace) -> int:
+        stopping = threading.Event()
+
         def interrupt(signum: int, frame: FrameType | None) -> None:
+            stopping.set()
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             # The children first, by pid: one forked a moment ago may not be in the bench's
             # own list yet. And the bench is gone within STOP_GRACE seconds whatever its
@@ -295,6 +298,10 @@ def _stopped_by_sigterm_too(bench: Callable[[argparse.Namespace], int]) -> Calla
         previous = signal.signal(signal.SIGTERM, interrupt)
         try:
             return bench(args)
+        except EventsrcError:
+            if stopping.is_set():  # its daemon, stopped above, ended what it was doing: it was stopped
+                raise KeyboardInterrupt from None
+            raise
         finally:
             signal.signal(signal.SIGTERM, previous)
 
