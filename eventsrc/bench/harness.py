@@ -46,6 +46,20 @@ def cpu_seconds(pid: int) -> float:
     return time.clock_gettime(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
 
 
+class CPU:
+    """The CPU a process used since the last look, as a share of one core."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.start()
+
+    def start(self) -> None:
+        self.c, self.t = cpu_seconds(self.pid), time.perf_counter()
+
+    def share(self) -> float:
+        return (cpu_seconds(self.pid) - self.c) / (time.perf_counter() - self.t)
+
+
 def rss_bytes(pid: int, field: str = "VmRSS") -> int:
     """Resident set size of ``pid`` now (VmRSS in /proc/<pid>/status), or another of its
     lines in kB (``RssAnon``: the anonymous part; ``RssFile``: mapped files, the log's

@@ -65,6 +65,7 @@ from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from eventsrc.bench.harness import (
+    CPU,
     RESOURCE,
     cpu_seconds,
     one_device_pod,
@@ -459,15 +460,15 @@ class _Bench:
         """The stall probe started on the idle daemon: what it costs the daemon (CPU seconds
         per second, beside the idle daemon without it), and its worst and median round trip there."""
         time.sleep(0.5)  # the plugin's registration settles
-        c, t = cpu_seconds(self.daemon.pid), time.perf_counter()
+        cpu = CPU(self.daemon.pid)
         time.sleep(seconds)
-        idle = (cpu_seconds(self.daemon.pid) - c) / (time.perf_counter() - t)
+        idle = cpu.share()
         self.probe = Probe(self.api)
         time.sleep(0.3)  # its interpreter starts
         self.probe.read()
-        c, t = cpu_seconds(self.daemon.pid), time.perf_counter()
+        cpu.start()
         time.sleep(seconds)
-        probed = (cpu_seconds(self.daemon.pid) - c) / (time.perf_counter() - t)
+        probed = cpu.share()
         worst, median, _ = self.probe.read()
         return max(probed - idle, 0.0), worst, median
 

@@ -27,7 +27,7 @@ from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from eventsrc.bench.harness import (
-    cpu_seconds,
+    CPU,
     one_device_pod,
     pct,
     rss_bytes,
@@ -186,20 +186,6 @@ class Phase:
             f"{max(self.latencies) * 1e3:>9.2f} {p50 / idle_p50:>7.2f} {self.rss / 2**20:>9.1f} "
             f"{self.cpu:>7.2f} {self.others:>9.2f}"
         )
-
-
-class CPU:
-    """The CPU a process used since the last look, as a share of one core."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.start()
-
-    def start(self) -> None:
-        self.c, self.t = cpu_seconds(self.pid), time.perf_counter()
-
-    def share(self) -> float:
-        return (cpu_seconds(self.pid) - self.c) / (time.perf_counter() - self.t)
 
 
 async def _admit_remove(stub: NodeStub, n: int, start: int) -> list[float]:
