@@ -244,11 +244,40 @@ class DeviceHealthChanged(_Event, frozen=True):
 # --------------------------------------------------------------------------- pods
 
 
+#: ``PodAdmissionStarted.source`` of a pod admitted from the container runtime's facts (NRI)
+FROM_RUNTIME: Final = "runtime"
+
+
 class PodAdmissionStarted(_Event, frozen=True):
-    """Intent: the pod is being admitted (recorded before any plugin is called)."""
+    """Intent: the pod is being admitted (recorded before any plugin is called).
+
+    ``source`` is ``FROM_RUNTIME`` for a pod admitted from the container runtime's facts
+    (a pod the node API never saw): such a pod grows by container, as the runtime creates
+    them (ContainerAdmissionStarted); "" for a pod admitted whole (the node API)."""
 
     pod: PodRef
     containers: list[ContainerSpec] = []
+    source: str = ""
+
+
+class ContainerAdmissionStarted(_Event, frozen=True):
+    """Intent: one more container of a pod admitted from the runtime's facts, admitted at its
+    own creation (the runtime tells of one container at a time); devices and CPUs follow as
+    for a pod. ``finished``: earlier containers of the pod the runtime had seen exit before
+    this one was created, which are init containers (the kubelet starts the next container
+    only once an init container has exited): their exclusive CPUs and devices pass on."""
+
+    pod: PodRef
+    container: ContainerSpec
+    finished: list[str] = []
+
+
+class ContainerAdmitted(_Event, frozen=True):
+    """Outcome of a ContainerAdmissionStarted: the container holds what was reserved for it.
+    A refusal is an AdmissionRejected naming the container; the pod keeps its other containers."""
+
+    pod: PodRef
+    container: str
 
 
 class PodAdmitted(_Event, frozen=True):
@@ -626,6 +655,8 @@ Event = (
     | ResourceDropped
     | DeviceHealthChanged
     | PodAdmissionStarted
+    | ContainerAdmissionStarted
+    | ContainerAdmitted
     | PodAdmitted
     | AdmissionRejected
     | PodRemoved

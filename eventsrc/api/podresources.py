@@ -49,6 +49,8 @@ def pod_resources(views: Views, pod: PodView) -> pb.PodResources:
     for name, c in pod.containers.items():
         if c.kind == "init":  # the kubelet lists app containers and restartable init containers
             continue
+        if name == pod.growing:  # admitted at its creation: listed once admitted
+            continue
         cr = pb.ContainerResources(name=name, cpu_ids=sorted(c.cpus))
         for resource, ids in sorted(c.devices.items()):
             cr.devices.extend(container_devices(resource, ids, views.devices.devices.get(resource, {})))

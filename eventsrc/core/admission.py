@@ -113,6 +113,52 @@ class Pod(Protocol):
     def containers(self) -> list[ContainerSpec]: ...
     @property
     def claims(self) -> Sequence[PodClaim]: ...
+    @property
+    def source(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class _Grown:
+    """A pod admitted from the runtime's facts, with one more container (``PodAdmission.grow``)."""
+
+    pod: ev.PodRef
+    containers: list[ContainerSpec]
+    claims: Sequence[PodClaim] = ()
+    source: str = ev.FROM_RUNTIME
+
+
+@dataclass(frozen=True)
+class Growth:
+    """The container a growth admits, and the pod's earlier containers found to be init
+    containers (``ContainerAdmissionStarted.finished``)."""
+
+    container: ContainerSpec
+    finished: list[str]
+
+
+def _inits(pod: PodView) -> set[str]:
+    return {name for name, c in pod.containers.items() if c.kind == "init"}
+
+
+def finished_containers(views: Views, pod: PodView) -> set[str]:
+    """The pod's containers that are init containers: those recorded so, and those the
+    runtime no longer runs while the pod grows: reported exited, or gone from its listing
+    (a Synchronize lists no exited container). The kubelet creates the next container only
+    once an init container has exited; an app container that exits is created again under
+    its own name, not followed by another."""
+    live = {c.name for c in views.runtime.containers.values() if c.pod_uid == pod.uid and c.state != "stopped"}
+    return _inits(pod) | (pod.containers.keys() - live)
+
+
+def undo_growth(views: Views, cpus: CPUManagerConfig, uid: str, container: str, reason: str) -> list[ev._Event]:
+    """Release what ``container`` of pod ``uid`` holds (a growth that did not end: the pod
+    keeps its other containers), and the shared pool without it."""
+    out: list[ev._Event] = list(release_events(views, uid, reason, container=container))
+    held = views.cpus.assignments.get(uid, {})
+    others = [c for name, cs in held.items() if name != container for c in cs]
+    after = cpu_index_of(views.cpus).assigned(uid) | set(others)
+    out += pool_change(cpus, views.cpus.shared, after, reason)
+    return out
 
 
 @dataclass(frozen=True)
@@ -277,16 +323,69 @@ def pod_difference(was: Pod, now: Pod) -> str | None:
 class PodAdmission:
     """One pod's admission; its phases run once each, in order (see the module's header)."""
 
-    def __init__(self, views: Views, config: AdmissionConfig, pod: Pod) -> None:
+    def __init__(self, views: Views, config: AdmissionConfig, pod: Pod, growing: Growth | None = None) -> None:
+        """``growing``: the admission of one more container of an admitted pod
+        (``PodAdmission.grow``); ``pod`` then holds the pod's containers and that one last."""
         self.views = views
         self.config = config
         self.pod = pod
         self.uid = pod.pod.uid
+        self.growing = growing
         self.requests = {c.name: device_requests(c) for c in pod.containers}
+        if growing is not None:
+            # Only the new container's resources are planned: the earlier containers' holds of
+            # those are kept (and an init container's pass on); their other resources stay as they are.
+            asked = self.requests[growing.container.name].keys()
+            self.requests = {
+                name: {r: n for r, n in reqs.items() if r in asked} for name, reqs in self.requests.items()
+            }
         self._options: dict[str, ev.PluginOptions] = {}  # per resource, as find() got them
         self._planned: set[str] = set()  # the device plugin resources plan() gave devices
 
+    @classmethod
+    def grow(cls, views: Views, config: AdmissionConfig, pod: Pod) -> PodAdmission | PodView | None:
+        """The admission of ``pod``'s one container (a pod admitted from the runtime's facts,
+        told of one container at a time) into the pod the views hold. None when the pod is
+        not known or not admitted (admitted whole, its admission still running, or
+        quarantined: ``known`` says); the pod, kept as it is, when it has the container.
+        Raises AdmissionRefused (not recorded) while one of its containers is admitted, when
+        the uid is another pod's, or when the pod was admitted whole (through the node API: a
+        container its admission did not name gets no exclusive CPUs or devices, docs/nri.md)."""
+        (new,) = pod.containers
+        known = views.pods.pods.get(pod.pod.uid)
+        if known is None or known.state != ADMITTED:
+            return None
+        if known.growing:
+            raise AdmissionRefused(
+                f"pod {known.namespace}/{known.name} ({known.uid}) is admitting container {known.growing!r}"
+            )
+        if new.name in known.containers:
+            return known
+        if (known.namespace, known.name) != (pod.pod.namespace, pod.pod.name):
+            raise AdmissionRefused(
+                f"uid {known.uid} is pod {known.namespace}/{known.name}, not {pod.pod.namespace}/{pod.pod.name}"
+            )
+        if known.source != ev.FROM_RUNTIME:
+            raise AdmissionRefused(
+                f"pod {known.namespace}/{known.name} ({known.uid}) was admitted whole, without container {new.name!r}"
+            )
+        finished = finished_containers(views, known)
+        before = [
+            ContainerSpec(
+                name=name,
+                kind="init" if name in finished else c.kind,
+                requests=dict(c.requests),
+                limits=dict(c.limits),
+                claims=list(c.claims),
+            )
+            for name, c in known.containers.items()
+        ]
+        grown = _Grown(pod=pod.pod, containers=[*before, new])
+        return cls(views, config, grown, Growth(new, sorted(finished - _inits(known))))
+
     def _refused(self, reason: str, container: str = "", hint: str = "", pinning: Sequence[bool] = ()) -> Refused:
+        if self.growing is not None:
+            container = self.growing.container.name
         event = ev.AdmissionRejected(pod=self.pod.pod, reason=reason, container=container, topology_hint=hint)
         return Refused(reason, event, tuple(pinning))
 
@@ -297,7 +396,7 @@ class PodAdmission:
         AdmissionRefused (not recorded) while its admission runs, when the uid is another
         pod's (``pod_difference``), or when a container's device count changed."""
         pod = self.views.pods.pods.get(self.uid)
-        if pod is None:
+        if pod is None or self.growing is not None:
             return None
         if pod.state == QUARANTINED:
             raise AdmissionRefused(
@@ -428,7 +527,12 @@ class PodAdmission:
         devices reserved, CPUs assigned (final with the intent: no plugin call) and the shared
         pool without them, the claims' references and prepares; an Allocate per new step."""
         uid = self.uid
-        intent: list[ev._Event] = [ev.PodAdmissionStarted(pod=self.pod.pod, containers=self.pod.containers)]
+        growing = self.growing
+        intent: list[ev._Event] = [
+            ev.PodAdmissionStarted(pod=self.pod.pod, containers=self.pod.containers, source=self.pod.source)
+            if growing is None
+            else ev.ContainerAdmissionStarted(pod=self.pod.pod, container=growing.container, finished=growing.finished)
+        ]
         intent += [
             ev.DevicesReserved(
                 pod_uid=uid,
@@ -439,6 +543,7 @@ class PodAdmission:
                 note=s.note,
             )
             for s in devices.plan.steps
+            if growing is None or s.container == growing.container.name
         ]
         intent += self._cpu_events(cpus.planner)
         claims = claim_admission_events(self.views, uid, [(c.ref, c.driver) for c in self.pod.claims])
@@ -511,13 +616,19 @@ class PodAdmission:
             yield [*self._undo(), ev.AdmissionRejected(pod=self.pod.pod, reason=claim_failure.reason)]
             return Outcome(admitted=False, reason=claim_failure.reason)
         # Its containers are in this admission's PodAdmissionStarted: not written twice.
-        admitted = ev.PodAdmitted(pod=self.pod.pod, qos_class=qos_class(self.pod.containers))
+        admitted: ev._Event = (
+            ev.PodAdmitted(pod=self.pod.pod, qos_class=qos_class(self.pod.containers))
+            if self.growing is None
+            else ev.ContainerAdmitted(pod=self.pod.pod, container=self.growing.container.name)
+        )
         yield [*outcome, admitted]
         return Outcome(admitted=True)
 
     def _undo(self) -> list[ev._Event]:
         """Release every device, every exclusive CPU and every claim reference of the pod, as
-        the views hold them now."""
+        the views hold them now; of a growth, what the new container holds."""
+        if self.growing is not None:
+            return undo_growth(self.views, self.config.cpus, self.uid, self.growing.container.name, UNDO_REASON)
         views = self.views
         uid = self.uid
         out: list[ev._Event] = list(release_events(views, uid, UNDO_REASON))
@@ -542,7 +653,7 @@ def removal(views: Views, cpus: CPUManagerConfig, uid: str, reason: str) -> list
         raise NotFound(f"no pod with uid {uid}")
     if pod.state == QUARANTINED:  # an operator resolves it: the removal says so
         reason = f"{reason}: released by the operator while quarantined (records in doubt: {pod.in_doubt})"
-    elif pod.state != ADMITTED:
+    elif pod.state != ADMITTED or pod.growing:
         raise AdmissionRefused(f"pod {pod.namespace}/{pod.name} ({uid}) is being admitted; remove it once that ends")
     events = remove_pod_events(views, uid, reason)
     events += pool_change(cpus, views.cpus.shared, cpu_index_of(views.cpus).assigned(uid), f"pod {uid} removed")

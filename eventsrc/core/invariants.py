@@ -246,7 +246,8 @@ def before_apply(views: Views, rec: Record) -> list[Violation]:
 def after_apply(views: Views, rec: Record) -> list[Violation]:
     """The rules decided by the views just after one event."""
     e = rec.event
-    uid = e.pod.uid if isinstance(e, ev.PodAdmitted) else e.pod_uid if isinstance(e, ev.DevicesReserved) else None
+    admitted = (ev.PodAdmitted, ev.ContainerAdmitted)
+    uid = e.pod.uid if isinstance(e, admitted) else e.pod_uid if isinstance(e, ev.DevicesReserved) else None
     pod = views.pods.pods.get(uid) if uid is not None else None
     if pod is None or pod.state != ADMITTED:
         return []
@@ -254,7 +255,8 @@ def after_apply(views: Views, rec: Record) -> list[Violation]:
     for resource, table in sorted(views.devices.devices.items()):
         for device_id, d in sorted(table.items()):
             holder = parse_holder(d.holder)
-            if d.hold == RESERVED and holder is not None and holder.pod_uid == uid:
+            # (a container being admitted into the admitted pod holds its devices reserved until its outcome)
+            if d.hold == RESERVED and holder is not None and holder.pod_uid == uid and holder.container != pod.growing:
                 out.append(
                     _v(
                         "reserved-under-admitted-pod",

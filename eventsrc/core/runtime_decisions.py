@@ -273,7 +273,7 @@ def reconcile(views: Views, sandboxes: list[SandboxFacts], containers: list[Cont
                     )
                 )
         pod = views.pods.pods.get(sandbox.uid)
-        if now.state != "stopped" and (pod is None or pod.state != ADMITTED):
+        if now.state != "stopped" and (pod is None or pod.state != ADMITTED or grows(pod, now.name)):
             unadmitted.append((sandbox, now))
     return Reconciled(events=events + started, unadmitted=unadmitted)
 
@@ -289,6 +289,24 @@ def vanished(views: Views, listed: Iterable[str], present: set[str]) -> list[ev.
         for sid in sorted(set(listed))
         if sid in sandboxes and sid not in present
     ]
+
+
+def grows(pod: PodView, container: str) -> bool:
+    """Whether ``container`` of admitted ``pod`` is admitted at its creation (or while it
+    runs, found at a Synchronize): the pod was read from the runtime's facts, one container
+    at a time, and its admission has not had this one. A pod admitted whole (the node API)
+    keeps its admission: a container it did not name runs in the shared pool, with no devices."""
+    return pod.source == ev.FROM_RUNTIME and (container not in pod.containers or pod.growing == container)
+
+
+def running_before(views: Views, pod: PodView) -> set[str]:
+    """The ids of the pod's admitted containers the log holds as created or running: before
+    the pod grows, the runtime is asked which of them have exited (``ContainerStopped``)."""
+    return {
+        cid
+        for cid, c in views.runtime.containers.items()
+        if c.pod_uid == pod.uid and c.state != "stopped" and c.name in pod.containers
+    }
 
 
 def not_its_pod(pod: PodView, namespace: str, name: str) -> str:

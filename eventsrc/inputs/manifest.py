@@ -116,6 +116,8 @@ class PodSpec(Struct, frozen=True, kw_only=True):
     pod: ev.PodRef
     containers: list[ev.ContainerSpec]
     claims: list[PodClaim] = []
+    #: ``events.FROM_RUNTIME`` for a pod read from the container runtime's facts (NRI)
+    source: str = ""
 
 
 _WHOLE = re.compile(r"^[0-9]+$")

@@ -71,6 +71,8 @@ def keys_for(e: ev._Event) -> list[bytes]:
         return [pod_prefix(e.pod_uid), *(device_prefix(e.resource, i) for i in e.device_ids)]
     if isinstance(e, (ev.PodAdmissionStarted, ev.AdmissionRejected)):
         return [pod_prefix(e.pod.uid), name_prefix(e.pod.namespace, e.pod.name)]
+    if isinstance(e, (ev.ContainerAdmissionStarted, ev.ContainerAdmitted)):
+        return [pod_prefix(e.pod.uid)]
     if isinstance(e, ev.PodAdmitted):
         # Without containers its PodAdmissionStarted holds them, and the name is indexed there.
         named = [name_prefix(e.pod.namespace, e.pod.name)] if e.containers else []

@@ -166,7 +166,12 @@ class Admission(Generic[D]):
             running.done.set()
 
     async def _admit(self, spec: PodSpec) -> PodView:
-        core = PodAdmission(self.recorder.views, self.config, spec)
+        views = self.recorder.views
+        # A pod read from the runtime's facts comes one container at a time: the pod grows.
+        grown = PodAdmission.grow(views, self.config, spec) if spec.source == ev.FROM_RUNTIME else None
+        if isinstance(grown, PodView):
+            return grown
+        core = grown or PodAdmission(views, self.config, spec)
         known = core.known()
         if known is not None:
             return known
@@ -263,7 +268,10 @@ class Admission(Generic[D]):
             outcome = await drive(core.settle(results), self.recorder.record)
         uid = spec.pod.uid
         if outcome.admitted:
-            log.info("pod admitted", pod=_name(spec), uid=uid)
+            if core.growing is None:
+                log.info("pod admitted", pod=_name(spec), uid=uid)
+            else:
+                log.info("container admitted", pod=_name(spec), uid=uid, container=core.growing.container.name)
             return self.recorder.views.pods.pods[uid]
         self.dra.kick()  # the claims the undo released are to be unprepared
         if outcome.failed is None:

@@ -231,6 +231,7 @@ class Asked(Struct, kw_only=True, gc=False):
 class Admitted(Struct, kw_only=True, gc=False):
     at: At
     qos_class: str = ""
+    container: str = ""  # a container admitted into the pod at its creation (ContainerAdmitted)
 
 
 class Refusal(Struct, kw_only=True, gc=False):
@@ -1039,6 +1040,10 @@ def pod_history(log: Reader, uid_or_ns_name: str) -> PodHistory:
             out.namespace, out.name = e.pod.namespace, e.pod.name
         if isinstance(e, ev.PodAdmissionStarted):
             out.asked.append(Asked(at=a, type=r.type, containers=list(e.containers)))
+        elif isinstance(e, ev.ContainerAdmissionStarted):  # the pod grows by a container
+            out.asked.append(Asked(at=a, type=r.type, containers=[e.container]))
+        elif isinstance(e, ev.ContainerAdmitted):
+            out.admitted.append(Admitted(at=a, container=e.container))
         elif isinstance(e, ev.PodAdmitted):
             if not out.asked or (out.admitted and out.asked[-1].at.seq < out.admitted[-1].at.seq):
                 out.asked.append(Asked(at=a, type=r.type, containers=list(e.containers)))

@@ -134,7 +134,11 @@ def pod_lines(h: PodHistory) -> list[str]:
                 + (f"; claims {','.join(c.claims)}" if c.claims else "")
             )
     for ad in h.admitted:
-        lines.append(f"admitted {_when(ad.at)}" + (f", QoS {ad.qos_class}" if ad.qos_class else ""))
+        lines.append(
+            f"admitted {_when(ad.at)}"
+            + (f", QoS {ad.qos_class}" if ad.qos_class else "")
+            + (f": container {ad.container}" if ad.container else "")
+        )
     for rf in h.refused:
         lines.append(
             f"refused {_when(rf.at)}: {rf.reason}"

@@ -453,7 +453,16 @@ class _Probes:
         elif isinstance(e, ev.DeviceHealthChanged):
             self.device(e.resource, e.device_id)
             self.numa(e.resource, e.device_id)
-        elif isinstance(e, (ev.PodAdmissionStarted, ev.PodAdmitted, ev.AdmissionRejected)):
+        elif isinstance(
+            e,
+            (
+                ev.PodAdmissionStarted,
+                ev.ContainerAdmissionStarted,
+                ev.ContainerAdmitted,
+                ev.PodAdmitted,
+                ev.AdmissionRejected,
+            ),
+        ):
             self.pod(e.pod.uid, f"{e.pod.namespace}/{e.pod.name}" if e.pod.name else e.pod.uid)
         elif isinstance(e, ev.PodRemoved):
             self.pod(e.pod_uid, who(views, e.pod_uid))

@@ -236,6 +236,7 @@ _DEVICE_EXPECTED: dict[tuple[DeviceState, EventType], DeviceState] = {
     (ALLOCATED, ev.DevicesRemoved): ALLOCATED_UNLISTED,
     (ALLOCATED, ev.ResourceDropped): ALLOCATED_UNLISTED,
     (ALLOCATED, ev.DevicesAllocated): ALLOCATED,  # an init container hands it on
+    (ALLOCATED, ev.DevicesReserved): RESERVED,  # ... to a container admitted at its creation (a pod that grows)
     (ALLOCATED, ev.DevicesReleased): FREE,
     (RESERVED_UNLISTED, ev.DevicesAdded): RESERVED,
     (RESERVED_UNLISTED, ev.DeviceHealthChanged): RESERVED,

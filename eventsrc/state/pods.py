@@ -29,8 +29,30 @@ def steps(v: Views, e: ev._Event) -> list[Step]:
 
 def admission_started(v: Views, seq: int, e: ev.PodAdmissionStarted) -> None:
     after = POD.next(_state(v, e.pod.uid), type(e))
-    v.pods.pods[e.pod.uid] = _new_pod(e.pod, e.containers, pod_state(after), seq)
+    pod = v.pods.pods[e.pod.uid] = _new_pod(e.pod, e.containers, pod_state(after), seq)
+    pod.source = sys.intern(e.source)
     v.pods.rejected.pop(e.pod.uid, None)
+
+
+def container_admission_started(v: Views, seq: int, e: ev.ContainerAdmissionStarted) -> None:
+    """The pod grows by ``e.container`` (admitting until its outcome); the containers that
+    had exited before it are init containers."""
+    pod = v.pods.pods.get(e.pod.uid)
+    if pod is None:
+        return
+    for name in e.finished:
+        if (done := pod.containers.get(name)) is not None:
+            done.kind = "init"
+    pod.containers[e.container.name] = _container_view(e.container)
+    pod.growing, pod.growing_seq = e.container.name, seq
+    pod.changed_seq = seq
+
+
+def container_admitted(v: Views, seq: int, e: ev.ContainerAdmitted) -> None:
+    pod = v.pods.pods.get(e.pod.uid)
+    if pod is not None and pod.growing == e.container:
+        pod.growing, pod.growing_seq = "", 0
+        pod.changed_seq = seq
 
 
 def pod_admitted(v: Views, seq: int, e: ev.PodAdmitted) -> None:
@@ -63,8 +85,13 @@ def _new_pod(ref: ev.PodRef, containers: list[ev.ContainerSpec], state: PodState
 
 
 def admission_rejected(v: Views, seq: int, e: ev.AdmissionRejected) -> None:
-    if e.pod.uid in v.pods.pods and POD.next(_state(v, e.pod.uid), type(e)) == POD_ABSENT:
+    pod = v.pods.pods.get(e.pod.uid)
+    if pod is not None and POD.next(_state(v, e.pod.uid), type(e)) == POD_ABSENT:
         del v.pods.pods[e.pod.uid]
+    elif pod is not None and pod.growing and pod.growing == e.container:  # a container refused: the pod stays
+        del pod.containers[pod.growing]
+        pod.growing, pod.growing_seq = "", 0
+        pod.changed_seq = seq
     rejected = v.pods.rejected
     rejected.pop(e.pod.uid, None)
     rejected[e.pod.uid] = e.reason
@@ -133,6 +160,8 @@ def cpus_released(v: Views, seq: int, e: ev.CPUsReleased) -> None:
 
 HANDLERS: Handlers = {
     ev.PodAdmissionStarted: admission_started,
+    ev.ContainerAdmissionStarted: container_admission_started,
+    ev.ContainerAdmitted: container_admitted,
     ev.PodAdmitted: pod_admitted,
     ev.AdmissionRejected: admission_rejected,
     ev.PodRemoved: pod_removed,

@@ -52,7 +52,10 @@ def sandbox_removed(v: Views, seq: int, e: ev.PodSandboxRemoved) -> None:
 
 
 def pod_removed(v: Views, seq: int, e: ev.PodRemoved | ev.AdmissionRejected) -> None:
-    v.runtime.gone.pop(e.pod_uid if isinstance(e, ev.PodRemoved) else e.pod.uid, None)
+    uid = e.pod_uid if isinstance(e, ev.PodRemoved) else e.pod.uid
+    if uid in v.pods.pods:  # one container refused (state.pods ran first): the pod's release is still owed
+        return
+    v.runtime.gone.pop(uid, None)
 
 
 def container_created(v: Views, seq: int, e: ev.ContainerCreated) -> None:

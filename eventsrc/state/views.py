@@ -209,6 +209,11 @@ class PodView(Struct, kw_only=True, gc=False):
     in_doubt: list[int] = []
     quarantined_seq: int = 0
     containers: dict[str, ContainerView] = field(default_factory=dict)
+    # events.FROM_RUNTIME: admitted from the runtime's facts, it grows by container
+    source: str = ""
+    # the container whose ContainerAdmissionStarted has no outcome yet ("" none), and that record
+    growing: str = ""
+    growing_seq: int = 0
 
     def __post_init__(self) -> None:
         # the uid interned: the device index's holders (``state.devices``) find this one

@@ -329,7 +329,7 @@ def test_pod_history_every_field(synthetic: tuple[Path, dict[str, int]]) -> None
         }
     ]
     assert h["asked"] == [{"at": at(s, "a_started", 2), "type": "PodAdmissionStarted", "containers": spec}]
-    assert h["admitted"] == [{"at": at(s, "a_admitted", 3), "qos_class": "Guaranteed"}]
+    assert h["admitted"] == [{"at": at(s, "a_admitted", 3), "qos_class": "Guaranteed", "container": ""}]
     assert h["refused"] == []
     assert h["devices"] == [
         {

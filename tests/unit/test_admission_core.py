@@ -35,6 +35,7 @@ from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.core.cpu.static import CPUManagerConfig, pool_events
 from eventsrc.core.cpu.topology import Core, MachineInfo, discover
 from eventsrc.core.cpu.topology import Node as NUMANode
+from eventsrc.core.devices.holds import restart_events
 from eventsrc.core.invariants import Checker
 from eventsrc.core.topology_manager import TOPOLOGY_AFFINITY_MESSAGE, parse_topology_manager
 from eventsrc.errors import AdmissionRefused, NotFound
@@ -719,12 +720,14 @@ def test_another_pod_under_a_known_uid_is_refused_unrecorded(other: PodSpec, rea
     assert len(n.recorded) == recorded
 
 
-def checked(n: Log) -> list[tuple[str, int]]:
-    """``replay --check``'s rules over everything ``n`` recorded: (rule, seq) of each violation."""
+def checked(n: Log, batches: bool = False) -> list[tuple[str, int]]:
+    """``replay --check``'s rules over everything ``n`` recorded: (rule, seq) of each violation.
+    ``batches``: each batch under one correlation id, as the shell appends it."""
     checker = Checker()
     found = []
-    for seq, e in enumerate((e for batch in n.recorded for e in batch), 1):
-        found += checker.feed(Record(seq, seq, f"c{seq}", e.VERSION, e))  # type: ignore[arg-type]
+    numbered = ((b, e) for b, batch in enumerate(n.recorded) for e in batch)
+    for seq, (b, e) in enumerate(numbered, 1):
+        found += checker.feed(Record(seq, seq, f"c{b if batches else seq}", e.VERSION, e))  # type: ignore[arg-type]
     found += checker.finish()
     return [(v.rule, v.seq) for v in found]
 
@@ -788,3 +791,135 @@ def test_an_allocate_failure_releases_the_devices_an_init_container_handed_on() 
     )
     assert holders(n) == {}
     assert n.views.pods.pods == {}
+
+
+# --------------------------------------------------------------------------- a pod that grows by container
+# A pod eventsrc reads from the container runtime's facts (NRI) comes one container at a time:
+# its first container's creation admits the pod, each later one grows it (issue 27).
+
+
+def runtime_pod(c: ev.ContainerSpec, uid: str = "pod-1") -> PodSpec:
+    return PodSpec(pod=ev.PodRef(uid=uid, namespace="default", name=uid), containers=[c], source=ev.FROM_RUNTIME)
+
+
+def ran(n: Log, name: str, exited: bool, uid: str = "pod-1") -> None:
+    """The runtime created ``name`` of pod ``uid`` (and it exited, when ``exited``)."""
+    cid = f"{uid}-{name}"
+    events: list[ev._Event] = [ev.ContainerCreated(container_id=cid, sandbox_id="s1", pod_uid=uid, name=name)]
+    if exited:
+        events.append(ev.ContainerStopped(container_id=cid, pod_uid=uid, exit_code=0))
+    n.record(events)
+
+
+def grow(n: Log, c: ev.ContainerSpec, cfg: AdmissionConfig | None = None) -> tuple[PodAdmission, Intent]:
+    core = PodAdmission.grow(n.views, cfg or config(), runtime_pod(c))
+    assert isinstance(core, PodAdmission)
+    assert core.known() is None
+    assert run(core.find(), everything_there())[0] is None
+    decision, _ = run(core.plan(), no_preference)
+    assert isinstance(decision, Intent), decision
+    assert core.fits() is None
+    n.record(decision.events)
+    return core, decision
+
+
+def test_a_runtime_pod_grows_by_container_and_an_init_containers_cpus_and_devices_pass_on() -> None:
+    n = node()
+    admitted(n, runtime_pod(container("init", gpus=1, cpus=1)))
+    pod_view = n.views.pods.pods["pod-1"]
+    assert (pod_view.source, list(pod_view.containers)) == (ev.FROM_RUNTIME, ["init"])
+    (init_cpus,) = [n.views.cpus.assignments["pod-1"]["init"]]
+    ran(n, "init", exited=True)
+
+    core, decision = grow(n, container("main", gpus=1, cpus=1))
+    assert kinds(decision.events) == ["ContainerAdmissionStarted", "DevicesReserved", "CPUsAssigned"]
+    assert decision.events[0] == ev.ContainerAdmissionStarted(
+        pod=ev.PodRef(uid="pod-1", namespace="default", name="pod-1"),
+        container=container("main", gpus=1, cpus=1),
+        finished=["init"],
+    )
+    reserved, assigned = decision.events[1:]
+    assert isinstance(reserved, ev.DevicesReserved) and isinstance(assigned, ev.CPUsAssigned)
+    assert (reserved.container, reserved.choice) == ("main", "reused")  # the init container's device
+    assert reserved.device_ids == list(n.views.pods.pods["pod-1"].containers["init"].devices[GPU])
+    assert assigned.cpus == init_cpus  # as the kubelet's cpusToReuse: the pool does not change
+    assert pod_view.growing == "main" and pod_view.state == "admitted"
+    assert pod_view.containers["init"].kind == "init"
+    assert [c.container for c in decision.allocations] == ["main"]
+    assert settle(n, core, all_allocated(decision)).admitted
+    assert kinds(n.recorded[-1]) == ["DevicesAllocated", "ContainerAdmitted"]
+    assert pod_view.growing == ""
+    ran(n, "main", exited=False)
+
+    core, decision = grow(n, ev.ContainerSpec(name="sidecar", requests={"cpu": "500m"}, limits={"cpu": "500m"}))
+    assert kinds(decision.events) == ["ContainerAdmissionStarted"]  # a share of the pool: nothing exclusive
+    assert decision.events[0].finished == []  # type: ignore[attr-defined]
+    assert settle(n, core, CallResults()).admitted
+    assert list(pod_view.containers) == ["init", "main", "sidecar"]
+    assert checked(n, batches=True) == []
+
+
+def test_a_container_the_pod_has_is_kept_and_a_pod_admitted_whole_does_not_grow() -> None:
+    n = node()
+    admitted(n, runtime_pod(container("app", cpus=1)))
+    recorded = len(n.recorded)
+    assert PodAdmission.grow(n.views, config(), runtime_pod(container("app", cpus=1))) is n.views.pods.pods["pod-1"]
+    assert PodAdmission.grow(n.views, config(), runtime_pod(container("app"), uid="pod-2")) is None  # a new pod
+    assert len(n.recorded) == recorded
+
+    admitted(n, pod(container("app", cpus=1), uid="whole"))
+    with pytest.raises(AdmissionRefused) as err:
+        PodAdmission.grow(n.views, config(), runtime_pod(container("other"), uid="whole"))
+    assert str(err.value) == "pod default/whole (whole) was admitted whole, without container 'other'"
+    impostor = PodSpec(pod=ev.PodRef(uid="pod-1", namespace="default", name="x"), containers=[container("b")])
+    with pytest.raises(AdmissionRefused, match="uid pod-1 is pod default/pod-1, not default/x"):
+        PodAdmission.grow(n.views, config(), impostor)
+
+
+def test_a_failed_growth_gives_back_only_the_new_containers_devices_and_cpus() -> None:
+    n = node()
+    admitted(n, runtime_pod(container("first", gpus=1, cpus=1)))
+    ran(n, "first", exited=False)
+    held_before = holders(n)
+    pool_before = list(n.views.cpus.shared)
+    core, decision = grow(n, container("second", gpus=1, cpus=2))
+    assert decision.events[0].finished == []  # type: ignore[attr-defined]  # "first" runs
+    with pytest.raises(AdmissionRefused, match="is being admitted"):  # one growth at a time, no removal meanwhile
+        removal(n.views, STATIC, "pod-1", "gone")
+    (call,) = decision.allocations
+    outcome = settle(n, core, CallResults(failed=(call, "boom")))
+    assert not outcome.admitted
+    failed, undo = n.recorded[-2:]
+    assert kinds(failed) == ["AllocationFailed"]  # which frees the devices of the failed call
+    assert kinds(undo) == ["CPUsReleased", "SharedPoolChanged", "AdmissionRejected"]
+    assert (undo[0].container, undo[-1].container) == ("second", "second")  # type: ignore[attr-defined]
+    pod_view = n.views.pods.pods["pod-1"]
+    assert (pod_view.state, pod_view.growing, list(pod_view.containers)) == ("admitted", "", ["first"])
+    assert holders(n) == held_before
+    assert list(n.views.cpus.shared) == pool_before
+    assert "pod-1" not in n.views.runtime.gone
+
+
+def test_a_restart_during_a_growth_gives_back_that_container_alone() -> None:
+    n = node()
+    admitted(n, runtime_pod(container("first", gpus=1, cpus=1)))
+    ran(n, "first", exited=False)
+    held_before = holders(n)
+    grow(n, container("second", gpus=1))
+    finish = restart_events(n.views)
+    reason = "the daemon restarted during the admission"
+    assert [e for e in finish if not isinstance(e, ev.PluginDisconnected)] == [
+        ev.DevicesReleased(
+            pod_uid="pod-1",
+            container="second",
+            resource=GPU,
+            device_ids=list(n.views.pods.pods["pod-1"].containers["second"].devices[GPU]),
+            reason=reason,
+        ),
+        ev.AdmissionRejected(
+            pod=ev.PodRef(uid="pod-1", namespace="default", name="pod-1"), reason=reason, container="second"
+        ),
+    ]
+    n.record(finish)
+    assert holders(n) == held_before
+    assert list(n.views.pods.pods["pod-1"].containers) == ["first"]

@@ -34,6 +34,8 @@ def sample(cls: type) -> object:
                 kwargs[f.name] = ev.PodRef(uid="u")
             elif t == ev.ClaimRef:
                 kwargs[f.name] = ev.ClaimRef(uid="c")
+            elif t == ev.ContainerSpec:
+                kwargs[f.name] = ev.ContainerSpec(name="c", kind="init", requests={"cpu": "1"})
             elif t == list[str]:
                 kwargs[f.name] = ["a", "b"]
             elif t == list[int]:

@@ -89,6 +89,7 @@ class Pod:
     pod: ev.PodRef
     containers: list[ev.ContainerSpec]
     claims: list[Any] = field(default_factory=list)
+    source: str = ""
 
 
 def container(name: str, count: int, kind: str) -> ev.ContainerSpec:

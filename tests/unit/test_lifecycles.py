@@ -167,10 +167,10 @@ def test_a_device_lifecycle_that_is_sound_has_no_report() -> None:
     checker = Checker()
     assert [v for r in _records(events) for v in checker.feed(r)] + checker.finish() == []
     assert checker.views.devices.devices == {} and checker.views.pods.pods == {}
-    # Reserving a device that is allocated is not in the table.
+    # An Allocate failing for a device that is allocated is not in the table.
     events[4:] = [
         ev.DevicesAllocated(pod_uid="uid-a", container="main", resource=res, device_ids=["d0"]),
-        ev.DevicesReserved(pod_uid="uid-a", container="main", resource=res, device_ids=["d0"]),
+        ev.AllocationFailed(pod_uid="uid-a", container="main", resource=res, device_ids=["d0"]),
     ]
     checker = Checker()
     found = [v for r in _records(events) for v in checker.feed(r)]
@@ -178,7 +178,8 @@ def test_a_device_lifecycle_that_is_sound_has_no_report() -> None:
         (
             "unexpected-transition",
             6,
-            f"d0 {res}: DevicesReserved in state allocated; the device hold lifecycle expects it in free, reserved",
+            f"d0 {res}: AllocationFailed in state allocated; the device hold lifecycle expects it in reserved, "
+            "reserved-unlisted",
         )
     ]
 

@@ -102,6 +102,13 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
     ev.PodAdmissionStarted: st.builds(
         ev.PodAdmissionStarted, pod=pod_refs, containers=st.lists(container_specs, max_size=2)
     ),
+    ev.ContainerAdmissionStarted: st.builds(
+        ev.ContainerAdmissionStarted,
+        pod=pod_refs,
+        container=container_specs,
+        finished=st.lists(containers, max_size=2),
+    ),
+    ev.ContainerAdmitted: st.builds(ev.ContainerAdmitted, pod=pod_refs, container=containers),
     ev.PodAdmitted: st.builds(ev.PodAdmitted, pod=pod_refs, containers=st.lists(container_specs, max_size=2)),
     ev.AdmissionRejected: st.builds(ev.AdmissionRejected, pod=pod_refs, reason=text),
     ev.PodRemoved: st.builds(ev.PodRemoved, pod_uid=pods),

@@ -121,17 +121,20 @@ def holdings(views: Views, pod_uid: str) -> dict[tuple[str, str], list[str]]:
     return index_of(views.devices).held_by(pod_uid)
 
 
-def release_events(views: Views, pod_uid: str, reason: str) -> list[ev._Event]:
-    """Release every device and exclusive CPU ``pod_uid`` holds."""
+def release_events(views: Views, pod_uid: str, reason: str, container: str | None = None) -> list[ev._Event]:
+    """Release every device and exclusive CPU ``pod_uid`` holds (``container``: that one holds)."""
     out: list[ev._Event] = []
-    for (container, resource), ids in sorted(holdings(views, pod_uid).items()):
+    for (name, resource), ids in sorted(holdings(views, pod_uid).items()):
+        if container is not None and name != container:
+            continue
         out.append(
             ev.DevicesReleased(
-                pod_uid=pod_uid, container=container, resource=resource, device_ids=sorted(ids), reason=reason
+                pod_uid=pod_uid, container=name, resource=resource, device_ids=sorted(ids), reason=reason
             )
         )
-    for container, cpus in sorted(views.cpus.assignments.get(pod_uid, {}).items()):
-        out.append(ev.CPUsReleased(pod_uid=pod_uid, container=container, cpus=cpus, reason=reason))
+    for name, cpus in sorted(views.cpus.assignments.get(pod_uid, {}).items()):
+        if container is None or name == container:
+            out.append(ev.CPUsReleased(pod_uid=pod_uid, container=name, cpus=cpus, reason=reason))
     return out
 
 
@@ -151,7 +154,8 @@ def in_doubt(views: Views) -> dict[str, list[int]]:
         return {}
     out: dict[str, list[int]] = {}
     for uid, pod in views.pods.pods.items():
-        if pod.state == ADMITTING and (after := [s for s in corrupt if s > pod.admitted_seq]):
+        since = pod.admitted_seq if pod.state == ADMITTING else pod.growing_seq if pod.growing else None
+        if since is not None and (after := [s for s in corrupt if s > since]):
             out[uid] = after
     for uid in sorted(_holders(views) - views.pods.pods.keys()):
         out[uid] = corrupt
@@ -188,11 +192,15 @@ def restart_events(views: Views) -> list[ev._Event]:
             )
         )
     for uid, pod in views.pods.pods.items():
-        if pod.state == ADMITTING and uid not in doubt:
+        if uid in doubt:
+            continue
+        ref = ev.PodRef(uid=uid, namespace=pod.namespace, name=pod.name)
+        if pod.state == ADMITTING:
             out += release_events(views, uid, reason)
-            out.append(
-                ev.AdmissionRejected(pod=ev.PodRef(uid=uid, namespace=pod.namespace, name=pod.name), reason=reason)
-            )
+            out.append(ev.AdmissionRejected(pod=ref, reason=reason))
+        elif pod.growing:  # one container's admission: the pod keeps the others
+            out += release_events(views, uid, reason, container=pod.growing)
+            out.append(ev.AdmissionRejected(pod=ref, reason=reason, container=pod.growing))
     for uid in sorted(_holders(views) - views.pods.pods.keys() - doubt.keys()):
         out += release_events(views, uid, "held by a pod that was never admitted")
     for plugin in [*views.devices.plugins.values(), *views.claims.drivers.values()]:
