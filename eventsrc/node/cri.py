@@ -1,10 +1,13 @@
-"""The container runtime's own listing of its pod sandboxes, over CRI (``ListPodSandbox``).
+"""The container runtime's own listing of its pod sandboxes and their containers, over CRI
+(``ListPodSandbox``, ``ListContainers``).
 
 NRI tells a plugin every sandbox removal but one kind: containerd (2.x) keeps which sandboxes
 it has told its plugins about in memory only, so the sandboxes it recovers at its start are
 removed with no NRI event (its ``RemovePodSandbox`` asks that memory first). Only the
 runtime's listing then shows them gone (``eventsrc.core.runtime_decisions.vanished``); the NRI plugin
-asks it (``eventsrc.node.nri``). This module only asks.
+asks it (``eventsrc.node.nri``). It asks the containers too before a pod grows by a container
+(NRI tells of a container's own exit asynchronously: the kubelet may create the next one
+first). This module only asks.
 """
 
 from __future__ import annotations
@@ -50,6 +53,21 @@ class SandboxLister:
 
     async def sandbox_ids(self) -> set[str]:
         """The ids of every sandbox the runtime has (ready or not). Raises ListingFailed."""
+        answer = await self._ask("ListPodSandbox", cri.ListPodSandboxRequest())
+        assert isinstance(answer, cri.ListPodSandboxResponse)
+        return {item.id for item in answer.items}
+
+    async def exited(self, sandbox_id: str) -> set[str]:
+        """The ids of the containers of sandbox ``sandbox_id`` that have exited. Raises ListingFailed."""
+        request = cri.ListContainersRequest(filter=cri.ContainerFilter(pod_sandbox_id=sandbox_id))
+        answer = await self._ask("ListContainers", request)
+        assert isinstance(answer, cri.ListContainersResponse)
+        return {c.id for c in answer.containers if c.state == cri.CONTAINER_EXITED}
+
+    async def _ask(
+        self, method: str, request: cri.ListPodSandboxRequest | cri.ListContainersRequest
+    ) -> cri.ListPodSandboxResponse | cri.ListContainersResponse:
+        """One listing call, once the socket's runtime is known to be NRI's. Raises ListingFailed."""
         if not self.path:
             raise ListingFailed(f"no CRI socket is known for runtime {self.runtime[0]!r}")
         reason = endpoint_socket_error(self.path)
@@ -68,11 +86,14 @@ class SandboxLister:
                         "as NRI says: another runtime's listing is not this one's"
                     )
                 self._checked = True
-            answer = await to_aio(self._stub.ListPodSandbox)(cri.ListPodSandboxRequest(), timeout=LIST_TIMEOUT)
+            call = self._stub.ListPodSandbox if method == "ListPodSandbox" else self._stub.ListContainers
+            answer: cri.ListPodSandboxResponse | cri.ListContainersResponse = await to_aio(call)(
+                request, timeout=LIST_TIMEOUT
+            )
         except CALL_ERRORS as exc:
             self.close()
-            raise ListingFailed(f"ListPodSandbox on {self.path}: {why(exc)}") from None
-        return {item.id for item in answer.items}
+            raise ListingFailed(f"{method} on {self.path}: {why(exc)}") from None
+        return answer
 
     def close(self) -> None:
         if self._channel is not None:

@@ -53,12 +53,14 @@ from eventsrc.core.runtime_decisions import (
     Update,
     container_spec,
     created_event,
+    grows,
     not_its_pod,
     owed_releases,
     placement,
     pod_ref,
     pool_updates,
     reconcile,
+    running_before,
     vanished,
 )
 from eventsrc.errors import AdmissionRefused, EventsrcError, NotFound
@@ -72,6 +74,7 @@ from eventsrc.obs.logger import correlation, get_logger
 from eventsrc.obs.text import escape
 from eventsrc.rpc import ttrpc
 from eventsrc.state.lifecycles import ADMITTED
+from eventsrc.state.views import PodView
 
 log = get_logger("eventsrc.node.nri")
 
@@ -491,8 +494,10 @@ class NRIPlugin:
         pod = self.recorder.views.pods.pods.get(sandbox.uid)
         if pod is not None and (why_not := not_its_pod(pod, sandbox.namespace, sandbox.name)):
             raise self._refusal(sandbox, facts, why_not)
-        if pod is not None and pod.state == ADMITTED:
+        if pod is not None and pod.state == ADMITTED and not grows(pod, facts.name):
             return
+        if pod is not None:
+            await self._exits_seen(sandbox, pod)
         try:
             spec = runtime_pod(sandbox, facts, self.options.annotation_namespaces)
         except ManifestError as exc:
@@ -519,6 +524,27 @@ class NRIPlugin:
             raise self._refusal(sandbox, facts, str(outcome[0]))
         if self.recorder.views.pods.pods.get(sandbox.uid) is None:  # admit() ended some other way (a bug)
             raise ttrpc.TtrpcError(2, f"eventsrc: admission of pod {escape(_pod_name(sandbox))} failed; see its log")
+
+    async def _exits_seen(self, sandbox: SandboxFacts, pod: PodView) -> None:
+        """Before ``pod`` grows: the exits of its containers that the runtime has and the log
+        lacks, recorded as observed. NRI tells of a container's own exit asynchronously, and
+        the kubelet creates the next container once the runtime reports the init container
+        exited: the exit may not have reached eventsrc yet."""
+        unsure = running_before(self.recorder.views, pod)
+        if not unsure or self._lister is None:
+            return
+        try:
+            exited = await self._lister.exited(sandbox.id)
+        except ListingFailed as exc:
+            log.warning(
+                "cannot list the pod's containers: one that exited may be taken for a running one",
+                pod=_pod_name(sandbox),
+                reason=str(exc),
+            )
+            return
+        stops = [ev.ContainerStopped(container_id=cid, pod_uid=pod.uid) for cid in sorted(unsure & exited)]
+        if stops:
+            await self.recorder.record(stops)
 
     def _refusal(self, sandbox: SandboxFacts, facts: ContainerFacts, reason: str) -> ttrpc.TtrpcError:
         log.info("container refused", pod=_pod_name(sandbox), container=facts.name, reason=reason)
@@ -560,7 +586,7 @@ class NRIPlugin:
         pod = self.recorder.views.pods.pods.get(sandbox.uid)
         if pod is not None and (why_not := not_its_pod(pod, sandbox.namespace, sandbox.name)):
             raise AdmissionRefused(why_not)
-        if pod is None or pod.state != ADMITTED:
+        if pod is None or pod.state != ADMITTED or grows(pod, facts.name):
             await self.admission.admit(runtime_pod(sandbox, facts, self.options.annotation_namespaces))
 
     async def _update_container(self, payload: bytes) -> bytes:
@@ -719,11 +745,11 @@ class NRIPlugin:
 
 
 def runtime_pod(sandbox: SandboxFacts, facts: ContainerFacts, annotation_namespaces: frozenset[str]) -> PodSpec:
-    """The pod as admission reads it from CRI's facts: its first container stands for it (CRI
-    tells one container at a time). Raises ManifestError for a bad annotation, or one in a
-    namespace not in ``annotation_namespaces``."""
+    """The pod as admission reads it from CRI's facts, with the container being created (CRI
+    tells one container at a time: the first admits the pod, each later one grows it). Raises
+    ManifestError for a bad annotation, or one in a namespace not in ``annotation_namespaces``."""
     devices = device_requests(sandbox.annotations, sandbox.namespace, annotation_namespaces).get(facts.name, {})
-    return PodSpec(pod=pod_ref(sandbox), containers=[container_spec(facts, devices)])
+    return PodSpec(pod=pod_ref(sandbox), containers=[container_spec(facts, devices)], source=ev.FROM_RUNTIME)
 
 
 def _pod_name(sandbox: SandboxFacts) -> str:

@@ -214,6 +214,85 @@ def test_a_pod_never_admitted_is_admitted_from_cri_and_a_bad_annotation_fails_on
     assert "AdmissionRejected" in run_cli("log", "--output", "json", root=root, check=True).stdout
 
 
+def exited(rt: Containerd, cid: str) -> bool:
+    """The runtime reports the container exited (the kubelet creates the next container then)."""
+    return bool(rt.container_status(cid, verbose=False).status.state == rt.cri.pb.CONTAINER_EXITED)
+
+
+def test_a_never_admitted_pod_is_admitted_container_by_container_as_the_kubelet_would(
+    root: Path, containerd_runtime: Containerd, node: Callable[..., Daemon]
+) -> None:
+    """Issue 27: an init container of 1 CPU, then `main` of 1 CPU, then `sidecar` of 500m,
+    created as the kubelet creates them (the next once the init container has exited)."""
+    rt = containerd_runtime
+    daemon = node(plugin=False)
+    shared = run_container(rt, "shared", "uid-shared", cpu_millis=500)
+    pod = rt.run_pod("multi", "uid-multi")
+    # The init container waits to be told to exit, so that what it runs on is read inside it.
+    wait = ["/bin/sh", "-c", "while [ ! -e /tmp/exit ]; do sleep 0.05; done"]
+    init = rt.create_container(pod, "init", cpu_millis=1000, memory_limit=MEM, command=wait)
+    rt.start_container(init)
+    assert rt.cpus_allowed(init) == "1"
+    follows(rt, shared, "0", daemon)
+    assert rt.exec_sync(init, ["touch", "/tmp/exit"])[0] == 0
+    eventually(lambda: exited(rt, init), "the init container to exit")
+
+    main = rt.create_container(pod, "main", cpu_millis=1000, memory_limit=MEM)
+    rt.start_container(main)
+    assert rt.cpus_allowed(main) == "1"  # the init container's CPU, reused as the kubelet reuses it
+    sidecar = rt.create_container(pod, "sidecar", cpu_millis=500, memory_limit=MEM)
+    rt.start_container(sidecar)
+    assert rt.cpus_allowed(sidecar) == "0"  # the shared pool
+    assert rt.cpus_allowed(shared) == "0"
+
+    listed = {p.name: p for p in pod_resources(root)}["multi"]
+    assert {c.name: list(c.cpu_ids) for c in listed.containers} == {"main": [1], "sidecar": []}
+    held_now = state(root)["pods"]["pods"]["uid-multi"]
+    assert {n: (c["kind"], c["cpus"]) for n, c in held_now["containers"].items()} == {
+        "init": ("init", [1]),
+        "main": ("app", [1]),
+        "sidecar": ("app", []),
+    }
+    audit = run_cli("audit", "pod", "uid-multi", root=root, check=True).stdout
+    assert all(c in audit for c in (init, main, sidecar)), audit
+    assert "ContainerAdmissionStarted" in audit and "ContainerAdmitted" in audit
+
+    remove_pod(rt, "uid-multi")
+    follows(rt, shared, "0-1", daemon)
+    assert "uid-multi" not in pods(root)
+    assert state(root)["cpus"]["shared"] == [0, 1]
+    check = run_cli("replay", "--check", root=root)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_sigkill_between_two_containers_creations_is_put_right_at_synchronize(
+    root: Path, containerd_runtime: Containerd, node: Callable[..., Daemon]
+) -> None:
+    """The init container exits and `main` is created while eventsrc is away (unadjusted);
+    the next start's Synchronize records the exit and grows the pod by `main`, which then gets
+    the init container's CPU."""
+    rt = containerd_runtime
+    daemon = node(plugin=False)
+    pod = rt.run_pod("multi", "uid-multi")
+    init = rt.create_container(pod, "init", cpu_millis=1000, memory_limit=MEM, command=["true"])
+    rt.start_container(init)
+    eventually(lambda: exited(rt, init), "the init container to exit")
+    daemon.stop(signal.SIGKILL)
+    main = rt.create_container(pod, "main", cpu_millis=1000, memory_limit=MEM)
+    rt.start_container(main)
+    assert rt.cpus_allowed(main) == "0-1"  # created unadjusted
+
+    again = node(plugin=False)
+    follows(rt, main, "1", again)
+    held_now = state(root)["pods"]["pods"]["uid-multi"]
+    assert {n: (c["kind"], c["cpus"]) for n, c in held_now["containers"].items()} == {
+        "init": ("init", [1]),
+        "main": ("app", [1]),
+    }
+    check = run_cli("replay", "--check", root=root)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def test_sigkill_while_the_runtime_goes_on_then_synchronize_puts_things_right(
     root: Path, containerd_runtime: Containerd, node: Callable[..., Daemon]
 ) -> None:
