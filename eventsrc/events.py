@@ -278,6 +278,7 @@ class ContainerAdmitted(_Event, frozen=True):
 
     pod: PodRef
     container: str
+    qos_class: str = ""  # the pod's, of the containers it has now
 
 
 class PodAdmitted(_Event, frozen=True):

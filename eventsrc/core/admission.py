@@ -50,6 +50,7 @@ from eventsrc.core.claims import ClaimWork
 from eventsrc.core.claims import admission_events as claim_admission_events
 from eventsrc.core.claims import release_events as claim_release_events
 from eventsrc.core.cpu.assignment import TakeError
+from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.core.cpu.static import CPUManagerConfig, CPUPlanner, CPUProvider, pool_change
 from eventsrc.core.devices.choice import (
     DeviceProvider,
@@ -119,7 +120,7 @@ class Pod(Protocol):
 
 @dataclass(frozen=True)
 class _Grown:
-    """A pod admitted from the runtime's facts, with one more container (``PodAdmission.grow``)."""
+    """The one container a growth plans, as the pod it admits (``PodAdmission.grow``)."""
 
     pod: ev.PodRef
     containers: list[ContainerSpec]
@@ -129,11 +130,15 @@ class _Grown:
 
 @dataclass(frozen=True)
 class Growth:
-    """The container a growth admits, and the pod's earlier containers found to be init
-    containers (``ContainerAdmissionStarted.finished``)."""
+    """A growth: the container it admits; the pod's earlier containers found to be init
+    containers (``ContainerAdmissionStarted.finished``); the earlier containers as they are
+    now (the pod's QoS class is of them all); what their init containers hand on."""
 
     container: ContainerSpec
     finished: list[str]
+    before: list[ContainerSpec]
+    cpus: CPUSet
+    devices: dict[str, set[str]]
 
 
 def _inits(pod: PodView) -> set[str]:
@@ -142,12 +147,40 @@ def _inits(pod: PodView) -> set[str]:
 
 def finished_containers(views: Views, pod: PodView) -> set[str]:
     """The pod's containers that are init containers: those recorded so, and those the
-    runtime no longer runs while the pod grows: reported exited, or gone from its listing
-    (a Synchronize lists no exited container). The kubelet creates the next container only
-    once an init container has exited; an app container that exits is created again under
-    its own name, not followed by another."""
+    runtime ran (ContainerCreated recorded) and no longer runs as the pod grows: reported
+    exited, or gone from its listing (a Synchronize lists no exited container). The kubelet
+    creates the next container only once an init container has exited. A container the log
+    never saw created is not one (its creation may have been refused, and the kubelet went
+    on to the next); an app container that exited before the next was created is taken for
+    one: created again, it gets the shared pool (``runtime_decisions.handed_on_to_another``)."""
     live = {c.name for c in views.runtime.containers.values() if c.pod_uid == pod.uid and c.state != "stopped"}
-    return _inits(pod) | (pod.containers.keys() - live)
+    ran = {name for name, c in pod.containers.items() if c.ran}
+    return _inits(pod) | (ran - live)
+
+
+def handed_on(views: Views, pod: PodView, kinds: Mapping[str, str]) -> tuple[CPUSet, dict[str, set[str]]]:
+    """What the pod's containers (of ``kinds``) leave for the next one, as the kubelet's
+    ``cpusToReuse`` and ``devicesToReuse`` stand after its containers in admission order: an
+    init container's CPUs and devices added, any other container's taken out. Only devices a
+    container of the pod still holds count: one given back (a growth undone) is free."""
+    assigned = views.cpus.assignments.get(pod.uid, {})
+    cpus: set[int] = set()
+    devices: dict[str, set[str]] = {}
+    for name, c in pod.containers.items():
+        init = kinds.get(name) == "init"
+        own = set(assigned.get(name, ()))
+        cpus = cpus | own if init else cpus - own
+        for resource, ids in c.devices.items():
+            got = devices.setdefault(resource, set())
+            if init:
+                got |= set(ids)
+            else:
+                got -= set(ids)
+    held: dict[str, set[str]] = {}
+    for (_, resource), held_ids in holdings(views, pod.uid).items():
+        held.setdefault(resource, set()).update(held_ids)
+    reuse = {r: ids & held.get(r, set()) for r, ids in devices.items()}
+    return CPUSet(cpus), {r: ids for r, ids in reuse.items() if ids}
 
 
 def undo_growth(views: Views, cpus: CPUManagerConfig, uid: str, container: str, reason: str) -> list[ev._Event]:
@@ -332,13 +365,6 @@ class PodAdmission:
         self.uid = pod.pod.uid
         self.growing = growing
         self.requests = {c.name: device_requests(c) for c in pod.containers}
-        if growing is not None:
-            # Only the new container's resources are planned: the earlier containers' holds of
-            # those are kept (and an init container's pass on); their other resources stay as they are.
-            asked = self.requests[growing.container.name].keys()
-            self.requests = {
-                name: {r: n for r, n in reqs.items() if r in asked} for name, reqs in self.requests.items()
-            }
         self._options: dict[str, ev.PluginOptions] = {}  # per resource, as find() got them
         self._planned: set[str] = set()  # the device plugin resources plan() gave devices
 
@@ -370,18 +396,17 @@ class PodAdmission:
                 f"pod {known.namespace}/{known.name} ({known.uid}) was admitted whole, without container {new.name!r}"
             )
         finished = finished_containers(views, known)
+        kinds = {name: "init" if name in finished else c.kind for name, c in known.containers.items()}
         before = [
             ContainerSpec(
-                name=name,
-                kind="init" if name in finished else c.kind,
-                requests=dict(c.requests),
-                limits=dict(c.limits),
-                claims=list(c.claims),
+                name=name, kind=kinds[name], requests=dict(c.requests), limits=dict(c.limits), claims=list(c.claims)
             )
             for name, c in known.containers.items()
         ]
-        grown = _Grown(pod=pod.pod, containers=[*before, new])
-        return cls(views, config, grown, Growth(new, sorted(finished - _inits(known))))
+        cpus, devices = handed_on(views, known, kinds)
+        growth = Growth(new, sorted(finished - _inits(known)), before, cpus, devices)
+        # Only the new container is planned: the others keep what they hold, untouched.
+        return cls(views, config, _Grown(pod=pod.pod, containers=[new]), growth)
 
     def _refused(self, reason: str, container: str = "", hint: str = "", pinning: Sequence[bool] = ()) -> Refused:
         if self.growing is not None:
@@ -510,17 +535,25 @@ class PodAdmission:
                 healthy=r.healthy,
                 registered=registered,
             )
-        held = holdings(views, self.uid) if self.uid in views.pods.pods else {}
+        growing = self.growing
+        held = holdings(views, self.uid) if self.uid in views.pods.pods and growing is None else {}
         # The machine's NUMA nodes (as the topology manager got them), never the ids plugins
         # report: hints are masks over these, as the kubelet's are.
         numa_nodes = list(self.config.topology.numa_info.nodes)
-        return DeviceProvider(self.requests, resources, held, numa_nodes, self.uid)
+        reuse = {r: set(ids) for r, ids in growing.devices.items()} if growing is not None else {}
+        return DeviceProvider(self.requests, resources, held, numa_nodes, self.uid, reuse)
+
+    def _qos(self) -> str:
+        """The pod's QoS class, of every container it has (a growth: so far)."""
+        before = self.growing.before if self.growing is not None else []
+        return qos_class([*before, *self.pod.containers])
 
     def _cpus(self) -> CPUProvider:
         """The CPU manager for this pod."""
         cpus = self.views.cpus
-        qos = qos_class(self.pod.containers)
-        return CPUProvider(CPUPlanner(self.config.cpus, cpus.assignments, self.uid, qos, cpu_index_of(cpus)))
+        reuse = self.growing.cpus if self.growing is not None else None
+        planner = CPUPlanner(self.config.cpus, cpus.assignments, self.uid, self._qos(), cpu_index_of(cpus), reuse)
+        return CPUProvider(planner)
 
     def _intent(self, devices: DeviceProvider, cpus: CPUProvider) -> Intent:
         """What the providers planned, as the events to record before any call and the calls:
@@ -543,7 +576,6 @@ class PodAdmission:
                 note=s.note,
             )
             for s in devices.plan.steps
-            if growing is None or s.container == growing.container.name
         ]
         intent += self._cpu_events(cpus.planner)
         claims = claim_admission_events(self.views, uid, [(c.ref, c.driver) for c in self.pod.claims])
@@ -564,7 +596,9 @@ class PodAdmission:
             ev.CPUsAssigned(pod_uid=uid, container=s.container, cpus=s.cpus.sorted_list()) for s in new
         ]
         if new:
-            after = cpu_index_of(self.views.cpus).assigned(without_pod=uid).union(*(s.cpus for s in cpus.steps))
+            # A growth keeps what the pod's other containers hold: only the new one was planned.
+            others = "" if self.growing is not None else uid
+            after = cpu_index_of(self.views.cpus).assigned(without_pod=others).union(*(s.cpus for s in cpus.steps))
             out += pool_change(self.config.cpus, self.views.cpus.shared, after, f"exclusive CPUs for pod {uid}")
         return out
 
@@ -617,9 +651,9 @@ class PodAdmission:
             return Outcome(admitted=False, reason=claim_failure.reason)
         # Its containers are in this admission's PodAdmissionStarted: not written twice.
         admitted: ev._Event = (
-            ev.PodAdmitted(pod=self.pod.pod, qos_class=qos_class(self.pod.containers))
+            ev.PodAdmitted(pod=self.pod.pod, qos_class=self._qos())
             if self.growing is None
-            else ev.ContainerAdmitted(pod=self.pod.pod, container=self.growing.container.name)
+            else ev.ContainerAdmitted(pod=self.pod.pod, container=self.growing.container.name, qos_class=self._qos())
         )
         yield [*outcome, admitted]
         return Outcome(admitted=True)

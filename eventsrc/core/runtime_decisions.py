@@ -125,7 +125,7 @@ def placement(views: Views, cfg: CPUManagerConfig, pod_uid: str, container: str)
     cpus = desired_cpus(views, cfg, pod_uid, container)
     pod = views.pods.pods.get(pod_uid)
     held = pod.containers.get(container) if pod is not None else None
-    if held is None:
+    if held is None or handed_on_to_another(views, pod_uid, container):
         return Placement(cpus=cpus, mems=numa_nodes_of(cfg, cpus) if cpus else [])
     envs: dict[str, str] = {}
     mounts: list[ev.Mount] = []
@@ -159,9 +159,30 @@ def desired_cpus(views: Views, cfg: CPUManagerConfig, pod_uid: str, container: s
     if not cfg.static:
         return None
     exclusive = views.cpus.assignments.get(pod_uid, {}).get(container)
-    if exclusive:
+    if exclusive and not handed_on_to_another(views, pod_uid, container):
         return sorted(exclusive)
     return sorted(views.cpus.shared) or None
+
+
+def handed_on_to_another(views: Views, pod_uid: str, container: str) -> bool:
+    """An init container of the pod whose exclusive CPUs or devices a later container of the
+    pod holds now: created again (a container taken for an init container because it had
+    exited, or a pod's init containers run again), it gets the shared pool and no devices,
+    never what another container runs on."""
+    pod = views.pods.pods.get(pod_uid)
+    mine = pod.containers.get(container) if pod is not None else None
+    if pod is None or mine is None or mine.kind != "init":
+        return False
+    cpus = set(views.cpus.assignments.get(pod_uid, {}).get(container, ()))
+    devices = {(r, i) for r, ids in mine.devices.items() for i in ids}
+    for name, c in pod.containers.items():
+        if name == container or c.kind == "init":
+            continue
+        if cpus & set(views.cpus.assignments.get(pod_uid, {}).get(name, ())):
+            return True
+        if devices & {(r, i) for r, ids in c.devices.items() for i in ids}:
+            return True
+    return False
 
 
 def pool_updates(views: Views, cfg: CPUManagerConfig) -> list[Update]:

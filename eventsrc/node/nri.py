@@ -89,6 +89,9 @@ REGISTER_TIMEOUT = 5.0
 BACKOFF_FIRST, BACKOFF_MAX = 0.25, 5.0
 #: the share of the runtime's request timeout an admission may take before the answer is a refusal
 ANSWER_SHARE = 0.75
+#: the share of it the runtime's CRI listing may take before a pod grows (its exits, if NRI
+#: has not told them yet); past it, the pod grows with what the log holds
+EXITS_SHARE = 0.25
 #: pods plus containers one Synchronize may carry (containerd sends them all, in chunks)
 MAX_SYNC_OBJECTS = 200_000
 #: the runtime's sandbox listing is asked this soon after a container of a sandbox a
@@ -496,8 +499,10 @@ class NRIPlugin:
             raise self._refusal(sandbox, facts, why_not)
         if pod is not None and pod.state == ADMITTED and not grows(pod, facts.name):
             return
+        deadline = trio.current_time() + self.request_timeout * ANSWER_SHARE
         if pod is not None:
-            await self._exits_seen(sandbox, pod)
+            with trio.move_on_at(min(deadline, trio.current_time() + self.request_timeout * EXITS_SHARE)):
+                await self._exits_seen(sandbox, pod)
         try:
             spec = runtime_pod(sandbox, facts, self.options.annotation_namespaces)
         except ManifestError as exc:
@@ -512,10 +517,12 @@ class NRIPlugin:
                 outcome.append(exc)
             finally:
                 done.set()
+            if sandbox.uid in self.recorder.views.runtime.gone:  # removed meanwhile: its release waited
+                await self._settle()
 
         assert self._nursery is not None
         self._nursery.start_soon(admit)
-        with trio.move_on_after(self.request_timeout * ANSWER_SHARE):
+        with trio.move_on_at(deadline):
             await done.wait()
         if not done.is_set():
             reason = f"eventsrc: admission of pod {_pod_name(sandbox)} did not finish in time; it goes on, retry"

@@ -129,6 +129,8 @@ QUARANTINED: Final = "quarantined"
 
 _POD_EVENTS: tuple[EventType, ...] = (
     ev.PodAdmissionStarted,
+    ev.ContainerAdmissionStarted,
+    ev.ContainerAdmitted,
     ev.PodAdmitted,
     ev.AdmissionRejected,
     ev.PodQuarantined,
@@ -142,6 +144,10 @@ _POD_EXPECTED: dict[tuple[PodLifecycleState, EventType], PodLifecycleState] = {
     (ADMITTING, ev.PodAdmitted): ADMITTED,
     (ADMITTING, ev.AdmissionRejected): POD_ABSENT,
     (ADMITTING, ev.PodQuarantined): QUARANTINED,  # a start found its outcome in doubt
+    # a pod read from the runtime grows by container; its other containers stay admitted
+    (ADMITTED, ev.ContainerAdmissionStarted): ADMITTED,
+    (ADMITTED, ev.ContainerAdmitted): ADMITTED,
+    (ADMITTED, ev.AdmissionRejected): ADMITTED,  # that container refused, or undone
     (ADMITTED, ev.PodRemoved): POD_ABSENT,
     (QUARANTINED, ev.PodRemoved): POD_ABSENT,  # by an operator
 }
@@ -149,8 +155,9 @@ _POD_STATES: tuple[PodLifecycleState, ...] = (POD_ABSENT, ADMITTING, ADMITTED, Q
 
 
 def _pod_otherwise(state: PodLifecycleState, event: EventType) -> PodLifecycleState:
-    # A refusal leaves an admitted or quarantined pod as it is; the other events have one target.
-    if event is ev.AdmissionRejected:
+    # A refusal leaves an admitted or quarantined pod as it is, and so does a container's
+    # admission; the other events have one target.
+    if event in (ev.AdmissionRejected, ev.ContainerAdmissionStarted, ev.ContainerAdmitted):
         return state
     if event is ev.PodAdmissionStarted:
         return ADMITTING

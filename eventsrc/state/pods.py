@@ -20,10 +20,11 @@ def _state(v: Views, uid: str) -> PodLifecycleState:
 
 def steps(v: Views, e: ev._Event) -> list[Step]:
     """The pod lifecycle step ``e`` makes in ``v`` (none when it is not a pod's event)."""
-    if isinstance(e, (ev.PodAdmissionStarted, ev.PodAdmitted, ev.AdmissionRejected, ev.PodQuarantined)):
-        return [step(POD, _state(v, e.pod.uid), type(e), e.pod.uid)]
     if isinstance(e, ev.PodRemoved):
         return [step(POD, _state(v, e.pod_uid), type(e), e.pod_uid)]
+    if type(e) in POD.events:  # each of the others names its pod
+        uid: str = e.pod.uid  # type: ignore[attr-defined]
+        return [step(POD, _state(v, uid), type(e), uid)]
     return []
 
 
@@ -31,7 +32,17 @@ def admission_started(v: Views, seq: int, e: ev.PodAdmissionStarted) -> None:
     after = POD.next(_state(v, e.pod.uid), type(e))
     pod = v.pods.pods[e.pod.uid] = _new_pod(e.pod, e.containers, pod_state(after), seq)
     pod.source = sys.intern(e.source)
+    if pod.source:  # admitted from the runtime's facts: its container may be recorded already
+        _mark_ran(v, pod)
     v.pods.rejected.pop(e.pod.uid, None)
+
+
+def _mark_ran(v: Views, pod: PodView) -> None:
+    """The pod's containers the runtime is recorded to have created (at a Synchronize, before
+    their admission)."""
+    for c in v.runtime.containers.values():
+        if c.pod_uid == pod.uid and (mine := pod.containers.get(c.name)) is not None:
+            mine.ran = True
 
 
 def container_admission_started(v: Views, seq: int, e: ev.ContainerAdmissionStarted) -> None:
@@ -44,6 +55,7 @@ def container_admission_started(v: Views, seq: int, e: ev.ContainerAdmissionStar
         if (done := pod.containers.get(name)) is not None:
             done.kind = "init"
     pod.containers[e.container.name] = _container_view(e.container)
+    _mark_ran(v, pod)
     pod.growing, pod.growing_seq = e.container.name, seq
     pod.changed_seq = seq
 
@@ -53,6 +65,8 @@ def container_admitted(v: Views, seq: int, e: ev.ContainerAdmitted) -> None:
     if pod is not None and pod.growing == e.container:
         pod.growing, pod.growing_seq = "", 0
         pod.changed_seq = seq
+        pod.qos_class = sys.intern(e.qos_class) or pod.qos_class
+    v.pods.rejected.pop(e.pod.uid, None)
 
 
 def pod_admitted(v: Views, seq: int, e: ev.PodAdmitted) -> None:
@@ -158,6 +172,13 @@ def cpus_released(v: Views, seq: int, e: ev.CPUsReleased) -> None:
         c.cpus = []
 
 
+def container_created(v: Views, seq: int, e: ev.ContainerCreated) -> None:
+    pod = v.pods.pods.get(e.pod_uid)
+    c = pod.containers.get(e.name) if pod is not None else None
+    if c is not None:
+        c.ran = True
+
+
 HANDLERS: Handlers = {
     ev.PodAdmissionStarted: admission_started,
     ev.ContainerAdmissionStarted: container_admission_started,
@@ -172,4 +193,5 @@ HANDLERS: Handlers = {
     ev.DevicesReleased: devices_gone,
     ev.CPUsAssigned: cpus_assigned,
     ev.CPUsReleased: cpus_released,
+    ev.ContainerCreated: container_created,
 }

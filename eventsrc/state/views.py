@@ -180,6 +180,9 @@ class ContainerView(Struct, kw_only=True, gc=False):
     allocations: dict[str, ContainerAllocation] = field(default_factory=dict)
     cpus: list[int] = []
     claims: list[str] = []
+    # the runtime created it (ContainerCreated): a pod that grows takes it for an init
+    # container once it no longer runs (core.admission.finished_containers)
+    ran: bool = False
 
     def __post_init__(self) -> None:
         self.kind = sys.intern(self.kind)

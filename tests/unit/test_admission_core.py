@@ -37,6 +37,7 @@ from eventsrc.core.cpu.topology import Core, MachineInfo, discover
 from eventsrc.core.cpu.topology import Node as NUMANode
 from eventsrc.core.devices.holds import restart_events
 from eventsrc.core.invariants import Checker
+from eventsrc.core.runtime_decisions import handed_on_to_another, placement
 from eventsrc.core.topology_manager import TOPOLOGY_AFFINITY_MESSAGE, parse_topology_manager
 from eventsrc.errors import AdmissionRefused, NotFound
 from eventsrc.events import Record
@@ -898,6 +899,7 @@ def test_a_failed_growth_gives_back_only_the_new_containers_devices_and_cpus() -
     assert holders(n) == held_before
     assert list(n.views.cpus.shared) == pool_before
     assert "pod-1" not in n.views.runtime.gone
+    assert checked(n, batches=True) == []  # a container refused leaves the pod admitted: no violation
 
 
 def test_a_restart_during_a_growth_gives_back_that_container_alone() -> None:
@@ -923,3 +925,68 @@ def test_a_restart_during_a_growth_gives_back_that_container_alone() -> None:
     n.record(finish)
     assert holders(n) == held_before
     assert list(n.views.pods.pods["pod-1"].containers) == ["first"]
+
+
+def test_only_the_new_container_is_planned_and_devices_pass_on_as_the_kubelets_devices_to_reuse() -> None:
+    # Two init containers, then two app containers: the kubelet's devicesToReuse after each.
+    n = node()
+    admitted(n, runtime_pod(container("i1", gpus=2)))
+    ran(n, "i1", exited=True)
+    first = set(n.views.pods.pods["pod-1"].containers["i1"].devices[GPU])
+    for name, gpus, exited in (("i2", 1, True), ("a", 1, False), ("b", 1, False)):
+        core, decision = grow(n, container(name, gpus=gpus))
+        assert {s.container for s in core_steps(decision)} == {name}  # the others are not planned again
+        assert [c.container for c in decision.allocations] == [name]
+        assert settle(n, core, all_allocated(decision)).admitted
+        ran(n, name, exited=exited)
+    pod_view = n.views.pods.pods["pod-1"]
+    got = {name: set(pod_view.containers[name].devices[GPU]) for name in ("i1", "i2", "a", "b")}
+    assert got["i2"] < first and got["a"] < first  # i2 reused one of i1's; a one of the two inits'
+    assert got["b"] <= first and got["b"] != got["a"]  # b the other: nothing new taken from the node
+    assert len(holders(n)) == 2
+    assert checked(n, batches=True) == []
+
+
+def core_steps(decision: Intent) -> list[ev.DevicesReserved]:
+    return [e for e in decision.events if isinstance(e, ev.DevicesReserved)]
+
+
+def test_a_sibling_whose_device_turned_unhealthy_does_not_refuse_a_new_container() -> None:
+    n = node()
+    admitted(n, runtime_pod(container("a", gpus=1)))
+    ran(n, "a", exited=False)
+    (held,) = n.views.pods.pods["pod-1"].containers["a"].devices[GPU]
+    n.record([ev.DeviceHealthChanged(resource=GPU, device_id=held, health="Unhealthy", numa_nodes=[0])])
+    core, decision = grow(n, container("b", gpus=1))
+    assert settle(n, core, all_allocated(decision)).admitted
+
+
+def test_pod_scope_grows_by_a_container_asking_the_same_resource() -> None:
+    n = node()
+    cfg = config("single-numa-node", "pod")
+    core, decision = intent(n, runtime_pod(container("a", gpus=1)), cfg)
+    assert settle(n, core, all_allocated(decision)).admitted
+    ran(n, "a", exited=False)
+    core, decision = grow(n, container("b", gpus=1), cfg)
+    assert settle(n, core, all_allocated(decision)).admitted
+
+
+def test_a_container_never_seen_created_is_no_init_container_and_one_created_again_gets_the_pool() -> None:
+    n = node()
+    admitted(n, runtime_pod(container("a", cpus=2)))  # its creation refused later: never recorded created
+    core, decision = grow(n, container("b", cpus=2))
+    assert decision.events[0].finished == []  # type: ignore[attr-defined]
+    assert settle(n, core, all_allocated(decision)).admitted
+    assigned = n.views.cpus.assignments["pod-1"]
+    assert not set(assigned["a"]) & set(assigned["b"])
+
+    # An app container that exited before the next was created is taken for an init container;
+    # created again, it must not run on what the next one took over.
+    ran(n, "b", exited=True)
+    core, decision = grow(n, container("c", cpus=2))
+    assert decision.events[0].finished == ["b"]  # type: ignore[attr-defined]
+    assert settle(n, core, all_allocated(decision)).admitted
+    assert n.views.cpus.assignments["pod-1"]["c"] == assigned["b"]
+    assert handed_on_to_another(n.views, "pod-1", "b")
+    assert placement(n.views, STATIC, "pod-1", "b").cpus == sorted(n.views.cpus.shared)
+    assert placement(n.views, STATIC, "pod-1", "c").cpus == assigned["b"]

@@ -303,16 +303,18 @@ class CPUPlanner:
         pod_uid: str,
         qos: str,
         assigned_cpus: AssignedCPUs | None = None,
+        reusable: CPUSet | None = None,
     ) -> None:
         """``assigned_cpus``: the views' index of the assigned CPUs, so that the shared pool
-        is not worked out from every assignment."""
+        is not worked out from every assignment. ``reusable``: CPUs the pod's earlier init
+        containers hand on (a pod admitted container by container)."""
         self.cfg = cfg
         self.qos = qos
         self.have = {name: CPUSet(c) for name, c in assignments.get(pod_uid, {}).items()}
         self.default = (
             shared_pool(cfg, assignments) if assigned_cpus is None else shared_pool_of(cfg, assigned_cpus.assigned())
         )
-        self.reusable = CPUSet()
+        self.reusable = reusable or CPUSet()
         self.steps: list[CPUStep] = []
 
     def request(self, c: ContainerSpec) -> int:
@@ -342,7 +344,7 @@ class CPUPlanner:
                 assigned_here = assigned_here | held
         if assigned_here.size() == n:
             return cpu_hints(self.cfg, CPUSet(), assigned_here, n)
-        return cpu_hints(self.cfg, self.default - self.cfg.reserved, assigned_here, n)
+        return cpu_hints(self.cfg, self.default - self.cfg.reserved, assigned_here | self.reusable, n)
 
     def allocate(self, c: ContainerSpec, affinity: Iterable[int] | None) -> CPUStep | None:
         n = self.request(c)

@@ -461,8 +461,10 @@ class DeviceProvider:
     held: Mapping[tuple[str, str], list[str]]
     numa_nodes: list[int]
     pod_uid: str = ""
+    # devicesToReuse, per resource: seeded with what the pod's earlier init containers hand on
+    # (a pod admitted container by container), then kept as the containers are planned
+    reusable: dict[str, set[str]] = field(default_factory=dict)
     plan: PodPlan = field(default_factory=PodPlan, init=False)
-    _reusable: dict[str, set[str]] = field(default_factory=dict, init=False)  # devicesToReuse, per resource
 
     def hints(self, c: ContainerSpec) -> dict[str, list[Hint] | None]:
         """GetTopologyHints: per device plugin resource the container asks for."""
@@ -474,7 +476,7 @@ class DeviceProvider:
                     st.table,
                     self.held.get((c.name, resource), []),
                     st.in_use,
-                    self._reusable.get(resource, set()),
+                    self.reusable.get(resource, set()),
                     required,
                     self.numa_nodes,
                     free=st.free,
@@ -489,8 +491,9 @@ class DeviceProvider:
         for resource, st in self.resources.items():
             n = pod_request(containers, self.requests, resource)
             pod_held = [i for (_, r), ids in self.held.items() if r == resource for i in ids]
+            reuse = sorted(self.reusable.get(resource, set()))
             out[resource] = container_hints(
-                st.table, pod_held, st.in_use, [], n, self.numa_nodes, free=st.free, everywhere=st.every_set()
+                st.table, pod_held, st.in_use, reuse, n, self.numa_nodes, free=st.free, everywhere=st.every_set()
             )
         return out
 
@@ -520,7 +523,7 @@ class DeviceProvider:
         if resource not in self.resources:
             raise Refusal(unregistered(resource))
         state = self.resources[resource]
-        reusable = self._reusable.setdefault(resource, set())
+        reusable = self.reusable.setdefault(resource, set())
         step = yield from _devices_to_allocate(
             c.name,
             resource,
