@@ -500,7 +500,7 @@ class NRIPlugin:
         if pod is not None and pod.state == ADMITTED and not grows(pod, facts.name):
             return
         deadline = trio.current_time() + self.request_timeout * ANSWER_SHARE
-        if pod is not None:
+        if pod is not None and pod.state == ADMITTED:  # it grows
             with trio.move_on_at(min(deadline, trio.current_time() + self.request_timeout * EXITS_SHARE)):
                 await self._exits_seen(sandbox, pod)
         try:
