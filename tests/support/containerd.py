@@ -1,17 +1,15 @@
 """A real containerd (2.1, with NRI) for the tests: fetched once, started per test, cleaned up.
 
-Nothing is installed system-wide. ``fetch()`` downloads Debian unstable's ``containerd`` and
-Debian 12's ``runc`` and ``busybox-static`` through a private apt configuration (its own source
-list, lists and cache directories under the cache directory) and unpacks them with ``dpkg -x``;
-it also builds a tiny OCI image (busybox-static and its applet links) to import, so no image is
-ever pulled. The cache (env ``EVENTSRC_CONTAINERD_CACHE``, default
-``/var/cache/eventsrc-tests/containerd``) is reused once complete, without network::
+Fetching into the cache, the image, starting and stopping containerd by pid and cleaning up its
+shims and cgroups are ``eventsrc.bench.containerd``'s (``eventsrc bench nri`` runs it too); this
+module adds the tests' own CRI client, with grpcio and the project's vendored CRI proto,
+independent of the daemon's grpclib. The cache is reused once complete, without network::
 
     python -m tests.support.containerd fetch [--cache DIR]
 
 ``Containerd(base)`` runs one containerd with its own config, root, state, sockets and NRI
 socket under ``base``; its CRI methods (``run_pod``, ``create_container``, ``exec_sync``,
-``cpuset``...) go through grpcio with the project's vendored CRI proto::
+``cpuset``...) are the grpcio client's::
 
     rt = Containerd(tmp_path, cdi_dir=tmp_path / "cdi")
     rt.start()
@@ -21,443 +19,39 @@ socket under ``base``; its CRI methods (``run_pod``, ``create_container``, ``exe
     rt.cpus_allowed(cid)            # "0-1"
     rt.stop()                       # removes its pods through CRI, stops containerd, rmdirs cgroups
 
-Pods are host-network (no CNI) with a cgroup parent under a prefix of this harness
-(``/eventsrc-test-<pid>-<n>``), so cleanup knows which cgroup directories are its own. Only
-processes this harness started are ever signalled, by pid: containerd itself, and as a last
-resort the shims started by that containerd (found by its socket address) and processes left in
-its own pod cgroups.
+Every pod and container it makes carries ``HARNESS_LABEL=<token>``; its pods' cgroup parents are
+under ``/eventsrc-test-<pid>-<n>``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
-import fcntl
-import functools
-import hashlib
-import io
-import itertools
 import json
-import os
-import shutil
-import signal
-import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DEFAULT_CACHE = Path("/var/cache/eventsrc-tests/containerd")
-CACHE_ENV = "EVENTSRC_CONTAINERD_CACHE"
-KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
-MIRROR = "http://deb.debian.org/debian"
-# (package, suite): containerd 2.1 with NRI from unstable; runc and busybox from the machine's own Debian 12.
-PACKAGES = (("containerd", "unstable"), ("runc", "bookworm"), ("busybox-static", "bookworm"))
-STAMP_NAME = "complete.json"
-STAMP_VERSION = 1
-
-IMAGE = "localhost/eventsrc-test/busybox:1"
-# A pause-like process: sleeps until SIGTERM, then exits 0 (PID 1 gets the signal because it traps it).
-PAUSE = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done"]
-IMAGE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
-# What the image links to busybox when ``busybox --list-full`` cannot be run on the host.
-FALLBACK_APPLETS = (
-    "sh",
-    "cat",
-    "sleep",
-    "grep",
-    "ls",
-    "env",
-    "test",
-    "[",
-    "echo",
-    "true",
-    "false",
-    "ps",
-    "id",
-    "mkdir",
-    "rm",
-    "head",
-    "tail",
-    "wc",
-    "nproc",
-    "taskset",
-    "printf",
-    "sed",
-    "awk",
-    "cut",
-    "tr",
-    "sort",
-    "uniq",
-    "find",
-    "xargs",
-    "kill",
-    "pidof",
-    "date",
-    "stat",
-    "readlink",
-    "touch",
-    "chmod",
-    "ln",
-    "cp",
-    "mv",
+from eventsrc.bench.containerd import (
+    CACHE_ENV,
+    CFS_PERIOD,
+    DEFAULT_CACHE,
+    IMAGE,
+    PAUSE,
+    ContainerdProcess,
+    FetchError,
+    cgroup_mounts,
+    cpuset_mount,
+    fetch,
+    kubelet_cpu,
+    why_unavailable,
 )
 
+__all__ = ["CFS_PERIOD", "Containerd", "cgroup_mounts", "why_unavailable"]
+
 HARNESS_LABEL = "eventsrc-test-harness"
-CRI_NAMESPACE = "k8s.io"
-CFS_PERIOD = 100_000
-SOCKET_MAX = 100  # sun_path holds 107 bytes; keep a margin
-_GO_ARCH = {
-    "amd64": "amd64",
-    "arm64": "arm64",
-    "i386": "386",
-    "ppc64el": "ppc64le",
-    "s390x": "s390x",
-    "riscv64": "riscv64",
-    "armhf": "arm",
-    "armel": "arm",
-}
-
-
-class FetchError(Exception):
-    """The runtime could not be fetched; ``str()`` is one line."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Fetch
-
-
-@dataclass(frozen=True)
-class Fetched:
-    """A complete cache: the unpacked packages under ``root`` and the image tar."""
-
-    cache: Path
-    versions: dict[str, str]
-
-    @property
-    def root(self) -> Path:
-        return self.cache / "root"
-
-    @property
-    def image_tar(self) -> Path:
-        return self.cache / "image.tar"
-
-    @property
-    def bin_dirs(self) -> list[Path]:
-        return [self.root / "usr/bin", self.root / "usr/sbin", self.root / "bin"]
-
-    @property
-    def containerd(self) -> Path:
-        return self.root / "usr/bin/containerd"
-
-    @property
-    def ctr(self) -> Path:
-        return self.root / "usr/bin/ctr"
-
-    @property
-    def runc(self) -> Path:
-        return self.root / "usr/sbin/runc"
-
-    @property
-    def busybox(self) -> Path:
-        return self.root / "bin/busybox"
-
-    def required(self) -> list[Path]:
-        return [
-            self.containerd,
-            self.root / "usr/bin/containerd-shim-runc-v2",
-            self.ctr,
-            self.runc,
-            self.busybox,
-            self.image_tar,
-        ]
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
-
-
-def _one_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith(("E:", "Err:", "error", "Error", "fatal"))]
-    warnings = [line for line in lines if line.startswith("W:")]
-    return (errors or warnings or lines or ["no output"])[-1][:300]
-
-
-def _run(cmd: Sequence[str | os.PathLike[str]], what: str, *, cwd: Path | None = None, timeout: float = 600) -> str:
-    try:
-        proc = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError as e:
-        raise FetchError(f"{what}: {e.filename} not found") from e
-    except subprocess.TimeoutExpired as e:
-        raise FetchError(f"{what}: no answer in {timeout:g} s") from e
-    if proc.returncode != 0:
-        raise FetchError(f"{what} exited {proc.returncode}: {_one_line(proc.stderr + proc.stdout)}")
-    return proc.stdout
-
-
-def _read_stamp(cache: Path) -> Fetched | None:
-    try:
-        stamp = json.loads((cache / STAMP_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    if stamp.get("version") != STAMP_VERSION:
-        return None
-    fetched = Fetched(cache, dict(stamp.get("packages", {})))
-    return fetched if all(p.exists() for p in fetched.required()) else None
-
-
-def fetch(cache: Path | None = None, progress: Callable[[str], None] = lambda _: None) -> Fetched:
-    """The unpacked runtime in ``cache``: reused when complete (no network), else fetched.
-
-    Raises ``FetchError`` (one line) when apt, dpkg or the fetched binaries fail."""
-    cache = Path(cache) if cache is not None else cache_dir()
-    if (done := _read_stamp(cache)) is not None:
-        progress(f"cached in {cache}: " + ", ".join(f"{k} {v}" for k, v in done.versions.items()))
-        return done
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise FetchError(f"cannot create the cache {cache}: {e.strerror}") from e
-    with open(cache / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another test process may be fetching into the same cache
-        if (done := _read_stamp(cache)) is not None:
-            return done
-        return _fetch_locked(cache, progress)
-
-
-def _apt_options(cache: Path) -> list[str]:
-    options = {
-        "Dir::Etc::SourceList": cache / "sources.list",
-        "Dir::Etc::SourceParts": "/dev/null",
-        # Nothing of the system's apt configuration: no preferences, no apt.conf.d (its update hooks).
-        "Dir::Etc::Parts": "/dev/null",
-        "Dir::Etc::Preferences": "/dev/null",
-        "Dir::Etc::PreferencesParts": "/dev/null",
-        "Dir::State::Lists": cache / "lists",
-        "Dir::Cache": cache / "aptcache",
-        "APT::Sandbox::User": "root",
-        "Acquire::Languages": "none",
-    }
-    return [arg for key, value in options.items() for arg in ("-o", f"{key}={value}")]
-
-
-def _fetch_locked(cache: Path, progress: Callable[[str], None]) -> Fetched:
-    (cache / STAMP_NAME).unlink(missing_ok=True)
-    suites = sorted({suite for _, suite in PACKAGES})
-    (cache / "sources.list").write_text(
-        "".join(f"deb [signed-by={KEYRING}] {MIRROR} {suite} main\n" for suite in suites)
-    )
-    for sub in ("lists/partial", "aptcache/archives/partial"):
-        (cache / sub).mkdir(parents=True, exist_ok=True)
-    apt = ["apt-get", "-q", *_apt_options(cache)]
-    progress(f"apt-get update ({', '.join(suites)} from {MIRROR}) into {cache}")
-    _run([*apt, "update"], "apt-get update")
-    debs = cache / "debs"
-    shutil.rmtree(debs, ignore_errors=True)
-    debs.mkdir()
-    wanted = [f"{name}/{suite}" for name, suite in PACKAGES]
-    progress("apt-get download " + " ".join(wanted))
-    _run([*apt, "download", *wanted], "apt-get download", cwd=debs)
-    root = cache / "root"
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir()
-    versions: dict[str, str] = {}
-    for deb in sorted(debs.glob("*.deb")):
-        name = _run(["dpkg-deb", "-f", deb, "Package"], f"dpkg-deb -f {deb.name}").strip()
-        versions[name] = _run(["dpkg-deb", "-f", deb, "Version"], f"dpkg-deb -f {deb.name}").strip()
-        progress(f"dpkg -x {deb.name}")
-        _run(["dpkg", "-x", deb, root], f"dpkg -x {deb.name}")
-    missing = [name for name, _ in PACKAGES if name not in versions]
-    if missing:
-        raise FetchError(f"apt-get download gave no {', '.join(missing)}")
-    fetched = Fetched(cache, versions)
-    for binary in (fetched.containerd, fetched.runc, fetched.ctr):
-        if not binary.exists():
-            raise FetchError(f"{binary.relative_to(cache)} is not in the packages")
-        _run([binary, "--version"], f"{binary.name} --version", timeout=30)
-    progress(f"building {IMAGE} from busybox-static {versions['busybox-static']}")
-    build_image(fetched.busybox, fetched.image_tar)
-    shutil.rmtree(debs, ignore_errors=True)  # unpacked under root/
-    (cache / STAMP_NAME).write_text(json.dumps({"version": STAMP_VERSION, "packages": versions}, indent=1))
-    progress("fetched: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
-    return fetched
-
-
-@functools.cache
-def _fetch_outcome(cache: Path) -> Fetched | str:
-    try:
-        return fetch(cache)
-    except FetchError as e:
-        return str(e)
-    except OSError as e:
-        return f"{type(e).__name__}: {e}"
-
-
-def fetched_or_error(cache: Path | None = None) -> Fetched | str:
-    """``fetch()`` once per process and cache directory: the result, or the one-line error."""
-    return _fetch_outcome(Path(cache) if cache is not None else cache_dir())
-
-
-# ---------------------------------------------------------------------------------------------
-# Availability
-
-
-def cgroup_mounts() -> list[tuple[Path, frozenset[str]]]:
-    """Mounted cgroup hierarchies: (mount point, super options such as ``cpuset`` or
-    ``name=systemd``; empty for cgroup2)."""
-    mounts: list[tuple[Path, frozenset[str]]] = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields, rfields = left.split(), right.split()
-            if len(fields) < 5 or len(rfields) < 3 or rfields[0] not in ("cgroup", "cgroup2"):
-                continue
-            point = Path(fields[4].encode().decode("unicode_escape"))
-            options = frozenset(rfields[2].split(",")) if rfields[0] == "cgroup" else frozenset()
-            mounts.append((point, options))
-    return mounts
-
-
-def cpuset_mount() -> Path | None:
-    """Where the cgroup v1 cpuset controller is mounted, if it is."""
-    return next((point for point, options in cgroup_mounts() if "cpuset" in options), None)
-
-
-def why_unavailable(cache: Path | None = None) -> str | None:
-    """One line saying why a real containerd cannot be run here, or None."""
-    if os.geteuid() != 0:
-        return f"a real containerd needs root (euid {os.geteuid()})"
-    if cpuset_mount() is None:
-        return "no cgroup v1 cpuset controller mounted"
-    outcome = fetched_or_error(cache)
-    if isinstance(outcome, str):
-        return f"fetch failed: {outcome}"
-    return None
-
-
-# ---------------------------------------------------------------------------------------------
-# The image
-
-
-def _tar_info(name: str, kind: bytes, *, mode: int, size: int = 0, link: str = "") -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.mode, info.size, info.linkname = kind, mode, size, link
-    info.uid = info.gid = 0
-    info.uname = info.gname = "root"
-    info.mtime = 0
-    return info
-
-
-def _applets(busybox: Path) -> list[str]:
-    """Paths (relative, e.g. ``bin/sh``) to link to busybox: its own list when it runs here."""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        proc = subprocess.run([busybox, "--list-full"], capture_output=True, text=True, timeout=10)
-        if proc.returncode == 0 and proc.stdout.strip():
-            return sorted({p.strip().lstrip("/") for p in proc.stdout.split() if p.strip()} - {"bin/busybox"})
-    return [f"bin/{name}" for name in FALLBACK_APPLETS]
-
-
-def _layer(busybox: Path) -> bytes:
-    buf = io.BytesIO()
-    files = {
-        "etc/passwd": b"root:x:0:0:root:/root:/bin/sh\n",
-        "etc/group": b"root:x:0:\n",
-    }
-    applets = _applets(busybox)
-    dirs = {"bin", "dev", "etc", "proc", "root", "run", "sys", "tmp", "var", "usr"}
-    dirs |= {str(Path(p).parent) for p in applets}
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for d in sorted(dirs):
-            tar.addfile(_tar_info(d + "/", tarfile.DIRTYPE, mode=0o1777 if d == "tmp" else 0o755))
-        data = busybox.read_bytes()
-        tar.addfile(_tar_info("bin/busybox", tarfile.REGTYPE, mode=0o755, size=len(data)), io.BytesIO(data))
-        for name, content in sorted(files.items()):
-            tar.addfile(_tar_info(name, tarfile.REGTYPE, mode=0o644, size=len(content)), io.BytesIO(content))
-        for applet in applets:
-            tar.addfile(_tar_info(applet, tarfile.SYMTYPE, mode=0o777, link="/bin/busybox"))
-    return buf.getvalue()
-
-
-def _go_arch() -> str:
-    try:
-        deb_arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        deb_arch = ""
-    return _GO_ARCH.get(deb_arch, {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine))
-
-
-def build_image(busybox: Path, out: Path, name: str = IMAGE) -> None:
-    """Write an OCI image-layout tar to ``out``: one uncompressed layer (busybox and its applet
-    links), ``PAUSE`` as its command, named ``name`` for ``ctr images import``."""
-    arch = _go_arch()
-    layer = _layer(busybox)
-    layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
-    config = json.dumps(
-        {
-            "architecture": arch,
-            "os": "linux",
-            "config": {"Env": [f"PATH={IMAGE_PATH}"], "Cmd": PAUSE, "WorkingDir": "/"},
-            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-        },
-        sort_keys=True,
-    ).encode()
-    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
-    manifest = json.dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {
-                "mediaType": "application/vnd.oci.image.config.v1+json",
-                "digest": config_digest,
-                "size": len(config),
-            },
-            "layers": [
-                {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": len(layer)}
-            ],
-        },
-        sort_keys=True,
-    ).encode()
-    manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
-    index = json.dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.index.v1+json",
-            "manifests": [
-                {
-                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                    "digest": manifest_digest,
-                    "size": len(manifest),
-                    "platform": {"architecture": arch, "os": "linux"},
-                    "annotations": {
-                        "io.containerd.image.name": name,
-                        "org.opencontainers.image.ref.name": name.rpartition(":")[2],
-                    },
-                }
-            ],
-        },
-        sort_keys=True,
-    ).encode()
-    entries = [
-        ("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'),
-        ("index.json", index),
-        *(
-            (f"blobs/sha256/{d.removeprefix('sha256:')}", blob)
-            for d, blob in ((layer_digest, layer), (config_digest, config), (manifest_digest, manifest))
-        ),
-    ]
-    tmp = out.with_name(out.name + ".tmp")
-    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-        for d in ("blobs/", "blobs/sha256/"):
-            tar.addfile(_tar_info(d, tarfile.DIRTYPE, mode=0o755))
-        for path, blob in entries:
-            tar.addfile(_tar_info(path, tarfile.REGTYPE, mode=0o644, size=len(blob)), io.BytesIO(blob))
-    tmp.replace(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,11 +62,6 @@ def _cri() -> Any:
     from tests.support.grpcio_stubs import stubs
 
     return stubs("cri/v1/api.proto")
-
-
-def kubelet_cpu(millis: int, period: int = CFS_PERIOD) -> tuple[int, int, int]:
-    """(shares, quota, period) the kubelet derives from a CPU limit in millicores."""
-    return max(2, millis * 1024 // 1000), max(1000, millis * period // 1000), period
 
 
 class CriClient:
@@ -655,100 +244,14 @@ class CriClient:
 # containerd
 
 
-CONFIG = """\
-version = 3
-root = {root}
-state = {state}
-temp = {temp}
+class Containerd(ContainerdProcess):
+    """One containerd (``ContainerdProcess``) and a grpcio CRI client to it. The CRI methods of
+    ``CriClient`` are callable on it directly."""
 
-[grpc]
-  address = {grpc}
-
-[ttrpc]
-  address = {ttrpc}
-
-[debug]
-  level = {log_level}
-
-[plugins]
-  [plugins.'io.containerd.internal.v1.opt']
-    path = {opt}
-
-  [plugins.'io.containerd.image-verifier.v1.bindir']
-    bin_dir = {verifiers}
-
-  [plugins.'io.containerd.nri.v1.nri']
-    disable = false
-    socket_path = {nri}
-    plugin_path = {nri_plugins}
-    plugin_config_path = {nri_conf}
-
-  [plugins.'io.containerd.cri.v1.images']
-    snapshotter = 'overlayfs'
-    [plugins.'io.containerd.cri.v1.images'.pinned_images]
-      sandbox = {image}
-
-  [plugins.'io.containerd.cri.v1.runtime']
-    enable_cdi = true
-    cdi_spec_dirs = [{cdi}]
-    restrict_oom_score_adj = true
-    disable_apparmor = true
-    [plugins.'io.containerd.cri.v1.runtime'.containerd]
-      default_runtime_name = 'runc'
-      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-        runtime_type = 'io.containerd.runc.v2'
-        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-          BinaryName = {runc}
-          Root = {runc_root}
-          SystemdCgroup = false
-"""
-
-
-def _toml(value: str | Path) -> str:
-    return json.dumps(str(value))  # a TOML basic string is a JSON string for these paths
-
-
-_harness_numbers = itertools.count()
-
-
-class Containerd:
-    """One containerd (its own config, root, state, sockets, NRI socket and log under ``base``)
-    and a CRI client to it. The CRI methods of ``CriClient`` are callable on it directly."""
-
-    def __init__(
-        self, base: Path, *, cdi_dir: Path | None = None, fetched: Fetched | None = None, log_level: str = "info"
-    ) -> None:
-        self.base = Path(base)
-        self.cdi_dir = Path(cdi_dir) if cdi_dir is not None else self.base / "cdi"
-        self._fetched = fetched
-        self.log_level = log_level
-        self.token = f"eventsrc-test-{os.getpid()}-{next(_harness_numbers)}"
-        self.cgroup_prefix = f"/{self.token}"
-        self.config_path = self.base / "containerd.toml"
-        self.log_path = self.base / "containerd.log"
-        # Sockets need short paths: under base when short enough, else in a short directory of /tmp.
-        if len(str(self.base / "containerd.sock.ttrpc")) <= SOCKET_MAX:
-            self.socket_dir = self.base
-            self._own_socket_dir = False
-        else:
-            self.socket_dir = Path(tempfile.mkdtemp(prefix="ctrd-", dir="/tmp"))
-            self._own_socket_dir = True
-        self.address = str(self.socket_dir / "containerd.sock")
-        self.nri_socket = self.socket_dir / "nri.sock"
-        self.proc: subprocess.Popen[bytes] | None = None
+    def __init__(self, base: Path, **kwargs: Any) -> None:
+        super().__init__(base, **kwargs)
         self._pod_configs: dict[str, Any] = {}
         self._cri: CriClient | None = None
-
-    # -- lifecycle ------------------------------------------------------------------------------
-
-    @property
-    def fetched(self) -> Fetched:
-        if self._fetched is None:
-            outcome = fetched_or_error()
-            if isinstance(outcome, str):
-                raise FetchError(outcome)
-            self._fetched = outcome
-        return self._fetched
 
     @property
     def cri(self) -> CriClient:
@@ -762,74 +265,19 @@ class Containerd:
             raise AttributeError(name)
         return getattr(self.cri, name)
 
-    def _write_config(self) -> None:
-        f = self.fetched
-        dirs = {
-            name: self.base / name for name in ("root", "state", "tmp", "opt", "verifiers", "nri-plugins", "nri-conf")
-        }
-        for d in [*dirs.values(), self.cdi_dir]:
-            d.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(
-            CONFIG.format(
-                root=_toml(dirs["root"]),
-                state=_toml(dirs["state"]),
-                temp=_toml(dirs["tmp"]),
-                grpc=_toml(self.address),
-                ttrpc=_toml(self.address + ".ttrpc"),
-                log_level=_toml(self.log_level),
-                opt=_toml(dirs["opt"]),
-                verifiers=_toml(dirs["verifiers"]),
-                nri=_toml(self.nri_socket),
-                nri_plugins=_toml(dirs["nri-plugins"]),
-                nri_conf=_toml(dirs["nri-conf"]),
-                image=_toml(IMAGE),
-                cdi=_toml(self.cdi_dir),
-                runc=_toml(f.runc),
-                runc_root=_toml(dirs["state"] / "runc"),
-            )
-        )
-
-    def env(self) -> dict[str, str]:
-        path = ":".join([*(str(d) for d in self.fetched.bin_dirs), os.environ.get("PATH", "/usr/bin:/bin")])
-        return {**os.environ, "PATH": path}
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def exited(self) -> str | None:
-        """Why waiting on containerd is pointless (it has exited), or None."""
-        if self.proc is None:
-            return "containerd is not started"
-        if self.proc.poll() is None:
-            return None
-        return f"containerd exited {self.proc.returncode}:\n{self.log_tail()}"
-
     def start(self, timeout: float = 30) -> None:
         """Start containerd, wait until CRI answers, and import the image if its root lacks it."""
         if self.running():
             return
-        self.base.mkdir(parents=True, exist_ok=True)
-        self._write_config()
-        with open(self.log_path, "ab") as log:
-            log.write(f"--- harness: starting containerd ({time.strftime('%H:%M:%S')})\n".encode())
-            log.flush()
-            # Its own session: a Ctrl-C in the terminal must not stop it before the pods are removed.
-            self.proc = subprocess.Popen(
-                [str(self.fetched.containerd), "--config", str(self.config_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                env=self.env(),
-                start_new_session=True,
-            )
+        self.launch()
         self._cri = CriClient(self.address, self.token, self.cgroup_prefix, self._pod_configs)
         try:
             self._wait(self._answers, "containerd's CRI to answer Version", timeout)
             if not self._image_present():
-                self._import_image()
+                self.import_image()
                 self._wait(self._image_present, f"CRI to see {IMAGE}", timeout)
         except BaseException:
-            self._terminate()
+            self.terminate()
             raise
 
     def _wait(self, condition: Callable[[], Any], what: str, timeout: float) -> Any:
@@ -849,20 +297,9 @@ class Containerd:
     def _image_present(self) -> bool:
         return self.cri.image_present(IMAGE)
 
-    def ctr(self, *args: str, timeout: float = 120) -> str:
-        """Run ``ctr`` against this containerd in the k8s.io namespace; its stdout."""
-        cmd = [str(self.fetched.ctr), "--address", self.address, "--namespace", CRI_NAMESPACE, *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env(), timeout=timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"ctr {' '.join(args)} exited {proc.returncode}: {_one_line(proc.stderr)}")
-        return proc.stdout
-
-    def _import_image(self) -> None:
-        self.ctr("images", "import", "--platform", f"linux/{_go_arch()}", str(self.fetched.image_tar))
-
     def restart(self, timeout: float = 30) -> None:
         """Stop containerd without touching its pods (their shims live on), and start it again."""
-        self._terminate()
+        self.terminate()
         self.start(timeout=timeout)
 
     def stop(self) -> None:
@@ -875,109 +312,15 @@ class Containerd:
                 self.cri.remove_all()
             except Exception as e:  # still stop containerd and clean up
                 problems.append(f"removing pods through CRI: {e!r}")
-        self._terminate()
-        problems += self._reap_shims()
-        problems += self._remove_cgroups()
-        if self._own_socket_dir:
-            shutil.rmtree(self.socket_dir, ignore_errors=True)
+        problems += self.cleanup()
         if problems:
             raise RuntimeError("containerd harness cleanup: " + "; ".join(problems))
 
-    def _terminate(self, timeout: float = 20) -> None:
+    def terminate(self, timeout: float = 20) -> None:
         if self._cri is not None:
             self._cri.close()
             self._cri = None
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=timeout)
-
-    # -- hygiene --------------------------------------------------------------------------------
-
-    def shim_pids(self) -> list[int]:
-        """Shims started by this containerd (their command line names its socket)."""
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if argv and argv[0].endswith(b"containerd-shim-runc-v2") and self.address.encode() in argv:
-                pids.append(int(entry.name))
-        return pids
-
-    def _reap_shims(self, timeout: float = 10) -> list[str]:
-        deadline = time.monotonic() + timeout
-        while (pids := self.shim_pids()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not pids:
-            return []
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        return [f"shims {pids} outlived their pods; killed"]
-
-    def cgroup_dirs(self) -> list[Path]:
-        """This harness's cgroup directories under every mounted hierarchy, deepest first."""
-        found: list[Path] = []
-        for point in sorted({point for point, _ in cgroup_mounts()}):
-            top = point / self.cgroup_prefix.lstrip("/")
-            if top.is_dir():
-                found += [Path(d) for d, _, _ in os.walk(top)]
-        return sorted(found, key=lambda p: len(p.parts), reverse=True)
-
-    def _remove_cgroups(self, timeout: float = 10) -> list[str]:
-        problems: list[str] = []
-        for d in self.cgroup_dirs():
-            try:
-                d.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                if e.errno != errno.EBUSY:
-                    problems.append(f"rmdir {d}: {e.strerror}")
-                    continue
-                problems.append(f"processes were left in {d}; killed")
-                self._empty_cgroup(d, timeout)
-                try:
-                    d.rmdir()
-                except OSError as e2:
-                    problems.append(f"rmdir {d}: {e2.strerror}")
-        return problems
-
-    @staticmethod
-    def _cgroup_pids(d: Path) -> list[int]:
-        try:
-            return [int(p) for p in (d / "cgroup.procs").read_text().split()]
-        except OSError:
-            return []
-
-    def _empty_cgroup(self, d: Path, timeout: float) -> None:
-        # Processes in a pod cgroup of this harness: they belong to pods it made.
-        deadline = time.monotonic() + timeout
-        while (pids := self._cgroup_pids(d)) and time.monotonic() < deadline:
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)
-
-    # -- output ---------------------------------------------------------------------------------
-
-    def log_text(self) -> str:
-        """containerd's log (stdout and stderr) since this harness first started it."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "containerd log (tail):\n" + "\n".join(self.log_text().splitlines()[-lines:])
+        super().terminate(timeout)
 
 
 # ---------------------------------------------------------------------------------------------
