@@ -71,11 +71,13 @@ def rss_bytes(pid: int, field: str = "VmRSS") -> int:
     return 0
 
 
-def start_daemon(root: Path, log: BinaryIO, extra_args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+def start_daemon(
+    root: Path, log: BinaryIO, extra_args: Sequence[str] = (), log_level: str = "warning"
+) -> subprocess.Popen[bytes]:
     """``eventsrc serve`` on ``root`` (with ``extra_args``, serve's own flags), its output to
     ``log``; returns at once."""
     return subprocess.Popen(
-        [sys.executable, "-m", "eventsrc", "--log-level", "warning", "--root-dir", str(root), "serve", *extra_args],
+        [sys.executable, "-m", "eventsrc", "--log-level", log_level, "--root-dir", str(root), "serve", *extra_args],
         stdout=log,
         stderr=log,
     )

@@ -219,3 +219,45 @@ def test_bench_watch_prints_its_figures() -> None:
     }
     assert read.keys() == {"fast", "slow", "stalled"} and read["fast"] > 0 and read["stalled"] == 0, out
     assert "admission p50 with the watchers:" in out and "RSS after the watchers went:" in out, out
+
+
+def test_bench_nri_prints_its_figures(containerd_unavailable: str | None) -> None:
+    """A tiny `eventsrc bench nri` against real containerds: a row per mode with every figure,
+    what each mode adds over no plugin, and the goals beside observe's and enforce's."""
+    if containerd_unavailable is not None:
+        pytest.skip(containerd_unavailable)
+    proc = run_cli("bench", "nri", "--pods", "3", "--rounds", "1", timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "3 pods of one container per mode in 1 round(s)" in out, out
+    figure = rf"\s+{NUMBER}"
+    six = rf"\s+3{figure * 6}"
+    assert re.search(rf"^no plugin \(ceiling\){six}\s+-\s+-$", out, re.M), out
+    for mode, goal in (("observe", 1), ("enforce, BestEffort", 3), ("enforce, Guaranteed", 3)):
+        row = rf"^{re.escape(mode)}{six}\s+[+-]{NUMBER}\s+[+-]{NUMBER}\s+\(goal <= {goal} ms: (ok|ABOVE THE GOAL)\)$"
+        assert re.search(row, out, re.M), (mode, out)
+    assert proc.stderr == "", proc.stderr  # nothing left behind to warn about
+
+
+def test_bench_nri_without_containerd_is_one_line(tmp_path: Path) -> None:
+    """Where containerd cannot be had (here: its cache cannot be made), one line says why."""
+    env = {**os.environ, "EVENTSRC_CONTAINERD_CACHE": "/proc/no-such-dir/containerd"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "eventsrc", "bench", "nri", "--pods", "1", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("eventsrc: error: no containerd to measure with: "), line
+    assert proc.stdout == ""
+
+
+def test_bench_nri_rounds_need_pods() -> None:
+    proc = run_cli("bench", "nri", "--pods", "2", "--rounds", "3")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        "eventsrc: error: --rounds (3) must be at most --pods (2): a round starts a pod at least"
+    ]

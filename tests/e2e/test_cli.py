@@ -14,7 +14,7 @@ from eventsrc import events as ev
 from eventsrc.log.store import EventLog
 from tests.conftest import run_cli
 
-COMMANDS = [["serve"], ["status"], ["log"], ["state"], ["bench"], ["bench", "log"]]
+COMMANDS = [["serve"], ["status"], ["log"], ["state"], ["bench"], ["bench", "log"], ["bench", "nri"]]
 
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=" ".join)
