@@ -15,6 +15,8 @@
       shielded from cancellation from here on:
         Allocate (+ PreStartContainer) per new step until one fails; NodePrepareResources
         record the outcome: PodAdmitted, or the undo and AdmissionRejected core: settle()
+      with nothing to call (no devices, no claims): the intent and PodAdmitted are one append,
+      still under the lock (docs/adr/0030)
 
     remove(uid)
       record what the core gives: the releases and PodRemoved             core: removal()
@@ -27,7 +29,7 @@ the pod was never acknowledged, its devices go back.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -191,6 +193,10 @@ class Admission(Generic[D]):
                 unfit = core.fits()  # not the topology manager's: not counted as its error
                 if unfit is not None:
                     raise await self._refuse(spec, unfit)
+                if not decision.allocations and decision.claim_prepares is None:
+                    # Nothing is called between the intent and the outcome: one append holds both,
+                    # and a crash leaves both or neither.
+                    return await self._settle(spec, core, CallResults(), intent=decision.events)
                 await self.recorder.record(decision.events)  # durable and in the views: the next admission sees it
         results = CallResults()
         with trio.CancelScope(shield=True):  # an acknowledged intent always gets its outcome
@@ -200,7 +206,8 @@ class Admission(Generic[D]):
                     for work in decision.claim_prepares:
                         outcome += await self.dra.prepare(found.drivers[work.driver], work.claims)
                 results.claims += outcome
-            pod = await self._settle(spec, core, results)
+            async with self._deciding:
+                pod = await self._settle(spec, core, results)
         return pod
 
     async def _find(self, asked: Question, found: _Found[D]) -> ev.PluginOptions | bool | None:
@@ -261,11 +268,21 @@ class Admission(Generic[D]):
                 return
             results.allocated.append((call, allocation))
 
-    async def _settle(self, spec: PodSpec, core: PodAdmission, results: CallResults) -> PodView:
-        """Record the outcome the core gives for ``results``; the pod, or AdmissionRefused."""
+    async def _settle(
+        self, spec: PodSpec, core: PodAdmission, results: CallResults, intent: Sequence[ev._Event] = ()
+    ) -> PodView:
+        """Record the outcome the core gives for ``results`` (after ``intent``, in its first
+        append, when the intent is not recorded yet); the pod, or AdmissionRefused. The caller
+        holds ``_deciding``."""
         log_claim_outcomes(results.claims)
-        async with self._deciding:
-            outcome = await drive(core.settle(results), self.recorder.record)
+        first = list(intent)
+
+        async def record(events: list[ev._Event]) -> list[ev.Record]:
+            nonlocal first
+            events, first = [*first, *events], []
+            return await self.recorder.record(events)
+
+        outcome = await drive(core.settle(results), record)
         uid = spec.pod.uid
         if outcome.admitted:
             if core.growing is None:

@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 import trio
@@ -43,9 +42,8 @@ from eventsrc.gen.nri.v1alpha1 import api_pb2 as nri
 from eventsrc.gen.ttrpc import request_pb2, status_pb2
 from eventsrc.inputs.manifest import PodSpec
 from eventsrc.node.nri import NRIOptions, NRIPlugin
-from eventsrc.obs.metrics import Metrics
-from eventsrc.state.apply import apply_all
-from eventsrc.state.views import PodView, Views
+from eventsrc.state.views import PodView
+from tests.support.recorder import FakeRecorder
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME = "nri.pkg.api.v1alpha1.Runtime"
@@ -53,7 +51,6 @@ REQUEST, RESPONSE = 1, 2
 MAX = 4 << 20
 DEV = "example.com/dev"
 E = nri.Event
-T = TypeVar("T", bound=ev._Event)
 
 MACHINE = discover(
     MachineInfo(
@@ -82,51 +79,6 @@ def cpu_list(text: str) -> list[int]:
 
 
 # ------------------------------------------------------------------ the daemon's side, faked
-
-
-class FakeRecorder:
-    """Views after every record, as the daemon's recorder keeps them. ``delay`` (mock seconds)
-    stands for the fsync: a record that came after an answer would show as missing when the
-    fake runtime reads that answer."""
-
-    def __init__(self, *events: ev._Event, delay: float = 0.0) -> None:
-        self._views = Views()
-        self.records: list[ev.Record] = []
-        self.delay = delay
-        self._metrics = Metrics()
-        if events:
-            self._apply(events, "setup")
-
-    @property
-    def views(self) -> Views:
-        return self._views
-
-    @property
-    def metrics(self) -> Metrics:
-        return self._metrics
-
-    def _apply(self, events: Sequence[ev._Event], cid: str) -> list[ev.Record]:
-        start = len(self.records) + 1
-        records = [
-            ev.Record(seq=seq, ts_ns=seq, correlation_id=cid, version=1, event=e)  # type: ignore[arg-type]
-            for seq, e in enumerate(events, start)
-        ]
-        apply_all(self._views, records)
-        self.records += records
-        return records
-
-    async def record(self, events: Sequence[ev._Event], correlation_id: str | None = None) -> list[ev.Record]:
-        if self.delay:
-            await trio.sleep(self.delay)
-        else:
-            await trio.lowlevel.checkpoint()
-        return self._apply(events, correlation_id or "test")
-
-    def of(self, kind: type[T]) -> list[T]:
-        return [r.event for r in self.records if isinstance(r.event, kind)]
-
-    def kinds(self) -> list[str]:
-        return [type(r.event).__name__ for r in self.records]
 
 
 Decide = Callable[[PodSpec], list[ev._Event]]
