@@ -55,13 +55,15 @@ class Recorder(Protocol):
 log = get_logger("eventsrc.node")
 
 
-async def record_or_log(recorder: Recorder, events: Sequence[ev._Event], what: str) -> list[Record] | None:
+async def record_or_log(
+    recorder: Recorder, events: Sequence[ev._Event], what: str, correlation_id: str | None = None
+) -> list[Record] | None:
     """For the daemon's own background work, where no caller waits for the answer: append
     ``events``; an append that fails (a full disk, a log deleted under the daemon) is logged and
     None returned, so the task goes on and the daemon stays up, refusing what needs the log and
     failing /healthz, instead of ending on an exception nobody catches."""
     try:
-        return await recorder.record(events)
+        return await recorder.record(events, correlation_id)
     except EventsrcError as exc:
         log.warning("recording failed", what=what, reason=str(exc))
         return None

@@ -16,6 +16,9 @@
                                 started and removed; observe mode: PostCreate/PostUpdate record
                                 what the runtime applied
       StopContainer             ContainerStopped
+    AfterTheAnswer.run()        what was answered before it was recorded (observe mode: every
+                                observation; enforce mode: the container a CreateContainer answer
+                                created), recorded one at a time in the order of the answers
     follow()                    the shared pool follows: when exclusive CPUs are taken or given
                                 back outside a CreateContainer (a node-API admission, a removal),
                                 UpdateContainers for the containers in the pool
@@ -25,9 +28,12 @@
 
 Handlers answer within the runtime's request timeout (Configure says it, 2 s by default):
 admissions run as tasks of their own and a slow one is answered DeadlineExceeded; releases
-and the admissions Synchronize finds owed run beside the handlers. The record comes before
-the answer; a SIGKILL between them makes containerd create the container unadjusted, and the
-next Synchronize records the cpuset the runtime reports and puts it right (docs/nri.md).
+and the admissions Synchronize finds owed run beside the handlers. In enforce mode the intent
+(the pod's admission) is recorded before the CreateContainer answer, and the container it
+created after; a SIGKILL before the answer makes containerd create the container unadjusted,
+and the next Synchronize records the cpusets the runtime reports and puts them right
+(docs/nri.md, docs/adr/0029). In observe mode nothing waits for the log: an observation lost
+to a crash is found again at the next Synchronize.
 """
 
 from __future__ import annotations
@@ -70,7 +76,7 @@ from eventsrc.inputs.runtime_annotations import device_requests
 from eventsrc.log.commit import new_correlation_id
 from eventsrc.node.cri import ListingFailed, SandboxLister, socket_path
 from eventsrc.node.interfaces import Recorder, record_or_log
-from eventsrc.obs.logger import correlation, get_logger
+from eventsrc.obs.logger import correlation, current_correlation_id, get_logger
 from eventsrc.obs.text import escape
 from eventsrc.rpc import ttrpc
 from eventsrc.state.lifecycles import ADMITTED
@@ -97,6 +103,8 @@ MAX_SYNC_OBJECTS = 200_000
 #: the runtime's sandbox listing is asked this soon after a container of a sandbox a
 #: Synchronize listed stops or goes (doubling while it still has it), and at least this often
 LISTING_FIRST, LISTING_EVERY = 0.05, 10.0
+#: what was answered and is not yet recorded (AfterTheAnswer); past it, handlers wait for room
+OBSERVATIONS_QUEUED = 1024
 
 E = nri.Event
 _ENFORCE_EVENTS = (
@@ -267,6 +275,77 @@ def updated_events(updates: list[Update], reason: str) -> list[ev._Event]:
     ]
 
 
+# --------------------------------------------------------------------------- recorded after the answer
+
+
+Observation = Callable[[], list[ev._Event]]
+
+
+class AfterTheAnswer:
+    """Records made after the runtime has its answer: what it did that nothing eventsrc
+    decides depends on (observe mode's observations; in enforce mode, the container a
+    CreateContainer answer created, and the shared pool's updates it carried). One lost to a
+    crash is found again at the next Synchronize (``reconcile`` records what the runtime has).
+    The handlers queue them; ``run``, one task in the plugin's nursery, records them one at a
+    time, in the order of the answers, each from the views every earlier one left. Once the
+    daemon stops (``drain``), each is recorded before its answer again, so a clean stop loses
+    nothing."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+        self._queue_in, self._queue_out = trio.open_memory_channel[
+            tuple[Observation, str, trio.Event, Callable[[], None] | None]
+        ](OBSERVATIONS_QUEUED)
+        self._queued = 0
+        self._empty = trio.Event()
+        self._empty.set()
+        self._answer_first = True
+
+    async def record(self, observation: Observation, then: Callable[[], None] | None = None) -> None:
+        """Queue ``observation`` (called at its turn: the events to record, from the views then),
+        and ``then`` to call once it is recorded. Returns once it is queued (waits for room when
+        the queue is full), or once it is recorded after ``drain``."""
+        recorded = trio.Event()
+        if not self._queued:
+            self._empty = trio.Event()
+        self._queued += 1
+        try:
+            await self._queue_in.send((observation, current_correlation_id(), recorded, then))
+        except BaseException:  # cancelled while waiting for room: never queued
+            self._done(then)
+            raise
+        if not self._answer_first:
+            await recorded.wait()
+
+    def _done(self, then: Callable[[], None] | None) -> None:
+        if then is not None:
+            then()
+        self._queued -= 1
+        if not self._queued:
+            self._empty.set()
+
+    async def run(self) -> None:
+        """Record what is queued, in order, until cancelled (a record under way is finished)."""
+        async for observation, cid, recorded, then in self._queue_out:
+            try:
+                with correlation(cid):
+                    events = observation()
+                    if events:
+                        await record_or_log(self._recorder, events, "runtime observation", cid or None)
+            finally:
+                recorded.set()
+                self._done(then)
+
+    async def recorded(self) -> None:
+        """Until every observation queued so far is recorded (or its record failed and was logged)."""
+        await self._empty.wait()
+
+    async def drain(self) -> None:
+        """Record what is queued, and from now on record each observation before its answer."""
+        self._answer_first = False
+        await self.recorded()
+
+
 # --------------------------------------------------------------------------- the plugin
 
 
@@ -289,7 +368,7 @@ class NRIPlugin:
         self._sync_containers: list[nri.Container] = []
         self._nursery: trio.Nursery | None = None
         self._connected = trio.Event()
-        self._creating = 0  # CreateContainer answers in the making (they carry their own pool updates)
+        self._creating = 0  # CreateContainer answers in the making or not yet recorded (they carry pool updates)
         self._pool_lock = trio.Lock()
         self._session: ttrpc.Session | None = None
         self._created = trio.Event()
@@ -299,6 +378,7 @@ class NRIPlugin:
         self._listing_kick = trio.Event()
         self._lister: SandboxLister | None = None
         self._listing_trouble = ""  # why the listing could not be had, as last said
+        self._observed = AfterTheAnswer(recorder)  # what is recorded after its answer
         self._methods: dict[str, Handler] = {
             "Configure": self._configure,
             "Synchronize": self._synchronize,
@@ -330,7 +410,9 @@ class NRIPlugin:
         """Stay connected to the runtime for as long as the daemon runs."""
         task_status.started()
         try:
-            await self._stay_connected()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._observed.run)  # across connections: what one saw outlives it
+                await self._stay_connected()
         finally:
             if self._lister is not None:
                 self._lister.close()
@@ -349,6 +431,7 @@ class NRIPlugin:
                 log.warning("NRI connection ended", socket=str(self.options.socket), reason=_reason(exc))
             except Exception:  # a bug must not end the daemon: the runtime goes on without eventsrc, so must it
                 log.exception("NRI connection failed unexpectedly", socket=str(self.options.socket))
+            await self._observed.recorded()  # what the connection saw comes before its end
             if self.recorder.views.runtime.connected:  # the log says connected (since Configure): say it went
                 await record_or_log(
                     self.recorder, [ev.RuntimeDisconnected(reason="connection closed")], "NRI disconnect"
@@ -430,6 +513,7 @@ class NRIPlugin:
         """Record what the runtime did meanwhile; the updates that put every cpuset right. The
         releases owed and the admissions of running containers go on in the background: the
         runtime gives the whole Synchronize one request timeout."""
+        await self._observed.recorded()  # the views hold every observation answered before
         views = self.recorder.views
         found = reconcile(views, sandboxes, containers)
         if found.events:
@@ -481,12 +565,21 @@ class NRIPlugin:
         self._creating += 1
         try:
             await self._admitted_in_time(sandbox, facts)
-            return await self._adjust(sandbox, facts)
-        finally:
-            self._creating -= 1
-            if not self._creating:
-                self._created.set()
-                self._created = trio.Event()
+            answer, records = self._adjust(sandbox, facts)
+        except BaseException:
+            self._created_one()
+            raise
+        # The intent, the pod's admission, is in the log already; what the runtime makes of the
+        # answer is recorded after it, in order with the runtime's other news (docs/adr/0029).
+        await self._observed.record(lambda: records, then=self._created_one)
+        return answer
+
+    def _created_one(self) -> None:
+        """A CreateContainer answered and recorded, or refused: the follower may go on once none is left."""
+        self._creating -= 1
+        if not self._creating:
+            self._created.set()
+            self._created = trio.Event()
 
     async def _admitted_in_time(self, sandbox: SandboxFacts, facts: ContainerFacts) -> None:
         """Admit the pod when eventsrc has not, within a share of the runtime's request timeout.
@@ -559,8 +652,9 @@ class NRIPlugin:
             2, escape(f"eventsrc: pod {sandbox.namespace}/{sandbox.name} container {facts.name}: {reason}")
         )
 
-    async def _adjust(self, sandbox: SandboxFacts, facts: ContainerFacts) -> bytes:
-        """Record what the container gets, and the shared pool's updates, in one append; then answer."""
+    def _adjust(self, sandbox: SandboxFacts, facts: ContainerFacts) -> tuple[bytes, list[ev._Event]]:
+        """The answer: what the container gets, and the shared pool's updates; and the records
+        that say so, to append as one unit."""
         views = self.recorder.views
         got = placement(views, self.cpus, sandbox.uid, facts.name)
         pod = views.pods.pods.get(sandbox.uid)
@@ -579,7 +673,6 @@ class NRIPlugin:
         # The admission recorded the pool's change already: the containers there follow it.
         updates = [u for u in pool_updates(views, self.cpus) if u.container_id != facts.id]
         records += updated_events(updates, "the shared pool followed")
-        await self.recorder.record(records)
         log.info(
             "container adjusted",
             pod=_pod_name(sandbox),
@@ -587,7 +680,8 @@ class NRIPlugin:
             cpus=format_list(got.cpus) if got.cpus is not None else "",
             cdi=len(got.allocation.cdi_devices),
         )
-        return nri.CreateContainerResponse(adjust=adjust, update=container_updates(updates)).SerializeToString()
+        answer = nri.CreateContainerResponse(adjust=adjust, update=container_updates(updates))
+        return answer.SerializeToString(), records
 
     async def _admit_from_runtime(self, sandbox: SandboxFacts, facts: ContainerFacts) -> None:
         pod = self.recorder.views.pods.pods.get(sandbox.uid)
@@ -601,15 +695,39 @@ class NRIPlugin:
 
     async def _stop_container(self, payload: bytes) -> bytes:
         req = nri.StopContainerRequest.FromString(payload)
-        await self.recorder.record([ev.ContainerStopped(container_id=req.container.id, pod_uid=req.pod.uid)])
+        stopped = ev.ContainerStopped(container_id=req.container.id, pod_uid=req.pod.uid)
+        await self._saw(lambda: [stopped])
         self._kick_listing(req.pod.id)
         return nri.StopContainerResponse().SerializeToString()
 
     async def _state_change(self, payload: bytes) -> bytes:
         req = nri.StateChangeEvent.FromString(payload)
         sandbox = sandbox_facts(req.pod)
+        if req.event == E.REMOVE_POD_SANDBOX:
+            self._listed.discard(sandbox.id)
+        await self._saw(lambda: self._state_events(req, sandbox))
+        if req.event == E.REMOVE_POD_SANDBOX and self.enforce and self._nursery is not None:
+            # The release it owes is in the log from here on (views.runtime.gone); it is made
+            # beside the handler, as a crash before it would have it made at the next start.
+            self._nursery.start_soon(self._settle)
+        if req.event in (E.STOP_CONTAINER, E.REMOVE_CONTAINER):
+            self._kick_listing(sandbox.id)
+        return nri.Empty().SerializeToString()
+
+    async def _saw(self, observation: Observation) -> None:
+        """Record what the runtime says it did: in enforce mode before the answer (what eventsrc
+        decides next reads it), after the containers created before; in observe mode after it."""
+        if not self.enforce:
+            await self._observed.record(observation)
+            return
+        await self._observed.recorded()
+        events = observation()
+        if events:
+            await self.recorder.record(events)
+
+    def _state_events(self, req: nri.StateChangeEvent, sandbox: SandboxFacts) -> list[ev._Event]:
+        """What a StateChange says, as events, from the views as they are."""
         views = self.recorder.views
-        events: list[ev._Event] = []
         if req.event == E.RUN_POD_SANDBOX:
             # Recorded as it is: the runtime has it (refusing it here, containerd 2.1 leaves its
             # pause process running). Its containers are refused at CreateContainer, and its
@@ -617,25 +735,18 @@ class NRIPlugin:
             pod = views.pods.pods.get(sandbox.uid)
             if pod is not None and (why_not := not_its_pod(pod, sandbox.namespace, sandbox.name)):
                 log.warning("pod sandbox is not the pod its uid names", pod=_pod_name(sandbox), reason=why_not)
-            events.append(ev.PodSandboxStarted(sandbox_id=sandbox.id, pod=pod_ref(sandbox)))
-        elif req.event == E.REMOVE_POD_SANDBOX:
-            self._listed.discard(sandbox.id)
-            # The release it owes is in the log from here on (views.runtime.gone); it is made
-            # beside the handler, as a crash before it would have it made at the next start.
-            await self.recorder.record(
-                [ev.PodSandboxRemoved(sandbox_id=sandbox.id, pod_uid=sandbox.uid, reason="removed by the runtime")]
-            )
-            if self.enforce and self._nursery is not None:
-                self._nursery.start_soon(self._settle)
-        elif req.event == E.POST_CREATE_CONTAINER:
-            events.append(created_event(container_facts(req.container), sandbox.uid, adjusted=False))
-        elif req.event == E.START_CONTAINER:
-            events.append(ev.ContainerStarted(container_id=req.container.id, pod_uid=sandbox.uid))
-        elif req.event == E.POST_UPDATE_CONTAINER:
+            return [ev.PodSandboxStarted(sandbox_id=sandbox.id, pod=pod_ref(sandbox))]
+        if req.event == E.REMOVE_POD_SANDBOX:
+            return [ev.PodSandboxRemoved(sandbox_id=sandbox.id, pod_uid=sandbox.uid, reason="removed by the runtime")]
+        if req.event == E.POST_CREATE_CONTAINER:
+            return [created_event(container_facts(req.container), sandbox.uid, adjusted=False)]
+        if req.event == E.START_CONTAINER:
+            return [ev.ContainerStarted(container_id=req.container.id, pod_uid=sandbox.uid)]
+        if req.event == E.POST_UPDATE_CONTAINER:
             facts = container_facts(req.container)
             known = views.runtime.containers.get(facts.id)
             if known is None or (known.cpus, known.mems) != (facts.cpus, facts.mems):
-                events.append(
+                return [
                     ev.ContainerCPUsUpdated(
                         container_id=facts.id,
                         pod_uid=sandbox.uid,
@@ -643,14 +754,16 @@ class NRIPlugin:
                         mems=facts.mems,
                         reason="updated by the runtime",
                     )
-                )
-        elif req.event == E.REMOVE_CONTAINER:
-            events.append(ev.ContainerRemoved(container_id=req.container.id, pod_uid=sandbox.uid))
-        if events:
-            await self.recorder.record(events)
-        if req.event in (E.STOP_CONTAINER, E.REMOVE_CONTAINER):
-            self._kick_listing(sandbox.id)
-        return nri.Empty().SerializeToString()
+                ]
+            return []
+        if req.event == E.REMOVE_CONTAINER:
+            return [ev.ContainerRemoved(container_id=req.container.id, pod_uid=sandbox.uid)]
+        return []
+
+    async def drain(self) -> None:
+        """Before the daemon records its stop: every observation answered so far is recorded, and
+        each one after is recorded before its answer."""
+        await self._observed.drain()
 
     async def _release(self, uid: str, reason: str) -> None:
         if uid not in self.recorder.views.pods.pods:
@@ -687,6 +800,7 @@ class NRIPlugin:
 
     async def _check_listing(self) -> None:
         assert self._lister is not None  # made at Configure, before Synchronize
+        await self._observed.recorded()  # a removal answered, not yet recorded, is not gone unsaid
         try:
             present = await self._lister.sandbox_ids()
         except ListingFailed as exc:
@@ -717,7 +831,8 @@ class NRIPlugin:
     async def _follow(self, session: ttrpc.Session) -> None:
         """Update the shared pool's containers whenever exclusive CPUs change hands. Runs beside
         the handlers, never inside one: the runtime holds its lock while it waits for a handler.
-        A CreateContainer in the making carries its own updates: the follower waits for it."""
+        A CreateContainer in the making carries its own updates: the follower waits for it, and
+        for its records."""
         self._session = session
         while True:
             await self._kicked.wait()
