@@ -102,6 +102,8 @@ FALLBACK_APPLETS = (
 CRI_NAMESPACE = "k8s.io"
 CFS_PERIOD = 100_000
 SOCKET_MAX = 100  # sun_path holds 107 bytes; keep a margin
+#: where containerd 2.x's shims listen, whatever its state dir: sha256(address/namespace/id)
+SHIM_SOCKETS = Path("/run/containerd/s")
 _GO_ARCH = {
     "amd64": "amd64",
     "arm64": "arm64",
@@ -660,16 +662,32 @@ class ContainerdProcess:
         remove the pod cgroup directories it made. Idempotent; what could not be cleaned up
         cleanly, after cleaning up all it could, as lines."""
         self.terminate()
-        problems = self._reap_shims(shim_wait) + self._remove_cgroups()
+        problems = self._reap_shims(shim_wait) + self._remove_cgroups() + self._unmount()
         if self._own_socket_dir:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
+        return problems
+
+    def _unmount(self) -> list[str]:
+        """Unmount what its pods left mounted under ``base`` (their rootfs and shm), deepest
+        first: pods that could not be removed through CRI (containerd stopped first) keep them."""
+        base = str(self.base.resolve())
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4].encode().decode("unicode_escape") for line in f]
+        problems = []
+        for point in sorted((p for p in points if p.startswith(base + "/")), key=len, reverse=True):
+            proc = subprocess.run(["umount", point], capture_output=True, text=True)
+            problems.append(f"{point} was left mounted" + ("; unmounted" if proc.returncode == 0 else ""))
         return problems
 
     # -- hygiene --------------------------------------------------------------------------------
 
     def shim_pids(self) -> list[int]:
         """Shims started by this containerd (their command line names its socket)."""
-        pids = []
+        return sorted(self._shims())
+
+    def _shims(self) -> dict[int, list[bytes]]:
+        """Shims started by this containerd: pid -> command line."""
+        shims = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -678,19 +696,23 @@ class ContainerdProcess:
             except OSError:
                 continue
             if argv and argv[0].endswith(b"containerd-shim-runc-v2") and self.address.encode() in argv:
-                pids.append(int(entry.name))
-        return pids
+                shims[int(entry.name)] = argv
+        return shims
 
     def _reap_shims(self, timeout: float = 10) -> list[str]:
         deadline = time.monotonic() + timeout
-        while (pids := self.shim_pids()) and time.monotonic() < deadline:
+        while (shims := self._shims()) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if not pids:
+        if not shims:
             return []
-        for pid in pids:
+        for pid, argv in shims.items():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        return [f"shims {pids} outlived their pods; killed"]
+            # The socket it listened on, under containerd's own directory whatever its state dir.
+            flags = dict(zip(argv[1::2], argv[2::2], strict=False))
+            name = os.path.join(self.address, flags.get(b"-namespace", b"").decode(), flags.get(b"-id", b"").decode())
+            (SHIM_SOCKETS / hashlib.sha256(name.encode()).hexdigest()).unlink(missing_ok=True)
+        return [f"shims {sorted(shims)} outlived their pods; killed"]
 
     def cgroup_dirs(self) -> list[Path]:
         """Its pods' cgroup directories under every mounted hierarchy, deepest first."""

@@ -355,7 +355,6 @@ def run_nri_bench(*, pods: int, rounds: int, keep: bool = False) -> None:
         Mode("enforce, BestEffort", enforce),
         Mode("enforce, Guaranteed", enforce, guaranteed=True),
     ]
-    problems: list[str] = []
     try:
         out.write(
             f"eventsrc bench nri: {os.cpu_count()} cpus, Python {sys.version.split()[0]}, "
@@ -368,14 +367,13 @@ def run_nri_bench(*, pods: int, rounds: int, keep: bool = False) -> None:
         _report(modes, out)
     finally:
         try:
-            problems = _stop_nodes(nodes)
+            for problem in _stop_nodes(nodes):
+                print(f"eventsrc: warning: cleanup: {problem}", file=sys.stderr)
         finally:
             if keep:
                 out.write(f"\nkept: {tmp}\n")
             else:
                 shutil.rmtree(tmp, ignore_errors=True)
-    for p in problems:
-        print(f"eventsrc: warning: cleanup: {p}", file=sys.stderr)
 
 
 def _report(modes: list[Mode], out: TextIO) -> None:

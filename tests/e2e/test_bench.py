@@ -185,6 +185,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _kill(bench: subprocess.Popen[str] | subprocess.Popen[bytes], started: list[int]) -> None:
+    """The bench, and what it started that still runs: only what this test's bench started, by pid."""
+    bench.kill()
+    bench.wait()
+    for pid in started:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_bench_stopped_by_sigterm_stops_what_it_started(tmp_path: Path) -> None:
     """As with Ctrl-C: SIGTERM (``timeout``, a CI job's end) stops the bench's daemon too."""
     bench = subprocess.Popen(
@@ -200,11 +209,7 @@ def test_a_bench_stopped_by_sigterm_stops_what_it_started(tmp_path: Path) -> Non
         assert bench.wait(timeout=60) == 130, bench.stderr.read() if bench.stderr else ""
         assert not [pid for pid in started if _alive(pid)]
     finally:
-        bench.kill()
-        bench.wait()
-        for pid in started:  # only what this test's bench started, by pid
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill(bench, started)
 
 
 def test_bench_watch_prints_its_figures() -> None:
@@ -261,3 +266,32 @@ def test_bench_nri_rounds_need_pods() -> None:
     assert proc.stderr.splitlines() == [
         "eventsrc: error: --rounds (3) must be at most --pods (2): a round starts a pod at least"
     ]
+
+
+def test_bench_nri_stopped_by_sigterm_leaves_nothing(containerd_unavailable: str | None) -> None:
+    """SIGTERM stops containerd before its pods could be removed through CRI: the bench still
+    leaves no process, no mount, no cgroup and no directory of its own."""
+    if containerd_unavailable is not None:
+        pytest.skip(containerd_unavailable)
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "eventsrc", "bench", "nri", "--pods", "30", "--rounds", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started: list[int] = []
+    try:
+        # its three containerds and two daemons, then a pod or two under way
+        started = eventually(lambda: [] if len(kids := _children(bench.pid)) < 5 else kids, "the bench's nodes")
+        config = Path(f"/proc/{started[0]}/cmdline").read_bytes().split(b"\0")
+        workdir = Path(next(a.decode() for a in config if a.endswith(b".toml"))).parent.parent
+        eventually(lambda: any(workdir.name in line for line in Path("/proc/mounts").read_text().splitlines()), "a pod")
+        bench.terminate()
+        _, err = bench.communicate(timeout=60)
+        assert bench.returncode == 130, err
+        assert not [pid for pid in started if _alive(pid)]
+        assert not workdir.exists()
+        assert workdir.name not in Path("/proc/mounts").read_text()
+        assert not [d for d in Path("/sys/fs/cgroup").glob(f"*/eventsrc-bench-{bench.pid}-*")]
+    finally:
+        _kill(bench, started)
