@@ -1,0 +1,215 @@
+"""Debian packages for the tests' real servers (containerd, nats-server, PostgreSQL), fetched into
+a cache without installing anything system-wide.
+
+``fetch(cache, packages, ...)`` downloads ``packages`` ((name, suite) pairs) with ``apt-get
+download`` through a private apt configuration (its own source list, lists and cache directories
+under ``cache``; nothing of the system's apt configuration) and unpacks them with ``dpkg -x`` under
+``cache/root``. A stamp records the versions once the unpacked files are complete and checked;
+later calls reuse it without network. Test processes running at once (pytest-xdist) share the
+cache: one fetches under a lock, the others wait for it and reuse what it fetched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+MIRROR = "http://deb.debian.org/debian"
+STAMP_NAME = "complete.json"
+
+T = TypeVar("T")
+Progress = Callable[[str], None]
+
+
+class FetchError(Exception):
+    """The packages could not be fetched; ``str()`` is one line."""
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    """A complete cache: the packages unpacked under ``root``, and their versions."""
+
+    cache: Path
+    versions: dict[str, str]
+
+    @property
+    def root(self) -> Path:
+        return self.cache / "root"
+
+
+def one_line(text: str) -> str:
+    """The line of a tool's output that says what went wrong (its last error, else its last line)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith(("E:", "Err:", "error", "Error", "fatal", "FATAL"))]
+    warnings = [line for line in lines if line.startswith("W:")]
+    return (errors or warnings or lines or ["no output"])[-1][:300]
+
+
+def run(
+    cmd: Sequence[str | os.PathLike[str]],
+    what: str,
+    *,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+) -> str:
+    """``cmd``'s stdout; ``FetchError`` (one line) when it cannot run, times out or fails."""
+    try:
+        proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError as e:
+        raise FetchError(f"{what}: {e.filename} not found") from e
+    except subprocess.TimeoutExpired as e:
+        raise FetchError(f"{what}: no answer in {timeout:g} s") from e
+    if proc.returncode != 0:
+        raise FetchError(f"{what} exited {proc.returncode}: {one_line(proc.stderr + proc.stdout)}")
+    return proc.stdout
+
+
+def cached(cache: Path, version: int, required: Callable[[Unpacked], Iterable[Path]]) -> Unpacked | None:
+    """The cache when it is complete (stamped with ``version``, every ``required`` path there)."""
+    try:
+        stamp = json.loads((cache / STAMP_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    if stamp.get("version") != version:
+        return None
+    unpacked = Unpacked(cache, dict(stamp.get("packages", {})))
+    return unpacked if all(p.exists() for p in required(unpacked)) else None
+
+
+def fetch(
+    cache: Path,
+    packages: Sequence[tuple[str, str]],
+    *,
+    version: int,
+    required: Callable[[Unpacked], Iterable[Path]],
+    finish: Callable[[Unpacked, Progress], None] = lambda _unpacked, _progress: None,
+    progress: Progress = lambda _: None,
+) -> Unpacked:
+    """``packages`` unpacked in ``cache``: reused when complete (no network), else fetched.
+
+    ``finish`` checks what was unpacked (runs a binary's ``--version``) or adds to it, before
+    the stamp (``version``) is written. Raises ``FetchError`` (one line) when apt, dpkg or
+    ``finish`` fail."""
+    if (done := cached(cache, version, required)) is not None:
+        progress(f"cached in {cache}: " + ", ".join(f"{k} {v}" for k, v in done.versions.items()))
+        return done
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FetchError(f"cannot create the cache {cache}: {e.strerror}") from e
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another test process may be fetching into the same cache
+        if (done := cached(cache, version, required)) is not None:
+            return done
+        return _fetch_locked(cache, packages, version, finish, progress)
+
+
+def _apt_options(cache: Path) -> list[str]:
+    options = {
+        "Dir::Etc::SourceList": cache / "sources.list",
+        "Dir::Etc::SourceParts": "/dev/null",
+        # Nothing of the system's apt configuration: no preferences, no apt.conf.d (its update hooks).
+        "Dir::Etc::Parts": "/dev/null",
+        "Dir::Etc::Preferences": "/dev/null",
+        "Dir::Etc::PreferencesParts": "/dev/null",
+        "Dir::State::Lists": cache / "lists",
+        "Dir::Cache": cache / "aptcache",
+        "APT::Sandbox::User": "root",
+        "Acquire::Languages": "none",
+    }
+    return [arg for key, value in options.items() for arg in ("-o", f"{key}={value}")]
+
+
+def _fetch_locked(
+    cache: Path,
+    packages: Sequence[tuple[str, str]],
+    version: int,
+    finish: Callable[[Unpacked, Progress], None],
+    progress: Progress,
+) -> Unpacked:
+    (cache / STAMP_NAME).unlink(missing_ok=True)
+    suites = sorted({suite for _, suite in packages})
+    (cache / "sources.list").write_text(
+        "".join(f"deb [signed-by={KEYRING}] {MIRROR} {suite} main\n" for suite in suites)
+    )
+    for sub in ("lists/partial", "aptcache/archives/partial"):
+        (cache / sub).mkdir(parents=True, exist_ok=True)
+    apt = ["apt-get", "-q", *_apt_options(cache)]
+    progress(f"apt-get update ({', '.join(suites)} from {MIRROR}) into {cache}")
+    run([*apt, "update"], "apt-get update")
+    debs = cache / "debs"
+    shutil.rmtree(debs, ignore_errors=True)
+    debs.mkdir()
+    wanted = [f"{name}/{suite}" for name, suite in packages]
+    progress("apt-get download " + " ".join(wanted))
+    run([*apt, "download", *wanted], "apt-get download", cwd=debs)
+    root = cache / "root"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir()
+    versions: dict[str, str] = {}
+    for deb in sorted(debs.glob("*.deb")):
+        name = run(["dpkg-deb", "-f", deb, "Package"], f"dpkg-deb -f {deb.name}").strip()
+        versions[name] = run(["dpkg-deb", "-f", deb, "Version"], f"dpkg-deb -f {deb.name}").strip()
+        progress(f"dpkg -x {deb.name}")
+        run(["dpkg", "-x", deb, root], f"dpkg -x {deb.name}")
+    missing = [name for name, _ in packages if name not in versions]
+    if missing:
+        raise FetchError(f"apt-get download gave no {', '.join(missing)}")
+    unpacked = Unpacked(cache, versions)
+    finish(unpacked, progress)
+    shutil.rmtree(debs, ignore_errors=True)  # unpacked under root/
+    (cache / STAMP_NAME).write_text(json.dumps({"version": version, "packages": versions}, indent=1))
+    progress("fetched: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    return unpacked
+
+
+def once_per_process(fetch_into: Callable[[Path], T]) -> Callable[[Path], T | str]:
+    """``fetch_into(cache)`` at most once per process and cache directory: what it gave, or the
+    one-line reason it failed (so that a fixture can skip with it)."""
+
+    @functools.cache
+    def outcome(cache: Path) -> T | str:
+        try:
+            return fetch_into(cache)
+        except FetchError as e:
+            return str(e)
+        except OSError as e:
+            return f"{type(e).__name__}: {e}"
+
+    return outcome
+
+
+def fetch_command(
+    prog: str,
+    what: str,
+    fetch_into: Callable[[Path | None, Progress], Unpacked],
+    cache_help: str,
+    argv: Iterable[str] | None = None,
+) -> int:
+    """``python -m tests.support.X fetch [--cache DIR]``: fill the cache ahead of the tests."""
+    parser = argparse.ArgumentParser(prog=prog)
+    sub = parser.add_subparsers(dest="command", required=True)
+    fetch_cmd = sub.add_parser("fetch", help=f"fetch {what} into the cache (reused when complete)")
+    fetch_cmd.add_argument("--cache", type=Path, default=None, help=f"cache directory (default {cache_help})")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    started = time.monotonic()
+    try:
+        unpacked = fetch_into(args.cache, lambda line: print(line, flush=True))
+    except (FetchError, OSError) as e:
+        print(f"fetch failed: {e}", file=sys.stderr)
+        return 1
+    print(f"ready in {time.monotonic() - started:.1f} s: {unpacked.cache}")
+    return 0
