@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.support import debian_archive
+from tests.support import debian_archive, processes
 from tests.support.debian_archive import FetchError
 
 DEFAULT_CACHE = Path("/var/cache/eventsrc-tests/containerd")
@@ -162,27 +162,7 @@ class Fetched(debian_archive.Unpacked):
         ]
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
-
-
-def fetch(cache: Path | None = None, progress: Callable[[str], None] = lambda _: None) -> Fetched:
-    """The unpacked runtime in ``cache``: reused when complete (no network), else fetched.
-
-    Raises ``FetchError`` (one line) when apt, dpkg or the fetched binaries fail."""
-    unpacked = debian_archive.fetch(
-        Path(cache) if cache is not None else cache_dir(),
-        PACKAGES,
-        version=STAMP_VERSION,
-        required=lambda u: Fetched(u.cache, u.versions).required(),
-        finish=_check_and_build_image,
-        progress=progress,
-    )
-    return Fetched(unpacked.cache, unpacked.versions)
-
-
-def _check_and_build_image(unpacked: debian_archive.Unpacked, progress: Callable[[str], None]) -> None:
-    fetched = Fetched(unpacked.cache, unpacked.versions)
+def _check_and_build_image(fetched: Fetched, progress: Callable[[str], None]) -> None:
     for binary in (fetched.containerd, fetched.runc, fetched.ctr):
         if not binary.exists():
             raise FetchError(f"{binary.relative_to(fetched.cache)} is not in the packages")
@@ -191,12 +171,17 @@ def _check_and_build_image(unpacked: debian_archive.Unpacked, progress: Callable
     build_image(fetched.busybox, fetched.image_tar)
 
 
-_fetch_outcome = debian_archive.once_per_process(fetch)
-
-
-def fetched_or_error(cache: Path | None = None) -> Fetched | str:
-    """``fetch()`` once per process and cache directory: the result, or the one-line error."""
-    return _fetch_outcome(Path(cache) if cache is not None else cache_dir())
+ARCHIVE = debian_archive.Packages(
+    Fetched,
+    PACKAGES,
+    version=STAMP_VERSION,
+    default_cache=DEFAULT_CACHE,
+    cache_env=CACHE_ENV,
+    finish=_check_and_build_image,
+)
+cache_dir = ARCHIVE.cache_dir
+fetch = ARCHIVE.fetch  # fetch(cache=None, progress=...): the unpacked runtime; FetchError (one line)
+fetched_or_error = ARCHIVE.fetched_or_error  # fetch() once per process: the result or the one-line error
 
 
 # ---------------------------------------------------------------------------------------------
@@ -606,7 +591,7 @@ def _toml(value: str | Path) -> str:
 _harness_numbers = itertools.count()
 
 
-class Containerd:
+class Containerd(processes.Server):
     """One containerd (its own config, root, state, sockets, NRI socket and log under ``base``)
     and a CRI client to it. The CRI methods of ``CriClient`` are callable on it directly."""
 
@@ -614,13 +599,13 @@ class Containerd:
         self, base: Path, *, cdi_dir: Path | None = None, fetched: Fetched | None = None, log_level: str = "info"
     ) -> None:
         self.base = Path(base)
+        super().__init__("containerd", self.base / "containerd.log")
         self.cdi_dir = Path(cdi_dir) if cdi_dir is not None else self.base / "cdi"
         self._fetched = fetched
         self.log_level = log_level
         self.token = f"eventsrc-test-{os.getpid()}-{next(_harness_numbers)}"
         self.cgroup_prefix = f"/{self.token}"
         self.config_path = self.base / "containerd.toml"
-        self.log_path = self.base / "containerd.log"
         # Sockets need short paths: under base when short enough, else in a short directory of /tmp.
         if len(str(self.base / "containerd.sock.ttrpc")) <= SOCKET_MAX:
             self.socket_dir = self.base
@@ -630,7 +615,6 @@ class Containerd:
             self._own_socket_dir = True
         self.address = str(self.socket_dir / "containerd.sock")
         self.nri_socket = self.socket_dir / "nri.sock"
-        self.proc: subprocess.Popen[bytes] | None = None
         self._pod_configs: dict[str, Any] = {}
         self._cri: CriClient | None = None
 
@@ -639,10 +623,7 @@ class Containerd:
     @property
     def fetched(self) -> Fetched:
         if self._fetched is None:
-            outcome = fetched_or_error()
-            if isinstance(outcome, str):
-                raise FetchError(outcome)
-            self._fetched = outcome
+            self._fetched = ARCHIVE.fetched()
         return self._fetched
 
     @property
@@ -688,35 +669,14 @@ class Containerd:
         path = ":".join([*(str(d) for d in self.fetched.bin_dirs), os.environ.get("PATH", "/usr/bin:/bin")])
         return {**os.environ, "PATH": path}
 
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def exited(self) -> str | None:
-        """Why waiting on containerd is pointless (it has exited), or None."""
-        if self.proc is None:
-            return "containerd is not started"
-        if self.proc.poll() is None:
-            return None
-        return f"containerd exited {self.proc.returncode}:\n{self.log_tail()}"
-
     def start(self, timeout: float = 30) -> None:
         """Start containerd, wait until CRI answers, and import the image if its root lacks it."""
         if self.running():
             return
         self.base.mkdir(parents=True, exist_ok=True)
         self._write_config()
-        with open(self.log_path, "ab") as log:
-            log.write(f"--- harness: starting containerd ({time.strftime('%H:%M:%S')})\n".encode())
-            log.flush()
-            # Its own session: a Ctrl-C in the terminal must not stop it before the pods are removed.
-            self.proc = subprocess.Popen(
-                [str(self.fetched.containerd), "--config", str(self.config_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                env=self.env(),
-                start_new_session=True,
-            )
+        # Its own session (spawn): a Ctrl-C in the terminal must not stop it before the pods are removed.
+        self.spawn([self.fetched.containerd, "--config", self.config_path], env=self.env())
         self._cri = CriClient(self.address, self.token, self.cgroup_prefix, self._pod_configs)
         try:
             self._wait(self._answers, "containerd's CRI to answer Version", timeout)
@@ -782,29 +742,20 @@ class Containerd:
         if self._cri is not None:
             self._cri.close()
             self._cri = None
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=timeout)
+        self.end(signal.SIGTERM, timeout)
 
     # -- hygiene --------------------------------------------------------------------------------
 
     def shim_pids(self) -> list[int]:
         """Shims started by this containerd (their command line names its socket)."""
         pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
+        for pid in processes.all_pids():
             try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
             if argv and argv[0].endswith(b"containerd-shim-runc-v2") and self.address.encode() in argv:
-                pids.append(int(entry.name))
+                pids.append(pid)
         return pids
 
     def _reap_shims(self, timeout: float = 10) -> list[str]:
@@ -862,31 +813,13 @@ class Containerd:
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)
 
-    # -- output ---------------------------------------------------------------------------------
-
-    def log_text(self) -> str:
-        """containerd's log (stdout and stderr) since this harness first started it."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "containerd log (tail):\n" + "\n".join(self.log_text().splitlines()[-lines:])
-
 
 # ---------------------------------------------------------------------------------------------
 # python -m tests.support.containerd fetch
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    return debian_archive.fetch_command(
-        "python -m tests.support.containerd",
-        "containerd, runc and busybox",
-        fetch,
-        f"${CACHE_ENV} or {DEFAULT_CACHE}",
-        argv,
-    )
+    return ARCHIVE.command("python -m tests.support.containerd", argv)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import functools
 import json
 import os
 import shutil
@@ -23,13 +22,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 MIRROR = "http://deb.debian.org/debian"
 STAMP_NAME = "complete.json"
 
-T = TypeVar("T")
 Progress = Callable[[str], None]
 
 
@@ -47,6 +45,13 @@ class Unpacked:
     @property
     def root(self) -> Path:
         return self.cache / "root"
+
+    def required(self) -> list[Path]:
+        """What must be there for the cache to be complete (a subclass names its files)."""
+        return []
+
+
+U = TypeVar("U", bound=Unpacked)
 
 
 def one_line(text: str) -> str:
@@ -176,40 +181,86 @@ def _fetch_locked(
     return unpacked
 
 
-def once_per_process(fetch_into: Callable[[Path], T]) -> Callable[[Path], T | str]:
-    """``fetch_into(cache)`` at most once per process and cache directory: what it gave, or the
-    one-line reason it failed (so that a fixture can skip with it)."""
+class Packages(Generic[U]):
+    """The Debian packages a harness runs (``kind`` says where their files are and which must be
+    there), the cache they are fetched into, and ``finish``: what checks them (or adds to them)
+    before the cache is stamped complete."""
 
-    @functools.cache
-    def outcome(cache: Path) -> T | str:
+    def __init__(
+        self,
+        kind: type[U],
+        packages: Sequence[tuple[str, str]],
+        *,
+        version: int,
+        default_cache: Path,
+        cache_env: str,
+        finish: Callable[[U, Progress], None] = lambda _unpacked, _progress: None,
+    ) -> None:
+        self.kind = kind
+        self.packages = tuple(packages)
+        self.version = version
+        self.default_cache = default_cache
+        self.cache_env = cache_env
+        self.finish = finish
+        self._outcomes: dict[Path, U | str] = {}
+
+    def cache_dir(self) -> Path:
+        return Path(os.environ.get(self.cache_env) or self.default_cache)
+
+    def _as_kind(self, unpacked: Unpacked) -> U:
+        return self.kind(unpacked.cache, unpacked.versions)
+
+    def fetch(self, cache: Path | None = None, progress: Progress = lambda _: None) -> U:
+        """The unpacked packages in ``cache`` (default the cache directory): reused when complete
+        (no network), else fetched. Raises ``FetchError`` (one line)."""
+        unpacked = fetch(
+            Path(cache) if cache is not None else self.cache_dir(),
+            self.packages,
+            version=self.version,
+            required=lambda u: self._as_kind(u).required(),
+            finish=lambda u, p: self.finish(self._as_kind(u), p),
+            progress=progress,
+        )
+        return self._as_kind(unpacked)
+
+    def fetched_or_error(self, cache: Path | None = None) -> U | str:
+        """``fetch()`` at most once per process and cache directory: what it gave, or the one-line
+        reason it failed (so that a fixture can skip with it)."""
+        cache = Path(cache) if cache is not None else self.cache_dir()
+        if cache not in self._outcomes:
+            try:
+                self._outcomes[cache] = self.fetch(cache)
+            except FetchError as e:
+                self._outcomes[cache] = str(e)
+            except OSError as e:
+                self._outcomes[cache] = f"{type(e).__name__}: {e}"
+        return self._outcomes[cache]
+
+    def fetched(self) -> U:
+        """``fetched_or_error()`` of the cache directory; ``FetchError`` with its reason."""
+        outcome = self.fetched_or_error()
+        if isinstance(outcome, str):
+            raise FetchError(outcome)
+        return outcome
+
+    def command(self, prog: str, argv: Iterable[str] | None = None) -> int:
+        """``python -m tests.support.X fetch [--cache DIR]``: fill the cache ahead of the tests."""
+        names = ", ".join(name for name, _ in self.packages)
+        parser = argparse.ArgumentParser(prog=prog)
+        sub = parser.add_subparsers(dest="command", required=True)
+        fetch_cmd = sub.add_parser("fetch", help=f"fetch {names} into the cache (reused when complete)")
+        fetch_cmd.add_argument(
+            "--cache",
+            type=Path,
+            default=None,
+            help=f"cache directory (default ${self.cache_env} or {self.default_cache})",
+        )
+        args = parser.parse_args(list(argv) if argv is not None else None)
+        started = time.monotonic()
         try:
-            return fetch_into(cache)
-        except FetchError as e:
-            return str(e)
-        except OSError as e:
-            return f"{type(e).__name__}: {e}"
-
-    return outcome
-
-
-def fetch_command(
-    prog: str,
-    what: str,
-    fetch_into: Callable[[Path | None, Progress], Unpacked],
-    cache_help: str,
-    argv: Iterable[str] | None = None,
-) -> int:
-    """``python -m tests.support.X fetch [--cache DIR]``: fill the cache ahead of the tests."""
-    parser = argparse.ArgumentParser(prog=prog)
-    sub = parser.add_subparsers(dest="command", required=True)
-    fetch_cmd = sub.add_parser("fetch", help=f"fetch {what} into the cache (reused when complete)")
-    fetch_cmd.add_argument("--cache", type=Path, default=None, help=f"cache directory (default {cache_help})")
-    args = parser.parse_args(list(argv) if argv is not None else None)
-    started = time.monotonic()
-    try:
-        unpacked = fetch_into(args.cache, lambda line: print(line, flush=True))
-    except (FetchError, OSError) as e:
-        print(f"fetch failed: {e}", file=sys.stderr)
-        return 1
-    print(f"ready in {time.monotonic() - started:.1f} s: {unpacked.cache}")
-    return 0
+            unpacked = self.fetch(args.cache, lambda line: print(line, flush=True))
+        except (FetchError, OSError) as e:
+            print(f"fetch failed: {e}", file=sys.stderr)
+            return 1
+        print(f"ready in {time.monotonic() - started:.1f} s: {unpacked.cache}")
+        return 0
