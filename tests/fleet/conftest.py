@@ -1,5 +1,6 @@
-"""The fleet tests' real servers: a nats-server with JetStream, a three-server JetStream cluster.
-Each fixture skips with one line where its server cannot be had, and stops what it started."""
+"""The fleet tests' real servers: a nats-server with JetStream, a three-server JetStream cluster,
+a PostgreSQL server. Each fixture skips with one line where its server cannot be had, and stops
+what it started."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import nats
+from tests.support import nats, postgres
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +43,23 @@ def nats_cluster(nats_unavailable: str | None, tmp_path: Path) -> Iterator[nats.
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_unavailable() -> str | None:
+    """Why a real PostgreSQL cannot run here (one line), or None; finds or fetches it once per
+    session (a no-op, without network, once the cache is complete or where it is installed)."""
+    return postgres.why_unavailable()
+
+
+@pytest.fixture
+def postgres_server(postgres_unavailable: str | None) -> Iterator[postgres.PostgresServer]:
+    """A started PostgreSQL server of its own (``.dsn``), its directory removed afterwards."""
+    if postgres_unavailable is not None:
+        pytest.skip(postgres_unavailable)
+    server = postgres.PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.cleanup()

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 MIRROR = "http://deb.debian.org/debian"
@@ -69,12 +69,19 @@ def run(
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 600,
+    **popen: Any,
 ) -> str:
-    """``cmd``'s stdout; ``FetchError`` (one line) when it cannot run, times out or fails."""
+    """``cmd``'s stdout; ``FetchError`` (one line) when it cannot run, times out or fails.
+    ``popen`` are more of subprocess's arguments (``user``, ``group``)."""
+    argv = [str(c) for c in cmd]
     try:
-        proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        proc: subprocess.CompletedProcess[str] = subprocess.run(
+            argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, **popen
+        )
     except FileNotFoundError as e:
         raise FetchError(f"{what}: {e.filename} not found") from e
+    except PermissionError as e:
+        raise FetchError(f"{what}: {e.strerror}") from e
     except subprocess.TimeoutExpired as e:
         raise FetchError(f"{what}: no answer in {timeout:g} s") from e
     if proc.returncode != 0:
@@ -209,6 +216,15 @@ class Packages(Generic[U]):
 
     def _as_kind(self, unpacked: Unpacked) -> U:
         return self.kind(unpacked.cache, unpacked.versions)
+
+    def cached(self, cache: Path | None = None) -> U | None:
+        """The packages when the cache is complete (no network), else None."""
+        unpacked = cached(
+            Path(cache) if cache is not None else self.cache_dir(),
+            self.version,
+            lambda u: self._as_kind(u).required(),
+        )
+        return None if unpacked is None else self._as_kind(unpacked)
 
     def fetch(self, cache: Path | None = None, progress: Progress = lambda _: None) -> U:
         """The unpacked packages in ``cache`` (default the cache directory): reused when complete

@@ -202,18 +202,8 @@ class NatsServer(processes.Server):
         return "\n".join(lines) + "\n"
 
     def wait_ready(self, timeout: float = 30) -> None:
-        try:
-            eventually(
-                self.ready,
-                f"{self.name} to be ready (/healthz ok, a JetStream metadata leader in a cluster)",
-                timeout=timeout,
-                interval=0.02,
-                stop=self.exited,
-                context=self.log_tail,
-            )
-        except BaseException:
-            self.stop()
-            raise
+        what = f"{self.name} to be ready (/healthz ok, a JetStream metadata leader in a cluster)"
+        self.wait_for(self.ready, what, timeout)
         self._started_once = True
 
     def ready(self) -> bool:

@@ -8,9 +8,11 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from tests.support.eventually import eventually
 
 START_MARK = "--- harness: starting"
 
@@ -98,6 +100,18 @@ class Server:
         if self.proc.poll() is None:
             return None
         return f"{self.name} exited {self.proc.returncode}:\n{self.log_tail()}"
+
+    def wait_for(self, condition: Callable[[], object], what: str, timeout: float) -> None:
+        """Poll ``condition`` until it holds; fail at once if the server exits, with its log, and
+        stop the server when failing (a start that did not come up leaves nothing running)."""
+        try:
+            eventually(condition, what, timeout=timeout, interval=0.02, stop=self.exited, context=self.log_tail)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        self.end()
 
     def end(self, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
         """``sig`` to the server by its pid, then wait (SIGKILL after ``timeout`` s). Idempotent."""
