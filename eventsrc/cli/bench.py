@@ -470,7 +470,7 @@ def bench_soak(args: argparse.Namespace) -> int:
 
 @_stopped_by_sigterm_too
 def bench_nri(args: argparse.Namespace) -> int:
-    from eventsrc.bench.nri import run_nri_bench
+    from eventsrc.bench.container_starts import run_nri_bench
 
     _at_least(("--pods", args.pods, 1), ("--rounds", args.rounds, 1))
     if args.rounds > args.pods:
