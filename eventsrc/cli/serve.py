@@ -15,6 +15,7 @@ from eventsrc.layout import BESIDE_ROOT, DEFAULT_ROOT, Layout
 
 if TYPE_CHECKING:
     from eventsrc.inputs.config import Configuration
+    from eventsrc.node.shipper import FleetOptions
 
 
 def add_parser(sub: Subparsers, parents: Parents) -> None:
@@ -70,6 +71,7 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
     cpu = _cpu_manager_flags(p)
     _topology_manager_flags(p)
     _nri_flags(p)
+    _fleet_flags(p)
     _retention_flags(p)
     _beside_flags(p)
     cpu.add_argument(
@@ -197,6 +199,27 @@ def _beside_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _fleet_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "the fleet (docs/fleet.md; default: off)",
+        "Every record of the log, in sequence order, to a NATS JetStream stream, from where the stream says "
+        "it has them; nothing on the admission path waits for it.",
+    )
+    g.add_argument("--fleet-nats", default=None, metavar="URL,...", help="NATS servers to ship to (nats://host:port)")
+    g.add_argument(
+        "--fleet-stream",
+        default=None,
+        metavar="NAME",
+        help="the JetStream stream (default EVENTSRC; created if missing)",
+    )
+    g.add_argument(
+        "--node-name",
+        default=None,
+        metavar="NAME",
+        help="this node's name in the fleet, a Kubernetes node name (default: the host name)",
+    )
+
+
 def _nri_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("container runtime (NRI; docs/nri.md)")
     g.add_argument(
@@ -310,7 +333,7 @@ def effective_config(args: argparse.Namespace) -> Configuration:
             value = config.parse_map(value, flag)
         elif name == "featureGates":
             value = config.parse_feature_gates(value, flag)
-        elif name == "nriAnnotationNamespaces":
+        elif name in ("nriAnnotationNamespaces", "fleet.nats"):
             value = config.parse_list(value)
         elif isinstance(value, Path):
             value = str(value.absolute())
@@ -395,9 +418,27 @@ def serve(args: argparse.Namespace) -> int:
             )
             if cfg.beside_kubelet
             else None,
+            fleet=_fleet(cfg),
         )
     )
     return 0
+
+
+def _fleet(cfg: Configuration) -> FleetOptions | None:
+    """Shipping to the fleet, when servers are given: the node named by the host name unless
+    the configuration names it."""
+    import socket
+
+    from eventsrc.core.fleet import node_name_error
+    from eventsrc.errors import EventsrcError
+    from eventsrc.node.shipper import FleetOptions
+
+    if not cfg.fleet.nats:
+        return None
+    name = cfg.fleet.node_name or socket.gethostname().lower()
+    if why := node_name_error(name):
+        raise EventsrcError(f"--node-name is needed: the host name is no node name ({why})")
+    return FleetOptions(tuple(cfg.fleet.nats), name, cfg.fleet.stream)
 
 
 def config_print(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ import msgspec
 from eventsrc import events as ev
 from eventsrc.core.cpu.assignment import parse_policy_options
 from eventsrc.core.cpu.cpuset import CPUSet
+from eventsrc.core.fleet import node_name_error
 from eventsrc.core.topology_manager import new_policy_options, validate_config
 from eventsrc.errors import EventsrcError
 
@@ -227,6 +228,14 @@ class LogRetention(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     archive: bool = True  # what leaves is written to ROOT/eventsrc/archive first
 
 
+class Fleet(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    """Shipping the log to the fleet's NATS JetStream (docs/fleet.md); no servers: off."""
+
+    nats: list[str] = []  # server URLs (nats://host:port)
+    stream: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,255}$")] = "EVENTSRC"
+    node_name: str = ""  # "" the host name
+
+
 class Configuration(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, rename="camel"):
     """The configuration file's fields; a missing one has the default shown here."""
 
@@ -272,6 +281,7 @@ class Configuration(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     # (docs/kubelet-node.md); "" runs eventsrc as the node's resource managers.
     beside_kubelet: str = ""
     beside_kubelet_resync: Duration = Duration.of_seconds(60)
+    fleet: Fleet = Fleet()
 
 
 #: Each field that a ``serve`` flag sets: the field's name in the file -> the flag.
@@ -305,6 +315,9 @@ FLAGS: Mapping[str, str] = {
     "logRetention.archive": "--log-retention-archive",
     "besideKubelet": "--beside-kubelet",
     "besideKubeletResync": "--beside-kubelet-resync",
+    "fleet.nats": "--fleet-nats",
+    "fleet.stream": "--fleet-stream",
+    "fleet.nodeName": "--node-name",
 }
 
 _FIELDS = {f.encode_name: f for f in msgspec.structs.fields(Configuration)}
@@ -511,6 +524,11 @@ def check(cfg: Configuration) -> None:
         )
     if cfg.watch_stall_timeout.seconds <= 0:
         raise wrap("watchStallTimeout", ValueError("must be more than 0"))
+    if cfg.fleet.node_name and (why := node_name_error(cfg.fleet.node_name)):
+        raise wrap("fleet.nodeName", ValueError(why))
+    for url in cfg.fleet.nats:
+        if not re.fullmatch(r"(nats|tls)://[^\s/]+", url):
+            raise wrap("fleet.nats", ValueError(f"{url!r} is not a NATS server URL (nats://HOST:PORT)"))
     if cfg.beside_kubelet_resync.seconds <= 0:
         raise wrap("besideKubeletResync", ValueError("must be more than 0"))
     endpoint = cfg.container_runtime_endpoint

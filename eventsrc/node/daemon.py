@@ -86,6 +86,7 @@ from eventsrc.node.interfaces import record_or_log
 from eventsrc.node.nri import NRIOptions, NRIPlugin
 from eventsrc.node.plugin_watcher import PluginWatcher
 from eventsrc.node.retainer import Retainer
+from eventsrc.node.shipper import FleetOptions, Shipper
 from eventsrc.obs import systemd
 from eventsrc.obs.logger import current_correlation_id, get_logger
 from eventsrc.obs.loop import LoopHolds
@@ -203,6 +204,7 @@ class Daemon:
         self.retainer = Retainer(self, log_, layout.archive, retention or Retention(), snapshot_every)
         # Beside a kubelet: eventsrc records what the kubelet decided, and decides nothing.
         self.beside = Beside(self, beside, self._runtime_synchronized) if beside is not None else None
+        self.shipper: Shipper | None = None  # serve --fleet-nats: made once the log is open (serve)
         if self.beside is not None and self.nri is not None:
             self.nri.on_synchronized = self.beside.look_again
 
@@ -397,6 +399,7 @@ async def serve(
     retention: Retention | None = None,
     beside: BesideOptions | None = None,
     watch_stall: float = WATCH_STALL,
+    fleet: FleetOptions | None = None,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT (or until cancelled).
@@ -485,6 +488,9 @@ async def serve(
                     await nursery.start(daemon.beside.run)
                 if daemon.nri is not None:
                     await nursery.start(daemon.nri.run)
+                if fleet is not None:  # beside the rest: nothing waits for it (docs/fleet.md)
+                    daemon.shipper = Shipper(event_log, daemon.appended, fleet)
+                    await nursery.start(daemon.shipper.run)
                 nursery.start_soon(daemon.scrub, start_seq)
                 nursery.start_soon(daemon.snapshot_loop)
                 nursery.start_soon(daemon.retainer.run)

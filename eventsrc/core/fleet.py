@@ -1,0 +1,88 @@
+"""The fleet's names for a node's records on NATS JetStream (issue 28): pure, no I/O.
+
+A node's log is shipped record by record, in sequence order, to one JetStream stream. Each
+record is one message:
+
+    subject   <prefix>.<node>.<log id>        the node name with "." as "_" (a NATS token
+                                              cannot hold "."; a node name cannot hold "_")
+    headers   Nats-Msg-Id    <node>:<log id>:<seq>   JetStream stores a message id once
+                                              within the stream's duplicate window
+              Eventsrc-Node, Eventsrc-Log, Eventsrc-Seq, Eventsrc-Type
+    payload   the record's bytes as the log holds them (CRC32, then the envelope): the sink
+              checks and decodes them as the log does (``events.decode_record``)
+
+A node is its node name and the identity of its log (``EventLog.log_id``): two logs under
+one name (a node whose log was lost and started again) are two subjects, never interleaved.
+Shipping resumes from what the stream holds: the last message on the node's subject names
+the last sequence acknowledged (``acknowledged``), never a local cursor alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from eventsrc.core.devices.names import is_dns1123_subdomain
+
+DEFAULT_STREAM: Final = "EVENTSRC"
+DEFAULT_PREFIX: Final = "eventsrc.records"
+#: JetStream's duplicate window the stream is created with: a publish retried after a lost
+#: acknowledgement within it is stored once (a resume asks the stream, so older ones are not sent)
+DUPLICATE_WINDOW_S: Final = 600.0
+
+MSG_ID: Final = "Nats-Msg-Id"
+NODE: Final = "Eventsrc-Node"
+LOG: Final = "Eventsrc-Log"
+SEQ: Final = "Eventsrc-Seq"
+TYPE: Final = "Eventsrc-Type"
+
+
+def node_name_error(name: str) -> str:
+    """Why ``name`` cannot name a node in the fleet ("" when it can): a Kubernetes node name,
+    a DNS-1123 subdomain (at most 253 characters: lowercase letters, digits, "-" and ".")."""
+    if is_dns1123_subdomain(name):
+        return ""
+    return (
+        f"node name {name!r} is not a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', "
+        "at most 253 characters), as a Kubernetes node name is"
+    )
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node's log in the fleet: its node name and its log's identity."""
+
+    name: str
+    log_id: str
+
+    def subject(self, prefix: str = DEFAULT_PREFIX) -> str:
+        return f"{prefix}.{self.name.replace('.', '_')}.{self.log_id}"
+
+    def msg_id(self, seq: int) -> str:
+        return f"{self.name}:{self.log_id}:{seq}"
+
+    def headers(self, seq: int, type_name: str) -> dict[str, str]:
+        return {MSG_ID: self.msg_id(seq), NODE: self.name, LOG: self.log_id, SEQ: str(seq), TYPE: type_name}
+
+
+def acknowledged(node: Node, last: Mapping[str, str] | None) -> int:
+    """The last sequence of ``node`` the stream holds, from the headers of the last message on
+    its subject (None: none there): 0 when it holds none. A last message that is not this
+    node's log (its headers say otherwise) is refused: the subject is another's."""
+    if last is None:
+        return 0
+    if (last.get(NODE), last.get(LOG)) != (node.name, node.log_id):
+        raise ValueError(
+            f"the last message on {node.subject()} is of node {last.get(NODE)!r}, log {last.get(LOG)!r}, "
+            f"not {node.name!r}, {node.log_id!r}"
+        )
+    seq = last.get(SEQ, "")
+    if not seq.isdigit():
+        raise ValueError(f"the last message on {node.subject()} has no sequence ({SEQ}: {seq!r})")
+    return int(seq)
+
+
+def stream_subjects(prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """The subjects the stream takes: every node's records."""
+    return [f"{prefix}.>"]
