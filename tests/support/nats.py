@@ -40,10 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eventsrc.bench import debian_packages
+from eventsrc.bench import debian_packages, server_process
 from eventsrc.bench.debian_packages import FetchError
-from tests.support import processes
-from tests.support.eventually import eventually
+from tests.support.eventually import eventually, eventually_up
 
 DEFAULT_CACHE = Path("/var/cache/eventsrc-tests/nats")
 CACHE_ENV = "EVENTSRC_NATS_CACHE"
@@ -118,7 +117,7 @@ def _conf(value: str | Path) -> str:
     return json.dumps(str(value))  # a quoted string of nats-server's configuration is a JSON string
 
 
-class NatsServer(processes.Server):
+class NatsServer(server_process.Server):
     """One nats-server with JetStream (configuration, log and storage under ``base/name``).
     ``peers`` (set by ``NatsCluster``) makes it a member of a cluster routed to them."""
 
@@ -204,7 +203,7 @@ class NatsServer(processes.Server):
 
     def wait_ready(self, timeout: float = 30) -> None:
         what = f"{self.name} to be ready (/healthz ok, a JetStream metadata leader in a cluster)"
-        self.wait_for(self.ready, what, timeout)
+        eventually_up(self, self.ready, what, timeout)
         self._started_once = True
 
     def ready(self) -> bool:

@@ -48,8 +48,8 @@ import psycopg
 
 from eventsrc.bench import debian_packages
 from eventsrc.bench.debian_packages import FetchError
-from tests.support import processes
-from tests.support.eventually import eventually
+from eventsrc.bench.server_process import Server, alive, children
+from tests.support.eventually import eventually, eventually_up
 
 DEFAULT_CACHE = Path("/var/cache/eventsrc-tests/postgres")
 CACHE_ENV = "EVENTSRC_POSTGRES_CACHE"
@@ -197,7 +197,7 @@ def _as(user: pwd.struct_passwd | None) -> dict[str, Any]:
 # A server
 
 
-class PostgresServer(processes.Server):
+class PostgresServer(Server):
     """One PostgreSQL server on a data directory of its own, under a new directory of /tmp (a
     short path for its socket, reachable by the unprivileged user); ``settings`` add to or
     override ``SETTINGS``."""
@@ -241,7 +241,7 @@ class PostgresServer(processes.Server):
         argv: list[str | os.PathLike[str]] = [self.binaries.postgres, "-D", self.data_dir, "-k", self.directory]
         argv += ["-p", str(PORT), *(arg for k, v in self.settings.items() for arg in ("-c", f"{k}={v}"))]
         self.spawn(argv, **self._as_user())
-        self.wait_for(self.accepts, "postgres to accept a connection", timeout)
+        eventually_up(self, self.accepts, "postgres to accept a connection", timeout)
 
     def _initdb(self) -> None:
         # C locale and UTF-8: the same answers on every machine, whatever locales it has.
@@ -264,7 +264,7 @@ class PostgresServer(processes.Server):
     def process_tree(self) -> list[int]:
         """The postmaster's pid and its children's (the backends and the auxiliary processes)."""
         pid = self.pid
-        return [] if pid is None else [pid, *processes.children(pid)]
+        return [] if pid is None else [pid, *children(pid)]
 
     def stop(self, timeout: float = 30) -> None:
         """A fast shutdown (SIGINT: sessions are ended, a checkpoint written); SIGKILL after
@@ -280,9 +280,9 @@ class PostgresServer(processes.Server):
         tree = self.process_tree()
         self.end(sig, timeout)
         try:
-            eventually(lambda: not any(map(processes.alive, tree)), "postgres's processes to exit", timeout=timeout)
+            eventually(lambda: not any(map(alive, tree)), "postgres's processes to exit", timeout=timeout)
         except AssertionError:
-            for pid in filter(processes.alive, tree):
+            for pid in filter(alive, tree):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
