@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from eventsrc.bench.debian_packages import FetchError, Packages, Progress, Unpacked, one_line, run
+from eventsrc.bench.server_process import Server, all_pids
 
 DEFAULT_CACHE = Path("/var/cache/eventsrc-tests/containerd")
 CACHE_ENV = "EVENTSRC_CONTAINERD_CACHE"
@@ -404,9 +405,10 @@ def _toml(value: str | Path) -> str:
 _numbers = itertools.count()
 
 
-class ContainerdProcess:
-    """One containerd: its own config, root, state, sockets, NRI socket and log under ``base``,
-    its pods' cgroups under ``cgroup_prefix``. What talks CRI to it is the caller's."""
+class ContainerdProcess(Server):
+    """One containerd (a ``Server`` named ``containerd``): its own config, root, state, sockets,
+    NRI socket and log under ``base``, its pods' cgroups under ``cgroup_prefix``. What talks CRI
+    to it is the caller's."""
 
     def __init__(
         self,
@@ -418,13 +420,13 @@ class ContainerdProcess:
         label: str = "eventsrc-test",
     ) -> None:
         self.base = Path(base)
+        super().__init__("containerd", self.base / "containerd.log")
         self.cdi_dir = Path(cdi_dir) if cdi_dir is not None else self.base / "cdi"
         self._fetched = fetched
         self.log_level = log_level
         self.token = f"{label}-{os.getpid()}-{next(_numbers)}"
         self.cgroup_prefix = f"/{self.token}"
         self.config_path = self.base / "containerd.toml"
-        self.log_path = self.base / "containerd.log"
         # Sockets need short paths: under base when short enough, else in a short directory of /tmp.
         if len(str(self.base / "containerd.sock.ttrpc")) <= SOCKET_MAX:
             self.socket_dir = self.base
@@ -434,7 +436,6 @@ class ContainerdProcess:
             self._own_socket_dir = True
         self.address = str(self.socket_dir / "containerd.sock")
         self.nri_socket = self.socket_dir / "nri.sock"
-        self.proc: subprocess.Popen[bytes] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -480,34 +481,13 @@ class ContainerdProcess:
         path = ":".join([*(str(d) for d in self.fetched.bin_dirs), os.environ.get("PATH", "/usr/bin:/bin")])
         return {**os.environ, "PATH": path}
 
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def exited(self) -> str | None:
-        """Why waiting on containerd is pointless (it has exited), or None."""
-        if self.proc is None:
-            return "containerd is not started"
-        if self.proc.poll() is None:
-            return None
-        return f"containerd exited {self.proc.returncode}:\n{self.log_tail()}"
-
     def launch(self) -> None:
         """Start containerd and return at once: its CRI answers a moment later (about 0.15 s).
         Raises FetchError when the runtime cannot be fetched."""
         self.base.mkdir(parents=True, exist_ok=True)
         self._write_config()
-        with open(self.log_path, "ab") as log:
-            log.write(f"--- starting containerd ({time.strftime('%H:%M:%S')})\n".encode())
-            log.flush()
-            # Its own session: a Ctrl-C in the terminal must not stop it before the pods are removed.
-            self.proc = subprocess.Popen(
-                [str(self.fetched.containerd), "--config", str(self.config_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                env=self.env(),
-                start_new_session=True,
-            )
+        # Its own session (spawn): a Ctrl-C in the terminal must not stop it before the pods are removed.
+        self.spawn([self.fetched.containerd, "--config", self.config_path], env=self.env())
 
     def ctr(self, *args: str, timeout: float = 120) -> str:
         """Run ``ctr`` against this containerd in the k8s.io namespace; its stdout."""
@@ -523,14 +503,7 @@ class ContainerdProcess:
 
     def terminate(self, timeout: float = 20) -> None:
         """Stop containerd (SIGTERM, then SIGKILL after ``timeout``), leaving its pods' shims."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=timeout)
+        self.end(signal.SIGTERM, timeout)
 
     def cleanup(self, shim_wait: float = 10) -> list[str]:
         """Once its pods are removed through CRI: stop containerd, then make sure no shim of it
@@ -564,15 +537,13 @@ class ContainerdProcess:
     def _shims(self) -> dict[int, list[bytes]]:
         """Shims started by this containerd: pid -> command line."""
         shims = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
+        for pid in all_pids():
             try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
             if argv and argv[0].endswith(b"containerd-shim-runc-v2") and self.address.encode() in argv:
-                shims[int(entry.name)] = argv
+                shims[pid] = argv
         return shims
 
     def _reap_shims(self, timeout: float = 10) -> list[str]:
@@ -633,15 +604,3 @@ class ContainerdProcess:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)
-
-    # -- output ---------------------------------------------------------------------------------
-
-    def log_text(self) -> str:
-        """containerd's log (stdout and stderr) since it was first launched under ``base``."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "containerd log (tail):\n" + "\n".join(self.log_text().splitlines()[-lines:])
