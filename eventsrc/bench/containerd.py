@@ -3,10 +3,10 @@ directory, stopped and cleaned up by pid. ``eventsrc bench nri`` runs it (with a
 client), and so do the tests (``tests/support/containerd.py``, with their own grpcio one).
 
 Nothing is installed system-wide. ``fetch()`` downloads Debian unstable's ``containerd`` and
-Debian 12's ``runc`` and ``busybox-static`` through a private apt configuration (its own source
-list, lists and cache directories under the cache directory) and unpacks them with ``dpkg -x``;
-it also builds a tiny OCI image (busybox-static and its applet links) to import, so no image is
-ever pulled. The cache (env ``EVENTSRC_CONTAINERD_CACHE``, default
+Debian 12's ``runc`` and ``busybox-static`` through the private apt configuration of
+``debian_packages`` (its own source list, lists and cache directories under the cache directory)
+and unpacks them with ``dpkg -x``; it also builds a tiny OCI image (busybox-static and its applet
+links) to import, so no image is ever pulled. The cache (env ``EVENTSRC_CONTAINERD_CACHE``, default
 ``/var/cache/eventsrc-tests/containerd``) is reused once complete, without network.
 
 ``ContainerdProcess(base)`` is one containerd with its own config, root, state, sockets and NRI
@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
-import functools
 import hashlib
 import io
 import itertools
@@ -37,19 +35,15 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from eventsrc.errors import EventsrcError
+from eventsrc.bench.debian_packages import FetchError, Packages, Progress, Unpacked, one_line, run
+from eventsrc.bench.server_process import Server, all_pids
 
 DEFAULT_CACHE = Path("/var/cache/eventsrc-tests/containerd")
 CACHE_ENV = "EVENTSRC_CONTAINERD_CACHE"
-KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
-MIRROR = "http://deb.debian.org/debian"
 # (package, suite): containerd 2.1 with NRI from unstable; runc and busybox from the machine's own Debian 12.
 PACKAGES = (("containerd", "unstable"), ("runc", "bookworm"), ("busybox-static", "bookworm"))
-STAMP_NAME = "complete.json"
 STAMP_VERSION = 1
 
 IMAGE = "localhost/eventsrc-test/busybox:1"
@@ -116,24 +110,12 @@ _GO_ARCH = {
 }
 
 
-class FetchError(EventsrcError):
-    """The runtime could not be fetched; ``str()`` is one line."""
-
-
 # ---------------------------------------------------------------------------------------------
 # Fetch
 
 
-@dataclass(frozen=True)
-class Fetched:
+class Fetched(Unpacked):
     """A complete cache: the unpacked packages under ``root`` and the image tar."""
-
-    cache: Path
-    versions: dict[str, str]
-
-    @property
-    def root(self) -> Path:
-        return self.cache / "root"
 
     @property
     def image_tar(self) -> Path:
@@ -170,130 +152,28 @@ class Fetched:
         ]
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
-
-
-def _one_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith(("E:", "Err:", "error", "Error", "fatal"))]
-    warnings = [line for line in lines if line.startswith("W:")]
-    return (errors or warnings or lines or ["no output"])[-1][:300]
-
-
-def _run(cmd: Sequence[str | os.PathLike[str]], what: str, *, cwd: Path | None = None, timeout: float = 600) -> str:
-    try:
-        proc = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError as e:
-        raise FetchError(f"{what}: {e.filename} not found") from e
-    except subprocess.TimeoutExpired as e:
-        raise FetchError(f"{what}: no answer in {timeout:g} s") from e
-    if proc.returncode != 0:
-        raise FetchError(f"{what} exited {proc.returncode}: {_one_line(proc.stderr + proc.stdout)}")
-    return proc.stdout
-
-
-def _read_stamp(cache: Path) -> Fetched | None:
-    try:
-        stamp = json.loads((cache / STAMP_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    if stamp.get("version") != STAMP_VERSION:
-        return None
-    fetched = Fetched(cache, dict(stamp.get("packages", {})))
-    return fetched if all(p.exists() for p in fetched.required()) else None
-
-
-def fetch(cache: Path | None = None, progress: Callable[[str], None] = lambda _: None) -> Fetched:
-    """The unpacked runtime in ``cache``: reused when complete (no network), else fetched.
-
-    Raises ``FetchError`` (one line) when apt, dpkg or the fetched binaries fail."""
-    cache = Path(cache) if cache is not None else cache_dir()
-    if (done := _read_stamp(cache)) is not None:
-        progress(f"cached in {cache}: " + ", ".join(f"{k} {v}" for k, v in done.versions.items()))
-        return done
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise FetchError(f"cannot create the cache {cache}: {e.strerror}") from e
-    with open(cache / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another test process may be fetching into the same cache
-        if (done := _read_stamp(cache)) is not None:
-            return done
-        return _fetch_locked(cache, progress)
-
-
-def _apt_options(cache: Path) -> list[str]:
-    options = {
-        "Dir::Etc::SourceList": cache / "sources.list",
-        "Dir::Etc::SourceParts": "/dev/null",
-        # Nothing of the system's apt configuration: no preferences, no apt.conf.d (its update hooks).
-        "Dir::Etc::Parts": "/dev/null",
-        "Dir::Etc::Preferences": "/dev/null",
-        "Dir::Etc::PreferencesParts": "/dev/null",
-        "Dir::State::Lists": cache / "lists",
-        "Dir::Cache": cache / "aptcache",
-        "APT::Sandbox::User": "root",
-        "Acquire::Languages": "none",
-    }
-    return [arg for key, value in options.items() for arg in ("-o", f"{key}={value}")]
-
-
-def _fetch_locked(cache: Path, progress: Callable[[str], None]) -> Fetched:
-    (cache / STAMP_NAME).unlink(missing_ok=True)
-    suites = sorted({suite for _, suite in PACKAGES})
-    (cache / "sources.list").write_text(
-        "".join(f"deb [signed-by={KEYRING}] {MIRROR} {suite} main\n" for suite in suites)
-    )
-    for sub in ("lists/partial", "aptcache/archives/partial"):
-        (cache / sub).mkdir(parents=True, exist_ok=True)
-    apt = ["apt-get", "-q", *_apt_options(cache)]
-    progress(f"apt-get update ({', '.join(suites)} from {MIRROR}) into {cache}")
-    _run([*apt, "update"], "apt-get update")
-    debs = cache / "debs"
-    shutil.rmtree(debs, ignore_errors=True)
-    debs.mkdir()
-    wanted = [f"{name}/{suite}" for name, suite in PACKAGES]
-    progress("apt-get download " + " ".join(wanted))
-    _run([*apt, "download", *wanted], "apt-get download", cwd=debs)
-    root = cache / "root"
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir()
-    versions: dict[str, str] = {}
-    for deb in sorted(debs.glob("*.deb")):
-        name = _run(["dpkg-deb", "-f", deb, "Package"], f"dpkg-deb -f {deb.name}").strip()
-        versions[name] = _run(["dpkg-deb", "-f", deb, "Version"], f"dpkg-deb -f {deb.name}").strip()
-        progress(f"dpkg -x {deb.name}")
-        _run(["dpkg", "-x", deb, root], f"dpkg -x {deb.name}")
-    missing = [name for name, _ in PACKAGES if name not in versions]
-    if missing:
-        raise FetchError(f"apt-get download gave no {', '.join(missing)}")
-    fetched = Fetched(cache, versions)
+def _check_and_build_image(fetched: Fetched, progress: Progress) -> None:
     for binary in (fetched.containerd, fetched.runc, fetched.ctr):
         if not binary.exists():
-            raise FetchError(f"{binary.relative_to(cache)} is not in the packages")
-        _run([binary, "--version"], f"{binary.name} --version", timeout=30)
-    progress(f"building {IMAGE} from busybox-static {versions['busybox-static']}")
+            raise FetchError(f"{binary.relative_to(fetched.cache)} is not in the packages")
+        run([binary, "--version"], f"{binary.name} --version", timeout=30)
+    progress(f"building {IMAGE} from busybox-static {fetched.versions['busybox-static']}")
     build_image(fetched.busybox, fetched.image_tar)
-    shutil.rmtree(debs, ignore_errors=True)  # unpacked under root/
-    (cache / STAMP_NAME).write_text(json.dumps({"version": STAMP_VERSION, "packages": versions}, indent=1))
-    progress("fetched: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
-    return fetched
 
 
-@functools.cache
-def _fetch_outcome(cache: Path) -> Fetched | str:
-    try:
-        return fetch(cache)
-    except FetchError as e:
-        return str(e)
-    except OSError as e:
-        return f"{type(e).__name__}: {e}"
-
-
-def fetched_or_error(cache: Path | None = None) -> Fetched | str:
-    """``fetch()`` once per process and cache directory: the result, or the one-line error."""
-    return _fetch_outcome(Path(cache) if cache is not None else cache_dir())
+ARCHIVE = Packages(
+    Fetched,
+    PACKAGES,
+    version=STAMP_VERSION,
+    default_cache=DEFAULT_CACHE,
+    cache_env=CACHE_ENV,
+    finish=_check_and_build_image,
+)
+#: fetch(cache=None, progress=...): the unpacked runtime in the cache, reused when complete (no
+#: network), else fetched; FetchError (one line) when apt, dpkg or the fetched binaries fail.
+fetch = ARCHIVE.fetch
+#: fetch() once per process and cache directory: the result, or the one-line error.
+fetched_or_error = ARCHIVE.fetched_or_error
 
 
 # ---------------------------------------------------------------------------------------------
@@ -525,9 +405,10 @@ def _toml(value: str | Path) -> str:
 _numbers = itertools.count()
 
 
-class ContainerdProcess:
-    """One containerd: its own config, root, state, sockets, NRI socket and log under ``base``,
-    its pods' cgroups under ``cgroup_prefix``. What talks CRI to it is the caller's."""
+class ContainerdProcess(Server):
+    """One containerd (a ``Server`` named ``containerd``): its own config, root, state, sockets,
+    NRI socket and log under ``base``, its pods' cgroups under ``cgroup_prefix``. What talks CRI
+    to it is the caller's."""
 
     def __init__(
         self,
@@ -539,13 +420,13 @@ class ContainerdProcess:
         label: str = "eventsrc-test",
     ) -> None:
         self.base = Path(base)
+        super().__init__("containerd", self.base / "containerd.log")
         self.cdi_dir = Path(cdi_dir) if cdi_dir is not None else self.base / "cdi"
         self._fetched = fetched
         self.log_level = log_level
         self.token = f"{label}-{os.getpid()}-{next(_numbers)}"
         self.cgroup_prefix = f"/{self.token}"
         self.config_path = self.base / "containerd.toml"
-        self.log_path = self.base / "containerd.log"
         # Sockets need short paths: under base when short enough, else in a short directory of /tmp.
         if len(str(self.base / "containerd.sock.ttrpc")) <= SOCKET_MAX:
             self.socket_dir = self.base
@@ -555,17 +436,13 @@ class ContainerdProcess:
             self._own_socket_dir = True
         self.address = str(self.socket_dir / "containerd.sock")
         self.nri_socket = self.socket_dir / "nri.sock"
-        self.proc: subprocess.Popen[bytes] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     @property
     def fetched(self) -> Fetched:
         if self._fetched is None:
-            outcome = fetched_or_error()
-            if isinstance(outcome, str):
-                raise FetchError(outcome)
-            self._fetched = outcome
+            self._fetched = ARCHIVE.fetched()
         return self._fetched
 
     def pod_cgroup_parent(self, uid: str) -> str:
@@ -604,41 +481,20 @@ class ContainerdProcess:
         path = ":".join([*(str(d) for d in self.fetched.bin_dirs), os.environ.get("PATH", "/usr/bin:/bin")])
         return {**os.environ, "PATH": path}
 
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def exited(self) -> str | None:
-        """Why waiting on containerd is pointless (it has exited), or None."""
-        if self.proc is None:
-            return "containerd is not started"
-        if self.proc.poll() is None:
-            return None
-        return f"containerd exited {self.proc.returncode}:\n{self.log_tail()}"
-
     def launch(self) -> None:
         """Start containerd and return at once: its CRI answers a moment later (about 0.15 s).
         Raises FetchError when the runtime cannot be fetched."""
         self.base.mkdir(parents=True, exist_ok=True)
         self._write_config()
-        with open(self.log_path, "ab") as log:
-            log.write(f"--- starting containerd ({time.strftime('%H:%M:%S')})\n".encode())
-            log.flush()
-            # Its own session: a Ctrl-C in the terminal must not stop it before the pods are removed.
-            self.proc = subprocess.Popen(
-                [str(self.fetched.containerd), "--config", str(self.config_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                env=self.env(),
-                start_new_session=True,
-            )
+        # Its own session (spawn): a Ctrl-C in the terminal must not stop it before the pods are removed.
+        self.spawn([self.fetched.containerd, "--config", self.config_path], env=self.env())
 
     def ctr(self, *args: str, timeout: float = 120) -> str:
         """Run ``ctr`` against this containerd in the k8s.io namespace; its stdout."""
         cmd = [str(self.fetched.ctr), "--address", self.address, "--namespace", CRI_NAMESPACE, *args]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env(), timeout=timeout)
         if proc.returncode != 0:
-            raise RuntimeError(f"ctr {' '.join(args)} exited {proc.returncode}: {_one_line(proc.stderr)}")
+            raise RuntimeError(f"ctr {' '.join(args)} exited {proc.returncode}: {one_line(proc.stderr)}")
         return proc.stdout
 
     def import_image(self) -> None:
@@ -647,14 +503,7 @@ class ContainerdProcess:
 
     def terminate(self, timeout: float = 20) -> None:
         """Stop containerd (SIGTERM, then SIGKILL after ``timeout``), leaving its pods' shims."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=timeout)
+        self.end(signal.SIGTERM, timeout)
 
     def cleanup(self, shim_wait: float = 10) -> list[str]:
         """Once its pods are removed through CRI: stop containerd, then make sure no shim of it
@@ -688,15 +537,13 @@ class ContainerdProcess:
     def _shims(self) -> dict[int, list[bytes]]:
         """Shims started by this containerd: pid -> command line."""
         shims = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
+        for pid in all_pids():
             try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
             if argv and argv[0].endswith(b"containerd-shim-runc-v2") and self.address.encode() in argv:
-                shims[int(entry.name)] = argv
+                shims[pid] = argv
         return shims
 
     def _reap_shims(self, timeout: float = 10) -> list[str]:
@@ -757,15 +604,3 @@ class ContainerdProcess:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)
-
-    # -- output ---------------------------------------------------------------------------------
-
-    def log_text(self) -> str:
-        """containerd's log (stdout and stderr) since it was first launched under ``base``."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "containerd log (tail):\n" + "\n".join(self.log_text().splitlines()[-lines:])

@@ -14,7 +14,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.api import PubAck, StorageType
 
-from tests.support import processes
+from eventsrc.bench import server_process
 from tests.support.eventually import eventually
 from tests.support.nats import NatsCluster, NatsServer
 
@@ -63,7 +63,7 @@ async def stored(js: nats.js.JetStreamContext) -> list[bytes]:
 
 def assert_nothing_left(pids: list[int]) -> None:
     assert pids
-    assert [pid for pid in pids if processes.alive(pid)] == []
+    assert [pid for pid in pids if server_process.alive(pid)] == []
 
 
 def test_a_message_id_published_twice_is_stored_once_across_restart_and_kill(nats_server: NatsServer) -> None:

@@ -8,7 +8,7 @@ import os
 
 import psycopg
 
-from tests.support import processes
+from eventsrc.bench import server_process
 from tests.support.postgres import PostgresServer
 
 
@@ -40,16 +40,16 @@ def test_a_table_is_created_written_and_read_back_and_survives_a_restart_and_a_k
 
     server.restart()
     assert rows(server.dsn) == [("node-a", 1), ("node-a", 2)]
-    assert not any(map(processes.alive, tree))
+    assert not any(map(server_process.alive, tree))
 
     tree = server.process_tree()
     server.kill()
-    assert not any(map(processes.alive, tree))
+    assert not any(map(server_process.alive, tree))
     server.start()
     assert rows(server.dsn) == [("node-a", 1), ("node-a", 2)]  # committed before the crash: recovered
 
     tree = server.process_tree()
     server.cleanup()
-    assert not any(map(processes.alive, [*tree, *server.pids]))
+    assert not any(map(server_process.alive, [*tree, *server.pids]))
     assert len(server.pids) == 3
     assert not server.directory.exists()

@@ -25,26 +25,21 @@ under ``/eventsrc-test-<pid>-<n>``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import sys
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from eventsrc.bench.containerd import (
-    CACHE_ENV,
+    ARCHIVE,
     CFS_PERIOD,
-    DEFAULT_CACHE,
     IMAGE,
     PAUSE,
     ContainerdProcess,
-    FetchError,
     cgroup_mounts,
     cpuset_mount,
-    fetch,
     kubelet_cpu,
     why_unavailable,
 )
@@ -328,21 +323,7 @@ class Containerd(ContainerdProcess):
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.support.containerd")
-    sub = parser.add_subparsers(dest="command", required=True)
-    fetch_cmd = sub.add_parser("fetch", help="fetch containerd, runc and busybox into the cache (reused when complete)")
-    fetch_cmd.add_argument(
-        "--cache", type=Path, default=None, help=f"cache directory (default ${CACHE_ENV} or {DEFAULT_CACHE})"
-    )
-    args = parser.parse_args(list(argv) if argv is not None else None)
-    started = time.monotonic()
-    try:
-        fetched = fetch(args.cache, progress=lambda line: print(line, flush=True))
-    except (FetchError, OSError) as e:
-        print(f"fetch failed: {e}", file=sys.stderr)
-        return 1
-    print(f"ready in {time.monotonic() - started:.1f} s: {fetched.cache}")
-    return 0
+    return ARCHIVE.command("python -m tests.support.containerd", argv)
 
 
 if __name__ == "__main__":

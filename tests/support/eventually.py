@@ -4,8 +4,9 @@ A test that must wait for something it cannot be told about (a subprocess record
 a plugin registering) polls a condition until it holds or a bound passes, and fails saying what
 it waited for. It never sleeps a fixed time and assumes that something happened meanwhile.
 
-``eventually`` blocks the thread (tests of subprocesses); ``eventually_trio`` is the same for a
-trio test, where a condition the code can signal (an event, a counter it exposes,
+``eventually`` blocks the thread (tests of subprocesses); ``eventually_up`` is ``eventually`` for
+a server a harness is starting (``eventsrc.bench.server_process.Server``); ``eventually_trio`` is
+the same for a trio test, where a condition the code can signal (an event, a counter it exposes,
 ``trio.testing.wait_all_tasks_blocked()``) is better still when there is one.
 """
 
@@ -13,9 +14,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
+
+if TYPE_CHECKING:
+    from eventsrc.bench.server_process import Server
 
 T = TypeVar("T")
 
@@ -48,6 +52,16 @@ def eventually(
         if time.monotonic() > deadline:
             raise _timed_out(what, timeout, got, context)
         time.sleep(interval)
+
+
+def eventually_up(server: Server, condition: Callable[[], object], what: str, timeout: float) -> None:
+    """Poll ``condition`` until it holds; fail at once if ``server`` exits, with its log, and stop
+    the server when failing (a start that did not come up leaves nothing running)."""
+    try:
+        eventually(condition, what, timeout=timeout, interval=0.02, stop=server.exited, context=server.log_tail)
+    except BaseException:
+        server.stop()
+        raise
 
 
 async def eventually_trio(condition: Callable[[], T], what: str, *, timeout: float = 10.0, interval: float = 0.02) -> T:

@@ -1,9 +1,9 @@
 """A real nats-server with JetStream for the tests: fetched once, started per test, ended by pid.
 
 Nothing is installed system-wide. ``fetch()`` downloads Debian 12's ``nats-server`` (2.9.10, one
-binary) through the private apt configuration of ``debian_archive`` and unpacks it with ``dpkg -x``
-into the cache (env ``EVENTSRC_NATS_CACHE``, default ``/var/cache/eventsrc-tests/nats``), reused
-once complete, without network::
+binary) through the private apt configuration of ``eventsrc.bench.debian_packages`` and unpacks it
+with ``dpkg -x`` into the cache (env ``EVENTSRC_NATS_CACHE``, default
+``/var/cache/eventsrc-tests/nats``), reused once complete, without network::
 
     python -m tests.support.nats fetch [--cache DIR]
 
@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support import debian_archive, processes
-from tests.support.debian_archive import FetchError
-from tests.support.eventually import eventually
+from eventsrc.bench import debian_packages, server_process
+from eventsrc.bench.debian_packages import FetchError
+from tests.support.eventually import eventually, eventually_up
 
 DEFAULT_CACHE = Path("/var/cache/eventsrc-tests/nats")
 CACHE_ENV = "EVENTSRC_NATS_CACHE"
@@ -58,7 +58,7 @@ FIRST_START_TRIES = 3  # a free port taken by someone else between its choice an
 # Fetch
 
 
-class Fetched(debian_archive.Unpacked):
+class Fetched(debian_packages.Unpacked):
     """A complete cache: the unpacked package under ``root``."""
 
     @property
@@ -72,10 +72,10 @@ class Fetched(debian_archive.Unpacked):
 def _check(fetched: Fetched, _progress: Callable[[str], None]) -> None:
     if not fetched.nats_server.exists():
         raise FetchError(f"{fetched.nats_server.relative_to(fetched.cache)} is not in the package")
-    debian_archive.run([fetched.nats_server, "--version"], "nats-server --version", timeout=30)
+    debian_packages.run([fetched.nats_server, "--version"], "nats-server --version", timeout=30)
 
 
-ARCHIVE = debian_archive.Packages(
+ARCHIVE = debian_packages.Packages(
     Fetched, PACKAGES, version=STAMP_VERSION, default_cache=DEFAULT_CACHE, cache_env=CACHE_ENV, finish=_check
 )
 fetch = ARCHIVE.fetch  # fetch(cache=None, progress=...): the unpacked nats-server; FetchError (one line)
@@ -117,7 +117,7 @@ def _conf(value: str | Path) -> str:
     return json.dumps(str(value))  # a quoted string of nats-server's configuration is a JSON string
 
 
-class NatsServer(processes.Server):
+class NatsServer(server_process.Server):
     """One nats-server with JetStream (configuration, log and storage under ``base/name``).
     ``peers`` (set by ``NatsCluster``) makes it a member of a cluster routed to them."""
 
@@ -203,7 +203,7 @@ class NatsServer(processes.Server):
 
     def wait_ready(self, timeout: float = 30) -> None:
         what = f"{self.name} to be ready (/healthz ok, a JetStream metadata leader in a cluster)"
-        self.wait_for(self.ready, what, timeout)
+        eventually_up(self, self.ready, what, timeout)
         self._started_once = True
 
     def ready(self) -> bool:

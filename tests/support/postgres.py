@@ -5,9 +5,10 @@ The binaries are, in this order: the cache when complete (env ``EVENTSRC_POSTGRE
 default ``/var/cache/eventsrc-tests/postgres``), else an installed ``postgresql-15``
 (``/usr/lib/postgresql/15/bin``), else fetched into the cache. Nothing is installed system-wide:
 ``fetch()`` downloads Debian 12's ``postgresql-15``, ``libpq5`` and the libraries
-``postgresql-15`` depends on through the private apt configuration of ``debian_archive`` and
-unpacks them with ``dpkg -x``; they run from there with the unpacked libraries first on
-``LD_LIBRARY_PATH`` (so a machine that lacks one, or has other versions, runs them all the same).
+``postgresql-15`` depends on through the private apt configuration of
+``eventsrc.bench.debian_packages`` and unpacks them with ``dpkg -x``; they run from there with the
+unpacked libraries first on ``LD_LIBRARY_PATH`` (so a machine that lacks one, or has other
+versions, runs them all the same).
 LLVM, which only the JIT loads, is not fetched: the JIT is off. To fill the cache ahead::
 
     python -m tests.support.postgres fetch [--cache DIR]
@@ -45,9 +46,10 @@ from typing import Any
 
 import psycopg
 
-from tests.support import debian_archive, processes
-from tests.support.debian_archive import FetchError
-from tests.support.eventually import eventually
+from eventsrc.bench import debian_packages
+from eventsrc.bench.debian_packages import FetchError
+from eventsrc.bench.server_process import Server, alive, children
+from tests.support.eventually import eventually, eventually_up
 
 DEFAULT_CACHE = Path("/var/cache/eventsrc-tests/postgres")
 CACHE_ENV = "EVENTSRC_POSTGRES_CACHE"
@@ -87,7 +89,7 @@ SETTINGS = {"listen_addresses": "", "fsync": "off", "jit": "off"}
 # The binaries
 
 
-class Fetched(debian_archive.Unpacked):
+class Fetched(debian_packages.Unpacked):
     """A complete cache: the unpacked packages under ``root``."""
 
     @property
@@ -134,14 +136,14 @@ def _check(fetched: Fetched, _progress: Callable[[str], None]) -> None:
     binaries = Binaries.of(fetched)
     for binary in (binaries.postgres, binaries.initdb):
         # ldd says which library neither the system nor the fetched packages have.
-        linked = debian_archive.run(["ldd", binary], f"ldd {binary.name}", env=binaries.env(), timeout=30)
+        linked = debian_packages.run(["ldd", binary], f"ldd {binary.name}", env=binaries.env(), timeout=30)
         missing = [line.split()[0] for line in linked.splitlines() if "not found" in line]
         if missing:
             raise FetchError(f"{binary.name} needs {', '.join(missing)}, in neither the system nor the packages")
-        debian_archive.run([binary, "--version"], f"{binary.name} --version", env=binaries.env(), timeout=30)
+        debian_packages.run([binary, "--version"], f"{binary.name} --version", env=binaries.env(), timeout=30)
 
 
-ARCHIVE = debian_archive.Packages(
+ARCHIVE = debian_packages.Packages(
     Fetched, PACKAGES, version=STAMP_VERSION, default_cache=DEFAULT_CACHE, cache_env=CACHE_ENV, finish=_check
 )
 fetch = ARCHIVE.fetch  # fetch(cache=None, progress=...): the unpacked packages; FetchError (one line)
@@ -174,7 +176,7 @@ def why_unavailable() -> str | None:
         return f"PostgreSQL 15 fetch failed: {outcome}"
     user = run_as()
     try:  # the cache may not be readable by the unprivileged user (a umask of 077 when it was made)
-        debian_archive.run(
+        debian_packages.run(
             [outcome.postgres, "--version"],
             f"postgres --version as {user.pw_name if user else 'this user'} ({outcome.source})",
             env=outcome.env(),
@@ -195,7 +197,7 @@ def _as(user: pwd.struct_passwd | None) -> dict[str, Any]:
 # A server
 
 
-class PostgresServer(processes.Server):
+class PostgresServer(Server):
     """One PostgreSQL server on a data directory of its own, under a new directory of /tmp (a
     short path for its socket, reachable by the unprivileged user); ``settings`` add to or
     override ``SETTINGS``."""
@@ -239,7 +241,7 @@ class PostgresServer(processes.Server):
         argv: list[str | os.PathLike[str]] = [self.binaries.postgres, "-D", self.data_dir, "-k", self.directory]
         argv += ["-p", str(PORT), *(arg for k, v in self.settings.items() for arg in ("-c", f"{k}={v}"))]
         self.spawn(argv, **self._as_user())
-        self.wait_for(self.accepts, "postgres to accept a connection", timeout)
+        eventually_up(self, self.accepts, "postgres to accept a connection", timeout)
 
     def _initdb(self) -> None:
         # C locale and UTF-8: the same answers on every machine, whatever locales it has.
@@ -247,7 +249,9 @@ class PostgresServer(processes.Server):
         argv += ["--locale=C", "--encoding=UTF8"]
         done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=120, **self._as_user())
         if done.returncode != 0:
-            raise RuntimeError(f"initdb exited {done.returncode}: {debian_archive.one_line(done.stderr + done.stdout)}")
+            raise RuntimeError(
+                f"initdb exited {done.returncode}: {debian_packages.one_line(done.stderr + done.stdout)}"
+            )
 
     def accepts(self) -> bool:
         """Whether the server accepts a connection now."""
@@ -260,7 +264,7 @@ class PostgresServer(processes.Server):
     def process_tree(self) -> list[int]:
         """The postmaster's pid and its children's (the backends and the auxiliary processes)."""
         pid = self.pid
-        return [] if pid is None else [pid, *processes.children(pid)]
+        return [] if pid is None else [pid, *children(pid)]
 
     def stop(self, timeout: float = 30) -> None:
         """A fast shutdown (SIGINT: sessions are ended, a checkpoint written); SIGKILL after
@@ -276,9 +280,9 @@ class PostgresServer(processes.Server):
         tree = self.process_tree()
         self.end(sig, timeout)
         try:
-            eventually(lambda: not any(map(processes.alive, tree)), "postgres's processes to exit", timeout=timeout)
+            eventually(lambda: not any(map(alive, tree)), "postgres's processes to exit", timeout=timeout)
         except AssertionError:
-            for pid in filter(processes.alive, tree):
+            for pid in filter(alive, tree):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 

@@ -1,5 +1,6 @@
-"""Processes a harness started, looked at and ended by pid (never by name: other tests, and other
-people's servers, run on the same machine)."""
+"""Server processes a harness starts, looks at and ends by pid (never by name: other tests, other
+benchmarks and other people's servers run on the same machine). ``eventsrc bench nri``'s
+containerd is one, and so are the tests' containerd, nats-server and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -8,13 +9,11 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.support.eventually import eventually
-
-START_MARK = "--- harness: starting"
+START_MARK = "--- starting"
 
 
 def all_pids() -> Iterator[int]:
@@ -69,8 +68,8 @@ class Server:
         self.pids: list[int] = []  # every process started as this server, for a test to check
 
     def spawn(self, argv: Sequence[str | os.PathLike[str]], **popen: Any) -> None:
-        """Start ``argv`` in a session of its own (a Ctrl-C in the terminal is for pytest; the
-        harness stops its server), its stdout and stderr appended to the log."""
+        """Start ``argv`` in a session of its own (a Ctrl-C in the terminal is for pytest or the
+        benchmark: the harness stops its server), its stdout and stderr appended to the log."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             log.write(f"{START_MARK} {self.name} ({time.strftime('%H:%M:%S')})\n".encode())
@@ -101,16 +100,8 @@ class Server:
             return None
         return f"{self.name} exited {self.proc.returncode}:\n{self.log_tail()}"
 
-    def wait_for(self, condition: Callable[[], object], what: str, timeout: float) -> None:
-        """Poll ``condition`` until it holds; fail at once if the server exits, with its log, and
-        stop the server when failing (a start that did not come up leaves nothing running)."""
-        try:
-            eventually(condition, what, timeout=timeout, interval=0.02, stop=self.exited, context=self.log_tail)
-        except BaseException:
-            self.stop()
-            raise
-
     def stop(self) -> None:
+        """Stop the server (a subclass says how; SIGTERM here)."""
         self.end()
 
     def end(self, sig: int = signal.SIGTERM, timeout: float = 20) -> None:

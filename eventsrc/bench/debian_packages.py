@@ -1,12 +1,12 @@
-"""Debian packages for the tests' real servers (containerd, nats-server, PostgreSQL), fetched into
-a cache without installing anything system-wide.
+"""Debian packages a harness runs (containerd for ``eventsrc bench nri`` and the tests; nats-server
+and PostgreSQL for the tests), fetched into a cache without installing anything system-wide.
 
 ``fetch(cache, packages, ...)`` downloads ``packages`` ((name, suite) pairs) with ``apt-get
 download`` through a private apt configuration (its own source list, lists and cache directories
 under ``cache``; nothing of the system's apt configuration) and unpacks them with ``dpkg -x`` under
 ``cache/root``. A stamp records the versions once the unpacked files are complete and checked;
-later calls reuse it without network. Test processes running at once (pytest-xdist) share the
-cache: one fetches under a lock, the others wait for it and reuse what it fetched.
+later calls reuse it without network. Processes running at once (pytest-xdist) share the cache:
+one fetches under a lock, the others wait for it and reuse what it fetched.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from eventsrc.errors import EventsrcError
+
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 MIRROR = "http://deb.debian.org/debian"
 STAMP_NAME = "complete.json"
@@ -31,7 +33,7 @@ STAMP_NAME = "complete.json"
 Progress = Callable[[str], None]
 
 
-class FetchError(Exception):
+class FetchError(EventsrcError):
     """The packages could not be fetched; ``str()`` is one line."""
 
 
@@ -260,7 +262,8 @@ class Packages(Generic[U]):
         return outcome
 
     def command(self, prog: str, argv: Iterable[str] | None = None) -> int:
-        """``python -m tests.support.X fetch [--cache DIR]``: fill the cache ahead of the tests."""
+        """``<prog> fetch [--cache DIR]`` (``prog`` such as ``python -m tests.support.nats``): fill the
+        cache ahead of the harness's first use; 0, or 1 with the one-line reason on stderr."""
         names = ", ".join(name for name, _ in self.packages)
         parser = argparse.ArgumentParser(prog=prog)
         sub = parser.add_subparsers(dest="command", required=True)
