@@ -10,6 +10,7 @@ each event type carries ``x-eventsrc-version``, the version this code writes.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -25,6 +26,11 @@ SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "events.schema.j
 def generate() -> str:
     types = list(EVENT_TYPES.values())
     refs, defs = msgspec.json.schema_components(types, ref_template="#/$defs/{name}")
+    for d in defs.values():
+        # The docstring's indentation taken out here, as msgspec 0.23 does and 0.22 did not:
+        # the file is the same whichever one generates it.
+        if "description" in d:
+            d["description"] = inspect.cleandoc(d["description"])
     for name, cls in EVENT_TYPES.items():
         defs[name]["x-eventsrc-version"] = cls.VERSION
     # The record's "type" names the schema its "event" follows.
