@@ -16,7 +16,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	./scripts/run.sh
 
-test: $(STAMP) lint typecheck pytest
+# lint and mypy side by side (each uses one core), then the suite on every core
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j2 lint typecheck
+	$(MAKE) --no-print-directory pytest
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

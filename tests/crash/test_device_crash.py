@@ -4,7 +4,7 @@ After every restart: no device is held by two live containers, every admission t
 client saw acknowledged (and did not see removed) is still there with the same devices,
 and no reservation or admission is left dangling.
 
-Rounds: EVENTSRC_DAEMON_CRASH_ROUNDS (default 6; CI runs 50).
+Rounds: EVENTSRC_DAEMON_CRASH_ROUNDS (default 5; CI runs 50).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tests.conftest import env_rounds, run_cli
 from tests.support.eventually import eventually
 from tests.support.grpcio_stubs import stubs, unix_target
 
-ROUNDS = env_rounds("EVENTSRC_DAEMON_CRASH_ROUNDS", 6)
+ROUNDS = env_rounds("EVENTSRC_DAEMON_CRASH_ROUNDS", 5)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 + 20 * ROUNDS)]
 RESOURCE = "example.com/dev"
 

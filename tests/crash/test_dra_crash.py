@@ -3,7 +3,7 @@
 After every recovery the driver's prepared set equals exactly the claims that live pods use:
 nothing leaks, nothing is unprepared under a live pod.
 
-Rounds: EVENTSRC_DRA_CRASH_ROUNDS (default 6; CI runs 50).
+Rounds: EVENTSRC_DRA_CRASH_ROUNDS (default 5; CI runs 50).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tests.crash.test_device_crash import start_daemon, wait_ready
 from tests.support.eventually import eventually
 from tests.support.grpcio_stubs import stubs, unix_target
 
-ROUNDS = env_rounds("EVENTSRC_DRA_CRASH_ROUNDS", 6)
+ROUNDS = env_rounds("EVENTSRC_DRA_CRASH_ROUNDS", 5)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120 + 20 * ROUNDS)]
 DRIVER = "gpu.example.com"
 SHARED = "c-shared"

@@ -13,7 +13,7 @@ or several of them, or damages a snapshot. Then, for each case:
 * when ``eventsrc log`` finds records damaged, ``audit verify`` and ``replay --check`` say
   so (a non-zero exit and a line).
 
-``EVENTSRC_DAMAGE_EXAMPLES`` sets the number of cases (default 6; CI 20).
+``EVENTSRC_DAMAGE_EXAMPLES`` sets the number of cases (default 4; CI 20).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from tests.conftest import run_cli
 from tests.e2e.test_devices_e2e import Plugin, admit, devices_of, pod_yaml
 from tests.support.eventually import eventually
 
-EXAMPLES = int(os.environ.get("EVENTSRC_DAMAGE_EXAMPLES", "6"))
+EXAMPLES = int(os.environ.get("EVENTSRC_DAMAGE_EXAMPLES", "4"))
 EXITS = {0, 1, 2, 3, 4}  # every exit an eventsrc command may give; never a signal
 LOG = Path("eventsrc") / "log"
 SNAPSHOTS = Path("eventsrc") / "snapshots"

@@ -3,8 +3,8 @@ SIGKILLed at random moments; once every sandbox is removed, nothing is held, and
 runtime, the cgroups, PodResources, the node API and the log's views agree. ``audit verify``
 and ``replay --check`` hold on the log it leaves.
 
-Sizes (defaults in brackets): EVENTSRC_NRI_CHURN_SANDBOXES [30; CI 100] sandboxes,
-EVENTSRC_NRI_CHURN_RESTARTS [2; CI 5] containerd restarts, EVENTSRC_NRI_CHURN_KILLS [4; CI 10] eventsrc
+Sizes (defaults in brackets): EVENTSRC_NRI_CHURN_SANDBOXES [20; CI 100] sandboxes,
+EVENTSRC_NRI_CHURN_RESTARTS [2; CI 5] containerd restarts, EVENTSRC_NRI_CHURN_KILLS [3; CI 10] eventsrc
 SIGKILLs, spread evenly over the churn; EVENTSRC_NRI_CHURN_SEED picks the pods' shapes and the
 kill moments (printed, to run one again).
 """
@@ -36,9 +36,9 @@ from tests.e2e.test_nri_containerd import (
 from tests.support.containerd import Containerd
 from tests.support.eventually import eventually
 
-SANDBOXES = env_rounds("EVENTSRC_NRI_CHURN_SANDBOXES", 30)
+SANDBOXES = env_rounds("EVENTSRC_NRI_CHURN_SANDBOXES", 20)
 RESTARTS = env_rounds("EVENTSRC_NRI_CHURN_RESTARTS", 2)
-KILLS = env_rounds("EVENTSRC_NRI_CHURN_KILLS", 4)
+KILLS = env_rounds("EVENTSRC_NRI_CHURN_KILLS", 3)
 SEED = int(os.environ.get("EVENTSRC_NRI_CHURN_SEED", random.randrange(1 << 30)))
 LIVE = 3  # sandboxes kept at once (4 devices, one exclusive CPU: some creations are refused)
 
