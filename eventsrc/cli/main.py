@@ -20,6 +20,7 @@ from eventsrc.cli import (
     backup,
     bench,
     cpu,
+    fleet,
     kubelet_import,
     pod_commands,
     records,
@@ -34,7 +35,20 @@ from eventsrc.layout import BESIDE_ROOT, DEFAULT_ROOT, Layout
 from eventsrc.obs import logger as logs
 
 # In the order ``eventsrc --help`` lists them.
-COMMAND_MODULES = (serve, pod_commands, samples, status, records, replay, cpu, kubelet_import, audit, backup, bench)
+COMMAND_MODULES = (
+    serve,
+    pod_commands,
+    samples,
+    status,
+    records,
+    replay,
+    cpu,
+    kubelet_import,
+    audit,
+    fleet,
+    backup,
+    bench,
+)
 
 
 def default_root() -> Path:

@@ -429,7 +429,7 @@ def _fleet(cfg: Configuration) -> FleetOptions | None:
     the configuration names it."""
     import socket
 
-    from eventsrc.core.fleet import node_name_error
+    from eventsrc.core.fleet_names import node_name_error
     from eventsrc.errors import EventsrcError
     from eventsrc.node.shipper import FleetOptions
 

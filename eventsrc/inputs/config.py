@@ -27,7 +27,7 @@ import msgspec
 from eventsrc import events as ev
 from eventsrc.core.cpu.assignment import parse_policy_options
 from eventsrc.core.cpu.cpuset import CPUSet
-from eventsrc.core.fleet import node_name_error
+from eventsrc.core.fleet_names import node_name_error
 from eventsrc.core.topology_manager import new_policy_options, validate_config
 from eventsrc.errors import EventsrcError
 

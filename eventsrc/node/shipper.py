@@ -1,5 +1,5 @@
 """Fleet shipping: every record of the node's log, in sequence order, to a NATS JetStream
-stream (issue 28; ``core.fleet`` names the subjects, ids and headers).
+stream (issue 28; ``core.fleet_names`` names the subjects, ids and headers).
 
     run()              connect (nats-py, on trio-asyncio's loop), with backoff while the
                        servers are away; nothing on the admission path waits for it
@@ -29,7 +29,14 @@ import nats.js.errors
 import trio
 from nats.js import JetStreamContext
 
-from eventsrc.core.fleet import DEFAULT_PREFIX, DEFAULT_STREAM, DUPLICATE_WINDOW_S, Node, acknowledged, stream_subjects
+from eventsrc.core.fleet_names import (
+    DEFAULT_PREFIX,
+    DEFAULT_STREAM,
+    DUPLICATE_WINDOW_S,
+    Node,
+    acknowledged,
+    stream_subjects,
+)
 from eventsrc.events import CorruptRecordError, decode_record
 from eventsrc.log.store import EventLog, key_seq
 from eventsrc.obs.logger import get_logger

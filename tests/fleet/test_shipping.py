@@ -12,7 +12,7 @@ from pathlib import Path
 import nats
 import nats.js.errors
 
-from eventsrc.core.fleet import LOG, NODE, SEQ, TYPE
+from eventsrc.core.fleet_names import LOG, NODE, SEQ, TYPE
 from eventsrc.events import decode_record
 from tests.conftest import Daemon, run_cli
 from tests.support.nats import NatsServer

@@ -1,10 +1,10 @@
-"""The fleet's names for a node's records (``eventsrc.core.fleet``): pure, no server."""
+"""The fleet's names for a node's records (``eventsrc.core.fleet_names``): pure, no server."""
 
 from __future__ import annotations
 
 import pytest
 
-from eventsrc.core.fleet import (
+from eventsrc.core.fleet_names import (
     LOG,
     MSG_ID,
     NODE,
