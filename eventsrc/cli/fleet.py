@@ -79,7 +79,14 @@ def usage(args: argparse.Namespace) -> int:
     from eventsrc.offline.usage import parse_window, render
 
     w = parse_window(args.since, args.until, time.time_ns())
+    import psycopg
+
+    from eventsrc.errors import EventsrcError
+
     with _connect(args.postgres) as conn:
-        rows = usage_totals(conn, args.by, w, frozenset(args.resource or ()))
+        try:
+            rows = usage_totals(conn, args.by, w, frozenset(args.resource or ()))
+        except psycopg.errors.UndefinedTable:
+            raise EventsrcError("this database has no fleet tables: 'eventsrc fleet sink' makes them") from None
     render(rows, args.by, w, args.output, sys.stdout)
     return 0

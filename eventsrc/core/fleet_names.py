@@ -7,7 +7,10 @@ record is one message:
                                               cannot hold "."; a node name cannot hold "_")
     headers   Nats-Msg-Id    <node>:<log id>:<seq>   JetStream stores a message id once
                                               within the stream's duplicate window
-              Eventsrc-Node, Eventsrc-Log, Eventsrc-Seq, Eventsrc-Type
+              Eventsrc-Node, Eventsrc-Log, Eventsrc-Seq, Eventsrc-Type, and
+              Eventsrc-Follows: the record shipped before it (seq - 1, unless a
+              retention cut took records before they were shipped: the sink goes on
+              from there instead of waiting for them)
     payload   the record's bytes as the log holds them (CRC32, then the envelope): the sink
               checks and decodes them as the log does (``events.decode_record``)
 
@@ -36,6 +39,7 @@ NODE: Final = "Eventsrc-Node"
 LOG: Final = "Eventsrc-Log"
 SEQ: Final = "Eventsrc-Seq"
 TYPE: Final = "Eventsrc-Type"
+FOLLOWS: Final = "Eventsrc-Follows"
 
 
 def node_name_error(name: str) -> str:
@@ -62,8 +66,12 @@ class Node:
     def msg_id(self, seq: int) -> str:
         return f"{self.name}:{self.log_id}:{seq}"
 
-    def headers(self, seq: int, type_name: str) -> dict[str, str]:
-        return {MSG_ID: self.msg_id(seq), NODE: self.name, LOG: self.log_id, SEQ: str(seq), TYPE: type_name}
+    def headers(self, seq: int, type_name: str, follows: int | None = None) -> dict[str, str]:
+        """``follows``: the sequence of the record shipped before it on this subject (``seq - 1``
+        but after records a retention cut took before they were shipped; 0 for the first)."""
+        out = {MSG_ID: self.msg_id(seq), NODE: self.name, LOG: self.log_id, SEQ: str(seq), TYPE: type_name}
+        out[FOLLOWS] = str(seq - 1 if follows is None else follows)
+        return out
 
 
 def acknowledged(node: Node, last: Mapping[str, str] | None) -> int:
@@ -86,3 +94,20 @@ def acknowledged(node: Node, last: Mapping[str, str] | None) -> int:
 def stream_subjects(prefix: str = DEFAULT_PREFIX) -> list[str]:
     """The subjects the stream takes: every node's records."""
     return [f"{prefix}.>"]
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """What a message's headers say it is: a record of ``node``'s log."""
+
+    node: Node
+    seq: int
+    follows: int
+
+
+def shipped(headers: Mapping[str, str]) -> Shipped | None:
+    """The record a message's headers name, or None when they name none (not a shipper's)."""
+    name, log_id, seq, follows = (headers.get(k, "") for k in (NODE, LOG, SEQ, FOLLOWS))
+    if node_name_error(name) or not log_id or not seq.isdigit() or not follows.isdigit() or int(follows) >= int(seq):
+        return None
+    return Shipped(Node(name, log_id), int(seq), int(follows))

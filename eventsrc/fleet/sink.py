@@ -32,11 +32,12 @@ import trio_asyncio
 from psycopg.types.json import Jsonb
 
 from eventsrc.core.chargeback import Change, Hold, Row, Tracker, UsageState, Window, totals
-from eventsrc.core.fleet_names import DEFAULT_PREFIX, DEFAULT_STREAM, LOG, NODE, SEQ
+from eventsrc.core.fleet_names import DEFAULT_PREFIX, DEFAULT_STREAM, shipped
 from eventsrc.errors import EventsrcError
 from eventsrc.events import CorruptRecordError, decode_record
+from eventsrc.node.shipper import FAILURES, connect, ensure_stream
 from eventsrc.obs.logger import get_logger
-from eventsrc.offline.render import iso, record_json
+from eventsrc.offline.render import record_json
 from eventsrc.rpc.bridge import to_aio
 
 log = get_logger("eventsrc.fleet.sink")
@@ -52,6 +53,7 @@ MIGRATIONS: tuple[str, ...] = (
         node text NOT NULL,
         log_id text NOT NULL,
         seq bigint NOT NULL,
+        follows bigint NOT NULL,
         type text NOT NULL,
         ts_ns bigint NOT NULL,
         ts timestamptz NOT NULL,
@@ -67,6 +69,7 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (node, log_id)
     );
     CREATE TABLE holds (
+        id bigserial PRIMARY KEY,
         node text NOT NULL,
         log_id text NOT NULL,
         resource text NOT NULL,
@@ -75,19 +78,21 @@ MIGRATIONS: tuple[str, ...] = (
         name text NOT NULL,
         uid text NOT NULL,
         start_ns bigint NOT NULL,
-        end_ns bigint,
-        PRIMARY KEY (node, log_id, resource, device, uid, start_ns)
+        end_ns bigint
     );
+    CREATE INDEX holds_open ON holds (node, log_id, resource, device) WHERE end_ns IS NULL;
     CREATE INDEX holds_by_device ON holds (resource, device, start_ns);
     CREATE INDEX holds_by_pod ON holds (uid, start_ns);
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+MIGRATION_LOCK = 0x65766E74  # the advisory lock migrations take ("evnt")
 
 
 def migrate(conn: psycopg.Connection[Any]) -> int:
     """Bring the schema to ``SCHEMA_VERSION`` (one sink at a time); the version it had."""
     with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))  # sinks starting at once: one migrates
         conn.execute("CREATE TABLE IF NOT EXISTS eventsrc_schema (version integer NOT NULL)")
         conn.execute("LOCK TABLE eventsrc_schema IN EXCLUSIVE MODE")
         row = conn.execute("SELECT version FROM eventsrc_schema").fetchone()
@@ -95,7 +100,7 @@ def migrate(conn: psycopg.Connection[Any]) -> int:
             conn.execute("INSERT INTO eventsrc_schema (version) VALUES (0)")
         had = 0 if row is None else int(row[0])
         if had > SCHEMA_VERSION:
-            raise RuntimeError(
+            raise EventsrcError(
                 f"the database's eventsrc schema is version {had}, newer than this sink's {SCHEMA_VERSION}"
             )
         for version in range(had, SCHEMA_VERSION):
@@ -108,22 +113,23 @@ _state = msgspec.msgpack.Encoder()
 _state_of = msgspec.msgpack.Decoder(UsageState)
 
 
-def store(conn: psycopg.Connection[Any], node: str, log_id: str, seq: int, data: bytes) -> None:
+def store(conn: psycopg.Connection[Any], node: str, log_id: str, seq: int, follows: int, data: bytes) -> None:
     """One shipped record, in one transaction: stored once, and the node's holds made up to
-    the first gap in its sequence."""
+    the first gap: the records from the applied one on, each following the one before
+    (``follows``: the record shipped before it on the node's subject)."""
     with conn.transaction():
-        _insert_record(conn, node, log_id, seq, data)
+        _insert_record(conn, node, log_id, seq, follows, data)
         conn.execute("INSERT INTO node_logs (node, log_id) VALUES (%s, %s) ON CONFLICT DO NOTHING", (node, log_id))
         applied, state = conn.execute(
             "SELECT applied_seq, tracker FROM node_logs WHERE node = %s AND log_id = %s FOR UPDATE", (node, log_id)
         ).fetchone() or (0, None)
         tracker = Tracker(_state_of.decode(state) if state else None)
         following = conn.execute(
-            "SELECT seq, data FROM records WHERE node = %s AND log_id = %s AND seq > %s ORDER BY seq",
+            "SELECT seq, follows, data FROM records WHERE node = %s AND log_id = %s AND seq > %s ORDER BY seq",
             (node, log_id, applied),
         ).fetchall()
-        for next_seq, next_data in following:
-            if next_seq != applied + 1:
+        for next_seq, next_follows, next_data in following:
+            if next_follows != applied:
                 break  # a gap: the records after it wait for it
             try:
                 record = decode_record(next_seq, bytes(next_data))
@@ -131,11 +137,17 @@ def store(conn: psycopg.Connection[Any], node: str, log_id: str, seq: int, data:
                 pass  # named corrupt in records; it changes no hold (as on the node)
             else:
                 for hold, end_ns in tracker.feed(record.ts_ns, record.event):
+                    if end_ns is not None:  # one of the open rows alike (two containers may hold alike)
+                        conn.execute(
+                            "UPDATE holds SET end_ns = %s WHERE id = (SELECT id FROM holds WHERE node = %s "
+                            "AND log_id = %s AND resource = %s AND device = %s AND uid = %s AND start_ns = %s "
+                            "AND end_ns IS NULL ORDER BY id LIMIT 1)",
+                            (end_ns, node, log_id, hold.resource, hold.device, hold.uid, hold.start_ns),
+                        )
+                        continue
                     conn.execute(
                         "INSERT INTO holds (node, log_id, resource, device, namespace, name, uid, start_ns, end_ns) "
-                        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                        "ON CONFLICT (node, log_id, resource, device, uid, start_ns) "
-                        "DO UPDATE SET end_ns = EXCLUDED.end_ns",
+                        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                         (
                             node,
                             log_id,
@@ -155,7 +167,7 @@ def store(conn: psycopg.Connection[Any], node: str, log_id: str, seq: int, data:
         )
 
 
-def _insert_record(conn: psycopg.Connection[Any], node: str, log_id: str, seq: int, data: bytes) -> None:
+def _insert_record(conn: psycopg.Connection[Any], node: str, log_id: str, seq: int, follows: int, data: bytes) -> None:
     try:
         record = decode_record(seq, data)
     except CorruptRecordError as exc:
@@ -164,9 +176,9 @@ def _insert_record(conn: psycopg.Connection[Any], node: str, log_id: str, seq: i
     else:
         fields, kind, ts_ns = record_json(record), record.type, record.ts_ns
     conn.execute(
-        "INSERT INTO records (node, log_id, seq, type, ts_ns, ts, record, data) "
-        "VALUES (%s, %s, %s, %s, %s, %s::timestamptz, %s, %s) ON CONFLICT DO NOTHING",
-        (node, log_id, seq, kind, ts_ns, iso(ts_ns), Jsonb(fields), data),
+        "INSERT INTO records (node, log_id, seq, follows, type, ts_ns, ts, record, data) "
+        "VALUES (%s, %s, %s, %s, %s, %s, to_timestamp(%s::numeric / 1000000), %s, %s) ON CONFLICT DO NOTHING",
+        (node, log_id, seq, follows, kind, ts_ns, ts_ns // 1000, Jsonb(fields), data),
     )
 
 
@@ -185,33 +197,52 @@ async def run_sink(
     except psycopg.Error as exc:
         raise EventsrcError(f"cannot connect to PostgreSQL: {first_line(exc)}") from None
     try:
-        had = await trio.to_thread.run_sync(migrate, conn)
+        try:
+            had = await trio.to_thread.run_sync(migrate, conn)
+        except psycopg.Error as exc:
+            raise EventsrcError(f"cannot make the fleet's tables: {first_line(exc)}") from None
         if had != SCHEMA_VERSION:
             log.info("fleet schema migrated", version_before=had, version=SCHEMA_VERSION)
+        failed = ""  # raised once out of the loop (in it, it would come out as an exception group)
         async with trio_asyncio.open_loop():
             try:
-                nc = await to_aio(nats.connect)(servers=list(servers), connect_timeout=5, max_reconnect_attempts=-1)
-            except (OSError, nats.errors.Error) as exc:
-                raise EventsrcError(f"cannot connect to NATS ({','.join(servers)}): {first_line(exc)}") from None
-            try:
-                js = nc.jetstream()
-                sub = await to_aio(js.pull_subscribe)(f"{prefix}.>", durable=DURABLE, stream=stream)
-                task_status.started()
-                while True:
-                    try:
-                        messages = await to_aio(sub.fetch)(BATCH, timeout=FETCH_WAIT)
-                    except nats.errors.TimeoutError:
-                        continue
-                    for m in messages:
-                        headers = m.headers or {}
-                        node, log_id, seq = headers[NODE], headers[LOG], int(headers[SEQ])
-                        await trio.to_thread.run_sync(store, conn, node, log_id, seq, m.data)
-                        await to_aio(m.ack)()
-            finally:
-                with trio.CancelScope(shield=True):
-                    await to_aio(nc.close)()
+                nc = await connect(servers)
+            except FAILURES as exc:
+                failed = f"cannot connect to NATS ({','.join(servers)}): {first_line(exc)}"
+            else:
+                await _consume(nc, conn, stream, prefix, task_status)
+        if failed:
+            raise EventsrcError(failed)
     finally:
         conn.close()
+
+
+async def _consume(
+    nc: nats.NATS, conn: psycopg.Connection[Any], stream: str, prefix: str, task_status: trio.TaskStatus[None]
+) -> None:
+    """Store each message of the stream, then acknowledge it, until cancelled."""
+    try:
+        js = nc.jetstream()
+        await to_aio(ensure_stream)(js, stream, prefix)  # a sink may start before any node ships
+        sub = await to_aio(js.pull_subscribe)(f"{prefix}.>", durable=DURABLE, stream=stream)
+        task_status.started()
+        while True:
+            try:
+                messages = await to_aio(sub.fetch)(BATCH, timeout=FETCH_WAIT)
+            except nats.errors.TimeoutError:
+                continue
+            for m in messages:
+                what = shipped(m.headers or {})
+                if what is None:  # not a shipper's: never stored, never delivered again
+                    log.warning("a message that is no shipped record was dropped", subject=m.subject)
+                    await to_aio(m.term)()
+                    continue
+                node = what.node
+                await trio.to_thread.run_sync(store, conn, node.name, node.log_id, what.seq, what.follows, m.data)
+                await to_aio(m.ack)()
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            await to_aio(nc.close)()
 
 
 def first_line(exc: BaseException) -> str:

@@ -3,7 +3,7 @@ stream (issue 28; ``core.fleet_names`` names the subjects, ids and headers).
 
     run()              connect (nats-py, on trio-asyncio's loop), with backoff while the
                        servers are away; nothing on the admission path waits for it
-      the stream       created when missing (``stream_config``)
+      the stream       created when missing (``ensure_stream``)
       resume           from the last message the stream holds on this node's subject: the
                        stream says what was acknowledged, not a local cursor
       publish          each record from there as the log holds it, one at a time, each
@@ -19,7 +19,7 @@ shipping, and status, metrics and /healthz do not show it yet.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,10 +49,13 @@ CONNECT_TIMEOUT = 5.0
 PUBLISH_TIMEOUT = 10.0
 CHUNK = 256  # records read from the log at a time
 
-#: what a NATS server or connection that went away raises
+#: what a NATS server or connection that went away raises; ValueError: the stream's last
+#: message on this node's subject is not this log's (``fleet_names.acknowledged``)
 FAILURES: tuple[type[BaseException], ...] = (
+    ValueError,
     OSError,
     asyncio.TimeoutError,
+    trio.TooSlowError,
     nats.errors.Error,
     nats.js.errors.Error,
 )
@@ -68,15 +71,20 @@ class FleetOptions:
     prefix: str = DEFAULT_PREFIX
 
 
-def stream_config(options: FleetOptions) -> dict[str, Any]:
-    """The stream a shipper creates when it is missing (docs/fleet.md): every node's records,
-    kept on disk, a message id stored once within the duplicate window."""
-    return {
-        "name": options.stream,
-        "subjects": stream_subjects(options.prefix),
-        "storage": "file",
-        "duplicate_window": DUPLICATE_WINDOW_S,
-    }
+async def ensure_stream(js: JetStreamContext, stream: str, prefix: str = DEFAULT_PREFIX) -> None:
+    """The stream, created when missing (docs/fleet.md): every node's records, kept on disk,
+    a message id stored once within the duplicate window. An asyncio coroutine (``to_aio``)."""
+    try:
+        await js.stream_info(stream)
+    except nats.js.errors.NotFoundError:
+        config: dict[str, Any] = {
+            "name": stream,
+            "subjects": stream_subjects(prefix),
+            "storage": "file",
+            "duplicate_window": DUPLICATE_WINDOW_S,
+        }
+        await js.add_stream(**config)
+        log.info("fleet stream created", stream=stream)
 
 
 class Shipper:
@@ -101,28 +109,25 @@ class Shipper:
             try:
                 await self._session()
             except FAILURES as exc:
-                reason = str(exc) or type(exc).__name__
-                if reason != self._said:
-                    log.warning(
-                        "fleet shipping disconnected; retrying", servers=",".join(self.options.servers), reason=reason
-                    )
-                    self._said = reason
+                self._say(str(exc) or type(exc).__name__)
+            except Exception:  # a bug here must not end the daemon: shipping is beside its work
+                log.exception("fleet shipping failed unexpectedly; retrying")
             if self.connected:
                 backoff = BACKOFF_FIRST
             self.connected = False
             await trio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
 
+    def _say(self, reason: str) -> None:
+        if reason != self._said:
+            log.warning("fleet shipping disconnected; retrying", servers=",".join(self.options.servers), reason=reason)
+            self._said = reason
+
     async def _session(self) -> None:
-        nc = await to_aio(nats.connect)(
-            servers=list(self.options.servers),
-            connect_timeout=CONNECT_TIMEOUT,
-            allow_reconnect=False,
-            max_reconnect_attempts=0,
-        )
+        nc = await connect(self.options.servers)
         try:
             js = nc.jetstream()
-            await to_aio(self._ensure_stream)(js)
+            await to_aio(ensure_stream)(js, self.options.stream, self.options.prefix)
             self.shipped = await to_aio(self._acknowledged)(js)
             self.connected = True
             self._said = ""
@@ -131,13 +136,6 @@ class Shipper:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(CONNECT_TIMEOUT):
                 await to_aio(nc.close)()
-
-    async def _ensure_stream(self, js: JetStreamContext) -> None:
-        try:
-            await js.stream_info(self.options.stream)
-        except nats.js.errors.NotFoundError:
-            await js.add_stream(**stream_config(self.options))
-            log.info("fleet stream created", stream=self.options.stream)
 
     async def _acknowledged(self, js: JetStreamContext) -> int:
         try:
@@ -160,7 +158,7 @@ class Shipper:
             )
             for key, value in chunk:
                 seq = key_seq(key)
-                headers = self.node.headers(seq, _type_of(seq, value))
+                headers = self.node.headers(seq, _type_of(seq, value), follows=self.shipped)
                 await to_aio(js.publish)(
                     subject, value, timeout=PUBLISH_TIMEOUT, stream=self.options.stream, headers=headers
                 )
@@ -184,3 +182,22 @@ def _type_of(seq: int, value: bytes) -> str:
         return type(decode_record(seq, value).event).__name__
     except CorruptRecordError:
         return ""
+
+
+async def _quiet(exc: Exception) -> None:
+    """nats-py's error callback: what went wrong is said by whoever called, once."""
+
+
+async def connect(servers: Sequence[str]) -> nats.NATS:
+    """One connection to the first of ``servers`` that answers, or an error within the connect
+    timeout (nats-py alone would retry the servers for ever); it does not reconnect: the
+    caller connects again, and resumes from the stream."""
+    with trio.fail_after(CONNECT_TIMEOUT * max(1, len(servers)) + 1):
+        nc: nats.NATS = await to_aio(nats.connect)(
+            servers=list(servers),
+            connect_timeout=CONNECT_TIMEOUT,
+            allow_reconnect=False,
+            max_reconnect_attempts=1,
+            error_cb=_quiet,
+        )
+    return nc

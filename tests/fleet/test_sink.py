@@ -109,3 +109,14 @@ def test_an_unreachable_database_or_server_is_one_line(tmp_path: Path) -> None:
         assert proc.returncode != 0
         assert proc.stderr.startswith("eventsrc: ") and "cannot connect to PostgreSQL" in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_sink_whose_servers_are_away_says_so_in_one_line(postgres_server: PostgresServer) -> None:
+    proc = run_cli("fleet", "sink", "--nats", "nats://127.0.0.1:1", "--postgres", postgres_server.dsn)
+    assert proc.returncode != 0
+    assert (
+        proc.stderr.strip().splitlines()[-1].startswith("eventsrc: error: cannot connect to NATS (nats://127.0.0.1:1)")
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    usage = run_cli("fleet", "usage", "--postgres", postgres_server.dsn, "-o", "json")
+    assert usage.returncode == 0 and json.loads(usage.stdout) == []  # the sink made the tables, empty

@@ -4,6 +4,7 @@ the records come in, however often, the rows are each record once and the node's
 from __future__ import annotations
 
 import random
+import threading
 
 import psycopg
 
@@ -15,6 +16,7 @@ from tests.support.postgres import PostgresServer
 
 POD = ev.PodRef(uid="u1", namespace="ml", name="train")
 OTHER = ev.PodRef(uid="u2", namespace="web", name="api")
+THIRD = ev.PodRef(uid="u3", namespace="batch", name="job")
 
 
 def node_log() -> list[tuple[int, int, ev._Event]]:
@@ -31,8 +33,19 @@ def node_log() -> list[tuple[int, int, ev._Event]]:
         ev.DevicesReleased(pod_uid="u1", container="main", resource="gpu", device_ids=["g0"]),
         ev.CPUsReleased(pod_uid="u1", container="main", cpus=[2, 3]),
         ev.PodRemoved(pod_uid="u1"),
+        # an init container and its app container on one CPU, from one instant: two holds alike
+        ev.PodAdmissionStarted(pod=THIRD),
+        ev.CPUsAssigned(pod_uid="u3", container="init", cpus=[5]),
+        ev.CPUsAssigned(pod_uid="u3", container="main", cpus=[5]),
+        ev.PodAdmitted(pod=THIRD),
+        ev.CPUsReleased(pod_uid="u3", container="init", cpus=[5]),
     ]
-    return [(seq, 1_000_000_000 * seq + 7, e) for seq, e in enumerate(events, 1)]
+    same_instant = {13, 14}
+    return [(seq, 1_000_000_000 * (12 if seq in same_instant else seq) + 7, e) for seq, e in enumerate(events, 1)]
+
+
+def open_first(row: tuple[str, str, str, int, int | None]) -> tuple[str, str, str, int, int]:
+    return (*row[:4], -1 if row[4] is None else row[4])
 
 
 def holds(dsn: str) -> list[tuple[str, str, str, int, int | None]]:
@@ -54,14 +67,52 @@ def test_records_in_any_order_and_twice_make_each_record_once_and_the_nodes_inte
     ):
         assert migrate(first) == 0 and migrate(second) == SCHEMA_VERSION  # once
         for n, (seq, value) in enumerate(shuffled):
-            store(first if n % 2 else second, "node-a", "log-1", seq, value)  # two sinks sharing the work
+            store(first if n % 2 else second, "node-a", "log-1", seq, seq - 1, value)  # two sinks sharing the work
         stored = first.execute("SELECT seq, type FROM records ORDER BY seq").fetchall()
         applied = first.execute("SELECT applied_seq FROM node_logs").fetchall()
     assert stored == [(seq, type(e).__name__) for seq, _, e in log]
     assert applied == [(len(log),)]
     want = sorted(
-        (c.hold.resource, c.hold.device, c.hold.uid, c.hold.start_ns, c.end_ns)
-        for c in intervals((ts, e) for _, ts, e in log)
+        (
+            (c.hold.resource, c.hold.device, c.hold.uid, c.hold.start_ns, c.end_ns)
+            for c in intervals((ts, e) for _, ts, e in log)
+        ),
+        key=open_first,
     )
-    assert holds(postgres_server.dsn) == want
+    assert sorted(holds(postgres_server.dsn), key=open_first) == want
     assert any(end is None for *_, end in want) and any(end is not None for *_, end in want)
+
+    assert len([h for h in want if h[:3] == ("cpu", "5", "u3")]) == 2  # two holds alike, one ended: both kept
+
+
+def test_records_cut_before_they_were_shipped_do_not_stop_the_rest(postgres_server: PostgresServer) -> None:
+    """The shipper names the record each one follows: after records a retention cut took before
+    they were shipped, the next follows the last one shipped, and the sink goes on from there."""
+    log = node_log()
+    values = {seq: encode_payload(e, ts, f"c{seq}") for seq, ts, e in log}
+    with psycopg.connect(postgres_server.dsn, autocommit=True) as conn:
+        migrate(conn)
+        for seq in reversed(range(4, len(log) + 1)):  # 1..3 cut before shipping; the rest arrive backwards
+            store(conn, "node-b", "log-2", seq, 0 if seq == 4 else seq - 1, values[seq])
+        applied = conn.execute("SELECT applied_seq FROM node_logs WHERE node = 'node-b'").fetchone()
+    assert applied == (len(log),)
+
+
+def test_sinks_starting_together_make_the_schema_once(postgres_server: PostgresServer) -> None:
+    failures: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            with psycopg.connect(postgres_server.dsn, autocommit=True) as conn:
+                migrate(conn)
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            failures.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    with psycopg.connect(postgres_server.dsn) as conn:
+        assert conn.execute("SELECT version FROM eventsrc_schema").fetchall() == [(SCHEMA_VERSION,)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eventsrc.core.fleet_names import (
+    FOLLOWS,
     LOG,
     MSG_ID,
     NODE,
@@ -28,7 +29,9 @@ def test_a_record_is_named_by_its_node_and_log_and_numbered_by_its_sequence() ->
         LOG: "0f1e2d3c4b5a69788796a5b4c3d2e1f0",
         SEQ: "42",
         TYPE: "PodAdmitted",
+        FOLLOWS: "41",
     }
+    assert NODE_A.headers(42, "PodAdmitted", follows=17)[FOLLOWS] == "17"  # records cut before shipping
     assert all(s.startswith("eventsrc.records.") for s in [NODE_A.subject()])
     assert stream_subjects() == ["eventsrc.records.>"]
 
