@@ -64,6 +64,7 @@ from eventsrc.core.devices.choice import (
 from eventsrc.core.devices.holds import holdings, release_events, remove_pod_events
 from eventsrc.core.devices.names import is_extended_resource_name
 from eventsrc.core.resources import qos_class
+from eventsrc.core.runtime_decisions import running_before
 from eventsrc.core.topology_manager import HintProvider, TopologyAffinityError, TopologyManager, admit_and_allocate
 from eventsrc.errors import AdmissionRefused, NotFound
 from eventsrc.events import ContainerSpec
@@ -153,7 +154,7 @@ def finished_containers(views: Views, pod: PodView) -> set[str]:
     never saw created is not one (its creation may have been refused, and the kubelet went
     on to the next); an app container that exited before the next was created is taken for
     one: created again, it gets the shared pool (``runtime_decisions.handed_on_to_another``)."""
-    live = {c.name for c in views.runtime.containers.values() if c.pod_uid == pod.uid and c.state != "stopped"}
+    live = {views.runtime.containers[cid].name for cid in running_before(views, pod)}
     ran = {name for name, c in pod.containers.items() if c.ran}
     return _inits(pod) | (ran - live)
 
