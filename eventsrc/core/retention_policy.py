@@ -14,6 +14,11 @@ first record starts a piece.
 
 The larger of the two cuts wins; 0 is "no cut".
 
+With fleet shipping configured (``shipped``: every record up to it is acknowledged by
+JetStream), the age cut stops at the last boundary at or before ``shipped``: a record the
+fleet has not acknowledged stays live. The size cut does not wait: the live log keeps its
+bound, the archive keeps what it takes, and the shipper reads it from there (ADR 0032).
+
 A cut that fails (a full or unwritable archive) is tried again after a pause that doubles
 with each failure in a row (``retry_delay``), and said once per change (``after_attempt``):
 when cutting starts to fail, when its reason changes, and when it recovers.
@@ -90,14 +95,16 @@ def plan_cut(
     boundary_ts: Mapping[int, int],
     now_ns: int,
     max_records: int = 0,
+    shipped: int | None = None,
 ) -> int:
     """The sequence the live log should be cut at (the new base), or 0 for no cut. With
     ``max_records``, one cut takes at most that many records (at least one piece): a long
-    log is cut in several steps, each of bounded memory and time."""
-    cut = max(
-        size_cut(base, last, piece, used_bytes, policy.max_size),
-        age_cut(boundary_ts, policy.max_age_ns, now_ns),
-    )
+    log is cut in several steps, each of bounded memory and time. ``shipped`` (None: no
+    fleet shipping): what JetStream acknowledged, which an age cut does not pass."""
+    aged = age_cut(boundary_ts, policy.max_age_ns, now_ns)
+    if shipped is not None and piece >= 1:
+        aged = min(aged, shipped // piece * piece)
+    cut = max(size_cut(base, last, piece, used_bytes, policy.max_size), aged)
     if max_records and cut - base > max_records:
         fitting = [b for b in boundaries(base, cut, piece) if b - base <= max_records]
         cut = fitting[-1] if fitting else boundaries(base, cut, piece)[0]

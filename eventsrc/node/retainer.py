@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -74,8 +75,19 @@ class CutReport:
 
 
 class Retainer:
-    def __init__(self, recorder: Recorder, event_log: EventLog, archive: Path, policy: Retention, piece: int) -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        event_log: EventLog,
+        archive: Path,
+        policy: Retention,
+        piece: int,
+        shipped: Callable[[], int | None] = lambda: None,
+    ) -> None:
+        """``shipped``: with fleet shipping, what JetStream acknowledged (an age cut waits for
+        it: ``plan_cut``); None without."""
         self.recorder = recorder
+        self.shipped = shipped
         self.event_log = event_log
         self.archive = archive
         self.policy = policy
@@ -261,6 +273,7 @@ class Retainer:
             boundary_ts=times,
             now_ns=now,
             max_records=MAX_RECORDS_PER_CUT,
+            shipped=self.shipped(),
         )
         if not seq:
             return 0, ""

@@ -120,3 +120,20 @@ def test_what_status_and_healthz_say_of_retention() -> None:
         "a log retention cut has run for 31 s and lags behind the log; appends go on without it and "
         "the live log holds 5 bytes"
     )
+
+
+def test_with_fleet_shipping_an_age_cut_waits_for_what_jetstream_acknowledged_and_a_size_cut_does_not() -> None:
+    def plan(policy: Retention, shipped: int | None) -> int:
+        # 35 records of 100 bytes, every boundary older than the cutoff
+        old = {10: 1, 20: 2, 30: 3}
+        return plan_cut(
+            policy, base=0, last=35, piece=10, used_bytes=3500, boundary_ts=old, now_ns=100, shipped=shipped
+        )
+
+    aged = Retention(max_age_ns=10)
+    assert plan(aged, None) == 30  # no shipping configured
+    assert plan(aged, 25) == 20  # not past what was acknowledged
+    assert plan(aged, 9) == 0  # not a whole piece acknowledged
+    # over its size bound, the live log is cut all the same: the archive keeps what is not shipped
+    assert plan(Retention(max_age_ns=10, max_size=1000), 0) == 30
+    assert plan(Retention(max_size=3000), 0) == 10
