@@ -22,6 +22,7 @@ from eventsrc import events as ev
 from eventsrc.api.readers import CHUNK, Stalls, Turns
 from eventsrc.core.claims import cdi_devices
 from eventsrc.core.retention_policy import RetentionReport
+from eventsrc.core.shipping import ShippingReport
 from eventsrc.errors import AdmissionRefused, BadRequest, EventsrcError, NotFound
 from eventsrc.events import CorruptRecordError, Record
 from eventsrc.gen.node.v1 import node_pb2 as pb
@@ -468,10 +469,12 @@ def status_response(
     holds: LoopHolds | None = None,
     holds_since_ns: int = 0,
     retention: RetentionReport | None = None,
+    fleet: tuple[ShippingReport, int] | None = None,
 ) -> pb.StatusResponse:
     """The daemon's Status; with ``holds``, how long its loop was held (the long steps that
     ended after ``holds_since_ns`` when it is set); with ``retention`` (when it is on), how
-    its cuts fare."""
+    its cuts fare; with ``fleet`` (shipping's report and the time of asking), how shipping
+    fares."""
     resp = pb.StatusResponse(
         ready=ready,
         version=__version__,
@@ -495,6 +498,17 @@ def status_response(
                 cut_seconds=retention.cut_seconds,
                 cut_late=retention.late,
                 appends_waiting=retention.appends_waiting,
+            )
+        )
+    if fleet is not None:
+        shipping, now_ns = fleet
+        resp.fleet.CopyFrom(
+            pb.FleetStatus(
+                state=shipping.state,
+                reason=shipping.reason,
+                shipped_seq=shipping.shipped_seq,
+                lag_records=shipping.lag_records,
+                lag_seconds=shipping.lag_seconds(now_ns),
             )
         )
     if holds is not None:

@@ -19,7 +19,8 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         help="exit 0 if a daemon is running and ready on this root",
         description="Exit 0 when an eventsrc daemon is running and ready on --root-dir; "
         "otherwise print why not on stderr and exit 1. What needs an operator while it runs "
-        "(log retention cuts that fail) is a warning on stderr, with exit status 0.",
+        "(log retention cuts that fail, fleet shipping disconnected) is a warning on stderr, with exit "
+        "status 0.",
     )
     add_output(p)
     p.set_defaults(func=status)
@@ -55,8 +56,14 @@ def status(args: argparse.Namespace) -> int:
                 "long_steps": st.loop.long_steps,
             },
         )
+        warnings = []
         if st.HasField("retention"):
-            info["retention"], warning = _retention(st.retention)
+            info["retention"], said = _retention(st.retention)
+            warnings.append(said)
+        if st.HasField("fleet"):
+            info["fleet"], said = _fleet(st.fleet)
+            warnings.append(said)
+        warning = "; ".join(w for w in warnings if w)
         if not st.ready:
             reason = f"eventsrc (pid {st.pid}) on {layout.root} is not ready yet"
     except EventsrcError as err:
@@ -112,3 +119,18 @@ def _retention(r: Any) -> tuple[dict[str, Any], str]:
         "appends_waiting": r.appends_waiting,
     }
     return info, trouble(report, time.time_ns())
+
+
+def _fleet(f: Any) -> tuple[dict[str, Any], str]:
+    """The Status's fleet shipping (a node_pb2.FleetStatus) for JSON, and what needs an
+    operator in it ("" for nothing)."""
+    from eventsrc.core.shipping import trouble
+
+    info = {
+        "state": f.state,  # connecting, connected, disconnected or diverged
+        "reason": f.reason,
+        "shipped_seq": f.shipped_seq,
+        "lag_records": f.lag_records,
+        "lag_seconds": f.lag_seconds,
+    }
+    return info, trouble(f.state, f.reason, f.lag_records)

@@ -273,6 +273,26 @@ class History:
             out.append(_decode(seq, value) if value is not None else CorruptRecordError(seq, "missing"))
         return out
 
+    def stored(self, from_seq: int, limit: int) -> list[tuple[int, bytes]]:
+        """Up to ``limit`` records from ``from_seq`` as the log stored them, (seq, value), from
+        the archive segment holding ``from_seq`` (empty when no segment here holds it:
+        ``held_from`` says where the next one is). Raises EventsrcError for a segment that
+        cannot be read. The fleet's shipper sends these bytes as it sends the live log's."""
+        i = bisect.bisect_right(self._firsts, from_seq) - 1
+        if i < 0 or from_seq > self.segments[i][0].last:
+            return []
+        entry, path = self.segments[i]
+        values = self._load(entry, path)
+        until = min(entry.last, from_seq + limit - 1)
+        return [(seq, values[seq]) for seq in range(from_seq, until + 1) if seq in values]
+
+    def held_from(self, seq: int) -> int:
+        """The first record at or after ``seq`` that can be read here: in a segment, or the
+        live log's first."""
+        live = self.live_first_seq()
+        held = [max(e.first, seq) for e, _ in self.segments if e.last >= seq and e.first < live]
+        return min([*held, max(seq, live)])
+
     # ------------------------------------------------------------------ segments
 
     def _overlapping(self, from_seq: int, until_seq: int | None) -> list[tuple[LedgerEntry, Path]]:

@@ -57,6 +57,8 @@ from eventsrc.core.cpu.topology import single_cpu_topology
 from eventsrc.core.devices.holds import restart_events
 from eventsrc.core.retention_policy import Retention
 from eventsrc.core.retention_policy import trouble as retention_trouble
+from eventsrc.core.shipping import ShippingReport
+from eventsrc.core.shipping import trouble as shipping_trouble
 from eventsrc.core.topology_manager import TopologyManager, parse_topology_manager
 from eventsrc.errors import DamagedLogError, EventsrcError, NewerLogError
 from eventsrc.events import CorruptRecordError, FutureRecordError, Record, newer_unreadable
@@ -156,6 +158,7 @@ class Daemon:
         retention: Retention | None = None,
         beside: BesideOptions | None = None,
         watch_stall: float = WATCH_STALL,
+        fleet: FleetOptions | None = None,
     ) -> None:
         self.layout = layout
         self.cpus = cpus or CPUManagerConfig("none", single_cpu_topology(), CPUSet(), StaticPolicyOptions())
@@ -182,6 +185,7 @@ class Daemon:
             corrupt_records=lambda: len(self.views.meta.corrupt),
             retention=lambda: self.retainer.health,
             views=lambda: self.views,
+            fleet=self.fleet_report,
         )
         self.metrics_address: str | None = None  # as bound (port 0 resolved)
         self.loop_holds = LoopHolds()  # the loop's task steps, timed while serve runs
@@ -201,10 +205,20 @@ class Daemon:
             deciding=self.turns.deciding,
         )
         self.nri = NRIPlugin(self, self.admission, self.cpus, nri) if nri is not None else None
-        self.retainer = Retainer(self, log_, layout.archive, retention or Retention(), snapshot_every)
+        # serve --fleet-nats: beside the rest, nothing waits for it (docs/fleet.md); retention's
+        # age cuts wait for what it shipped
+        self.shipper = Shipper(log_, self.appended, fleet, layout.archive) if fleet is not None else None
+        shipper = self.shipper
+        self.retainer = Retainer(
+            self,
+            log_,
+            layout.archive,
+            retention or Retention(),
+            snapshot_every,
+            shipped=(lambda: shipper.shipped) if shipper is not None else lambda: None,
+        )
         # Beside a kubelet: eventsrc records what the kubelet decided, and decides nothing.
         self.beside = Beside(self, beside, self._runtime_synchronized) if beside is not None else None
-        self.shipper: Shipper | None = None  # serve --fleet-nats: made once the log is open (serve)
         if self.beside is not None and self.nri is not None:
             self.nri.on_synchronized = self.beside.look_again
 
@@ -224,6 +238,7 @@ class Daemon:
                 self.loop_holds,
                 holds_since_ns,
                 self.retainer.report() if self.retainer.policy.enabled else None,
+                self.fleet_report(),
             )
 
         read_only = READ_ONLY_BESIDE if self.beside is not None else ""
@@ -304,12 +319,21 @@ class Daemon:
                 return f"committer stalled: {self._appending} append(s) waiting, no commit for {waited:.0f} s"
         return ""
 
+    def fleet_report(self) -> tuple[ShippingReport, int] | None:
+        """How fleet shipping fares and the time of asking (None without --fleet-nats)."""
+        return None if self.shipper is None else (self.shipper.report(), time.time_ns())
+
     def warning(self) -> str:
         """/healthz's warning after its "ok": what needs an operator but not a restart (a
-        restart would not empty a full archive disk), "" for nothing."""
-        if not self.retainer.policy.enabled:
-            return ""
-        return retention_trouble(self.retainer.report(), time.time_ns())
+        restart would not empty a full archive disk, nor bring the fleet's servers back),
+        "" for nothing."""
+        said = []
+        if self.retainer.policy.enabled:
+            said.append(retention_trouble(self.retainer.report(), time.time_ns()))
+        if self.shipper is not None:
+            report = self.shipper.report()
+            said.append(shipping_trouble(report.state, report.reason, report.lag_records))
+        return "; ".join(s for s in said if s)
 
     def readiness(self) -> str:
         """/readyz: "" once every socket is served, else why not."""
@@ -450,6 +474,7 @@ async def serve(
             retention=retention,
             beside=beside,
             watch_stall=watch_stall,
+            fleet=fleet,
         )
         daemon.metrics.replayed(info.seconds, info.tail_records)
         last_ts = _last_record_ts(event_log, views) if beside is not None else None
@@ -488,8 +513,7 @@ async def serve(
                     await nursery.start(daemon.beside.run)
                 if daemon.nri is not None:
                     await nursery.start(daemon.nri.run)
-                if fleet is not None:  # beside the rest: nothing waits for it (docs/fleet.md)
-                    daemon.shipper = Shipper(event_log, daemon.appended, fleet)
+                if daemon.shipper is not None:  # beside the rest: nothing waits for it (docs/fleet.md)
                     await nursery.start(daemon.shipper.run)
                 nursery.start_soon(daemon.scrub, start_seq)
                 nursery.start_soon(daemon.snapshot_loop)

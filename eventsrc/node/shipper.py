@@ -1,26 +1,33 @@
 """Fleet shipping: every record of the node's log, in sequence order, to a NATS JetStream
-stream (issue 28; ``core.fleet_names`` names the subjects, ids and headers).
+stream (issue 28, ADR 0031 and 0032; ``core.fleet_names`` names the subjects, ids and
+headers, ``core.shipping`` decides the resume and says how it fares).
 
     run()              connect (nats-py, on trio-asyncio's loop), with backoff while the
                        servers are away; nothing on the admission path waits for it
       the stream       created when missing (``ensure_stream``)
-      resume           from the last message the stream holds on this node's subject: the
-                       stream says what was acknowledged, not a local cursor
-      publish          each record from there as the log holds it, one at a time, each
-                       acknowledged by JetStream before the next (the ``Nats-Msg-Id`` makes a
-                       publish retried after a lost acknowledgement a duplicate it drops);
-                       then wait for the log's next record
+      resume           from the last message the stream holds on this node's subject (the
+                       stream says what was acknowledged, not a local cursor), after checking
+                       that it is the log's record at that sequence, byte for byte: when not
+                       (a log restored from a backup behind the stream), nothing is shipped,
+                       it is said once, and the next connection checks again
+      publish          the records from there as the log holds them: the archive's
+                       (``History.stored``, read in a worker thread) while they are before the
+                       live log's first, then the live log's; ``WINDOW`` publishes in flight
+                       (``publish_window``); ``shipped`` is the highest sequence up to which
+                       JetStream acknowledged every record (retention's age cuts wait for it)
 
-Not yet (issue 28): records a retention cut took before they were shipped are not read from
-the archive (the shipper says which it could not ship, once), retention does not wait for
-shipping, and status, metrics and /healthz do not show it yet.
+What neither the live log nor the archive holds any more (cut without an archive, a segment
+deleted or damaged) is said once and passed over: the next record names the last one shipped
+(``Eventsrc-Follows``), so the sink does not wait for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -37,7 +44,19 @@ from eventsrc.core.fleet_names import (
     acknowledged,
     stream_subjects,
 )
-from eventsrc.events import CorruptRecordError, decode_record
+from eventsrc.core.shipping import (
+    CONNECTED,
+    CONNECTING,
+    DISCONNECTED,
+    DIVERGED,
+    ShippingReport,
+    State,
+    divergence,
+    resume_from,
+)
+from eventsrc.errors import EventsrcError, LogCutWhileReadingError
+from eventsrc.events import CorruptRecordError, Record, decode_record
+from eventsrc.log.history import History
 from eventsrc.log.store import EventLog, key_seq
 from eventsrc.obs.logger import get_logger
 from eventsrc.rpc.bridge import to_aio
@@ -47,7 +66,10 @@ log = get_logger("eventsrc.node.shipper")
 BACKOFF_FIRST, BACKOFF_MAX = 0.25, 10.0
 CONNECT_TIMEOUT = 5.0
 PUBLISH_TIMEOUT = 10.0
-CHUNK = 256  # records read from the log at a time
+CHUNK = 256  # records read from the log (or the archive) at a time
+#: publishes in flight at once: JetStream acknowledges them in order on one connection, and a
+#: batch of CHUNK records costs a round trip per WINDOW instead of one per record
+WINDOW = 64
 
 #: what a NATS server or connection that went away raises; ValueError: the stream's last
 #: message on this node's subject is not this log's (``fleet_names.acknowledged``)
@@ -87,111 +109,289 @@ async def ensure_stream(js: JetStreamContext, stream: str, prefix: str = DEFAULT
         log.info("fleet stream created", stream=stream)
 
 
-class Shipper:
-    """Ships ``event_log`` to the fleet; ``appended(seq)`` returns once the log holds ``seq``."""
+class DivergedError(Exception):
+    """The stream's last record of this log is not the log's (``core.shipping.divergence``)."""
 
-    def __init__(self, event_log: EventLog, appended: Callable[[int], Awaitable[None]], options: FleetOptions) -> None:
+
+class Shipper:
+    """Ships ``event_log`` (and what retention cut into ``archive``) to the fleet;
+    ``appended(seq)`` returns once the log holds ``seq``."""
+
+    def __init__(
+        self,
+        event_log: EventLog,
+        appended: Callable[[int], Awaitable[None]],
+        options: FleetOptions,
+        archive: Path | None = None,
+        window: int = WINDOW,
+    ) -> None:
         self.event_log = event_log
         self.appended = appended
         self.options = options
+        self.archive = archive
+        self.window = max(1, window)
         self.node = Node(options.node_name, event_log.log_id())
-        self.shipped = 0  # the last sequence JetStream acknowledged (0: none known yet)
-        self.connected = False
+        #: every record up to it is acknowledged by JetStream (0: none known yet)
+        self.shipped = 0
+        self.state: State = CONNECTING
+        self.reason = ""  # why disconnected or diverged
+        self._known = False  # ``shipped`` was learnt from the stream in this run
+        self._ts: dict[int, int] = {}  # the time of each record of the batch in flight
+        self._history: History | None = None  # while shipping from the archive
         self._said = ""  # the last trouble logged, said once until it changes
         self._gap_said = 0
 
+    @property
+    def connected(self) -> bool:
+        return self.state == CONNECTED
+
+    def report(self) -> ShippingReport:
+        """How shipping fares, for status, the metrics and /healthz (one LMDB read at most)."""
+        return ShippingReport(
+            state=self.state,
+            reason=self.reason,
+            shipped_seq=self.shipped,
+            last_seq=self.event_log.last_seq(),
+            oldest_unshipped_ns=self._oldest_unshipped_ns(),
+        )
+
+    def _oldest_unshipped_ns(self) -> int:
+        seq = self.shipped + 1
+        if seq > self.event_log.last_seq():
+            return 0
+        if seq in self._ts:
+            return self._ts[seq]
+        if seq >= self.event_log.first_seq():
+            (item,) = self.event_log.read_many([seq])
+            if isinstance(item, Record):
+                return item.ts_ns
+        base = self.event_log.base()  # in the archive: its records are no newer than the base
+        return base.ts_ns if base is not None else 0
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Ship for as long as the daemon runs: connect again with backoff whenever the
-        connection or the servers go."""
+        connection or the servers go, or the stream and the log diverged."""
         task_status.started()
         backoff = BACKOFF_FIRST
         while True:
             try:
                 await self._session()
+            except DivergedError as exc:
+                self._trouble(DIVERGED, str(exc))
             except FAILURES as exc:
-                self._say(str(exc) or type(exc).__name__)
-            except Exception:  # a bug here must not end the daemon: shipping is beside its work
+                self._trouble(DISCONNECTED, str(exc) or type(exc).__name__)
+            except Exception as exc:  # a bug here must not end the daemon: shipping is beside its work
                 log.exception("fleet shipping failed unexpectedly; retrying")
-            if self.connected:
+                self._trouble(DISCONNECTED, f"unexpected: {type(exc).__name__}", said=True)
+            if self.state == CONNECTED:
                 backoff = BACKOFF_FIRST
-            self.connected = False
             await trio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
 
-    def _say(self, reason: str) -> None:
-        if reason != self._said:
-            log.warning("fleet shipping disconnected; retrying", servers=",".join(self.options.servers), reason=reason)
+    def _trouble(self, state: State, reason: str, said: bool = False) -> None:
+        """Not shipping, for ``reason``: said once until it changes."""
+        self.state, self.reason = state, reason
+        if reason == self._said or said:
             self._said = reason
+            return
+        servers = ",".join(self.options.servers)
+        if state == DIVERGED:
+            log.error(
+                "fleet shipping stopped: the stream and the log diverged; not shipping, checking again at "
+                "each connection",
+                servers=servers,
+                reason=reason,
+            )
+        else:
+            log.warning("fleet shipping disconnected; retrying", servers=servers, reason=reason)
+        self._said = reason
 
     async def _session(self) -> None:
-        nc = await connect(self.options.servers)
+        lost = trio.CancelScope()  # cancelled when the connection closes (the server went)
+
+        async def closed() -> None:
+            lost.cancel()
+
+        nc = await connect(self.options.servers, closed)
         try:
             js = nc.jetstream()
             await to_aio(ensure_stream)(js, self.options.stream, self.options.prefix)
-            self.shipped = await to_aio(self._acknowledged)(js)
-            self.connected = True
-            self._said = ""
+            stream_last = await self._resume(js)
+            self.shipped = resume_from(stream_last, self.shipped if self._known else None)
+            self._known = True
+            self.state, self.reason, self._said = CONNECTED, "", ""
             log.info("fleet shipping connected", servers=",".join(self.options.servers), from_seq=self.shipped + 1)
-            await self._ship(js)
+            with lost:
+                await self._ship(js)
+            raise ConnectionError(f"the connection closed ({nc.last_error or 'by the server'})")
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(CONNECT_TIMEOUT):
                 await to_aio(nc.close)()
 
-    async def _acknowledged(self, js: JetStreamContext) -> int:
+    async def _resume(self, js: JetStreamContext) -> int:
+        """The last sequence the stream holds on this node's subject, once it is checked to be
+        the log's record (DivergedError when not)."""
+        last = await to_aio(self._last_message)(js)
+        if last is None:
+            return 0
+        headers, data = last
+        seq = acknowledged(self.node, headers)
+        in_log = await trio.to_thread.run_sync(self._stored_at, seq)
+        why = divergence(seq, self.event_log.last_seq(), data, in_log)
+        if why:
+            raise DivergedError(why)
+        return seq
+
+    async def _last_message(self, js: JetStreamContext) -> tuple[dict[str, str], bytes] | None:
         try:
             last = await js.get_last_msg(self.options.stream, self.node.subject(self.options.prefix))
         except nats.js.errors.NotFoundError:
-            return 0
-        return acknowledged(self.node, dict(last.headers or {}))
+            return None
+        return dict(last.headers or {}), last.data or b""
+
+    def _stored_at(self, seq: int) -> bytes | None:
+        """Record ``seq`` as the log stored it, from the live log or the archive (None when
+        neither holds it; past the log's end too). A worker thread's."""
+        if seq > self.event_log.last_seq():
+            return None
+        if seq >= self.event_log.first_seq():
+            try:
+                for chunk in self.event_log.raw_chunks(seq, seq, strict=True):
+                    return chunk[0][1]
+            except LogCutWhileReadingError:
+                pass  # cut meanwhile: it is in the archive now
+        try:
+            got = History(self.event_log, self.archive).stored(seq, 1)
+        except EventsrcError:
+            return None
+        return got[0][1] if got else None
 
     async def _ship(self, js: JetStreamContext) -> None:
         subject = self.node.subject(self.options.prefix)
         while True:
             wanted = self.shipped + 1
             await self.appended(wanted)
-            first = self.event_log.first_seq()
-            if wanted < first:
-                self._say_cut(wanted, first - 1)
-                wanted = first
-            chunk = next(
-                iter(self.event_log.raw_chunks(wanted, min(self.event_log.last_seq(), wanted + CHUNK - 1))), []
+            batch, next_wanted = await self._batch(wanted)
+            if not batch:
+                await self.appended(next_wanted)  # what was passed over leaves nothing to send yet
+                continue
+            messages, follows, self._ts = [], self.shipped, {}
+            for seq, value in batch:
+                kind, self._ts[seq] = _type_and_time(seq, value)
+                messages.append((seq, value, self.node.headers(seq, kind, follows=follows)))
+                follows = seq
+            await to_aio(publish_window)(
+                js, subject, self.options.stream, messages, self.window, PUBLISH_TIMEOUT, self._acked
             )
-            for key, value in chunk:
-                seq = key_seq(key)
-                headers = self.node.headers(seq, _type_of(seq, value), follows=self.shipped)
-                await to_aio(js.publish)(
-                    subject, value, timeout=PUBLISH_TIMEOUT, stream=self.options.stream, headers=headers
-                )
-                self.shipped = seq
+
+    def _acked(self, seq: int) -> None:
+        self.shipped = seq
+        self._ts.pop(seq, None)
+
+    async def _batch(self, wanted: int) -> tuple[list[tuple[int, bytes]], int]:
+        """Up to CHUNK records from ``wanted`` on, (seq, stored value), without a gap: the
+        archive's while ``wanted`` is before the live log, else the live log's; and where the
+        next batch starts when this one is empty (after what no one holds any more)."""
+        if wanted < self.event_log.first_seq():
+            got, held = await trio.to_thread.run_sync(self._archived, wanted)
+            if held > wanted:
+                self._say_cut(wanted, held - 1)
+            if got:
+                return got, held
+            wanted = held  # nothing archived from there: the live log's first
+        else:
+            self._history = None  # the archive is behind: what it loaded goes
+        last = self.event_log.last_seq()
+        try:
+            chunk = next(iter(self.event_log.raw_chunks(wanted, min(last, wanted + CHUNK - 1), strict=True)), [])
+        except LogCutWhileReadingError:
+            return [], self.shipped + 1  # cut meanwhile: from the archive, at once
+        return [(key_seq(k), v) for k, v in chunk], wanted
+
+    def _archived(self, wanted: int) -> tuple[list[tuple[int, bytes]], int]:
+        """Up to CHUNK archived records from the first at or after ``wanted`` that a segment
+        holds, and that first (the live log's first when none does). A worker thread's."""
+        if self._history is None:
+            self._history = History(self.event_log, self.archive)
+        else:
+            self._history.refresh()  # cut again meanwhile
+        history = self._history
+        while True:
+            held = history.held_from(wanted)
+            if held >= history.live_first_seq():
+                return [], held
+            try:
+                return history.stored(held, CHUNK), held
+            except EventsrcError as exc:  # a damaged segment: what it holds is gone too
+                end = next(e.last for e, _ in history.segments if e.first <= held <= e.last)
+                log.warning("an archive segment cannot be shipped", first_seq=held, last_seq=end, reason=str(exc))
+                history.segments = [(e, p) for e, p in history.segments if e.last != end]
+                wanted = end + 1
 
     def _say_cut(self, first: int, last: int) -> None:
         if last > self._gap_said:
             log.warning(
-                "records were cut from the live log before they were shipped: not shipped (not built yet: "
-                "shipping from the archive)",
+                "records were cut from the live log before they were shipped and the archive does not hold "
+                "them: not shipped",
                 first_seq=first,
                 last_seq=last,
             )
             self._gap_said = last
 
 
-def _type_of(seq: int, value: bytes) -> str:
-    """The record's event type, for the message's header ("" for a corrupt record: it is
-    shipped as the log holds it, and the sink names it corrupt as the log's readers do)."""
+async def publish_window(
+    js: JetStreamContext,
+    subject: str,
+    stream: str,
+    messages: Sequence[tuple[int, bytes, dict[str, str]]],
+    window: int,
+    timeout: float,
+    acked: Callable[[int], None],
+) -> None:
+    """Publish ``messages`` (seq, payload, headers) in order with at most ``window`` in
+    flight (nats-py's ``publish_async``), and call ``acked(seq)`` for each as JetStream
+    acknowledges it, in order: the first error (or an acknowledgement later than ``timeout``)
+    is raised, and what is still in flight is cancelled. An asyncio coroutine (``to_aio``)."""
+    pending: deque[tuple[int, asyncio.Future[Any]]] = deque()
+
+    async def oldest() -> None:
+        seq, future = pending[0]
+        await asyncio.wait_for(future, timeout)
+        pending.popleft()
+        acked(seq)
+
     try:
-        return type(decode_record(seq, value).event).__name__
+        for seq, payload, headers in messages:
+            while len(pending) >= window:
+                await oldest()
+            pending.append((seq, await js.publish_async(subject, payload, stream=stream, headers=headers)))
+        while pending:
+            await oldest()
+    finally:
+        for _, future in pending:
+            future.cancel()
+
+
+def _type_and_time(seq: int, value: bytes) -> tuple[str, int]:
+    """The record's event type, for the message's header, and its time ("" and 0 for a
+    corrupt record: it is shipped as the log holds it, and the sink names it corrupt as the
+    log's readers do)."""
+    try:
+        record = decode_record(seq, value)
     except CorruptRecordError:
-        return ""
+        return "", 0
+    return type(record.event).__name__, record.ts_ns
 
 
 async def _quiet(exc: Exception) -> None:
     """nats-py's error callback: what went wrong is said by whoever called, once."""
 
 
-async def connect(servers: Sequence[str]) -> nats.NATS:
+async def connect(servers: Sequence[str], closed: Callable[[], Awaitable[None]] | None = None) -> nats.NATS:
     """One connection to the first of ``servers`` that answers, or an error within the connect
     timeout (nats-py alone would retry the servers for ever); it does not reconnect: the
-    caller connects again, and resumes from the stream."""
+    caller connects again, and resumes from the stream. ``closed``: an asyncio coroutine
+    function, called when the connection closes (nats-py's ``closed_cb``)."""
     with trio.fail_after(CONNECT_TIMEOUT * max(1, len(servers)) + 1):
         nc: nats.NATS = await to_aio(nats.connect)(
             servers=list(servers),
@@ -199,5 +399,6 @@ async def connect(servers: Sequence[str]) -> nats.NATS:
             allow_reconnect=False,
             max_reconnect_attempts=1,
             error_cb=_quiet,
+            closed_cb=closed,
         )
     return nc

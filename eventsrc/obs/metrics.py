@@ -38,6 +38,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from eventsrc import events as ev
 from eventsrc.core.retention_policy import CutHealth
+from eventsrc.core.shipping import ShippingReport
 from eventsrc.errors import EventsrcError
 from eventsrc.events import Record
 from eventsrc.obs.logger import get_logger
@@ -122,6 +123,7 @@ class Metrics:
         corrupt_records: Callable[[], int] = lambda: 0,
         retention: Callable[[], CutHealth] = CutHealth,
         views: Callable[[], Views] = Views,
+        fleet: Callable[[], tuple[ShippingReport, int] | None] = lambda: None,
     ) -> None:
         r = self.registry = CollectorRegistry(auto_describe=False)
         # ------------------------------------------------------------ the kubelet's
@@ -221,6 +223,7 @@ class Metrics:
             registry=r,
         )
         r.register(_ScrapeTime(self, log_bytes, last_seq, corrupt_records, retention))
+        r.register(_Fleet(fleet))
         r.register(_Allocations(views))
         self._on_event: dict[type, Callable[[Any], None]] = {
             ev.PluginRegistered: self._registration,
@@ -411,6 +414,44 @@ class _ScrapeTime:
             "eventsrc_log_retention_failures",
             "Retention cuts that failed since the start (tried again with a pause that doubles, up to 60 s).",
             value=health.failures,
+        )
+
+
+class _Fleet:
+    """Fleet shipping's series, when it is configured (``serve --fleet-nats``)."""
+
+    def __init__(self, fleet: Callable[[], tuple[ShippingReport, int] | None]) -> None:
+        self._fleet = fleet
+
+    def collect(self) -> Iterable[Metric]:
+        asked = self._fleet()
+        if asked is None:
+            return
+        report, now_ns = asked
+        yield GaugeMetricFamily(
+            "eventsrc_fleet_connected",
+            "1 while fleet shipping is connected to JetStream, else 0 (the node goes on without it).",
+            value=1 if report.state == "connected" else 0,
+        )
+        yield GaugeMetricFamily(
+            "eventsrc_fleet_diverged",
+            "1 while the stream's last record of this log is not the log's (nothing is shipped), else 0.",
+            value=1 if report.state == "diverged" else 0,
+        )
+        yield GaugeMetricFamily(
+            "eventsrc_fleet_shipped_sequence",
+            "The highest sequence up to which JetStream acknowledged every record of the log.",
+            value=report.shipped_seq,
+        )
+        yield GaugeMetricFamily(
+            "eventsrc_fleet_lag_records",
+            "Records of the log not acknowledged by JetStream yet.",
+            value=report.lag_records,
+        )
+        yield GaugeMetricFamily(
+            "eventsrc_fleet_lag_seconds",
+            "Seconds since the oldest record not acknowledged by JetStream yet was written (0: none).",
+            value=report.lag_seconds(now_ns),
         )
 
 

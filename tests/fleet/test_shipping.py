@@ -4,18 +4,14 @@ and nothing an admission waits for."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 from pathlib import Path
 
-import nats
-import nats.js.errors
-
 from eventsrc.core.fleet_names import LOG, NODE, SEQ, TYPE
 from eventsrc.events import decode_record
 from tests.conftest import Daemon, run_cli
-from tests.support.nats import NatsServer
+from tests.support.nats import NatsServer, stream_messages
 
 STREAM = "EVENTSRC"
 
@@ -29,28 +25,13 @@ def log_records(root: Path) -> list[tuple[int, str]]:
 def shipped(url: str) -> list[tuple[int, str, str, str]]:
     """Every message of the stream, in the stream's order: (sequence, type, node, log id),
     each payload decoded as the log decodes a record and checked against its headers."""
-
-    async def read() -> list[tuple[int, str, str, str]]:
-        nc = await nats.connect(url)
-        try:
-            js = nc.jetstream()
-            try:
-                info = await js.stream_info(STREAM)
-            except nats.js.errors.NotFoundError:
-                return []
-            out = []
-            for n in range(info.state.first_seq, info.state.last_seq + 1):
-                m = await js.get_msg(STREAM, n)
-                headers = m.headers or {}
-                seq = int(headers[SEQ])
-                record = decode_record(seq, m.data or b"")
-                assert type(record.event).__name__ == headers[TYPE]
-                out.append((seq, headers[TYPE], headers[NODE], headers[LOG]))
-            return out
-        finally:
-            await nc.close()
-
-    return asyncio.run(read())
+    out = []
+    for m in stream_messages(url, STREAM):
+        seq = int(m.headers[SEQ])
+        record = decode_record(seq, m.data)
+        assert type(record.event).__name__ == m.headers[TYPE]
+        out.append((seq, m.headers[TYPE], m.headers[NODE], m.headers[LOG]))
+    return out
 
 
 def admit(root: Path, tmp_path: Path, names: range) -> None:

@@ -280,6 +280,42 @@ class NatsCluster:
             server.stop()
 
 
+# ---------------------------------------------------------------------------------------------
+# Reading a stream
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    headers: dict[str, str]
+    data: bytes
+
+
+def stream_messages(url: str, stream: str) -> list[StoredMessage]:
+    """Every message the stream holds, in its order ([] when there is no such stream)."""
+    import asyncio
+
+    import nats
+    import nats.js.errors
+
+    async def read() -> list[StoredMessage]:
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            try:
+                info = await js.stream_info(stream)
+            except nats.js.errors.NotFoundError:
+                return []
+            out = []
+            for n in range(info.state.first_seq, info.state.last_seq + 1):
+                m = await js.get_msg(stream, n)
+                out.append(StoredMessage(dict(m.headers or {}), m.data or b""))
+            return out
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     return ARCHIVE.command("python -m tests.support.nats", argv)
 

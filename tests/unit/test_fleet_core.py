@@ -16,6 +16,15 @@ from eventsrc.core.fleet_names import (
     node_name_error,
     stream_subjects,
 )
+from eventsrc.core.shipping import (
+    CONNECTED,
+    DISCONNECTED,
+    DIVERGED,
+    ShippingReport,
+    divergence,
+    resume_from,
+    trouble,
+)
 
 NODE_A = Node("worker-1.example.com", "0f1e2d3c4b5a69788796a5b4c3d2e1f0")
 
@@ -58,3 +67,28 @@ def test_shipping_resumes_from_what_the_stream_holds() -> None:
 )
 def test_a_node_name_is_a_kubernetes_node_name(name: str, ok: bool) -> None:
     assert (node_name_error(name) == "") is ok
+
+
+def test_a_resume_takes_the_lower_of_the_stream_and_what_was_acknowledged_without_a_gap() -> None:
+    assert resume_from(40, None) == 40  # the first connection of a run: the stream alone
+    assert resume_from(40, 36) == 36  # a publish inside the window failed, a later one was stored
+    assert resume_from(40, 45) == 40  # the stream lost acknowledged records (a failover): sent again
+
+
+def test_the_stream_and_the_log_diverge_when_the_log_lacks_or_differs_from_the_streams_last() -> None:
+    assert divergence(10, 12, b"r10", b"r10") == ""
+    assert divergence(10, 12, b"r10", None) == ""  # cut without an archive: nothing to compare
+    assert "which ends at 5" in divergence(10, 5, b"r10", None)
+    assert "differs from the log's" in divergence(10, 12, b"r10", b"another")
+
+
+def test_shipping_says_its_lag_and_its_trouble() -> None:
+    report = ShippingReport(state=CONNECTED, shipped_seq=7, last_seq=10, oldest_unshipped_ns=2_000_000_000)
+    assert report.lag_records == 3 and report.lag_seconds(5_000_000_000) == 3.0
+    caught_up = ShippingReport(state=CONNECTED, shipped_seq=10, last_seq=10, oldest_unshipped_ns=0)
+    assert caught_up.lag_records == 0 and caught_up.lag_seconds(5_000_000_000) == 0.0
+    assert trouble(CONNECTED, "", 3) == ""
+    assert trouble(DISCONNECTED, "nats: no servers available", 3) == (
+        "fleet shipping is disconnected (nats: no servers available); 3 records not shipped yet"
+    )
+    assert "diverged (why)" in trouble(DIVERGED, "why", 0)

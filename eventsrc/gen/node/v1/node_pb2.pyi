@@ -41,7 +41,7 @@ class StatusRequest(_message.Message):
     def __init__(self, loop_holds_since_ns: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("ready", "version", "instance_id", "last_seq", "sockets", "pid", "loop", "heap_trims", "retention")
+    __slots__ = ("ready", "version", "instance_id", "last_seq", "sockets", "pid", "loop", "heap_trims", "retention", "fleet")
     READY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class StatusResponse(_message.Message):
     LOOP_FIELD_NUMBER: _ClassVar[int]
     HEAP_TRIMS_FIELD_NUMBER: _ClassVar[int]
     RETENTION_FIELD_NUMBER: _ClassVar[int]
+    FLEET_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     version: str
     instance_id: str
@@ -60,7 +61,22 @@ class StatusResponse(_message.Message):
     loop: LoopHolds
     heap_trims: int
     retention: RetentionStatus
-    def __init__(self, ready: _Optional[bool] = ..., version: _Optional[str] = ..., instance_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., sockets: _Optional[_Iterable[str]] = ..., pid: _Optional[int] = ..., loop: _Optional[_Union[LoopHolds, _Mapping]] = ..., heap_trims: _Optional[int] = ..., retention: _Optional[_Union[RetentionStatus, _Mapping]] = ...) -> None: ...
+    fleet: FleetStatus
+    def __init__(self, ready: _Optional[bool] = ..., version: _Optional[str] = ..., instance_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., sockets: _Optional[_Iterable[str]] = ..., pid: _Optional[int] = ..., loop: _Optional[_Union[LoopHolds, _Mapping]] = ..., heap_trims: _Optional[int] = ..., retention: _Optional[_Union[RetentionStatus, _Mapping]] = ..., fleet: _Optional[_Union[FleetStatus, _Mapping]] = ...) -> None: ...
+
+class FleetStatus(_message.Message):
+    __slots__ = ("state", "reason", "shipped_seq", "lag_records", "lag_seconds")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SHIPPED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAG_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    LAG_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    reason: str
+    shipped_seq: int
+    lag_records: int
+    lag_seconds: float
+    def __init__(self, state: _Optional[str] = ..., reason: _Optional[str] = ..., shipped_seq: _Optional[int] = ..., lag_records: _Optional[int] = ..., lag_seconds: _Optional[float] = ...) -> None: ...
 
 class RetentionStatus(_message.Message):
     __slots__ = ("max_size_bytes", "max_age_seconds", "live_bytes", "failing", "failing_since_unix_ns", "failed_attempts", "failures_total", "retry_seconds", "cut_seconds", "cut_late", "appends_waiting")
