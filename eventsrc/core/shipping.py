@@ -59,10 +59,8 @@ def divergence(seq: int, log_last: int, in_stream: bytes, in_log: bytes | None) 
     the log's (``in_log``: its stored value; None when the log cut it without an archive,
     and it cannot be compared), or "" when it is."""
     if seq > log_last:
-        return (
-            f"the stream holds record {seq} of this log, which ends at {log_last} "
-            "(a log restored from a backup behind the stream?)"
-        )
+        # the same words however the log grows meanwhile: said once
+        return f"the stream holds record {seq} of this log, past the log's end (a log restored from a backup?)"
     if in_log is not None and in_log != in_stream:
         return f"the stream's record {seq} of this log differs from the log's (a log restored from a backup?)"
     return ""

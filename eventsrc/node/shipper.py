@@ -140,10 +140,7 @@ class Shipper:
         self._history: History | None = None  # while shipping from the archive
         self._said = ""  # the last trouble logged, said once until it changes
         self._gap_said = 0
-
-    @property
-    def connected(self) -> bool:
-        return self.state == CONNECTED
+        self._was_up = False  # the session under way connected
 
     def report(self) -> ShippingReport:
         """How shipping fares, for status, the metrics and /healthz (one LMDB read at most)."""
@@ -174,6 +171,7 @@ class Shipper:
         task_status.started()
         backoff = BACKOFF_FIRST
         while True:
+            self._was_up = False
             try:
                 await self._session()
             except DivergedError as exc:
@@ -183,7 +181,7 @@ class Shipper:
             except Exception as exc:  # a bug here must not end the daemon: shipping is beside its work
                 log.exception("fleet shipping failed unexpectedly; retrying")
                 self._trouble(DISCONNECTED, f"unexpected: {type(exc).__name__}", said=True)
-            if self.state == CONNECTED:
+            if self._was_up:  # a connection that worked: the next attempt comes soon
                 backoff = BACKOFF_FIRST
             await trio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
@@ -219,7 +217,7 @@ class Shipper:
             stream_last = await self._resume(js)
             self.shipped = resume_from(stream_last, self.shipped if self._known else None)
             self._known = True
-            self.state, self.reason, self._said = CONNECTED, "", ""
+            self.state, self.reason, self._said, self._was_up = CONNECTED, "", "", True
             log.info("fleet shipping connected", servers=",".join(self.options.servers), from_seq=self.shipped + 1)
             with lost:
                 await self._ship(js)

@@ -78,7 +78,7 @@ def test_a_resume_takes_the_lower_of_the_stream_and_what_was_acknowledged_withou
 def test_the_stream_and_the_log_diverge_when_the_log_lacks_or_differs_from_the_streams_last() -> None:
     assert divergence(10, 12, b"r10", b"r10") == ""
     assert divergence(10, 12, b"r10", None) == ""  # cut without an archive: nothing to compare
-    assert "which ends at 5" in divergence(10, 5, b"r10", None)
+    assert "record 10 of this log, past the log's end" in divergence(10, 5, b"r10", None)
     assert "differs from the log's" in divergence(10, 12, b"r10", b"another")
 
 
