@@ -356,3 +356,25 @@ def test_a_version_1_database_migrates_and_goes_on(tmp_path: Path, postgres_serv
     assert [p[7] for p in preps] == [next(s for s, v in records if decode_record(s, v).type == "ClaimUnprepared")]
     f = {"resource": RES, "device_id": SLASH_DEVICE}
     assert ask(postgres_server.dsn, "device", **f) == {"node-v": nodes_answer(root, "device", f)}
+
+
+def test_records_never_shipped_are_named_in_the_answer(postgres_server: PostgresServer, roots: dict[str, Path]) -> None:
+    """A log whose first records a retention cut took before they were shipped: each node's
+    answer says which records the fleet lacks, in JSON (``log``) and in the table."""
+    records = raw(roots["node-c"])
+    with psycopg.connect(postgres_server.dsn, autocommit=True) as conn:
+        migrate(conn)
+        for seq, value in records[3:]:
+            store(conn, "node-c", "log-c", seq, 0 if seq == 4 else seq - 1, value)
+    (answer,) = json.loads(
+        run_cli("fleet", "audit", "pod", "uid-a", "-o", "json", "--postgres", postgres_server.dsn, check=True).stdout
+    )
+    assert answer["log"] == {
+        "first_seq": 4,
+        "live_first_seq": 4,
+        "archive_segments": 0,
+        "live_only": False,
+        "missing": ["records 1..3 (never shipped)"],
+    }
+    table = run_cli("fleet", "audit", "pod", "uid-a", "--postgres", postgres_server.dsn, check=True).stdout
+    assert table.splitlines()[2] == "the fleet lacks records 1..3 (never shipped)"
