@@ -4,24 +4,26 @@
                          thread
       migrate()          the schema, versioned (``MIGRATIONS``), under a lock so that
                          several sinks starting at once migrate it once
-      a durable pull consumer shared by every sink (explicit acknowledgement); each
-      message, in one transaction (``store``), then acknowledged:
+      a durable pull consumer shared by every sink (explicit acknowledgement); the messages
+      of each fetch, in one transaction (``store_many``), then each acknowledged:
         records          the record, once: (node, log id, seq) is its key
-        holds            the node's intervals, made in the node's log order: under a row
-                         lock on the node's log (``node_logs``: the sequence applied so far
-                         and the ``chargeback.Tracker``'s state), the records that follow
-                         the applied sequence without a gap are fed to the Tracker, and each
-                         hold it starts or ends is a row inserted or closed
+        derived rows     made in the node's log order: under a row lock on the node's log
+                         (``node_logs``: the sequence applied so far and the trackers'
+                         state), the records that follow the applied sequence without a gap
+                         are fed to the node's own pure code: ``chargeback.Tracker`` (the
+                         holds), ``log.index.keys_for`` (the audit index ``fleet audit``
+                         reads, ``fleet_audit``) and ``claim_preparations.Preparations``
 
 A redelivered or replayed message changes nothing (the record is there; the sequence is
 applied); a message ahead of a gap waits in ``records`` until the gap is filled, by whichever
 sink stores the missing one. So the rows are the same whatever the sinks and the order.
+PostgreSQL's text cannot hold U+0000: ``pg_text`` is how the derived rows' text holds it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import nats
@@ -216,28 +218,56 @@ def escape_json(value: Any) -> Any:
 # --------------------------------------------------------------------------- writing
 
 
+class Shipped(NamedTuple):
+    """One shipped record as a message carries it."""
+
+    node: str
+    log_id: str
+    seq: int
+    follows: int  # the record shipped before it on the node's subject
+    data: bytes
+
+
 def store(conn: psycopg.Connection[Any], node: str, log_id: str, seq: int, follows: int, data: bytes) -> None:
-    """One shipped record, in one transaction: stored once, and the node's derived rows made
-    up to the first gap: the records from the applied one on, each following the one before
-    (``follows``: the record shipped before it on the node's subject)."""
+    """One shipped record, in one transaction (``store_many``)."""
+    store_many(conn, [Shipped(node, log_id, seq, follows, data)])
+
+
+def store_many(conn: psycopg.Connection[Any], messages: Sequence[Shipped]) -> None:
+    """Shipped records, in one transaction: each stored once, and each node's derived rows made
+    up to its first gap: the records from the applied one on, each following the one before.
+
+    Node logs are taken in (node, log id) order and their records in sequence order, so every
+    sink takes its locks (a record's key, a ``node_logs`` row) in one order, and two sinks
+    storing the same messages never wait for each other in a cycle."""
+    by_log: dict[tuple[str, str], list[Shipped]] = {}
+    for m in messages:
+        by_log.setdefault((m.node, m.log_id), []).append(m)
     with conn.transaction():
-        _insert_record(conn, node, log_id, seq, follows, data)
-        conn.execute("INSERT INTO node_logs (node, log_id) VALUES (%s, %s) ON CONFLICT DO NOTHING", (node, log_id))
-        applied, state, prepared = conn.execute(
-            "SELECT applied_seq, tracker, preparations FROM node_logs WHERE node = %s AND log_id = %s FOR UPDATE",
-            (node, log_id),
-        ).fetchone() or (0, None, None)
-        following = conn.execute(
-            "SELECT seq, follows, data FROM records WHERE node = %s AND log_id = %s AND seq > %s ORDER BY seq",
-            (node, log_id, applied),
-        ).fetchall()
-        chain: list[tuple[int, bytes]] = []
-        for next_seq, next_follows, next_data in following:
-            if next_follows != (chain[-1][0] if chain else applied):
-                break  # a gap: the records after it wait for it
-            chain.append((next_seq, bytes(next_data)))
-        if chain:
-            _apply(conn, node, log_id, chain, state, prepared)
+        for (node, log_id), part in sorted(by_log.items()):
+            for m in sorted(part, key=lambda m: m.seq):
+                _insert_record(conn, node, log_id, m.seq, m.follows, m.data)
+            _apply_following(conn, node, log_id)
+
+
+def _apply_following(conn: psycopg.Connection[Any], node: str, log_id: str) -> None:
+    """Under the lock on the node log's row: the stored records that follow its applied one."""
+    conn.execute("INSERT INTO node_logs (node, log_id) VALUES (%s, %s) ON CONFLICT DO NOTHING", (node, log_id))
+    applied, state, prepared = conn.execute(
+        "SELECT applied_seq, tracker, preparations FROM node_logs WHERE node = %s AND log_id = %s FOR UPDATE",
+        (node, log_id),
+    ).fetchone() or (0, None, None)
+    following = conn.execute(
+        "SELECT seq, follows, data FROM records WHERE node = %s AND log_id = %s AND seq > %s ORDER BY seq",
+        (node, log_id, applied),
+    ).fetchall()
+    chain: list[tuple[int, bytes]] = []
+    for next_seq, next_follows, next_data in following:
+        if next_follows != (chain[-1][0] if chain else applied):
+            break  # a gap: the records after it wait for it
+        chain.append((next_seq, bytes(next_data)))
+    if chain:
+        _apply(conn, node, log_id, chain, state, prepared)
 
 
 def _apply(
@@ -433,14 +463,18 @@ async def _consume(
                 messages = await to_aio(sub.fetch)(BATCH, timeout=FETCH_WAIT)
             except nats.errors.TimeoutError:
                 continue
+            records, stored = [], []
             for m in messages:
                 what = shipped(m.headers or {})
                 if what is None:  # not a shipper's: never stored, never delivered again
                     log.warning("a message that is no shipped record was dropped", subject=m.subject)
                     await to_aio(m.term)()
                     continue
-                node = what.node
-                await trio.to_thread.run_sync(store, conn, node.name, node.log_id, what.seq, what.follows, m.data)
+                records.append(Shipped(what.node.name, what.node.log_id, what.seq, what.follows, m.data))
+                stored.append(m)
+            if records:
+                await trio.to_thread.run_sync(store_many, conn, records)  # one transaction for the fetch
+            for m in stored:  # each after the commit: a crash before redelivers what then changes nothing
                 await to_aio(m.ack)()
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(5):
