@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,8 @@ from eventsrc.fleet.sink import MIGRATIONS, escape_json, from_pg_text, migrate, 
 from eventsrc.layout import Layout
 from eventsrc.log.store import EventLog
 from eventsrc.offline import audit_queries
-from eventsrc.offline.audit_render import to_json
-from eventsrc.offline.render import record_json
+from eventsrc.offline.audit_render import device_lines, to_json
+from eventsrc.offline.render import record_json, text_lines
 from tests.conftest import run_cli
 from tests.node.test_audit_kubelet import STEPS as KUBELET_STEPS
 from tests.node.test_audit_kubelet import ts as kubelet_ts
@@ -128,6 +129,28 @@ def node_index(root: Path) -> set[tuple[bytes, int]]:
 
 
 @pytest.fixture(scope="module")
+def server(postgres_unavailable: str | None) -> Iterator[PostgresServer]:
+    """One PostgreSQL for the module (each test has a database of its own): a server's start
+    costs seconds, a database's a fraction of one."""
+    if postgres_unavailable is not None:
+        pytest.skip(postgres_unavailable)
+    started = PostgresServer()
+    try:
+        started.start()
+        yield started
+    finally:
+        started.cleanup()
+
+
+@pytest.fixture
+def dsn(server: PostgresServer, request: pytest.FixtureRequest) -> str:
+    name = "t_" + request.node.name.removeprefix("test_")[:40]
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return server.dsn.replace("dbname=postgres", f"dbname={name}")
+
+
+@pytest.fixture(scope="module")
 def roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {}
     for node, batches in NODES.items():
@@ -201,27 +224,27 @@ def expected_preparations(root: Path) -> list[tuple[Any, ...]]:
     )
 
 
-def test_each_nodes_answer_from_the_fleet_is_its_own(postgres_server: PostgresServer, roots: dict[str, Path]) -> None:
-    ship(postgres_server.dsn, roots, seed=3)
+def test_each_nodes_answer_from_the_fleet_is_its_own(dsn: str, roots: dict[str, Path]) -> None:
+    ship(dsn, roots, seed=3)
     asked = 0
     for node, root in roots.items():
         index = node_index(root)
-        rows, preps = fleet_rows(postgres_server.dsn, node)
+        rows, preps = fleet_rows(dsn, node)
         assert rows == index, node  # the node's own index, each key once, whatever the order
         assert sorted(tuple(r) for r in preps) == expected_preparations(root), node
         for what, f in subjects(index):
-            fleet = ask(postgres_server.dsn, what, **f)
+            fleet = ask(dsn, what, **f)
             assert json.loads(fleet[node]) == json.loads(nodes_answer(root, what, f)), (node, what, f)
-            assert ask(postgres_server.dsn, what, node=node, **f).keys() == {node}
+            assert ask(dsn, what, node=node, **f).keys() == {node}
             asked += 1
     assert asked >= 20  # devices, pods by uid and by name, claims, on three nodes
     # the union: dev-0 is a device of every node (a device id is a node's own)
-    assert set(ask(postgres_server.dsn, "device", resource=RES, device_id="dev-0")) == set(NODES)
+    assert set(ask(dsn, "device", resource=RES, device_id="dev-0")) == set(NODES)
     # the claim shared by b and c, prepared once for both, then unprepared; the other still prepared
     with EventLog(Layout(roots["node-a"]).log, readonly=True) as log:
         seq = {type(r.event).__name__ + getattr(getattr(r.event, "claim", None), "uid", ""): r for r in log.records()}
     c1, c2 = seq["ClaimPreparedclaim-1"], seq["ClaimPreparedclaim-2"]
-    _, preps = fleet_rows(postgres_server.dsn, "node-a")
+    _, preps = fleet_rows(dsn, "node-a")
     assert [tuple(p) for p in preps] == [
         ("claim-1", "default", "shared", DRIVER, ["uid-b", "uid-c"], c1.seq, c1.ts_ns,
          seq["ClaimUnpreparedclaim-1"].seq, seq["ClaimUnpreparedclaim-1"].ts_ns),
@@ -229,46 +252,37 @@ def test_each_nodes_answer_from_the_fleet_is_its_own(postgres_server: PostgresSe
     ]  # fmt: skip
 
 
-def test_fleet_audit_prints_each_nodes_answer_with_its_node(
-    postgres_server: PostgresServer, roots: dict[str, Path]
-) -> None:
-    ship(postgres_server.dsn, roots, seed=5)
-    dsn = ("--postgres", postgres_server.dsn)
-    fleet = run_cli("fleet", "audit", "device", RES, "dev-0", "-o", "json", *dsn, check=True)
-    union = json.loads(fleet.stdout)
-    assert [(a["node"], a["log_id"]) for a in union] == [(n, f"log-{n}") for n in sorted(NODES)]
-    for a in union:
-        node = run_cli("audit", "device", RES, "dev-0", "-o", "json", root=roots[a["node"]], check=True)
-        assert {k: v for k, v in a.items() if k not in ("node", "log_id")} == json.loads(node.stdout)
-    one = run_cli("fleet", "audit", "pod", "default/web", "--node", "node-b", "-o", "json", *dsn, check=True)
-    node = run_cli("audit", "pod", "default/web", "-o", "json", root=roots["node-b"], check=True)
-    assert json.loads(one.stdout) == [{"node": "node-b", "log_id": "log-node-b", **json.loads(node.stdout)}]
-    table = run_cli("fleet", "audit", "device", RES, "dev-0", "--node", "node-c", *dsn, check=True).stdout
-    node_table = run_cli("audit", "device", RES, "dev-0", root=roots["node-c"], check=True).stdout
+def test_fleet_audit_prints_each_nodes_answer_with_its_node(dsn: str, roots: dict[str, Path]) -> None:
+    """The command: JSON, the nodes' answers as the node prints each (``audit_render``: its JSON
+    and its lines) with its node first; ``--node``; nothing found is one line."""
+    ship(dsn, roots, seed=5)
+    pg = ("--postgres", dsn)
+    union = json.loads(run_cli("fleet", "audit", "device", RES, "dev-0", "-o", "json", *pg, check=True).stdout)
+    assert [(a.pop("node"), a.pop("log_id")) for a in union] == [(n, f"log-{n}") for n in sorted(NODES)]
+    f = {"resource": RES, "device_id": "dev-0"}
+    assert union == [json.loads(nodes_answer(roots[n], "device", f)) for n in sorted(NODES)]
+    table = run_cli("fleet", "audit", "device", RES, "dev-0", "--node", "node-c", *pg, check=True).stdout
+    with EventLog(Layout(roots["node-c"]).log, readonly=True) as log:
+        node_table = text_lines(device_lines(audit_queries.device_timeline(log, RES, "dev-0"))) + "\n"
     assert table == "node node-c (log log-node-c)\n" + node_table
-    for missing in (("device", RES, "dev-9"), ("pod", "uid-a", "--node", "node-b")):
-        proc = run_cli("fleet", "audit", *missing, *dsn)
-        assert proc.returncode == 1 and "Traceback" not in proc.stderr
-        assert proc.stderr.strip().splitlines() == [
-            "eventsrc: error: no device dev-9 of example.com/dev on any node"
-            if missing[0] == "device"
-            else "eventsrc: error: no pod with uid uid-a on node node-b"
-        ]
+    proc = run_cli("fleet", "audit", "pod", "uid-a", "--node", "node-b", *pg)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.splitlines() == ["eventsrc: error: no pod with uid uid-a on node node-b"]
+    with pytest.raises(audit_queries.NotInLogError, match="^no device dev-9 of example.com/dev on any node$"):
+        ask(dsn, "device", resource=RES, device_id="dev-9")
 
 
-def test_nul_and_backslash_are_stored_and_answered_exactly(
-    postgres_server: PostgresServer, roots: dict[str, Path]
-) -> None:
+def test_nul_and_backslash_are_stored_and_answered_exactly(dsn: str, roots: dict[str, Path]) -> None:
     for text in ("", "a", "\0", "\\", "\\0", "a\\\0b\\\\0", "\0\0\\"):
         assert from_pg_text(pg_text(text)) == text and "\0" not in pg_text(text)
-    ship(postgres_server.dsn, roots, seed=9)
+    ship(dsn, roots, seed=9)
     every: dict[str, list[ev.Record]] = {}
     for node, root in roots.items():
         with EventLog(Layout(root).log, readonly=True) as log:
             every[node] = [r for r in log.records() if isinstance(r, ev.Record)]
     recs = every["node-a"]
     added = next(r for r in recs if isinstance(r.event, ev.DevicesAdded) and r.event.devices[0].id == NUL_DEVICE)
-    with psycopg.connect(postgres_server.dsn) as conn:
+    with psycopg.connect(dsn) as conn:
         row = conn.execute(
             "SELECT record, record_escaped, data FROM records WHERE node = 'node-a' AND seq = %s", (added.seq,)
         ).fetchone()
@@ -283,7 +297,7 @@ def test_nul_and_backslash_are_stored_and_answered_exactly(
     assert fleet == node_usage and {NUL_DEVICE, SLASH_DEVICE} <= {r.group[1] for r in fleet}
     for device in (NUL_DEVICE, SLASH_DEVICE):
         f = {"resource": RES, "device_id": device}
-        assert ask(postgres_server.dsn, "device", **f)["node-a"] == nodes_answer(roots["node-a"], "device", f)
+        assert ask(dsn, "device", **f)["node-a"] == nodes_answer(roots["node-a"], "device", f)
 
 
 def v1_database(dsn: str, node: str, log_id: str, records: list[tuple[int, bytes]]) -> None:
@@ -321,7 +335,7 @@ def v1_database(dsn: str, node: str, log_id: str, records: list[tuple[int, bytes
         )
 
 
-def test_a_version_1_database_migrates_and_goes_on(tmp_path: Path, postgres_server: PostgresServer) -> None:
+def test_a_version_1_database_migrates_and_goes_on(tmp_path: Path, dsn: str) -> None:
     """A claim prepared before the migration is unprepared after it; a device id with a backslash
     held before it keeps its name; the index covers the records of both sides."""
     held = [
@@ -337,8 +351,8 @@ def test_a_version_1_database_migrates_and_goes_on(tmp_path: Path, postgres_serv
     records = raw(root)
     prepared = next(s for s, v in records if decode_record(s, v).type == "ClaimPrepared")
     before = [(s, v) for s, v in records if s <= prepared]
-    v1_database(postgres_server.dsn, "node-v", "log-v", before)
-    with psycopg.connect(postgres_server.dsn, autocommit=True) as conn:
+    v1_database(dsn, "node-v", "log-v", before)
+    with psycopg.connect(dsn, autocommit=True) as conn:
         assert migrate(conn) == 1
         assert conn.execute("SELECT version FROM eventsrc_schema").fetchall() == [(len(MIGRATIONS),)]
         assert conn.execute("SELECT device FROM holds").fetchall() == [(pg_text(SLASH_DEVICE),)]
@@ -350,25 +364,23 @@ def test_a_version_1_database_migrates_and_goes_on(tmp_path: Path, postgres_serv
         usage = usage_totals(conn, "pod", Window(0, until), frozenset())
     assert applied == (records[-1][0],)
     assert usage == totals(intervals((r.ts_ns, r.event) for r in recs), "pod", Window(0, until))
-    index, preps = fleet_rows(postgres_server.dsn, "node-v")
+    index, preps = fleet_rows(dsn, "node-v")
     assert index == node_index(root)
     assert sorted(tuple(r) for r in preps) == expected_preparations(root)
     assert [p[7] for p in preps] == [next(s for s, v in records if decode_record(s, v).type == "ClaimUnprepared")]
     f = {"resource": RES, "device_id": SLASH_DEVICE}
-    assert ask(postgres_server.dsn, "device", **f) == {"node-v": nodes_answer(root, "device", f)}
+    assert ask(dsn, "device", **f) == {"node-v": nodes_answer(root, "device", f)}
 
 
-def test_records_never_shipped_are_named_in_the_answer(postgres_server: PostgresServer, roots: dict[str, Path]) -> None:
+def test_records_never_shipped_are_named_in_the_answer(dsn: str, roots: dict[str, Path]) -> None:
     """A log whose first records a retention cut took before they were shipped: each node's
     answer says which records the fleet lacks, in JSON (``log``) and in the table."""
     records = raw(roots["node-c"])
-    with psycopg.connect(postgres_server.dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True) as conn:
         migrate(conn)
         for seq, value in records[3:]:
             store(conn, "node-c", "log-c", seq, 0 if seq == 4 else seq - 1, value)
-    (answer,) = json.loads(
-        run_cli("fleet", "audit", "pod", "uid-a", "-o", "json", "--postgres", postgres_server.dsn, check=True).stdout
-    )
+    answer = json.loads(ask(dsn, "pod", pod="uid-a")["node-c"])
     assert answer["log"] == {
         "first_seq": 4,
         "live_first_seq": 4,
@@ -376,5 +388,5 @@ def test_records_never_shipped_are_named_in_the_answer(postgres_server: Postgres
         "live_only": False,
         "missing": ["records 1..3 (never shipped)"],
     }
-    table = run_cli("fleet", "audit", "pod", "uid-a", "--postgres", postgres_server.dsn, check=True).stdout
+    table = run_cli("fleet", "audit", "pod", "uid-a", "--postgres", dsn, check=True).stdout
     assert table.splitlines()[2] == "the fleet lacks records 1..3 (never shipped)"
