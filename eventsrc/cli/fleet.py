@@ -1,6 +1,6 @@
 """``eventsrc fleet``: the fleet's records in PostgreSQL (docs/fleet.md): ``sink`` writes them
 from the JetStream stream the nodes ship to; ``usage`` answers as ``audit usage`` does, for
-every node at once."""
+every node at once; ``audit device|pod|claim`` gives each node's own ``audit`` answer."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         "fleet",
         help="the fleet's history in PostgreSQL: the sink from NATS JetStream, and queries",
         description="Every node's log, shipped by 'serve --fleet-nats' to a NATS JetStream stream, written into "
-        "PostgreSQL by 'fleet sink' and asked by 'fleet usage' (docs/fleet.md).",
+        "PostgreSQL by 'fleet sink' and asked by 'fleet usage' and 'fleet audit' (docs/fleet.md).",
     )
     fsub = p.add_subparsers(dest="what", metavar="WHAT", required=True)
     s = fsub.add_parser(
@@ -49,6 +49,47 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
     u.add_argument("--until", default=None, metavar="TIME", help="up to TIME (RFC 3339; default now)")
     add_output(u, ("table", "json", "csv"))
     u.set_defaults(func=usage)
+    _add_audit(fsub)
+
+
+def _add_audit(fsub: Any) -> None:
+    a = fsub.add_parser(
+        "audit",
+        help="who held a device and when, a pod's or a claim's history, on every node ('audit', from PostgreSQL)",
+        description="Each node's own answer to 'eventsrc audit device|pod|claim', made by the node's code from "
+        "the records the sink stored (their index is kept by the sink): one answer per node (and log) that has "
+        "the device, pod or claim, each naming its node. JSON: an array of the node's answers, each with "
+        "'node' and 'log_id' first. Nothing found is one line on stderr and exit 1.",
+    )
+    asub = a.add_subparsers(dest="audit", metavar="WHAT", required=True)
+    d = asub.add_parser(
+        "device",
+        help="a device's timeline on each node that has it: health changes and every holder",
+        description="As 'eventsrc audit device' on each node that has the device (a device id is a node's "
+        "own: each node's answer is its own). A SEQ in --since/--until is each node's own sequence.",
+    )
+    d.add_argument("resource", metavar="RESOURCE", help="the extended resource name, e.g. example.com/gpu")
+    d.add_argument("device_id", metavar="DEVICE_ID", help="the device id as its plugin lists it")
+    d.add_argument("--since", default=None, metavar="SEQ|TIME", help="from record SEQ, or from TIME (RFC 3339)")
+    d.add_argument("--until", default=None, metavar="SEQ|TIME", help="up to record SEQ, or up to TIME (RFC 3339)")
+    p = asub.add_parser(
+        "pod",
+        help="everything a pod asked for, got, was refused and released, on each node it was on",
+        description="As 'eventsrc audit pod' on each node whose records name the pod. NAMESPACE/NAME names, on "
+        "each node, the newest pod with that name there (each answer says which uid).",
+    )
+    p.add_argument("pod", metavar="UID|NAMESPACE/NAME")
+    c = asub.add_parser(
+        "claim",
+        help="a DRA claim's prepare/unprepare lifecycle, pods, CDI devices and errors, on each node",
+        description="As 'eventsrc audit claim' on each node whose records name the claim.",
+    )
+    c.add_argument("claim", metavar="UID")
+    for q in (d, p, c):
+        q.add_argument("--node", default="", metavar="NAME", help="only this node's answer")
+        q.add_argument("--postgres", default="", metavar="DSN", help=POSTGRES_HELP)
+        add_output(q)
+        q.set_defaults(func=audit)
 
 
 def _connect(dsn: str) -> psycopg.Connection[Any]:
@@ -89,4 +130,44 @@ def usage(args: argparse.Namespace) -> int:
         except psycopg.errors.UndefinedTable:
             raise EventsrcError("this database has no fleet tables: 'eventsrc fleet sink' makes them") from None
     render(rows, args.by, w, args.output, sys.stdout)
+    return 0
+
+
+def audit(args: argparse.Namespace) -> int:
+    """fleet audit device|pod|claim: each node's answer, printed as the node prints it."""
+    import msgspec
+
+    from eventsrc.fleet.fleet_audit import answers
+    from eventsrc.offline import audit_render
+    from eventsrc.offline.audit_queries import DeviceTimeline, PodHistory
+    from eventsrc.offline.render import text_lines
+
+    with _connect(args.postgres) as conn:
+        found = answers(conn, args.audit, args)
+    if args.output == "json":
+        out = [{"node": a.node, "log_id": a.log_id, **msgspec.to_builtins(a.answer)} for a in found]
+        sys.stdout.buffer.write(msgspec.json.encode(out) + b"\n")
+    else:
+        lines: list[str] = []
+        for a in found:
+            answer = a.answer
+            if isinstance(answer, DeviceTimeline):
+                body = audit_render.device_lines(answer)
+            elif isinstance(answer, PodHistory):
+                body = audit_render.pod_lines(answer)
+            else:
+                body = audit_render.claim_lines(answer)
+            if answer.log is not None:
+                body.insert(1, "the fleet lacks " + "; ".join(answer.log.missing))
+            lines += [*([""] if lines else []), f"node {a.node} (log {a.log_id})", *body]
+        sys.stdout.write(text_lines(lines) + "\n")
+    sys.stdout.flush()
+    corrupt = sorted({s for a in found for s in a.answer.corrupt})
+    if corrupt:
+        seqs = ", ".join(str(s) for s in corrupt)
+        print(
+            f"eventsrc: error: corrupt record(s) at sequence {seqs}; the answer holds every other record",
+            file=sys.stderr,
+        )
+        return 1
     return 0

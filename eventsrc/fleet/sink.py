@@ -4,24 +4,26 @@
                          thread
       migrate()          the schema, versioned (``MIGRATIONS``), under a lock so that
                          several sinks starting at once migrate it once
-      a durable pull consumer shared by every sink (explicit acknowledgement); each
-      message, in one transaction (``store``), then acknowledged:
+      a durable pull consumer shared by every sink (explicit acknowledgement); the messages
+      of each fetch, in one transaction (``store_many``), then each acknowledged:
         records          the record, once: (node, log id, seq) is its key
-        holds            the node's intervals, made in the node's log order: under a row
-                         lock on the node's log (``node_logs``: the sequence applied so far
-                         and the ``chargeback.Tracker``'s state), the records that follow
-                         the applied sequence without a gap are fed to the Tracker, and each
-                         hold it starts or ends is a row inserted or closed
+        derived rows     made in the node's log order: under a row lock on the node's log
+                         (``node_logs``: the sequence applied so far and the trackers'
+                         state), the records that follow the applied sequence without a gap
+                         are fed to the node's own pure code: ``chargeback.Tracker`` (the
+                         holds), ``log.index.keys_for`` (the audit index ``fleet audit``
+                         reads, ``fleet_audit``) and ``claim_preparations.Preparations``
 
 A redelivered or replayed message changes nothing (the record is there; the sequence is
 applied); a message ahead of a gap waits in ``records`` until the gap is filled, by whichever
 sink stores the missing one. So the rows are the same whatever the sinks and the order.
+PostgreSQL's text cannot hold U+0000: ``pg_text`` is how the derived rows' text holds it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import msgspec
 import nats
@@ -32,9 +34,11 @@ import trio_asyncio
 from psycopg.types.json import Jsonb
 
 from eventsrc.core.chargeback import Change, Hold, Row, Tracker, UsageState, Window, totals
+from eventsrc.core.claim_preparations import PreparationChange, Preparations, PreparationsState
 from eventsrc.core.fleet_names import DEFAULT_PREFIX, DEFAULT_STREAM, shipped
 from eventsrc.errors import EventsrcError
 from eventsrc.events import CorruptRecordError, decode_record
+from eventsrc.log.index import keys_for
 from eventsrc.node.shipper import FAILURES, connect, ensure_stream
 from eventsrc.obs.logger import get_logger
 from eventsrc.offline.render import record_json
@@ -46,9 +50,8 @@ DURABLE = "eventsrc-sink"
 BATCH = 256
 FETCH_WAIT = 1.0
 
-#: MIGRATIONS[v] takes the schema from version v to v + 1 (docs/fleet.md)
-MIGRATIONS: tuple[str, ...] = (
-    """
+#: The first schema: the records, the node logs and the holds.
+_V1 = """
     CREATE TABLE records (
         node text NOT NULL,
         log_id text NOT NULL,
@@ -83,8 +86,54 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX holds_open ON holds (node, log_id, resource, device) WHERE end_ns IS NULL;
     CREATE INDEX holds_by_device ON holds (resource, device, start_ns);
     CREATE INDEX holds_by_pod ON holds (uid, start_ns);
-    """,
-)
+    """
+
+#: Version 2: the node's audit index and the claim preparations (made from the records already
+#: applied by ``_backfill``), the escape of U+0000 (docs/fleet.md "U+0000"), the records a node
+#: never shipped.
+_V2 = r"""
+    CREATE TABLE audit_index (
+        key bytea NOT NULL,
+        node text NOT NULL,
+        log_id text NOT NULL,
+        seq bigint NOT NULL,
+        PRIMARY KEY (key, node, log_id, seq)
+    );
+    CREATE TABLE claim_preparations (
+        node text NOT NULL,
+        log_id text NOT NULL,
+        claim_uid text NOT NULL,
+        namespace text NOT NULL,
+        name text NOT NULL,
+        driver text NOT NULL,
+        pods text[] NOT NULL,
+        start_seq bigint NOT NULL,
+        start_ns bigint NOT NULL,
+        end_seq bigint,
+        end_ns bigint,
+        PRIMARY KEY (node, log_id, start_seq, claim_uid)
+    );
+    CREATE INDEX claim_preparations_by_claim ON claim_preparations (claim_uid, start_ns);
+    CREATE INDEX claim_preparations_by_driver ON claim_preparations (driver, start_ns);
+    CREATE INDEX claim_preparations_by_pod ON claim_preparations USING gin (pods);
+    CREATE INDEX records_skips ON records (node, log_id, seq) WHERE follows <> seq - 1;
+    ALTER TABLE node_logs ADD COLUMN preparations bytea;
+    ALTER TABLE records ADD COLUMN record_escaped boolean NOT NULL DEFAULT false;
+    UPDATE holds SET resource = replace(resource, '\', '\\'), device = replace(device, '\', '\\'),
+        namespace = replace(namespace, '\', '\\'), name = replace(name, '\', '\\'), uid = replace(uid, '\', '\\')
+        WHERE strpos(resource || device || namespace || name || uid, '\') > 0;
+    """
+
+
+def _to_v2(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(_V2)
+    for node, log_id, applied in conn.execute("SELECT node, log_id, applied_seq FROM node_logs").fetchall():
+        _backfill(conn, node, log_id, applied)
+
+
+#: MIGRATIONS[v] takes the schema from version v to v + 1 (docs/fleet.md): SQL, or a function
+#: that runs in the migration's transaction
+MIGRATIONS: tuple[str | Callable[[psycopg.Connection[Any]], None], ...] = (_V1, _to_v2)
 SCHEMA_VERSION = len(MIGRATIONS)
 MIGRATION_LOCK = 0x65766E74  # the advisory lock migrations take ("evnt")
 
@@ -104,67 +153,238 @@ def migrate(conn: psycopg.Connection[Any]) -> int:
                 f"the database's eventsrc schema is version {had}, newer than this sink's {SCHEMA_VERSION}"
             )
         for version in range(had, SCHEMA_VERSION):
-            conn.execute(MIGRATIONS[version])
+            step = MIGRATIONS[version]
+            if isinstance(step, str):
+                conn.execute(step)
+            else:
+                step(conn)
         conn.execute("UPDATE eventsrc_schema SET version = %s", (SCHEMA_VERSION,))
     return had
 
 
 _state = msgspec.msgpack.Encoder()
 _state_of = msgspec.msgpack.Decoder(UsageState)
+_preparations_of = msgspec.msgpack.Decoder(PreparationsState)
+
+
+# --------------------------------------------------------------------------- U+0000
+
+
+def pg_text(value: str) -> str:
+    """``value`` as the derived tables' text columns hold it: PostgreSQL's text cannot hold
+    U+0000, so "\\" is written "\\\\" and U+0000 "\\0" (``from_pg_text`` undoes it)."""
+    if "\\" not in value and "\0" not in value:
+        return value
+    return value.replace("\\", "\\\\").replace("\0", "\\0")
+
+
+def from_pg_text(value: str) -> str:
+    if "\\" not in value:
+        return value
+    out, i = [], 0
+    while i < len(value):
+        ch = value[i]
+        if ch == "\\" and i + 1 < len(value):
+            out.append("\0" if value[i + 1] == "0" else value[i + 1])
+            i += 2
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\0" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def escape_json(value: Any) -> Any:
+    """Every string of ``value`` (keys too) through ``pg_text``: a record's jsonb when it holds
+    U+0000, which jsonb cannot hold (``records.record_escaped``)."""
+    if isinstance(value, str):
+        return pg_text(value)
+    if isinstance(value, dict):
+        return {pg_text(k): escape_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [escape_json(v) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class Shipped(NamedTuple):
+    """One shipped record as a message carries it."""
+
+    node: str
+    log_id: str
+    seq: int
+    follows: int  # the record shipped before it on the node's subject
+    data: bytes
 
 
 def store(conn: psycopg.Connection[Any], node: str, log_id: str, seq: int, follows: int, data: bytes) -> None:
-    """One shipped record, in one transaction: stored once, and the node's holds made up to
-    the first gap: the records from the applied one on, each following the one before
-    (``follows``: the record shipped before it on the node's subject)."""
+    """One shipped record, in one transaction (``store_many``)."""
+    store_many(conn, [Shipped(node, log_id, seq, follows, data)])
+
+
+def store_many(conn: psycopg.Connection[Any], messages: Sequence[Shipped]) -> None:
+    """Shipped records, in one transaction: each stored once, and each node's derived rows made
+    up to its first gap: the records from the applied one on, each following the one before.
+
+    Node logs are taken in (node, log id) order and their records in sequence order, so every
+    sink takes its locks (a record's key, a ``node_logs`` row) in one order, and two sinks
+    storing the same messages never wait for each other in a cycle."""
+    by_log: dict[tuple[str, str], list[Shipped]] = {}
+    for m in messages:
+        by_log.setdefault((m.node, m.log_id), []).append(m)
     with conn.transaction():
-        _insert_record(conn, node, log_id, seq, follows, data)
-        conn.execute("INSERT INTO node_logs (node, log_id) VALUES (%s, %s) ON CONFLICT DO NOTHING", (node, log_id))
-        applied, state = conn.execute(
-            "SELECT applied_seq, tracker FROM node_logs WHERE node = %s AND log_id = %s FOR UPDATE", (node, log_id)
-        ).fetchone() or (0, None)
-        tracker = Tracker(_state_of.decode(state) if state else None)
-        following = conn.execute(
-            "SELECT seq, follows, data FROM records WHERE node = %s AND log_id = %s AND seq > %s ORDER BY seq",
+        for (node, log_id), part in sorted(by_log.items()):
+            for m in sorted(part, key=lambda m: m.seq):
+                _insert_record(conn, node, log_id, m.seq, m.follows, m.data)
+            _apply_following(conn, node, log_id)
+
+
+def _apply_following(conn: psycopg.Connection[Any], node: str, log_id: str) -> None:
+    """Under the lock on the node log's row: the stored records that follow its applied one."""
+    conn.execute("INSERT INTO node_logs (node, log_id) VALUES (%s, %s) ON CONFLICT DO NOTHING", (node, log_id))
+    applied, state, prepared = conn.execute(
+        "SELECT applied_seq, tracker, preparations FROM node_logs WHERE node = %s AND log_id = %s FOR UPDATE",
+        (node, log_id),
+    ).fetchone() or (0, None, None)
+    following = conn.execute(
+        "SELECT seq, follows, data FROM records WHERE node = %s AND log_id = %s AND seq > %s ORDER BY seq",
+        (node, log_id, applied),
+    ).fetchall()
+    chain: list[tuple[int, bytes]] = []
+    for next_seq, next_follows, next_data in following:
+        if next_follows != (chain[-1][0] if chain else applied):
+            break  # a gap: the records after it wait for it
+        chain.append((next_seq, bytes(next_data)))
+    if chain:
+        _apply(conn, node, log_id, chain, state, prepared)
+
+
+def _apply(
+    conn: psycopg.Connection[Any],
+    node: str,
+    log_id: str,
+    chain: list[tuple[int, bytes]],
+    state: bytes | None,
+    prepared: bytes | None,
+) -> None:
+    """The rows ``chain`` (the node's next records, in order) makes, then the applied sequence
+    and the trackers' state."""
+    tracker = Tracker(_state_of.decode(state) if state else None)
+    preparations = Preparations(_preparations_of.decode(prepared) if prepared else None)
+    _feed(conn, node, log_id, chain, tracker, preparations)
+    conn.execute(
+        "UPDATE node_logs SET applied_seq = %s, tracker = %s, preparations = %s WHERE node = %s AND log_id = %s",
+        (chain[-1][0], _state.encode(tracker.state), _state.encode(preparations.state), node, log_id),
+    )
+
+
+def _feed(
+    conn: psycopg.Connection[Any],
+    node: str,
+    log_id: str,
+    chain: list[tuple[int, bytes]],
+    tracker: Tracker | None,
+    preparations: Preparations,
+) -> None:
+    """Feed ``chain`` to the node's own pure code: the index keys (``log.index.keys_for``), the
+    usage ``Tracker`` (holds; None: not these) and ``Preparations`` (claim preparations)."""
+    keys: list[tuple[bytes, str, str, int]] = []
+    for seq, data in chain:
+        try:
+            record = decode_record(seq, data)
+        except CorruptRecordError:
+            continue  # named corrupt in records; it changes nothing derived (as on the node)
+        keys += [(key, node, log_id, seq) for key in dict.fromkeys(keys_for(record.event))]
+        for hold, end_ns in tracker.feed(record.ts_ns, record.event) if tracker is not None else ():
+            _hold(conn, node, log_id, hold, end_ns)
+        for change in preparations.feed(seq, record.ts_ns, record.event):
+            _preparation(conn, node, log_id, change)
+    if keys:
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO audit_index (key, node, log_id, seq) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING", keys
+            )
+
+
+def _hold(conn: psycopg.Connection[Any], node: str, log_id: str, hold: Hold, end_ns: int | None) -> None:
+    resource, device, uid = pg_text(hold.resource), pg_text(hold.device), pg_text(hold.uid)
+    if end_ns is not None:  # one of the open rows alike (two containers may hold alike)
+        conn.execute(
+            "UPDATE holds SET end_ns = %s WHERE id = (SELECT id FROM holds WHERE node = %s "
+            "AND log_id = %s AND resource = %s AND device = %s AND uid = %s AND start_ns = %s "
+            "AND end_ns IS NULL ORDER BY id LIMIT 1)",
+            (end_ns, node, log_id, resource, device, uid, hold.start_ns),
+        )
+        return
+    conn.execute(
+        "INSERT INTO holds (node, log_id, resource, device, namespace, name, uid, start_ns, end_ns) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, NULL)",
+        (node, log_id, resource, device, pg_text(hold.namespace), pg_text(hold.name), uid, hold.start_ns),
+    )
+
+
+def _preparation(conn: psycopg.Connection[Any], node: str, log_id: str, change: PreparationChange) -> None:
+    p = change.preparation
+    conn.execute(
+        "INSERT INTO claim_preparations (node, log_id, claim_uid, namespace, name, driver, pods, start_seq, "
+        "start_ns, end_seq, end_ns) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+        "ON CONFLICT (node, log_id, start_seq, claim_uid) DO UPDATE SET namespace = EXCLUDED.namespace, "
+        "name = EXCLUDED.name, driver = EXCLUDED.driver, pods = EXCLUDED.pods, end_seq = EXCLUDED.end_seq, "
+        "end_ns = EXCLUDED.end_ns",
+        (
+            node,
+            log_id,
+            pg_text(p.claim_uid),
+            pg_text(p.namespace),
+            pg_text(p.name),
+            pg_text(p.driver),
+            [pg_text(u) for u in p.pods],
+            p.start_seq,
+            p.start_ns,
+            change.end_seq,
+            change.end_ns,
+        ),
+    )
+
+
+def _backfill(conn: psycopg.Connection[Any], node: str, log_id: str, applied: int) -> None:
+    """The rows of version 2 for the records a version 1 sink applied: the chain that ends at
+    the applied sequence (each record names the one it follows), fed in order."""
+    if applied == 0:
+        return
+    follows = dict(
+        conn.execute(
+            "SELECT seq, follows FROM records WHERE node = %s AND log_id = %s AND seq <= %s",
             (node, log_id, applied),
         ).fetchall()
-        for next_seq, next_follows, next_data in following:
-            if next_follows != applied:
-                break  # a gap: the records after it wait for it
-            try:
-                record = decode_record(next_seq, bytes(next_data))
-            except CorruptRecordError:
-                pass  # named corrupt in records; it changes no hold (as on the node)
-            else:
-                for hold, end_ns in tracker.feed(record.ts_ns, record.event):
-                    if end_ns is not None:  # one of the open rows alike (two containers may hold alike)
-                        conn.execute(
-                            "UPDATE holds SET end_ns = %s WHERE id = (SELECT id FROM holds WHERE node = %s "
-                            "AND log_id = %s AND resource = %s AND device = %s AND uid = %s AND start_ns = %s "
-                            "AND end_ns IS NULL ORDER BY id LIMIT 1)",
-                            (end_ns, node, log_id, hold.resource, hold.device, hold.uid, hold.start_ns),
-                        )
-                        continue
-                    conn.execute(
-                        "INSERT INTO holds (node, log_id, resource, device, namespace, name, uid, start_ns, end_ns) "
-                        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                        (
-                            node,
-                            log_id,
-                            hold.resource,
-                            hold.device,
-                            hold.namespace,
-                            hold.name,
-                            hold.uid,
-                            hold.start_ns,
-                            end_ns,
-                        ),
-                    )
-            applied = next_seq
-        conn.execute(
-            "UPDATE node_logs SET applied_seq = %s, tracker = %s WHERE node = %s AND log_id = %s",
-            (applied, _state.encode(tracker.state), node, log_id),
-        )
+    )
+    chain, seq = [], applied
+    while seq:
+        chain.append(seq)
+        seq = follows[seq]
+    chain.reverse()
+    preparations = Preparations()
+    for start in range(0, len(chain), BATCH):
+        rows = conn.execute(
+            "SELECT seq, data FROM records WHERE node = %s AND log_id = %s AND seq = ANY(%s) ORDER BY seq",
+            (node, log_id, chain[start : start + BATCH]),
+        ).fetchall()
+        _feed(conn, node, log_id, [(seq, bytes(data)) for seq, data in rows], None, preparations)
+    conn.execute(
+        "UPDATE node_logs SET preparations = %s WHERE node = %s AND log_id = %s",
+        (_state.encode(preparations.state), node, log_id),
+    )
 
 
 def _insert_record(conn: psycopg.Connection[Any], node: str, log_id: str, seq: int, follows: int, data: bytes) -> None:
@@ -175,10 +395,22 @@ def _insert_record(conn: psycopg.Connection[Any], node: str, log_id: str, seq: i
         kind, ts_ns = "", 0
     else:
         fields, kind, ts_ns = record_json(record), record.type, record.ts_ns
+    escaped = _has_nul(fields)
     conn.execute(
-        "INSERT INTO records (node, log_id, seq, follows, type, ts_ns, ts, record, data) "
-        "VALUES (%s, %s, %s, %s, %s, %s, to_timestamp(%s::numeric / 1000000), %s, %s) ON CONFLICT DO NOTHING",
-        (node, log_id, seq, follows, kind, ts_ns, ts_ns // 1000, Jsonb(fields), data),
+        "INSERT INTO records (node, log_id, seq, follows, type, ts_ns, ts, record, record_escaped, data) "
+        "VALUES (%s, %s, %s, %s, %s, %s, to_timestamp(%s::numeric / 1000000), %s, %s, %s) ON CONFLICT DO NOTHING",
+        (
+            node,
+            log_id,
+            seq,
+            follows,
+            kind,
+            ts_ns,
+            ts_ns // 1000,
+            Jsonb(escape_json(fields) if escaped else fields),
+            escaped,
+            data,
+        ),
     )
 
 
@@ -231,14 +463,18 @@ async def _consume(
                 messages = await to_aio(sub.fetch)(BATCH, timeout=FETCH_WAIT)
             except nats.errors.TimeoutError:
                 continue
+            records, stored = [], []
             for m in messages:
                 what = shipped(m.headers or {})
                 if what is None:  # not a shipper's: never stored, never delivered again
                     log.warning("a message that is no shipped record was dropped", subject=m.subject)
                     await to_aio(m.term)()
                     continue
-                node = what.node
-                await trio.to_thread.run_sync(store, conn, node.name, node.log_id, what.seq, what.follows, m.data)
+                records.append(Shipped(what.node.name, what.node.log_id, what.seq, what.follows, m.data))
+                stored.append(m)
+            if records:
+                await trio.to_thread.run_sync(store_many, conn, records)  # one transaction for the fetch
+            for m in stored:  # each after the commit: a crash before redelivers what then changes nothing
                 await to_aio(m.ack)()
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(5):
@@ -263,7 +499,8 @@ def usage_totals(conn: psycopg.Connection[Any], by: str, w: Window, resources: f
     params.append(w.since_ns)
     if resources:
         query += " AND resource = ANY(%s)"
-        params.append(sorted(resources))
+        params.append(sorted(pg_text(r) for r in resources))
     rows = conn.execute(query, params).fetchall()
-    changes = [Change(Hold(r, d, ns, name, uid, start), end) for r, d, ns, name, uid, start, end in rows]
+    u = from_pg_text
+    changes = [Change(Hold(u(r), u(d), u(ns), u(name), u(uid), start), end) for r, d, ns, name, uid, start, end in rows]
     return totals(changes, by, w, resources)

@@ -1,5 +1,6 @@
 """A node ships to a real nats-server, ``eventsrc fleet sink`` writes into a real PostgreSQL, and
-``eventsrc fleet usage`` answers exactly as the node's own ``audit usage`` does."""
+``eventsrc fleet usage`` and ``fleet audit pod`` answer exactly as the node's own ``audit usage`` and
+``audit pod`` do."""
 
 from __future__ import annotations
 
@@ -89,6 +90,12 @@ def test_the_fleets_usage_is_the_nodes_own(
             )
             assert json.loads(fleet.stdout) == json.loads(node.stdout), by
             assert json.loads(node.stdout), by  # something to compare: exclusive CPUs were held
+        for pod in ("uid-a", "team-3/b"):  # one removed, one still holding its CPUs
+            node = run_cli("audit", "pod", pod, "-o", "json", root=root, check=True)
+            fleet = run_cli("fleet", "audit", "pod", pod, "-o", "json", "--postgres", postgres_server.dsn, check=True)
+            (answer,) = json.loads(fleet.stdout)
+            assert answer.pop("node") == "node-a" and answer.pop("log_id")
+            assert answer == json.loads(node.stdout), pod
         with psycopg.connect(postgres_server.dsn) as conn:
             seqs = [r[0] for r in conn.execute("SELECT seq FROM records WHERE node = 'node-a' ORDER BY seq")]
             applied = conn.execute("SELECT applied_seq FROM node_logs WHERE node = 'node-a'").fetchone()

@@ -11,7 +11,7 @@ import psycopg
 from eventsrc import events as ev
 from eventsrc.core.chargeback import intervals
 from eventsrc.events import encode_payload
-from eventsrc.fleet.sink import SCHEMA_VERSION, migrate, store
+from eventsrc.fleet.sink import SCHEMA_VERSION, Shipped, migrate, store, store_many
 from tests.support.postgres import PostgresServer
 
 POD = ev.PodRef(uid="u1", namespace="ml", name="train")
@@ -116,3 +116,48 @@ def test_sinks_starting_together_make_the_schema_once(postgres_server: PostgresS
     assert failures == []
     with psycopg.connect(postgres_server.dsn) as conn:
         assert conn.execute("SELECT version FROM eventsrc_schema").fetchall() == [(SCHEMA_VERSION,)]
+
+
+def test_two_sinks_storing_batches_at_once_make_the_same_rows(postgres_server: PostgresServer) -> None:
+    """Each sink stores a fetch in one transaction (``store_many``); two at once, with the same
+    messages of two nodes in other orders and batches, never deadlock and make the rows one
+    sink makes record by record."""
+    log = node_log()
+    messages = [
+        Shipped(node, "log-1", seq, seq - 1, encode_payload(e, ts, f"c{seq}"))
+        for node in ("n1", "n2")
+        for seq, ts, e in log
+    ]
+    failures: list[BaseException] = []
+
+    def sink(seed: int) -> None:
+        order = random.Random(seed).sample(messages, len(messages))
+        try:
+            with psycopg.connect(postgres_server.dsn, autocommit=True) as conn:
+                for start in range(0, len(order), 7):
+                    store_many(conn, order[start : start + 7])
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            failures.append(exc)
+
+    with psycopg.connect(postgres_server.dsn, autocommit=True) as conn:
+        migrate(conn)
+    threads = [threading.Thread(target=sink, args=(seed,)) for seed in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    want = sorted(
+        (
+            (c.hold.resource, c.hold.device, c.hold.uid, c.hold.start_ns, c.end_ns)
+            for c in intervals((ts, e) for _, ts, e in log)
+        ),
+        key=open_first,
+    )
+    with psycopg.connect(postgres_server.dsn) as conn:
+        for node in ("n1", "n2"):
+            rows = conn.execute(
+                "SELECT resource, device, uid, start_ns, end_ns FROM holds WHERE node = %s", (node,)
+            ).fetchall()
+            assert sorted(rows, key=open_first) == want, node
+            assert conn.execute("SELECT count(*) FROM records WHERE node = %s", (node,)).fetchone() == (len(log),)

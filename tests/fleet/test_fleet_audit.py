@@ -1,0 +1,392 @@
+"""``eventsrc fleet audit`` against a real PostgreSQL: for every device, pod and claim of three
+node logs, each node's answer from the fleet equals the node's own ``audit`` answer on the same
+log, exactly; the fleet's answer is their union, one per node, and ``--node`` keeps one. The
+sink's version 2 rows (the audit index, claim preparations) are the same whatever the delivery
+order and however often, a version 1 database migrates and goes on, and U+0000 is stored.
+
+Logs are written with EventLog.append, as the daemon writes them; the sink's rows are made by
+``store`` from the log's own bytes, as a shipped message carries them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from eventsrc import events as ev
+from eventsrc.core.chargeback import Tracker, Window, intervals, totals
+from eventsrc.core.claim_preparations import preparations
+from eventsrc.events import decode_record
+from eventsrc.fleet.fleet_audit import answers
+from eventsrc.fleet.sink import MIGRATIONS, escape_json, from_pg_text, migrate, pg_text, store, usage_totals
+from eventsrc.layout import Layout
+from eventsrc.log.store import EventLog
+from eventsrc.offline import audit_queries
+from eventsrc.offline.audit_render import device_lines, to_json
+from eventsrc.offline.render import record_json, text_lines
+from tests.conftest import run_cli
+from tests.node.test_audit_kubelet import STEPS as KUBELET_STEPS
+from tests.node.test_audit_kubelet import ts as kubelet_ts
+from tests.node.test_audit_runtime import RES, lifecycle
+from tests.node.test_audit_runtime import ts as runtime_ts
+from tests.support.postgres import PostgresServer
+
+DRIVER = "gpu.example.com"
+NUL_DEVICE = "dev\0x"  # a plugin's device id may hold U+0000 (and a backslash)
+SLASH_DEVICE = "dev\\0y"
+C1 = ev.ClaimRef(uid="claim-1", namespace="default", name="shared")
+C2 = ev.ClaimRef(uid="claim-2", namespace="default", name="solo")
+PREPARED = [ev.PreparedDevice(request_names=["gpu"], pool_name="p", device_name="gpu-0", cdi_device_ids=["g=0"])]
+
+
+def ref(name: str) -> ev.PodRef:
+    return ev.PodRef(uid=f"uid-{name}", namespace="default", name=name)
+
+
+def own_steps() -> list[tuple[int, list[ev._Event]]]:
+    """Node a's own story after the runtime's: a health change, a claim prepared for one pod and
+    shared by a second, then unprepared; a claim still prepared; devices whose ids hold U+0000
+    and a backslash."""
+    d = "uid-d"
+    return [
+        (11, [ev.DeviceHealthChanged(resource=RES, device_id="dev-1", health="Unhealthy")]),
+        (
+            12,
+            [
+                ev.PodAdmissionStarted(pod=ref("b")),
+                ev.PodReferenceAdded(claim_uid=C1.uid, pod_uid="uid-b"),
+                ev.ClaimPrepareStarted(claim=C1, driver=DRIVER, pod_uid="uid-b"),
+            ],
+        ),
+        (13, [ev.ClaimPrepared(claim=C1, driver=DRIVER, devices=PREPARED), ev.PodAdmitted(pod=ref("b"))]),
+        (14, [ev.PodAdmissionStarted(pod=ref("c")), ev.PodReferenceAdded(claim_uid=C1.uid, pod_uid="uid-c")]),
+        (15, [ev.PodAdmitted(pod=ref("c"))]),
+        (16, [ev.PodReferenceRemoved(claim_uid=C1.uid, pod_uid="uid-b"), ev.PodRemoved(pod_uid="uid-b")]),
+        (17, [ev.PodReferenceRemoved(claim_uid=C1.uid, pod_uid="uid-c"), ev.PodRemoved(pod_uid="uid-c")]),
+        (18, [ev.ClaimUnprepareStarted(claim=C1, driver=DRIVER)]),
+        (19, [ev.ClaimUnprepared(claim=C1, driver=DRIVER)]),
+        (
+            20,
+            [
+                ev.DevicesAdded(
+                    resource=RES,
+                    devices=[
+                        ev.DeviceInfo(id=NUL_DEVICE, health="Healthy"),
+                        ev.DeviceInfo(id=SLASH_DEVICE, health="Healthy"),
+                    ],
+                ),
+                ev.PodAdmissionStarted(pod=ref("d")),
+                ev.DevicesReserved(pod_uid=d, container="main", resource=RES, device_ids=[NUL_DEVICE, SLASH_DEVICE]),
+                ev.DevicesAllocated(pod_uid=d, container="main", resource=RES, device_ids=[NUL_DEVICE, SLASH_DEVICE]),
+                ev.PodReferenceAdded(claim_uid=C2.uid, pod_uid=d),
+                ev.ClaimPrepareStarted(claim=C2, driver=DRIVER, pod_uid=d),
+                ev.ClaimPrepared(claim=C2, driver=DRIVER),
+                ev.PodAdmitted(pod=ref("d")),
+            ],
+        ),
+    ]
+
+
+def write(root: Path, batches: list[tuple[int, list[ev._Event]]]) -> None:
+    with EventLog(Layout(root).log) as log:
+        for n, (ts_ns, events) in enumerate(batches):
+            log.append(events, f"cid-{n}", ts_ns)
+
+
+def node_a() -> list[tuple[int, list[ev._Event]]]:
+    return [(runtime_ts(s), events) for _, s, events in lifecycle()] + [(runtime_ts(s), e) for s, e in own_steps()]
+
+
+def node_b() -> list[tuple[int, list[ev._Event]]]:
+    return [(kubelet_ts(n), events) for n, events in enumerate(KUBELET_STEPS)]
+
+
+def node_c() -> list[tuple[int, list[ev._Event]]]:
+    return [(runtime_ts(s + 100), events) for _, s, events in lifecycle()]  # dev-0 again, on another node
+
+
+NODES = {"node-a": node_a, "node-b": node_b, "node-c": node_c}
+
+
+def raw(root: Path) -> list[tuple[int, bytes]]:
+    """The log's records as the shipper sends them: (seq, the bytes the log holds)."""
+    with EventLog(Layout(root).log, readonly=True) as log:
+        return [(int.from_bytes(k, "big"), bytes(v)) for chunk in log.raw_chunks(1) for k, v in chunk]
+
+
+def node_index(root: Path) -> set[tuple[bytes, int]]:
+    """The node's own index: (prefix, seq) for each key its log wrote."""
+    with EventLog(Layout(root).log, readonly=True) as log, log.env.begin(db=log.index_db) as txn:
+        return {(bytes(k[:-8]), int.from_bytes(k[-8:], "big")) for k in txn.cursor().iternext(values=False)}
+
+
+@pytest.fixture(scope="module")
+def server(postgres_unavailable: str | None) -> Iterator[PostgresServer]:
+    """One PostgreSQL for the module (each test has a database of its own): a server's start
+    costs seconds, a database's a fraction of one."""
+    if postgres_unavailable is not None:
+        pytest.skip(postgres_unavailable)
+    started = PostgresServer()
+    try:
+        started.start()
+        yield started
+    finally:
+        started.cleanup()
+
+
+@pytest.fixture
+def dsn(server: PostgresServer, request: pytest.FixtureRequest) -> str:
+    name = "t_" + request.node.name.removeprefix("test_")[:40]
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return server.dsn.replace("dbname=postgres", f"dbname={name}")
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = {}
+    for node, batches in NODES.items():
+        out[node] = tmp_path_factory.mktemp(node)
+        write(out[node], batches())
+    return out
+
+
+def ship(dsn: str, roots: dict[str, Path], seed: int) -> None:
+    """Every record of every node, shuffled, some twice, through two sinks' connections."""
+    messages = [(node, seq, value) for node, root in roots.items() for seq, value in raw(root)]
+    messages += random.Random(seed).sample(messages, 12)
+    random.Random(seed + 1).shuffle(messages)
+    with psycopg.connect(dsn, autocommit=True) as one, psycopg.connect(dsn, autocommit=True) as two:
+        migrate(one)
+        for n, (node, seq, value) in enumerate(messages):
+            store(one if n % 2 else two, node, f"log-{node}", seq, seq - 1, value)
+
+
+def ask(dsn: str, what: str, node: str = "", **fields: Any) -> dict[str, bytes]:
+    args = argparse.Namespace(node=node, since=None, until=None, **fields)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return {a.node: to_json(a.answer) for a in answers(conn, what, args)}
+
+
+def subjects(index: set[tuple[bytes, int]]) -> list[tuple[str, dict[str, str]]]:
+    """Every device, pod (by uid and by name) and claim the node's index names."""
+    out = []
+    for prefix in sorted({p for p, _ in index}):
+        kind, rest = prefix.decode()[0], prefix.decode()[2:-1]  # "<kind>\0<what>\0"
+        if kind == "d":  # a resource name holds no U+0000; a device id may
+            resource, device_id = rest.split("\0", 1)
+            out.append(("device", {"resource": resource, "device_id": device_id}))
+        elif kind in ("p", "n"):
+            out.append(("pod", {"pod": rest}))
+        elif kind == "c":
+            out.append(("claim", {"claim": rest}))
+    return out
+
+
+def nodes_answer(root: Path, what: str, f: dict[str, str]) -> bytes:
+    with EventLog(Layout(root).log, readonly=True) as log:
+        if what == "device":
+            return to_json(audit_queries.device_timeline(log, f["resource"], f["device_id"]))
+        if what == "pod":
+            return to_json(audit_queries.pod_history(log, f["pod"]))
+        return to_json(audit_queries.claim_history(log, f["claim"]))
+
+
+def fleet_rows(dsn: str, node: str) -> tuple[set[tuple[bytes, int]], list[tuple[Any, ...]]]:
+    with psycopg.connect(dsn) as conn:
+        index = {
+            (bytes(k), int(s))
+            for k, s in conn.execute("SELECT key, seq FROM audit_index WHERE node = %s", (node,)).fetchall()
+        }
+        preps = conn.execute(
+            "SELECT claim_uid, namespace, name, driver, pods, start_seq, start_ns, end_seq, end_ns "
+            "FROM claim_preparations WHERE node = %s ORDER BY start_seq, claim_uid",
+            (node,),
+        ).fetchall()
+    return index, preps
+
+
+def expected_preparations(root: Path) -> list[tuple[Any, ...]]:
+    """The preparations the node's own tracker makes of its records (the fleet's must be these)."""
+    with EventLog(Layout(root).log, readonly=True) as log:
+        recs = [(r.seq, r.ts_ns, r.event) for r in log.records() if isinstance(r, ev.Record)]
+    return sorted(
+        (p.claim_uid, p.namespace, p.name, p.driver, list(p.pods), p.start_seq, p.start_ns, end_seq, end_ns)
+        for p, end_seq, end_ns in preparations(recs)
+    )
+
+
+def test_each_nodes_answer_from_the_fleet_is_its_own(dsn: str, roots: dict[str, Path]) -> None:
+    ship(dsn, roots, seed=3)
+    asked = 0
+    for node, root in roots.items():
+        index = node_index(root)
+        rows, preps = fleet_rows(dsn, node)
+        assert rows == index, node  # the node's own index, each key once, whatever the order
+        assert sorted(tuple(r) for r in preps) == expected_preparations(root), node
+        for what, f in subjects(index):
+            fleet = ask(dsn, what, **f)
+            assert json.loads(fleet[node]) == json.loads(nodes_answer(root, what, f)), (node, what, f)
+            assert ask(dsn, what, node=node, **f).keys() == {node}
+            asked += 1
+    assert asked >= 20  # devices, pods by uid and by name, claims, on three nodes
+    # the union: dev-0 is a device of every node (a device id is a node's own)
+    assert set(ask(dsn, "device", resource=RES, device_id="dev-0")) == set(NODES)
+    # the claim shared by b and c, prepared once for both, then unprepared; the other still prepared
+    with EventLog(Layout(roots["node-a"]).log, readonly=True) as log:
+        seq = {type(r.event).__name__ + getattr(getattr(r.event, "claim", None), "uid", ""): r for r in log.records()}
+    c1, c2 = seq["ClaimPreparedclaim-1"], seq["ClaimPreparedclaim-2"]
+    _, preps = fleet_rows(dsn, "node-a")
+    assert [tuple(p) for p in preps] == [
+        ("claim-1", "default", "shared", DRIVER, ["uid-b", "uid-c"], c1.seq, c1.ts_ns,
+         seq["ClaimUnpreparedclaim-1"].seq, seq["ClaimUnpreparedclaim-1"].ts_ns),
+        ("claim-2", "default", "solo", DRIVER, ["uid-d"], c2.seq, c2.ts_ns, None, None),
+    ]  # fmt: skip
+
+
+def test_fleet_audit_prints_each_nodes_answer_with_its_node(dsn: str, roots: dict[str, Path]) -> None:
+    """The command: JSON, the nodes' answers as the node prints each (``audit_render``: its JSON
+    and its lines) with its node first; ``--node``; nothing found is one line."""
+    ship(dsn, roots, seed=5)
+    pg = ("--postgres", dsn)
+    union = json.loads(run_cli("fleet", "audit", "device", RES, "dev-0", "-o", "json", *pg, check=True).stdout)
+    assert [(a.pop("node"), a.pop("log_id")) for a in union] == [(n, f"log-{n}") for n in sorted(NODES)]
+    f = {"resource": RES, "device_id": "dev-0"}
+    assert union == [json.loads(nodes_answer(roots[n], "device", f)) for n in sorted(NODES)]
+    table = run_cli("fleet", "audit", "device", RES, "dev-0", "--node", "node-c", *pg, check=True).stdout
+    with EventLog(Layout(roots["node-c"]).log, readonly=True) as log:
+        node_table = text_lines(device_lines(audit_queries.device_timeline(log, RES, "dev-0"))) + "\n"
+    assert table == "node node-c (log log-node-c)\n" + node_table
+    proc = run_cli("fleet", "audit", "pod", "uid-a", "--node", "node-b", *pg)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.splitlines() == ["eventsrc: error: no pod with uid uid-a on node node-b"]
+    with pytest.raises(audit_queries.NotInLogError, match="^no device dev-9 of example.com/dev on any node$"):
+        ask(dsn, "device", resource=RES, device_id="dev-9")
+
+
+def test_nul_and_backslash_are_stored_and_answered_exactly(dsn: str, roots: dict[str, Path]) -> None:
+    for text in ("", "a", "\0", "\\", "\\0", "a\\\0b\\\\0", "\0\0\\"):
+        assert from_pg_text(pg_text(text)) == text and "\0" not in pg_text(text)
+    ship(dsn, roots, seed=9)
+    every: dict[str, list[ev.Record]] = {}
+    for node, root in roots.items():
+        with EventLog(Layout(root).log, readonly=True) as log:
+            every[node] = [r for r in log.records() if isinstance(r, ev.Record)]
+    recs = every["node-a"]
+    added = next(r for r in recs if isinstance(r.event, ev.DevicesAdded) and r.event.devices[0].id == NUL_DEVICE)
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT record, record_escaped, data FROM records WHERE node = 'node-a' AND seq = %s", (added.seq,)
+        ).fetchone()
+        plain = conn.execute("SELECT count(*) FROM records WHERE record_escaped").fetchone()
+        until = max(r.ts_ns for rs in every.values() for r in rs) + 1
+        fleet = usage_totals(conn, "device", Window(0, until), frozenset({RES}))
+    assert row is not None and row[1] is True and plain == (3,)  # listed, reserved, allocated
+    assert row[0] == escape_json(record_json(added)) and decode_record(added.seq, bytes(row[2])) == added
+    assert row[0]["event"]["devices"][0]["id"] == "dev\\0x"  # the documented escape
+    holds = [c for rs in every.values() for c in intervals((r.ts_ns, r.event) for r in rs)]  # the nodes' union
+    node_usage = totals(holds, "device", Window(0, until), frozenset({RES}))
+    assert fleet == node_usage and {NUL_DEVICE, SLASH_DEVICE} <= {r.group[1] for r in fleet}
+    for device in (NUL_DEVICE, SLASH_DEVICE):
+        f = {"resource": RES, "device_id": device}
+        assert ask(dsn, "device", **f)["node-a"] == nodes_answer(roots["node-a"], "device", f)
+
+
+def v1_database(dsn: str, node: str, log_id: str, records: list[tuple[int, bytes]]) -> None:
+    """A database as the version 1 sink left it, having applied ``records``: its tables, the
+    records, the applied sequence with the Tracker's state, and the holds, unescaped."""
+    tracker = Tracker()
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE eventsrc_schema (version integer NOT NULL)")
+        conn.execute("INSERT INTO eventsrc_schema VALUES (1)")
+        assert isinstance(MIGRATIONS[0], str)
+        conn.execute(MIGRATIONS[0])
+        for seq, data in records:
+            r = decode_record(seq, data)
+            conn.execute(
+                "INSERT INTO records VALUES (%s, %s, %s, %s, %s, %s, to_timestamp(%s::numeric / 1e6), %s, %s)",
+                (node, log_id, seq, seq - 1, r.type, r.ts_ns, r.ts_ns // 1000, Jsonb(record_json(r)), data),
+            )
+            for hold, end in tracker.feed(r.ts_ns, r.event):
+                if end is None:
+                    conn.execute(
+                        "INSERT INTO holds (node, log_id, resource, device, namespace, name, uid, start_ns) "
+                        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                        (node, log_id, hold.resource, hold.device, hold.namespace, hold.name, hold.uid, hold.start_ns),
+                    )
+                else:
+                    conn.execute(
+                        "UPDATE holds SET end_ns = %s WHERE resource = %s AND device = %s AND end_ns IS NULL",
+                        (end, hold.resource, hold.device),
+                    )
+        from eventsrc.fleet.sink import _state
+
+        conn.execute(
+            "INSERT INTO node_logs VALUES (%s, %s, %s, %s)",
+            (node, log_id, records[-1][0], _state.encode(tracker.state)),
+        )
+
+
+def test_a_version_1_database_migrates_and_goes_on(tmp_path: Path, dsn: str) -> None:
+    """A claim prepared before the migration is unprepared after it; a device id with a backslash
+    held before it keeps its name; the index covers the records of both sides."""
+    held = [
+        ev.PodAdmissionStarted(pod=ref("d")),
+        ev.DevicesAdded(resource=RES, devices=[ev.DeviceInfo(id=SLASH_DEVICE, health="Healthy")]),
+        ev.DevicesReserved(pod_uid="uid-d", container="main", resource=RES, device_ids=[SLASH_DEVICE]),
+        ev.DevicesAllocated(pod_uid="uid-d", container="main", resource=RES, device_ids=[SLASH_DEVICE]),
+        ev.PodAdmitted(pod=ref("d")),
+    ]
+    batches = [(runtime_ts(0), held)] + [(runtime_ts(s), e) for s, e in own_steps()[1:9]]  # claim-1's story
+    root = tmp_path / "node"
+    write(root, batches)
+    records = raw(root)
+    prepared = next(s for s, v in records if decode_record(s, v).type == "ClaimPrepared")
+    before = [(s, v) for s, v in records if s <= prepared]
+    v1_database(dsn, "node-v", "log-v", before)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert migrate(conn) == 1
+        assert conn.execute("SELECT version FROM eventsrc_schema").fetchall() == [(len(MIGRATIONS),)]
+        assert conn.execute("SELECT device FROM holds").fetchall() == [(pg_text(SLASH_DEVICE),)]
+        for seq, value in reversed(records[len(before) :]):  # the rest, backwards
+            store(conn, "node-v", "log-v", seq, seq - 1, value)
+        applied = conn.execute("SELECT applied_seq FROM node_logs").fetchone()
+        recs = [decode_record(s, v) for s, v in records]
+        until = recs[-1].ts_ns + 1
+        usage = usage_totals(conn, "pod", Window(0, until), frozenset())
+    assert applied == (records[-1][0],)
+    assert usage == totals(intervals((r.ts_ns, r.event) for r in recs), "pod", Window(0, until))
+    index, preps = fleet_rows(dsn, "node-v")
+    assert index == node_index(root)
+    assert sorted(tuple(r) for r in preps) == expected_preparations(root)
+    assert [p[7] for p in preps] == [next(s for s, v in records if decode_record(s, v).type == "ClaimUnprepared")]
+    f = {"resource": RES, "device_id": SLASH_DEVICE}
+    assert ask(dsn, "device", **f) == {"node-v": nodes_answer(root, "device", f)}
+
+
+def test_records_never_shipped_are_named_in_the_answer(dsn: str, roots: dict[str, Path]) -> None:
+    """A log whose first records a retention cut took before they were shipped: each node's
+    answer says which records the fleet lacks, in JSON (``log``) and in the table."""
+    records = raw(roots["node-c"])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn)
+        for seq, value in records[3:]:
+            store(conn, "node-c", "log-c", seq, 0 if seq == 4 else seq - 1, value)
+    answer = json.loads(ask(dsn, "pod", pod="uid-a")["node-c"])
+    assert answer["log"] == {
+        "first_seq": 4,
+        "live_first_seq": 4,
+        "archive_segments": 0,
+        "live_only": False,
+        "missing": ["records 1..3 (never shipped)"],
+    }
+    table = run_cli("fleet", "audit", "pod", "uid-a", "--postgres", dsn, check=True).stdout
+    assert table.splitlines()[2] == "the fleet lacks records 1..3 (never shipped)"
