@@ -35,6 +35,14 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
     s.add_argument("--nats", required=True, metavar="URL,...", help="NATS servers (nats://host:port)")
     s.add_argument("--postgres", default="", metavar="DSN", help=POSTGRES_HELP)
     s.add_argument("--stream", default="EVENTSRC", metavar="NAME", help="the stream (default %(default)s)")
+    s.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        choices=range(1, 6),
+        metavar="N",
+        help="the stream's replicas if this sink creates it (default 1; 3 in a three-server cluster)",
+    )
     s.set_defaults(func=sink)
     u = fsub.add_parser(
         "usage",
@@ -44,7 +52,13 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
     )
     u.add_argument("--postgres", default="", metavar="DSN", help=POSTGRES_HELP)
     u.add_argument("--resource", action="append", metavar="R", help="only this resource (repeatable; 'cpu')")
-    u.add_argument("--by", choices=["namespace", "pod", "device", "resource"], default="namespace")
+    u.add_argument(
+        "--by",
+        choices=["namespace", "node", "pod", "device", "resource"],
+        default="namespace",
+        help="group by namespace, node, pod, device or resource (default %(default)s); node and device "
+        "rows name their node first",
+    )
     u.add_argument("--since", default=None, metavar="TIME", help="from TIME (RFC 3339)")
     u.add_argument("--until", default=None, metavar="TIME", help="up to TIME (RFC 3339; default now)")
     add_output(u, ("table", "json", "csv"))
@@ -111,12 +125,12 @@ def sink(args: argparse.Namespace) -> int:
     from eventsrc.inputs.config import parse_list
 
     servers = parse_list(args.nats)
-    trio.run(lambda: run_sink(servers, args.postgres, args.stream))
+    trio.run(lambda: run_sink(servers, args.postgres, args.stream, replicas=args.replicas))
     return 0
 
 
 def usage(args: argparse.Namespace) -> int:
-    from eventsrc.fleet.sink import usage_totals
+    from eventsrc.fleet.sink import FLEET_FIELDS, usage_totals
     from eventsrc.offline.usage import parse_window, render
 
     w = parse_window(args.since, args.until, time.time_ns())
@@ -129,7 +143,7 @@ def usage(args: argparse.Namespace) -> int:
             rows = usage_totals(conn, args.by, w, frozenset(args.resource or ()))
         except psycopg.errors.UndefinedTable:
             raise EventsrcError("this database has no fleet tables: 'eventsrc fleet sink' makes them") from None
-    render(rows, args.by, w, args.output, sys.stdout)
+    render(rows, args.by, w, args.output, sys.stdout, FLEET_FIELDS.get(args.by))
     return 0
 
 

@@ -213,6 +213,14 @@ def _fleet_flags(p: argparse.ArgumentParser) -> None:
         help="the JetStream stream (default EVENTSRC; created if missing)",
     )
     g.add_argument(
+        "--fleet-replicas",
+        default=None,
+        type=int,
+        metavar="N",
+        help="the stream's replicas when this node creates it: 3 in a three-server JetStream cluster "
+        "(default 1; an existing stream keeps its own)",
+    )
+    g.add_argument(
         "--node-name",
         default=None,
         metavar="NAME",
@@ -438,7 +446,7 @@ def _fleet(cfg: Configuration) -> FleetOptions | None:
     name = cfg.fleet.node_name or socket.gethostname().lower()
     if why := node_name_error(name):
         raise EventsrcError(f"--node-name is needed: the host name is no node name ({why})")
-    return FleetOptions(tuple(cfg.fleet.nats), name, cfg.fleet.stream)
+    return FleetOptions(tuple(cfg.fleet.nats), name, cfg.fleet.stream, replicas=cfg.fleet.replicas)
 
 
 def config_print(args: argparse.Namespace) -> int:

@@ -4,7 +4,8 @@
 * ``resume_from``: the sequence acknowledged, from the stream's last message on the node's
   subject and, within one run of the daemon, the shipper's own count of what was
   acknowledged without a gap: the lower of the two, so that a publish that failed inside the
-  window while a later one was stored is sent again (a duplicate the stream drops).
+  window while a later one was stored is sent again (a duplicate the stream drops); at a run's
+  first connection, a window before the stream's last.
 * ``divergence``: whether the stream's last record is the log's record at that sequence,
   byte for byte; a log restored from a backup behind the stream lacks it or holds another.
 * ``trouble``: what /healthz and ``eventsrc status`` say while shipping is disconnected or
@@ -45,12 +46,15 @@ class ShippingReport(msgspec.Struct, frozen=True, kw_only=True):
         return max(0, now_ns - self.oldest_unshipped_ns) / 1e9
 
 
-def resume_from(stream_last: int, acknowledged: int | None) -> int:
+def resume_from(stream_last: int, acknowledged: int | None, window: int) -> int:
     """The last sequence to count as shipped on a (re)connection: the stream's, or the
-    shipper's own contiguous count (``acknowledged``, None before its first connection) when
-    it is lower. The stream may hold records after a hole a failed publish left."""
+    shipper's own contiguous count (``acknowledged``) when it is lower. The stream may hold
+    records after a hole a failed publish left. Before the run's first connection
+    (``acknowledged`` None) nothing says whether the run before ended inside a failed window of
+    ``window`` publishes, so the window before the stream's last is sent again: the stream
+    drops those it holds (its duplicate window) and stores the one a hole lacks."""
     if acknowledged is None:
-        return stream_last
+        return max(0, stream_last - window)
     return min(stream_last, acknowledged)
 
 

@@ -31,15 +31,16 @@ import nats.errors
 import psycopg
 import trio
 import trio_asyncio
+from nats.js.api import ConsumerConfig
 from psycopg.types.json import Jsonb
 
-from eventsrc.core.chargeback import Change, Hold, Row, Tracker, UsageState, Window, totals
+from eventsrc.core.chargeback import FIELDS, Change, Hold, Row, Tracker, UsageState, Window, totals
 from eventsrc.core.claim_preparations import PreparationChange, Preparations, PreparationsState
 from eventsrc.core.fleet_names import DEFAULT_PREFIX, DEFAULT_STREAM, shipped
 from eventsrc.errors import EventsrcError
 from eventsrc.events import CorruptRecordError, decode_record
 from eventsrc.log.index import keys_for
-from eventsrc.node.shipper import FAILURES, connect, ensure_stream
+from eventsrc.node.shipper import BACKOFF_FIRST, BACKOFF_MAX, FAILURES, connect, ensure_stream
 from eventsrc.obs.logger import get_logger
 from eventsrc.offline.render import record_json
 from eventsrc.rpc.bridge import to_aio
@@ -49,6 +50,9 @@ log = get_logger("eventsrc.fleet.sink")
 DURABLE = "eventsrc-sink"
 BATCH = 256
 FETCH_WAIT = 1.0
+#: s: what a sink fetched and did not acknowledge (it was killed mid-batch) goes to a sink again
+#: after this; a fetch's transaction takes far less
+ACK_WAIT = 10.0
 
 #: The first schema: the records, the node logs and the holds.
 _V1 = """
@@ -420,14 +424,15 @@ async def run_sink(
     stream: str = DEFAULT_STREAM,
     prefix: str = DEFAULT_PREFIX,
     *,
+    replicas: int = 1,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Consume the stream into the database until cancelled. Raises EventsrcError when the
-    database or the servers cannot be reached at the start."""
-    try:
-        conn = await trio.to_thread.run_sync(lambda: psycopg.connect(dsn, autocommit=True))
-    except psycopg.Error as exc:
-        raise EventsrcError(f"cannot connect to PostgreSQL: {first_line(exc)}") from None
+    database or the servers cannot be reached at the start. Once it has consumed, servers or a
+    database that go away are said once and tried again with backoff (a sink is a Deployment:
+    it waits for them, as the nodes do); what was fetched and not acknowledged is delivered
+    again after ``ACK_WAIT``, to this sink or another."""
+    conn = await _connect_database(dsn)
     try:
         try:
             had = await trio.to_thread.run_sync(migrate, conn)
@@ -435,50 +440,122 @@ async def run_sink(
             raise EventsrcError(f"cannot make the fleet's tables: {first_line(exc)}") from None
         if had != SCHEMA_VERSION:
             log.info("fleet schema migrated", version_before=had, version=SCHEMA_VERSION)
-        failed = ""  # raised once out of the loop (in it, it would come out as an exception group)
-        async with trio_asyncio.open_loop():
-            try:
-                nc = await connect(servers)
-            except FAILURES as exc:
-                failed = f"cannot connect to NATS ({','.join(servers)}): {first_line(exc)}"
-            else:
-                await _consume(nc, conn, stream, prefix, task_status)
-        if failed:
-            raise EventsrcError(failed)
-    finally:
+    except BaseException:
         conn.close()
-
-
-async def _consume(
-    nc: nats.NATS, conn: psycopg.Connection[Any], stream: str, prefix: str, task_status: trio.TaskStatus[None]
-) -> None:
-    """Store each message of the stream, then acknowledge it, until cancelled."""
+        raise
+    consumer = _Consumer(servers, dsn, stream, prefix, replicas, conn, task_status)
+    failed = ""  # raised once out of the loop (in it, it would come out as an exception group)
     try:
-        js = nc.jetstream()
-        await to_aio(ensure_stream)(js, stream, prefix)  # a sink may start before any node ships
-        sub = await to_aio(js.pull_subscribe)(f"{prefix}.>", durable=DURABLE, stream=stream)
-        task_status.started()
+        async with trio_asyncio.open_loop():
+            failed = await consumer.run()
+    finally:
+        consumer.conn.close()
+    if failed:
+        raise EventsrcError(failed)
+
+
+async def _connect_database(dsn: str) -> psycopg.Connection[Any]:
+    try:
+        return await trio.to_thread.run_sync(lambda: psycopg.connect(dsn, autocommit=True))
+    except psycopg.Error as exc:
+        raise EventsrcError(f"cannot connect to PostgreSQL: {first_line(exc)}") from None
+
+
+#: what a session's start raises when the servers or the database are away
+CONNECTING_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, EventsrcError)
+#: what ends a session: the servers, or the connection to the database, went away
+SESSION_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, psycopg.OperationalError)
+
+
+class _Consumer:
+    """The sink's sessions: one NATS connection each, again after the servers or the database
+    went away, with backoff."""
+
+    def __init__(
+        self,
+        servers: Sequence[str],
+        dsn: str,
+        stream: str,
+        prefix: str,
+        replicas: int,
+        conn: psycopg.Connection[Any],
+        task_status: trio.TaskStatus[None],
+    ) -> None:
+        self.servers, self.dsn, self.stream, self.prefix, self.replicas = servers, dsn, stream, prefix, replicas
+        self.conn = conn
+        self._task_status: trio.TaskStatus[None] | None = task_status
+        self._said = ""
+
+    async def run(self) -> str:
+        """Consume until cancelled; the one-line reason when the first connection fails."""
+        backoff = BACKOFF_FIRST
         while True:
             try:
-                messages = await to_aio(sub.fetch)(BATCH, timeout=FETCH_WAIT)
-            except nats.errors.TimeoutError:
-                continue
-            records, stored = [], []
-            for m in messages:
-                what = shipped(m.headers or {})
-                if what is None:  # not a shipper's: never stored, never delivered again
-                    log.warning("a message that is no shipped record was dropped", subject=m.subject)
-                    await to_aio(m.term)()
+                if self.conn.closed:
+                    self.conn = await _connect_database(self.dsn)
+                nc = await connect(self.servers)
+            except CONNECTING_FAILURES as exc:
+                if self._task_status is not None:  # never consumed: the servers are not there
+                    return f"cannot connect to NATS ({','.join(self.servers)}): {first_line(exc)}"
+                self._say(first_line(exc))
+            else:
+                try:
+                    await self._consume(nc)
+                except SESSION_FAILURES as exc:
+                    if isinstance(exc, psycopg.OperationalError):
+                        self.conn.close()  # connected again at the next session
+                    self._say(first_line(exc))
+                    backoff = BACKOFF_FIRST
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _say(self, reason: str) -> None:
+        if reason != self._said:
+            log.warning("fleet sink disconnected; retrying", servers=",".join(self.servers), reason=reason)
+            self._said = reason
+
+    def _ready(self) -> None:
+        if self._task_status is not None:
+            self._task_status.started()
+            self._task_status = None
+        elif self._said:
+            log.info("fleet sink connected again", servers=",".join(self.servers))
+        self._said = ""
+
+    async def _consume(self, nc: nats.NATS) -> None:
+        """Store each fetch of the stream in one transaction, then acknowledge its messages,
+        until cancelled or the connection closes."""
+        try:
+            js = nc.jetstream()
+            await to_aio(ensure_stream)(js, self.stream, self.prefix, self.replicas)  # before any node ships
+            config = ConsumerConfig(ack_wait=ACK_WAIT)
+            sub = await to_aio(js.pull_subscribe)(
+                f"{self.prefix}.>", durable=DURABLE, stream=self.stream, config=config
+            )
+            self._ready()
+            while True:
+                try:
+                    messages = await to_aio(sub.fetch)(BATCH, timeout=FETCH_WAIT)
+                except TimeoutError:  # nats-py's, or asyncio's from inside fetch: nothing came
+                    if nc.is_closed:
+                        raise nats.errors.ConnectionClosedError from None
                     continue
-                records.append(Shipped(what.node.name, what.node.log_id, what.seq, what.follows, m.data))
-                stored.append(m)
-            if records:
-                await trio.to_thread.run_sync(store_many, conn, records)  # one transaction for the fetch
-            for m in stored:  # each after the commit: a crash before redelivers what then changes nothing
-                await to_aio(m.ack)()
-    finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
-            await to_aio(nc.close)()
+                records, stored = [], []
+                for m in messages:
+                    what = shipped(m.headers or {})
+                    if what is None:  # not a shipper's: never stored, never delivered again
+                        log.warning("a message that is no shipped record was dropped", subject=m.subject)
+                        await to_aio(m.term)()
+                        continue
+                    records.append(Shipped(what.node.name, what.node.log_id, what.seq, what.follows, m.data))
+                    stored.append(m)
+                if records:
+                    await trio.to_thread.run_sync(store_many, self.conn, records)  # one transaction for the fetch
+                for m in stored:  # each after the commit: a crash before redelivers what then changes nothing
+                    await to_aio(m.ack)()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await to_aio(nc.close)()
 
 
 def first_line(exc: BaseException) -> str:
@@ -493,7 +570,7 @@ def usage_totals(conn: psycopg.Connection[Any], by: str, w: Window, resources: f
     """``fleet usage``: the holds overlapping the window, from the database (its indexes pick
     them), totalled as the node's own ``audit usage`` totals its intervals (``chargeback.totals``),
     so the two answers are one arithmetic."""
-    query = "SELECT resource, device, namespace, name, uid, start_ns, end_ns FROM holds WHERE start_ns <= %s"
+    query = "SELECT node, resource, device, namespace, name, uid, start_ns, end_ns FROM holds WHERE start_ns <= %s"
     params: list[Any] = [w.until_ns]
     query += " AND (end_ns IS NULL OR end_ns >= %s)"
     params.append(w.since_ns)
@@ -502,5 +579,21 @@ def usage_totals(conn: psycopg.Connection[Any], by: str, w: Window, resources: f
         params.append(sorted(pg_text(r) for r in resources))
     rows = conn.execute(query, params).fetchall()
     u = from_pg_text
-    changes = [Change(Hold(u(r), u(d), u(ns), u(name), u(uid), start), end) for r, d, ns, name, uid, start, end in rows]
-    return totals(changes, by, w, resources)
+    if by not in NODE_GROUPS:
+        changes = [Change(Hold(u(r), u(d), u(ns), u(name), u(uid), s), e) for _, r, d, ns, name, uid, s, e in rows]
+        return totals(changes, by, w, resources)
+    per_node: dict[str, list[Change]] = {}
+    for node, r, d, ns, name, uid, s, e in rows:
+        per_node.setdefault(u(node), []).append(Change(Hold(u(r), u(d), u(ns), u(name), u(uid), s), e))
+    return sorted(
+        Row((node, *row.group), row.ns)
+        for node, changes in per_node.items()
+        for row in totals(changes, NODE_GROUPS[by], w, resources)
+    )
+
+
+#: ``fleet usage --by`` groups that name the node first (two nodes' devices may share an id), and
+#: the node's own ``audit usage --by`` that gives each node's part
+NODE_GROUPS = {"node": "resource", "device": "device"}
+#: the fields of ``fleet usage``'s rows, where they differ from ``audit usage``'s
+FLEET_FIELDS = {by: ("node", *FIELDS[own]) for by, own in NODE_GROUPS.items()}

@@ -234,6 +234,9 @@ class Fleet(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tru
     nats: list[str] = []  # server URLs (nats://host:port)
     stream: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,255}$")] = "EVENTSRC"
     node_name: str = ""  # "" the host name
+    # the stream's copies when this node creates it (3 in a three-server cluster); an existing
+    # stream keeps its own
+    replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 1
 
 
 class Configuration(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, rename="camel"):
@@ -318,6 +321,7 @@ FLAGS: Mapping[str, str] = {
     "fleet.nats": "--fleet-nats",
     "fleet.stream": "--fleet-stream",
     "fleet.nodeName": "--node-name",
+    "fleet.replicas": "--fleet-replicas",
 }
 
 _FIELDS = {f.encode_name: f for f in msgspec.structs.fields(Configuration)}

@@ -91,11 +91,13 @@ class FleetOptions:
     node_name: str
     stream: str = DEFAULT_STREAM
     prefix: str = DEFAULT_PREFIX
+    replicas: int = 1
 
 
-async def ensure_stream(js: JetStreamContext, stream: str, prefix: str = DEFAULT_PREFIX) -> None:
-    """The stream, created when missing (docs/fleet.md): every node's records, kept on disk,
-    a message id stored once within the duplicate window. An asyncio coroutine (``to_aio``)."""
+async def ensure_stream(js: JetStreamContext, stream: str, prefix: str = DEFAULT_PREFIX, replicas: int = 1) -> None:
+    """The stream, created when missing (docs/fleet.md): every node's records, kept on disk in
+    ``replicas`` copies, a message id stored once within the duplicate window. An existing
+    stream is left as it is. An asyncio coroutine (``to_aio``)."""
     try:
         await js.stream_info(stream)
     except nats.js.errors.NotFoundError:
@@ -104,9 +106,10 @@ async def ensure_stream(js: JetStreamContext, stream: str, prefix: str = DEFAULT
             "subjects": stream_subjects(prefix),
             "storage": "file",
             "duplicate_window": DUPLICATE_WINDOW_S,
+            "num_replicas": replicas,
         }
         await js.add_stream(**config)
-        log.info("fleet stream created", stream=stream)
+        log.info("fleet stream created", stream=stream, replicas=replicas)
 
 
 class DivergedError(Exception):
@@ -213,9 +216,9 @@ class Shipper:
         nc = await connect(self.options.servers, closed)
         try:
             js = nc.jetstream()
-            await to_aio(ensure_stream)(js, self.options.stream, self.options.prefix)
+            await to_aio(ensure_stream)(js, self.options.stream, self.options.prefix, self.options.replicas)
             stream_last = await self._resume(js)
-            self.shipped = resume_from(stream_last, self.shipped if self._known else None)
+            self.shipped = resume_from(stream_last, self.shipped if self._known else None, self.window)
             self._known = True
             self.state, self.reason, self._said, self._was_up = CONNECTED, "", "", True
             log.info("fleet shipping connected", servers=",".join(self.options.servers), from_seq=self.shipped + 1)

@@ -96,8 +96,11 @@ def answer(
 # --------------------------------------------------------------------------- output
 
 
-def render(rows: list[Row], by: str, w: Window, output: str, out: TextIO) -> None:
-    fields = FIELDS[by]
+def render(
+    rows: list[Row], by: str, w: Window, output: str, out: TextIO, fields: tuple[str, ...] | None = None
+) -> None:
+    """``rows`` as ``output``; ``fields`` name a row's group (default: ``audit usage --by``'s)."""
+    fields = fields or FIELDS[by]
     if output == "json":
         items = [
             {
@@ -114,10 +117,10 @@ def render(rows: list[Row], by: str, w: Window, output: str, out: TextIO) -> Non
         for r in rows:
             writer.writerow([*(escape(x) for x in r.group), seconds_text(r.ns), hours_text(r.ns)])
     else:
-        out.write("\n".join(table_lines(rows, by, w)) + "\n")
+        out.write("\n".join(table_lines(rows, by, w, fields)) + "\n")
 
 
-def table_lines(rows: list[Row], by: str, w: Window) -> list[str]:
+def table_lines(rows: list[Row], by: str, w: Window, fields: tuple[str, ...] | None = None) -> list[str]:
     from eventsrc.offline.audit_render import column_lines
 
     head = (
@@ -126,7 +129,7 @@ def table_lines(rows: list[Row], by: str, w: Window) -> list[str]:
     if not rows:
         return [head]
     body = [[escape(x) or "-" for x in r.group] + [seconds_text(r.ns), hours_text(r.ns)] for r in rows]
-    return [head, *column_lines([f.upper() for f in FIELDS[by]] + ["SECONDS", "HOURS"], body)]
+    return [head, *column_lines([f.upper() for f in fields or FIELDS[by]] + ["SECONDS", "HOURS"], body)]
 
 
 def run(args: Any, history: History, index_path: Any) -> int:

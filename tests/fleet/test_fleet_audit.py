@@ -22,7 +22,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from eventsrc import events as ev
-from eventsrc.core.chargeback import Tracker, Window, intervals, totals
+from eventsrc.core.chargeback import Row, Tracker, Window, intervals, totals
 from eventsrc.core.claim_preparations import preparations
 from eventsrc.events import decode_record
 from eventsrc.fleet.fleet_audit import answers
@@ -292,9 +292,12 @@ def test_nul_and_backslash_are_stored_and_answered_exactly(dsn: str, roots: dict
     assert row is not None and row[1] is True and plain == (3,)  # listed, reserved, allocated
     assert row[0] == escape_json(record_json(added)) and decode_record(added.seq, bytes(row[2])) == added
     assert row[0]["event"]["devices"][0]["id"] == "dev\\0x"  # the documented escape
-    holds = [c for rs in every.values() for c in intervals((r.ts_ns, r.event) for r in rs)]  # the nodes' union
-    node_usage = totals(holds, "device", Window(0, until), frozenset({RES}))
-    assert fleet == node_usage and {NUL_DEVICE, SLASH_DEVICE} <= {r.group[1] for r in fleet}
+    node_usage = sorted(  # the nodes' union: each node's rows by device, naming the node
+        Row((name, *row.group), row.ns)
+        for name, rs in every.items()
+        for row in totals(intervals((r.ts_ns, r.event) for r in rs), "device", Window(0, until), frozenset({RES}))
+    )
+    assert fleet == node_usage and {NUL_DEVICE, SLASH_DEVICE} <= {r.group[2] for r in fleet}
     for device in (NUL_DEVICE, SLASH_DEVICE):
         f = {"resource": RES, "device_id": device}
         assert ask(dsn, "device", **f)["node-a"] == nodes_answer(roots["node-a"], "device", f)

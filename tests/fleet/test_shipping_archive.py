@@ -12,13 +12,14 @@ import trio
 import trio_asyncio
 
 from eventsrc import events as ev
-from eventsrc.core.fleet_names import FOLLOWS, SEQ
+from eventsrc.core.fleet_names import FOLLOWS, SEQ, Node
 from eventsrc.core.retention_policy import Retention
 from eventsrc.core.shipping import CONNECTED, DIVERGED
+from eventsrc.events import decode_record
 from eventsrc.log.archive import iter_records, segment_files
 from eventsrc.log.store import EventLog, key_seq
 from eventsrc.node.retainer import Retainer
-from eventsrc.node.shipper import FleetOptions, Shipper
+from eventsrc.node.shipper import FleetOptions, Shipper, ensure_stream
 from tests.node.test_log_retention import cut, filled, pods
 from tests.support.eventually import eventually_trio
 from tests.support.nats import NatsServer, stream_messages
@@ -112,4 +113,46 @@ async def test_age_cuts_wait_for_what_jetstream_acknowledged_and_size_cuts_do_no
     assert await sized.attempt() is True
     assert log.first_seq() == 41  # over its bound: cut all the same, into the archive
     assert [(f, la) for f, la, _ in segment_files(tmp_path / "archive")] == [(1, 10), (11, 40)]
+    log.close()
+
+
+def publish_as_a_run_before(url: str, node: Node, records: list[tuple[int, bytes]]) -> None:
+    """What a run of the daemon before this one left on the stream: ``records`` published as its
+    shipper publishes them (the stream created as it creates it)."""
+    import asyncio
+
+    import nats
+
+    async def publish() -> None:
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            await ensure_stream(js, STREAM)
+            for seq, value in records:
+                kind = type(decode_record(seq, value).event).__name__
+                await js.publish(node.subject(), value, stream=STREAM, headers=node.headers(seq, kind))
+        finally:
+            await nc.close()
+
+    asyncio.run(publish())
+
+
+async def test_a_hole_a_crash_left_inside_a_failed_window_is_filled_by_the_next_run(
+    tmp_path: Path, nats_server: NatsServer
+) -> None:
+    log = filled(tmp_path / "log", pods(6))
+    last = log.last_seq()
+    values = [(key_seq(k), v) for chunk in log.raw_chunks() for k, v in chunk]
+    # The run before: the publish of last - 1 failed inside the window while that of last was
+    # stored, and the daemon was SIGKILLed before it sent last - 1 again.
+    hole = last - 1
+    node = Node("node-a", log.log_id())
+    before = [(seq, v) for seq, v in values if seq != hole]
+    await trio.to_thread.run_sync(publish_as_a_run_before, nats_server.url, node, before)
+
+    await ship(log, None, nats_server, lambda s: s.shipped == last, "the log shipped")
+
+    messages = await trio.to_thread.run_sync(stream_messages, nats_server.url, STREAM)
+    seqs = [int(m.headers[SEQ]) for m in messages]
+    assert seqs == [*range(1, hole), last, hole]  # the hole filled, and nothing stored twice
     log.close()

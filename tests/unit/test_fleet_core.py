@@ -70,9 +70,12 @@ def test_a_node_name_is_a_kubernetes_node_name(name: str, ok: bool) -> None:
 
 
 def test_a_resume_takes_the_lower_of_the_stream_and_what_was_acknowledged_without_a_gap() -> None:
-    assert resume_from(40, None) == 40  # the first connection of a run: the stream alone
-    assert resume_from(40, 36) == 36  # a publish inside the window failed, a later one was stored
-    assert resume_from(40, 45) == 40  # the stream lost acknowledged records (a failover): sent again
+    # the first connection of a run: a window before the stream's last again (the run before may
+    # have ended inside a failed window), each a duplicate the stream drops unless a hole lacks it
+    assert resume_from(40, None, 8) == 32
+    assert resume_from(5, None, 8) == 0
+    assert resume_from(40, 36, 8) == 36  # a publish inside the window failed, a later one was stored
+    assert resume_from(40, 45, 8) == 40  # the stream lost acknowledged records (a failover): sent again
 
 
 def test_the_stream_and_the_log_diverge_when_the_log_lacks_or_differs_from_the_streams_last() -> None:
