@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -109,6 +110,11 @@ def check(root: Path, driver_state: Path, round_: int) -> None:
     )
 
 
+def worked(client: Client, ops: int, worker: threading.Thread) -> bool:
+    """Whether ``client`` has made ``ops`` operations (or stopped: the daemon died under it)."""
+    return client.ops >= ops or not worker.is_alive()
+
+
 def test_sigkill_during_claim_prepare_and_unprepare(tmp_path: Path) -> None:
     rng = random.Random(555)
     root = Path(tempfile.mkdtemp(prefix="es-", dir="/tmp")) / "r"
@@ -128,7 +134,11 @@ def test_sigkill_during_claim_prepare_and_unprepare(tmp_path: Path) -> None:
             client.stop.clear()
             worker = threading.Thread(target=client.run)
             worker.start()
-            time.sleep(rng.uniform(0.05, 0.5))
+            done = client.ops
+            # two operations in every round whatever the machine's load, then the SIGKILL at a
+            # random point of what follows (mid-prepare, mid-unprepare, between)
+            eventually(partial(worked, client, done + 2, worker), "two operations", timeout=60)
+            time.sleep(rng.uniform(0.0, 0.45))
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             client.stop.set()
