@@ -74,6 +74,7 @@ WINDOW = 256  # publishes in flight for JetStream's own rate
 SINGLE = 300  # records rows inserted one a transaction, at most, for a durable commit's cost
 PODS_PER_DAY = 48.0  # the nodes' pods arrive every 30 minutes of their logs' time
 READY_TIMEOUT = 60.0
+RESTARTS = 5  # exits of the sink it is started again after
 DRAIN_TIMEOUT = 600.0  # for the sink to store what was published
 LOG_MAP = 64 << 20  # each node's log map to start with (it grows)
 #: PostgreSQL as in production: every commit durable; and each row's commit time kept
@@ -96,6 +97,7 @@ class Options:
     pods_per_day: float = PODS_PER_DAY
     runs: int = 5
     new_process: bool = True  # also time ``eventsrc fleet usage`` as a command, once
+    keep: bool = False  # keep the bench's directory (the sink's output, the nodes' logs, nats-server's)
 
 
 @dataclass
@@ -136,12 +138,14 @@ class Flow:
     node_rates: list[float] = field(default_factory=list)  # records/s of each node, publishing
     publish_seconds: float = 0.0  # from the first shipper's start to the last one done
     sink_rate: float = 0.0  # records/s through the sink (its commits)
-    sink_cpu: float = 0.0  # the sink's CPU over the flow phase, a share of one core
+    sink_cpu: float = -1.0  # the sink's CPU over the flow phase, a share of one core (-1: not known)
+    sink_exits: list[str] = field(default_factory=list)  # why the sink exited, each time it was started again
     flow_lag: list[float] = field(default_factory=list)  # s, publish → commit, the flow phase
     paced_records: int = 0
     paced_rate: float = 0.0  # records/s of each node while paced
     paced_lag: list[float] = field(default_factory=list)  # s, publish → commit
     append_lag: list[float] = field(default_factory=list)  # s, the log's append → commit
+    node_alone: float = 0.0  # one node's shipper alone (median records/s)
     js_one: float = 0.0  # JetStream alone, one at a time (median records/s)
     js_window: float = 0.0  # with WINDOW in flight
     copy_rate: float = 0.0  # PostgreSQL COPY of the same rows (median records/s)
@@ -179,7 +183,7 @@ def run_fleet_bench(o: Options, *, workdir: Path | None = None, out: TextIO | No
     tmp = Path(tempfile.mkdtemp(prefix="eventsrc-bench-fleet-", dir=workdir))
     nats = nats_server.NatsServer(tmp, name="nats")
     pg = postgres_server.PostgresServer(settings=SETTINGS)
-    sink: subprocess.Popen[bytes] | None = None
+    sink: Sink | None = None
     try:
         _start(nats, pg)
         sink = _start_sink(nats.url, pg.dsn, tmp / "sink.log")  # its start overlaps the logs and ceilings
@@ -187,7 +191,10 @@ def run_fleet_bench(o: Options, *, workdir: Path | None = None, out: TextIO | No
         nodes = _write_logs(tmp / "nodes", o, out)
         flow = Flow()
         _ceilings(nats.url, pg.dsn, nodes, o, flow, out)
-        trio.run(_flow, nats.url, pg.dsn, nodes, sink, o, flow, out)
+        try:
+            _one_error(lambda: trio.run(_flow, nats.url, pg.dsn, nodes, sink, o, flow, out))
+        finally:
+            flow.sink_exits = sink.exits
         _check(pg.dsn, nodes, flow, out)
         for node in nodes:
             node.log.close()
@@ -199,11 +206,28 @@ def run_fleet_bench(o: Options, *, workdir: Path | None = None, out: TextIO | No
         raise EventsrcError(str(exc).splitlines()[0]) from None
     finally:
         if sink is not None:
-            server_process.end(sink)
+            sink.stop()
         nats.stop()
         pg.cleanup()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if o.keep:
+            _say(out, f"kept: {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
         quiet.setLevel(level)
+
+
+def _one_error(run: Callable[[], None]) -> None:
+    """``run()``; an EventsrcError raised in a nursery comes out as itself (one line), not in a group."""
+    try:
+        run()
+    except BaseExceptionGroup as group:
+        mine, _ = group.split(EventsrcError)
+        if mine is None:
+            raise
+        first: BaseException = mine
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
 
 
 def _start(nats: nats_server.NatsServer, pg: postgres_server.PostgresServer) -> None:
@@ -276,12 +300,14 @@ def _messages(nodes: list[SimNode], limit: int | None = None) -> Iterator[tuple[
 
 def _ceilings(url: str, dsn: str, nodes: list[SimNode], o: Options, flow: Flow, out: TextIO) -> None:
     sample = [_ceiling_message(node, seq, data) for node, seq, data in _messages(nodes, o.ceiling_messages)]
-    one, window = trio.run(_jetstream_ceilings, url, sample, o.repeats)
-    flow.js_one, flow.js_window = statistics.median(one), statistics.median(window)
+    one, window, alone = trio.run(_jetstream_ceilings, url, sample, o.repeats, nodes[0])
+    flow.js_one, flow.js_window, flow.node_alone = map(statistics.median, (one, window, alone))
     _say(
         out,
         f"ceiling, JetStream alone ({len(sample):,} of the records, the same payloads and headers, one client): "
-        f"one at a time {flow.js_one:,.0f} records/s, {WINDOW} in flight {flow.js_window:,.0f} records/s",
+        f"one at a time {flow.js_one:,.0f} records/s, {WINDOW} in flight {flow.js_window:,.0f} records/s\n"
+        f"one node alone, its shipper to a stream of its own ({nodes[0].log.last_seq():,} records): "
+        f"{flow.node_alone:,.0f} records/s",
     )
     records, holds = _rows(nodes)
     rates, single = _copy_ceiling(dsn, records, holds, o.repeats)
@@ -294,9 +320,14 @@ def _ceilings(url: str, dsn: str, nodes: list[SimNode], o: Options, flow: Flow, 
     )
 
 
-async def _jetstream_ceilings(url: str, sample: list[Message], repeats: int) -> tuple[list[float], ...]:
+async def _jetstream_ceilings(
+    url: str, sample: list[Message], repeats: int, node: SimNode
+) -> tuple[list[float], list[float], list[float]]:
+    """JetStream's own rate for ``sample``, one at a time and windowed; and ``node``'s shipper
+    alone on the same stream: records/s of each repeat, each on a new stream."""
     one: list[float] = []
     window: list[float] = []
+    alone: list[float] = []
     async with trio_asyncio.open_loop():
         nc = await connect([url])
         try:
@@ -307,10 +338,25 @@ async def _jetstream_ceilings(url: str, sample: list[Message], repeats: int) -> 
                     t = time.perf_counter()
                     await to_aio(publish)(js, sample)
                     rates.append(len(sample) / (time.perf_counter() - t))
+                await to_aio(_fresh_stream)(js)
+                alone.append(await _ship_alone(url, node))
             await to_aio(js.delete_stream)(CEILING_STREAM)
         finally:
             await to_aio(nc.close)()
-    return one, window
+    return one, window, alone
+
+
+async def _ship_alone(url: str, node: SimNode) -> float:
+    """records/s of ``node``'s shipper shipping its whole log, the only one, to the ceiling's stream."""
+    options = FleetOptions((url,), node.name, stream=CEILING_STREAM, prefix=CEILING_PREFIX)
+    shipper = Shipper(node.log, node.appended, options)
+    t = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(shipper.run)
+        while shipper.shipped < node.log.last_seq():
+            await trio.sleep(0.002)
+        nursery.cancel_scope.cancel()
+    return node.log.last_seq() / (time.perf_counter() - t)
 
 
 async def _fresh_stream(js: JetStreamContext) -> None:
@@ -394,15 +440,47 @@ def _copy_ceiling(
 # --------------------------------------------------------------------------- the flow
 
 
-def _start_sink(url: str, dsn: str, log_path: Path) -> subprocess.Popen[bytes]:
-    with open(log_path, "ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "eventsrc", "--log-level", "warning", "fleet", "sink", "--nats", url],
-            env={**os.environ, **_pg_env(dsn)},
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-        )
+@dataclass
+class Sink:
+    """``eventsrc fleet sink``, a process of its own, its output in ``log_path``; started again
+    when it exits, as its Deployment would (at most ``RESTARTS`` times), each exit counted."""
+
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    exits: list[str] = field(default_factory=list)  # why it exited, each time
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def check(self) -> None:
+        """Start it again if it exited; EventsrcError once it has exited too often."""
+        if self.proc is None or self.proc.poll() is None:
+            return
+        lines = [line.strip(" |") for line in self.log_path.read_text(errors="replace").splitlines()]
+        last = next((line for line in reversed(lines) if line.strip(" -+")), "")
+        self.exits.append(f"exit {self.proc.returncode}: {last}")
+        if len(self.exits) > RESTARTS:
+            raise EventsrcError(f"the sink exited {len(self.exits)} times; the last: {self.exits[-1]}")
+        self.start()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            server_process.end(self.proc)
+
+
+def _start_sink(url: str, dsn: str, log_path: Path) -> Sink:
+    argv = [sys.executable, "-m", "eventsrc", "--log-level", "warning", "fleet", "sink", "--nats", url]
+    sink = Sink(argv, {**os.environ, **_pg_env(dsn)}, log_path)
+    sink.start()
+    return sink
 
 
 def _pg_env(dsn: str) -> dict[str, str]:
@@ -411,9 +489,7 @@ def _pg_env(dsn: str) -> dict[str, str]:
     return {names[k]: str(v) for k, v in psycopg.conninfo.conninfo_to_dict(dsn).items() if k in names and v is not None}
 
 
-async def _flow(
-    url: str, dsn: str, nodes: list[SimNode], sink: subprocess.Popen[bytes], o: Options, flow: Flow, out: TextIO
-) -> None:
+async def _flow(url: str, dsn: str, nodes: list[SimNode], sink: Sink, o: Options, flow: Flow, out: TextIO) -> None:
     async with trio_asyncio.open_loop():
         nc = await connect([url])
         try:
@@ -436,13 +512,10 @@ async def _consumer_ready(js: JetStreamContext) -> bool:
     return True
 
 
-async def _until(
-    condition: Callable[[], Awaitable[bool]], what: str, sink: subprocess.Popen[bytes], timeout: float
-) -> None:
+async def _until(condition: Callable[[], Awaitable[bool]], what: str, sink: Sink, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not await condition():
-        if sink.poll() is not None:
-            raise EventsrcError(f"the sink exited {sink.returncode} while waiting for {what}")
+        sink.check()
         if time.monotonic() > deadline:
             raise EventsrcError(f"waited {timeout:g} s for {what}")
         await trio.sleep(0.05)
@@ -454,13 +527,12 @@ def _stored(dsn: str) -> int:
     return int(row[0]) if row else 0
 
 
-async def _drained(dsn: str, want: int, sink: subprocess.Popen[bytes], out: TextIO) -> None:
+async def _drained(dsn: str, want: int, sink: Sink, out: TextIO) -> None:
     """Until the sink has stored ``want`` records; progress every few seconds."""
     said = time.monotonic()
     deadline = said + DRAIN_TIMEOUT
     while (got := await trio.to_thread.run_sync(_stored, dsn)) < want:
-        if sink.poll() is not None:
-            raise EventsrcError(f"the sink exited {sink.returncode}")
+        sink.check()
         if time.monotonic() > deadline:
             raise EventsrcError(f"the sink stored {got:,} of {want:,} records in {DRAIN_TIMEOUT:g} s")
         if time.monotonic() - said > 5:
@@ -473,7 +545,7 @@ async def _ship_all(
     nursery: trio.Nursery,
     url: str,
     nodes: list[SimNode],
-    sink: subprocess.Popen[bytes],
+    sink: Sink,
     dsn: str,
     flow: Flow,
     out: TextIO,
@@ -482,7 +554,7 @@ async def _ship_all(
     the sink has stored it all."""
     flow.records = sum(n.log.last_seq() for n in nodes)
     _say(out, f"\nflow: {len(nodes)} nodes ship {flow.records:,} records at once; the sink stores them")
-    cpu0 = cpu_seconds(sink.pid)
+    pid, cpu0 = sink.pid, cpu_seconds(sink.pid)
     t0 = time.perf_counter()
     for node in nodes:
         node.flowed = node.log.last_seq()
@@ -494,13 +566,13 @@ async def _ship_all(
         for node in [n for n in waiting if n.shipper is not None and n.shipper.shipped >= n.log.last_seq()]:
             node.shipped_at = now
             waiting.remove(node)
-        if sink.poll() is not None:
-            raise EventsrcError(f"the sink exited {sink.returncode}")
+        sink.check()
         await trio.sleep(0.005)
     flow.node_rates = [n.log.last_seq() / (n.shipped_at - t0) for n in nodes]
     flow.publish_seconds = max(n.shipped_at for n in nodes) - t0
     await _drained(dsn, flow.records, sink, out)
-    flow.sink_cpu = (cpu_seconds(sink.pid) - cpu0) / (time.perf_counter() - t0)
+    if sink.pid == pid:  # not started again meanwhile
+        flow.sink_cpu = (cpu_seconds(pid) - cpu0) / (time.perf_counter() - t0)
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
             "SELECT extract(epoch FROM max(c) - min(c)) FROM "
@@ -510,9 +582,7 @@ async def _ship_all(
     flow.sink_rate = (flow.records - 1) / span if span > 0 else 0.0
 
 
-async def _paced(
-    nodes: list[SimNode], sink: subprocess.Popen[bytes], dsn: str, o: Options, flow: Flow, out: TextIO
-) -> None:
+async def _paced(nodes: list[SimNode], sink: Sink, dsn: str, o: Options, flow: Flow, out: TextIO) -> None:
     """Each node appends pods at ``flow.paced_rate`` records/s for ``o.paced_seconds``; its
     shipper ships them as they come."""
     flow.paced_rate = o.rate if o.rate is not None else max(0.5, flow.sink_rate / 2 / len(nodes))
@@ -616,14 +686,17 @@ def _summary(r: Result, o: Options, out: TextIO) -> None:
     _say(
         out,
         "\nsummary (this machine, every server and client on it)\n"
-        f"  publishing, per node (the daemon's shipper, one at a time)  median {per_node:,.0f} records/s "
-        f"(min {min(f.node_rates):,.0f}, max {max(f.node_rates):,.0f}); {len(f.node_rates)} nodes at once "
-        f"{aggregate:,.0f} records/s\n"
-        f"    ceiling: JetStream alone, one at a time {f.js_one:,.0f} records/s (per node / this: "
-        f"{per_node / f.js_one:.2f}); {WINDOW} in flight {f.js_window:,.0f} records/s (all nodes / this: "
+        f"  publishing, one node alone (the daemon's shipper, a record at a time)  {f.node_alone:,.0f} records/s\n"
+        f"    ceiling: JetStream alone, one at a time {f.js_one:,.0f} records/s (node / this: "
+        f"{f.node_alone / f.js_one:.2f})\n"
+        f"  publishing, {len(f.node_rates)} nodes at once (their shippers in this one process)  "
+        f"{aggregate:,.0f} records/s, per node median {per_node:,.0f} (min {min(f.node_rates):,.0f}, max "
+        f"{max(f.node_rates):,.0f})\n"
+        f"    ceiling: JetStream alone, {WINDOW} in flight {f.js_window:,.0f} records/s (all nodes / this: "
         f"{aggregate / f.js_window:.2f})\n"
         f"  through the sink (one 'eventsrc fleet sink', a transaction a record)  {f.sink_rate:,.0f} records/s, "
-        f"the sink at {f.sink_cpu:.0%} of a core\n"
+        + (f"the sink at {f.sink_cpu:.0%} of a core" if f.sink_cpu >= 0 else "the sink's CPU not known (started again)")
+        + "\n"
         f"    ceiling: PostgreSQL COPY of the same rows {f.copy_rate:,.0f} records/s (sink / COPY: "
         f"{f.sink_rate / f.copy_rate:.3f}); a row a transaction {f.insert_rate:,.0f} records/s (sink / this: "
         f"{f.sink_rate / f.insert_rate:.2f}); sink / JetStream alone, {WINDOW} in flight: "
@@ -632,7 +705,13 @@ def _summary(r: Result, o: Options, out: TextIO) -> None:
         f"({f.paced_records:,} records)  p50 {_ms(f.paced_lag, 0.5)}, p99 {_ms(f.paced_lag, 0.99)}; "
         f"from the log's append: p50 {_ms(f.append_lag, 0.5)}, p99 {_ms(f.append_lag, 0.99)}\n"
         f"    while every node shipped its whole log at once (a backlog): p50 {_ms(f.flow_lag, 0.5)}, "
-        f"p99 {_ms(f.flow_lag, 0.99)}",
+        f"p99 {_ms(f.flow_lag, 0.99)}"
+        + (
+            f"\n  the sink exited {len(f.sink_exits)} time(s) and was started again (the figures include it): "
+            + "; ".join(f.sink_exits)
+            if f.sink_exits
+            else ""
+        ),
     )
     s = r.scale
     _say(

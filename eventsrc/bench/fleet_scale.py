@@ -189,6 +189,13 @@ def _queries(db: str, o: Options, scale: Scale, out: TextIO) -> None:
     n = int(o.pods_per_day * o.days) // 2 // 5 * 5 + 1  # not a fifth: those are observed, without a uid
     pod = f"uid-{o.scale_nodes // 2:04d}-{n:08d}"
     gpu = frozenset({GPU})
+    with psycopg.connect(db) as conn:  # a GPU of that node held at T
+        held = conn.execute(
+            "SELECT device FROM holds WHERE node = %s AND resource = %s AND start_ns <= %s AND end_ns > %s "
+            "ORDER BY device LIMIT 1",
+            (node, GPU, at, at),
+        ).fetchone()
+    gpu_id = held[0] if held else "gpu-63"
     cases: list[tuple[str, Callable[[], int]]] = [
         (f"fleet usage --by namespace --resource {GPU}, {o.days} days", _usage(db, "namespace", month, gpu)),
         ("fleet usage --by namespace, the last day", _usage(db, "namespace", day, frozenset())),
@@ -196,10 +203,10 @@ def _queries(db: str, o: Options, scale: Scale, out: TextIO) -> None:
         ("fleet usage --by device, the last day", _usage(db, "device", day, frozenset())),
         (f"fleet usage --by resource, {o.days} days (every hold)", _usage(db, "resource", month, frozenset())),
         (
-            f"who held {GPU} gpu-7 on {node} at T (SQL)",
-            _sql(db, WHO_HELD + " AND node = %s", (GPU, "gpu-7", at, at, node)),
+            f"who held {GPU} {gpu_id} on {node} at T (SQL)",
+            _sql(db, WHO_HELD + " AND node = %s", (GPU, gpu_id, at, at, node)),
         ),
-        (f"who held {GPU} gpu-7 at T, every node (SQL)", _sql(db, WHO_HELD, (GPU, "gpu-7", at, at))),
+        (f"who held {GPU} {gpu_id} at T, every node (SQL)", _sql(db, WHO_HELD, (GPU, gpu_id, at, at))),
         (f"a pod's holds, {pod} (SQL)", _sql(db, POD_HISTORY, (pod,))),
     ]
     _say(out, f"  each the median of {o.runs} runs, a new connection each (as a command makes)")

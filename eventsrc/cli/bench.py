@@ -291,6 +291,9 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         "--pods-per-day", type=float, default=48.0, help="pods a node a day (default %(default)s: one every 30 min)"
     )
     b.add_argument("--runs", type=int, default=5, help="runs of each query; medians (default %(default)s)")
+    b.add_argument(
+        "--keep", action="store_true", help="keep the bench's directory (the sink's output, the nodes' logs)"
+    )
     b.set_defaults(func=bench_fleet)
 
 
@@ -553,6 +556,7 @@ def bench_fleet(args: argparse.Namespace) -> int:
         days=args.days,
         pods_per_day=args.pods_per_day,
         runs=args.runs,
+        keep=args.keep,
     )
     run_fleet_bench(options, workdir=_workdir(args))
     return 0

@@ -39,7 +39,7 @@ def test_bench_fleet_at_a_tiny_size(
     for part in ("ceiling, JetStream alone", "ceiling, PostgreSQL COPY", "\nflow:", "\nlag:", "\ncheck:", "\nqueries:"):
         assert part in text
     assert "each once, no gap: yes" in text and "the logs' own intervals: yes" in text
-    assert "summary" in text and "sink / COPY" in text and "per node / this" in text
+    assert "summary" in text and "sink / COPY" in text and "node / this" in text
 
     f = result.flow
     assert f.once and f.holds_equal and f.holds > 0
@@ -47,7 +47,7 @@ def test_bench_fleet_at_a_tiny_size(
     assert f.stored == f.expected == f.records + f.paced_records
     assert len(f.flow_lag) == f.records and len(f.paced_lag) == len(f.append_lag) == f.paced_records
     assert len(f.node_rates) == TINY.nodes and min(f.node_rates) > 0
-    assert min(f.js_one, f.js_window, f.copy_rate, f.insert_rate, f.sink_rate) > 0
+    assert min(f.node_alone, f.js_one, f.js_window, f.copy_rate, f.insert_rate, f.sink_rate) > 0
 
     s = result.scale
     assert s.holds > 0 and s.pods > 0 and s.records > s.pods
