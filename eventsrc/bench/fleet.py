@@ -137,7 +137,8 @@ class Flow:
     records: int = 0  # shipped in the flow phase, every node
     node_rates: list[float] = field(default_factory=list)  # records/s of each node, publishing
     publish_seconds: float = 0.0  # from the first shipper's start to the last one done
-    sink_rate: float = 0.0  # records/s through the sink (its commits)
+    sink_rate: float = 0.0  # records/s through the sink: the median of its commits a second
+    sink_overall: float = 0.0  # records/s through the sink over the span of its commits
     sink_cpu: float = -1.0  # the sink's CPU over the flow phase, a share of one core (-1: not known)
     sink_exits: list[str] = field(default_factory=list)  # why the sink exited, each time it was started again
     flow_lag: list[float] = field(default_factory=list)  # s, publish → commit, the flow phase
@@ -449,7 +450,8 @@ class Sink:
     env: dict[str, str]
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
-    exits: list[str] = field(default_factory=list)  # why it exited, each time
+    exits: list[str] = field(default_factory=list)  # why it exited, each time, and in which phase
+    phase: str = "before the flow"
 
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
@@ -466,7 +468,7 @@ class Sink:
             return
         lines = [line.strip(" |") for line in self.log_path.read_text(errors="replace").splitlines()]
         last = next((line for line in reversed(lines) if line.strip(" -+")), "")
-        self.exits.append(f"exit {self.proc.returncode}: {last}")
+        self.exits.append(f"{self.phase}, exit {self.proc.returncode}: {last}")
         if len(self.exits) > RESTARTS:
             raise EventsrcError(f"the sink exited {len(self.exits)} times; the last: {self.exits[-1]}")
         self.start()
@@ -554,6 +556,7 @@ async def _ship_all(
     the sink has stored it all."""
     flow.records = sum(n.log.last_seq() for n in nodes)
     _say(out, f"\nflow: {len(nodes)} nodes ship {flow.records:,} records at once; the sink stores them")
+    sink.phase = "in the flow"
     pid, cpu0 = sink.pid, cpu_seconds(sink.pid)
     t0 = time.perf_counter()
     for node in nodes:
@@ -573,13 +576,26 @@ async def _ship_all(
     await _drained(dsn, flow.records, sink, out)
     if sink.pid == pid:  # not started again meanwhile
         flow.sink_cpu = (cpu_seconds(pid) - cpu0) / (time.perf_counter() - t0)
+    flow.sink_overall, flow.sink_rate = _sink_rates(dsn, flow.records)
+
+
+def _sink_rates(dsn: str, records: int) -> tuple[float, float]:
+    """records/s through the sink: over the span of its commits; and the median of its commits
+    a second, the first and last seconds left out (a second it stored nothing in, such as a
+    start again, is not one of them)."""
     with psycopg.connect(dsn) as conn:
+        seconds = conn.execute(
+            "SELECT date_trunc('second', pg_xact_commit_timestamp(xmin)) AS s, count(*) FROM records "
+            "GROUP BY s ORDER BY s"
+        ).fetchall()
         row = conn.execute(
             "SELECT extract(epoch FROM max(c) - min(c)) FROM "
             "(SELECT pg_xact_commit_timestamp(xmin) AS c FROM records) AS commits"
         ).fetchone()
     span = float(row[0]) if row and row[0] is not None else 0.0
-    flow.sink_rate = (flow.records - 1) / span if span > 0 else 0.0
+    overall = (records - 1) / span if span > 0 else 0.0
+    counts = [int(c) for _, c in seconds]
+    return overall, statistics.median(counts[1:-1]) if len(counts) >= 3 else overall
 
 
 async def _paced(nodes: list[SimNode], sink: Sink, dsn: str, o: Options, flow: Flow, out: TextIO) -> None:
@@ -587,6 +603,7 @@ async def _paced(nodes: list[SimNode], sink: Sink, dsn: str, o: Options, flow: F
     shipper ships them as they come."""
     flow.paced_rate = o.rate if o.rate is not None else max(0.5, flow.sink_rate / 2 / len(nodes))
     before = sum(n.log.last_seq() for n in nodes)
+    sink.phase = "while paced"
     _say(
         out,
         f"\nlag: each node appends {flow.paced_rate:,.1f} records/s for {o.paced_seconds:g} s "
@@ -694,7 +711,8 @@ def _summary(r: Result, o: Options, out: TextIO) -> None:
         f"{max(f.node_rates):,.0f})\n"
         f"    ceiling: JetStream alone, {WINDOW} in flight {f.js_window:,.0f} records/s (all nodes / this: "
         f"{aggregate / f.js_window:.2f})\n"
-        f"  through the sink (one 'eventsrc fleet sink', a transaction a record)  {f.sink_rate:,.0f} records/s, "
+        f"  through the sink (one 'eventsrc fleet sink', a transaction a record)  {f.sink_rate:,.0f} records/s "
+        f"(median of its seconds; {f.sink_overall:,.0f} over the whole backlog), "
         + (f"the sink at {f.sink_cpu:.0%} of a core" if f.sink_cpu >= 0 else "the sink's CPU not known (started again)")
         + "\n"
         f"    ceiling: PostgreSQL COPY of the same rows {f.copy_rate:,.0f} records/s (sink / COPY: "
