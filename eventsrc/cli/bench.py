@@ -262,8 +262,9 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         "the logs' own intervals. Then the fleet's queries (fleet usage for each --by; who held a device at T and a "
         "pod's holds, as SQL) at --scale-nodes nodes x --days days of --pods-per-day pods a node a day, the holds "
         "table loaded directly (COPY of the rows the sink's Tracker makes, not through JetStream and the sink). "
-        "The defaults take about 3 minutes; the full scale is --scale-nodes 1000 (about 10 minutes more). "
-        "Works in a temporary directory (in --root-dir when given).",
+        "The defaults take about 2 minutes; the full scale, --scale-nodes 1000, about 8 minutes in all. "
+        "Works in a temporary directory (in --root-dir when given; PostgreSQL's own under /tmp, for its "
+        "socket's short path).",
     )
     b.add_argument("--nodes", type=int, default=20, help="simulated nodes shipping (default %(default)s)")
     b.add_argument("--records", type=int, default=200, help="records in each node's log (default %(default)s)")
