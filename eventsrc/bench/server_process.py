@@ -1,6 +1,11 @@
 """Server processes a harness starts, looks at and ends by pid (never by name: other tests, other
 benchmarks and other people's servers run on the same machine). ``eventsrc bench nri``'s
-containerd is one, and so are the tests' containerd, nats-server and PostgreSQL."""
+containerd is one, ``eventsrc bench fleet``'s nats-server and PostgreSQL are others, and so are the
+tests' (which run the same harnesses).
+
+Waiting for a server is polling a condition (``eventually``), failing at once when the server has
+exited (``eventually_up``); what ran out of time is a ``WaitedTooLong``, an AssertionError to a
+test and an EventsrcError to a command."""
 
 from __future__ import annotations
 
@@ -9,11 +14,59 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from eventsrc.errors import EventsrcError
 
 START_MARK = "--- starting"
+T = TypeVar("T")
+
+
+class WaitedTooLong(EventsrcError, AssertionError):
+    """A condition that did not hold in time, or whose server exited meanwhile: a failure to a
+    test (AssertionError) and a one-line error to a command (its first line)."""
+
+
+def timed_out(what: str, timeout: float, last: object, context: Callable[[], str] | None) -> WaitedTooLong:
+    message = f"waited {timeout:g} s for {what}; the condition last gave {last!r}"
+    return WaitedTooLong(message + (f"\n{context()}" if context is not None else ""))
+
+
+def eventually(
+    condition: Callable[[], T],
+    what: str,
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    stop: Callable[[], str | None] | None = None,
+    context: Callable[[], str] | None = None,
+) -> T:
+    """Call ``condition`` every ``interval`` seconds until it returns something truthy, and
+    return that. Fails after ``timeout`` seconds, or as soon as ``stop`` gives a reason to stop
+    waiting (a process the condition depends on has exited); ``context`` adds what helps to
+    understand a failure (a daemon's output)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = condition()
+        if got:
+            return got
+        if stop is not None and (reason := stop()) is not None:
+            raise WaitedTooLong(f"stopped waiting for {what}: {reason}")
+        if time.monotonic() > deadline:
+            raise timed_out(what, timeout, got, context)
+        time.sleep(interval)
+
+
+def eventually_up(server: Server, condition: Callable[[], object], what: str, timeout: float) -> None:
+    """Poll ``condition`` until it holds; fail at once if ``server`` exits, with its log, and stop
+    the server when failing (a start that did not come up leaves nothing running)."""
+    try:
+        eventually(condition, what, timeout=timeout, interval=0.02, stop=server.exited, context=server.log_tail)
+    except BaseException:
+        server.stop()
+        raise
 
 
 def all_pids() -> Iterator[int]:

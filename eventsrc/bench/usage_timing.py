@@ -48,9 +48,10 @@ NAMESPACES = [f"team-{i:02d}" for i in range(20)]
 GOAL_S = 1.0
 
 
-def _pods(seed: int, start_ns: int, gap_s: float) -> Iterator[tuple[int, list[ev._Event]]]:
+def pods(seed: int, start_ns: int, gap_s: float, prefix: str = "") -> Iterator[tuple[int, list[ev._Event]]]:
     """(time, events at that time), in time order, for ever: pods arrive about every ``gap_s``
-    seconds and hold what they took for 10 minutes to 12 hours. Deterministic."""
+    seconds and hold what they took for 10 minutes to 12 hours. Deterministic. ``prefix`` starts
+    the pods' uids and names (one per node of a fleet: a pod's uid is the fleet's only one)."""
     rnd = random.Random(seed)
     free_gpus = [f"gpu-{i}" for i in range(64)]
     free_vfs = [f"vf-{i}" for i in range(256)]
@@ -66,7 +67,7 @@ def _pods(seed: int, start_ns: int, gap_s: float) -> Iterator[tuple[int, list[ev
             yield end, releases
         n += 1
         ns = rnd.choice(NAMESPACES)
-        ref = ev.PodRef(uid=f"uid-{n:08d}", namespace=ns, name=f"job-{n}")
+        ref = ev.PodRef(uid=f"uid-{prefix}{n:08d}", namespace=ns, name=f"job-{prefix}{n}")
         gpus = [free_gpus.pop() for _ in range(min(len(free_gpus), rnd.choice((0, 1, 1, 2))))]
         vf = [free_vfs.pop()] if free_vfs else []
         cpus = [free_cpus.pop() for _ in range(min(len(free_cpus), rnd.choice((0, 2, 4))))]
@@ -75,7 +76,7 @@ def _pods(seed: int, start_ns: int, gap_s: float) -> Iterator[tuple[int, list[ev
         if n % 5:
             now, later = _own(ref, gpus, vf, cpus)
         else:
-            now, later = _observed(ref, gpus, vf, cpus, n)
+            now, later = _observed(ref, gpus, vf, cpus, f"{prefix}{n}")
         heapq.heappush(pending, (end, n, later, back))
         yield t, now
 
@@ -97,7 +98,7 @@ def _own(ref: ev.PodRef, gpus: list[str], vf: list[str], cpus: list[int]) -> tup
 
 
 def _observed(
-    ref: ev.PodRef, gpus: list[str], vf: list[str], cpus: list[int], n: int
+    ref: ev.PodRef, gpus: list[str], vf: list[str], cpus: list[int], n: str
 ) -> tuple[list[ev._Event], list[ev._Event]]:
     seen = ev.PodRef(uid="", namespace=ref.namespace, name=ref.name)
     now: list[ev._Event] = [ev.KubeletPodObserved(pod=seen)]
@@ -115,16 +116,16 @@ def _observed(
 def build(path: Path, records: int, seed: int = 1) -> tuple[EventLog, int]:
     """A log of at least ``records`` records spanning about a year; its last record's time."""
     # how many records a pod makes: pods then arrive so that ``records`` span a year
-    sample, pods = 0, 0
-    for _, events in _pods(seed, T0, YEAR / SEC * 6 / records):
+    sample, arrived = 0, 0
+    for _, events in pods(seed, T0, YEAR / SEC * 6 / records):
         sample += len(events)
-        pods += isinstance(events[0], (ev.PodAdmissionStarted, ev.KubeletPodObserved))
+        arrived += isinstance(events[0], (ev.PodAdmissionStarted, ev.KubeletPodObserved))
         if sample >= min(records, 20_000):
             break
     log = EventLog(path)
     batch: list[PendingAppend] = []
     done, last = 0, T0
-    for t, events in _pods(seed, T0, YEAR / SEC * (sample / pods) / records):
+    for t, events in pods(seed, T0, YEAR / SEC * (sample / arrived) / records):
         if done >= records:
             break
         last = t

@@ -246,6 +246,56 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
     b.add_argument("--rounds", type=int, default=5, help="rounds the pods are spread over (default %(default)s)")
     b.add_argument("--keep", action="store_true", help="keep the bench's directory (containerd's and eventsrc's logs)")
     b.set_defaults(func=bench_nri)
+    b = bsub.add_parser(
+        "fleet",
+        parents=[parents.root],
+        help="the fleet's path: nodes to JetStream to the sink to PostgreSQL, and the fleet's queries",
+        description="Starts a nats-server with JetStream and a PostgreSQL 15 of its own (Debian 12's, fetched once "
+        "into the tests' caches, $EVENTSRC_NATS_CACHE and $EVENTSRC_POSTGRES_CACHE; PostgreSQL runs as 'nobody' "
+        "under root) and 'eventsrc fleet sink'. --nodes simulated nodes (real eventsrc logs of --records records "
+        "each, the daemon's shipper each, in this process; not daemons) ship their whole logs at once: records/s "
+        "per node and through the sink. Then each node appends records at --rate a second (default: half of what "
+        "the sink took, shared by the nodes) for --paced-seconds: lag from a record's publish to its commit in "
+        "PostgreSQL, p50 and p99. Beside them, measured in the same run: JetStream's own publish rate for the same "
+        "messages (one at a time, and 256 in flight) and PostgreSQL's own COPY rate for the same rows (the "
+        "ceilings), and the ratios. Checks that every record reached PostgreSQL once and that the sink's holds are "
+        "the logs' own intervals. Then the fleet's queries (fleet usage for each --by; who held a device at T and a "
+        "pod's holds, as SQL) at --scale-nodes nodes x --days days of --pods-per-day pods a node a day, the holds "
+        "table loaded directly (COPY of the rows the sink's Tracker makes, not through JetStream and the sink). "
+        "The defaults take about 2 minutes; the full scale, --scale-nodes 1000, about 8 minutes in all. "
+        "Works in a temporary directory (in --root-dir when given; PostgreSQL's own under /tmp, for its "
+        "socket's short path).",
+    )
+    b.add_argument("--nodes", type=int, default=20, help="simulated nodes shipping (default %(default)s)")
+    b.add_argument("--records", type=int, default=200, help="records in each node's log (default %(default)s)")
+    b.add_argument(
+        "--paced-seconds", type=float, default=20.0, help="length of the lag measurement (default %(default)s)"
+    )
+    b.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="records/s each node appends while the lag is measured (default: half the sink's rate, shared)",
+    )
+    b.add_argument("--repeats", type=int, default=3, help="runs of each ceiling; medians (default %(default)s)")
+    b.add_argument(
+        "--ceiling-messages",
+        type=int,
+        default=2000,
+        help="messages JetStream's ceiling publishes, at most (default %(default)s)",
+    )
+    b.add_argument(
+        "--scale-nodes", type=int, default=100, help="nodes of the queries' history (default %(default)s; full: 1000)"
+    )
+    b.add_argument("--days", type=int, default=30, help="days of the queries' history (default %(default)s)")
+    b.add_argument(
+        "--pods-per-day", type=float, default=48.0, help="pods a node a day (default %(default)s: one every 30 min)"
+    )
+    b.add_argument("--runs", type=int, default=5, help="runs of each query; medians (default %(default)s)")
+    b.add_argument(
+        "--keep", action="store_true", help="keep the bench's directory (the sink's output, the nodes' logs)"
+    )
+    b.set_defaults(func=bench_fleet)
 
 
 def _workdir(args: argparse.Namespace) -> Path | None:
@@ -478,6 +528,38 @@ def bench_nri(args: argparse.Namespace) -> int:
             f"--rounds ({args.rounds}) must be at most --pods ({args.pods}): a round starts a pod at least"
         )
     run_nri_bench(pods=args.pods, rounds=args.rounds, keep=args.keep)
+    return 0
+
+
+@_stopped_by_sigterm_too
+def bench_fleet(args: argparse.Namespace) -> int:
+    from eventsrc.bench.fleet import Options, run_fleet_bench
+
+    _at_least(
+        ("--nodes", args.nodes, 1),
+        ("--records", args.records, 10),
+        ("--repeats", args.repeats, 1),
+        ("--ceiling-messages", args.ceiling_messages, 10),
+        ("--scale-nodes", args.scale_nodes, 1),
+        ("--days", args.days, 1),
+        ("--runs", args.runs, 1),
+    )
+    if args.paced_seconds <= 0 or args.pods_per_day <= 0 or (args.rate is not None and args.rate <= 0):
+        raise EventsrcError("--paced-seconds, --pods-per-day and --rate must be above 0")
+    options = Options(
+        nodes=args.nodes,
+        records=args.records,
+        paced_seconds=args.paced_seconds,
+        rate=args.rate,
+        repeats=args.repeats,
+        ceiling_messages=args.ceiling_messages,
+        scale_nodes=args.scale_nodes,
+        days=args.days,
+        pods_per_day=args.pods_per_day,
+        runs=args.runs,
+        keep=args.keep,
+    )
+    run_fleet_bench(options, workdir=_workdir(args))
     return 0
 
 

@@ -1,0 +1,289 @@
+"""A real nats-server with JetStream of one's own: fetched once, started under a directory, ended by
+pid. ``eventsrc bench fleet`` runs it, and so do the tests (``tests/support/nats.py``).
+
+Nothing is installed system-wide. ``fetch()`` downloads Debian 12's ``nats-server`` (2.9.10, one
+binary) through the private apt configuration of ``eventsrc.bench.debian_packages`` and unpacks it
+with ``dpkg -x`` into the cache (env ``EVENTSRC_NATS_CACHE``, default
+``/var/cache/eventsrc-tests/nats``), reused once complete, without network::
+
+    python -m eventsrc.bench.nats_server fetch [--cache DIR]
+
+``NatsServer(base)`` runs one server on loopback ports with its configuration, log and JetStream
+storage under ``base/<name>``; ``NatsCluster(base, 3)`` runs three, routed to each other as one
+JetStream cluster::
+
+    server = NatsServer(tmp_path)
+    server.start()                  # returns once /healthz says ok
+    server.url                      # "nats://127.0.0.1:PORT", the same after a restart
+    server.restart()                # SIGTERM, then the same ports and storage again
+    server.kill()                   # SIGKILL
+    server.stop()
+
+    cluster = NatsCluster(tmp_path, 3)
+    cluster.start()                 # returns once every server knows the metadata leader
+    cluster.servers[0].restart()
+    cluster.stop()
+
+Ports are free loopback ports chosen at the first start and kept for restarts (a server's routes
+name its peers' ports); a first start that finds its port taken meanwhile picks others. Only the
+processes a harness started are signalled, by their pid.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import sys
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eventsrc.bench import debian_packages, server_process
+from eventsrc.bench.debian_packages import FetchError
+from eventsrc.bench.server_process import eventually, eventually_up
+
+DEFAULT_CACHE = Path("/var/cache/eventsrc-tests/nats")
+CACHE_ENV = "EVENTSRC_NATS_CACHE"
+# (package, suite): the machine's own Debian 12; JetStream clustering and Nats-Msg-Id are older than 2.9.
+PACKAGES = (("nats-server", "bookworm"),)
+STAMP_VERSION = 1
+HOST = "127.0.0.1"
+CLUSTER_NAME = "eventsrc-test"
+FIRST_START_TRIES = 3  # a free port taken by someone else between its choice and the server's bind
+
+
+# ---------------------------------------------------------------------------------------------
+# Fetch
+
+
+class Fetched(debian_packages.Unpacked):
+    """A complete cache: the unpacked package under ``root``."""
+
+    @property
+    def nats_server(self) -> Path:
+        return self.root / "usr/sbin/nats-server"
+
+    def required(self) -> list[Path]:
+        return [self.nats_server]
+
+
+def _check(fetched: Fetched, _progress: Callable[[str], None]) -> None:
+    if not fetched.nats_server.exists():
+        raise FetchError(f"{fetched.nats_server.relative_to(fetched.cache)} is not in the package")
+    debian_packages.run([fetched.nats_server, "--version"], "nats-server --version", timeout=30)
+
+
+ARCHIVE = debian_packages.Packages(
+    Fetched, PACKAGES, version=STAMP_VERSION, default_cache=DEFAULT_CACHE, cache_env=CACHE_ENV, finish=_check
+)
+fetch = ARCHIVE.fetch  # fetch(cache=None, progress=...): the unpacked nats-server; FetchError (one line)
+fetched_or_error = ARCHIVE.fetched_or_error  # fetch() once per process: the result or the one-line error
+
+
+def why_unavailable(cache: Path | None = None) -> str | None:
+    """One line saying why a real nats-server cannot be run here, or None."""
+    outcome = fetched_or_error(cache)
+    if isinstance(outcome, str):
+        return f"nats-server fetch failed: {outcome}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# One server
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports free now (bound together, then released)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind((HOST, 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@dataclass(frozen=True)
+class Ports:
+    client: int
+    monitor: int
+    cluster: int
+
+
+def _conf(value: str | Path) -> str:
+    return json.dumps(str(value))  # a quoted string of nats-server's configuration is a JSON string
+
+
+class NatsServer(server_process.Server):
+    """One nats-server with JetStream (configuration, log and storage under ``base/name``).
+    ``peers`` (set by ``NatsCluster``) makes it a member of a cluster routed to them."""
+
+    def __init__(self, base: Path, *, name: str = "nats-1", fetched: Fetched | None = None) -> None:
+        self.directory = Path(base) / name
+        super().__init__(name, self.directory / "nats.log")
+        self.store_dir = self.directory / "store"  # nats-server keeps its streams under store/jetstream
+        self.config_path = self.directory / "nats.conf"
+        self.peers: Sequence[NatsServer] = ()
+        self.ports: Ports | None = None
+        self._fetched = fetched
+        self._started_once = False
+
+    @property
+    def url(self) -> str:
+        return f"nats://{HOST}:{self._ports.client}"
+
+    @property
+    def monitor_url(self) -> str:
+        return f"http://{HOST}:{self._ports.monitor}"
+
+    @property
+    def _ports(self) -> Ports:
+        if self.ports is None:
+            raise RuntimeError(f"{self.name} has not been started")
+        return self.ports
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 30) -> None:
+        """Start the server (nothing when it runs) and wait until it answers ``ready()``."""
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the server without waiting for it (a cluster starts all its members first).
+        A first start whose port was taken meanwhile is tried again on other ports."""
+        if self.running():
+            return
+        for attempt in range(1, FIRST_START_TRIES + 1):
+            if self.ports is None:
+                self.ports = Ports(*free_ports(3))
+            self._spawn()
+            if self._started_once or attempt == FIRST_START_TRIES or not self._lost_its_port():
+                return
+            self.ports = None
+
+    def _lost_its_port(self) -> bool:
+        """Whether the process just spawned exited because a port it was given is in use (it
+        exits at once then; once it says it is ready, it has every port)."""
+        try:
+            eventually(
+                lambda: self.exited() is not None or "Server is ready" in self.this_start_log(),
+                f"{self.name} to listen or exit",
+                timeout=10,
+                interval=0.02,
+            )
+        except AssertionError:
+            return False
+        return self.exited() is not None and "address already in use" in self.this_start_log()
+
+    def _spawn(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(self._config())
+        fetched = self._fetched or ARCHIVE.fetched()
+        self.spawn([fetched.nats_server, "--config", self.config_path])
+
+    def _config(self) -> str:
+        ports = self._ports
+        lines = [
+            f"server_name: {_conf(self.name)}",
+            f"host: {_conf(HOST)}",
+            f"port: {ports.client}",
+            f"http: {_conf(f'{HOST}:{ports.monitor}')}",
+            f"jetstream {{ store_dir: {_conf(self.store_dir)} }}",
+        ]
+        if self.peers:
+            # Every member names every member (itself too: a server ignores a route to itself).
+            routes = ", ".join(_conf(f"nats-route://{HOST}:{p._ports.cluster}") for p in self.peers)
+            listen = _conf(f"{HOST}:{ports.cluster}")
+            lines.append(f"cluster {{ name: {_conf(CLUSTER_NAME)}, listen: {listen}, routes: [{routes}] }}")
+        return "\n".join(lines) + "\n"
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        what = f"{self.name} to be ready (/healthz ok, a JetStream metadata leader in a cluster)"
+        eventually_up(self, self.ready, what, timeout)
+        self._started_once = True
+
+    def ready(self) -> bool:
+        """/healthz says ok and, in a cluster, this server knows the JetStream metadata leader."""
+        if self._monitor("/healthz").get("status") != "ok":
+            return False
+        return not self.peers or bool(self.jsz().get("meta_cluster", {}).get("leader"))
+
+    def _monitor(self, path: str) -> dict[str, Any]:
+        try:
+            with urllib.request.urlopen(self.monitor_url + path, timeout=2) as answer:
+                got: dict[str, Any] = json.load(answer)
+                return got
+        except (OSError, ValueError):  # not listening yet, or an HTTP error status
+            return {}
+
+    def jsz(self) -> dict[str, Any]:
+        """The monitoring endpoint's JetStream report (``{}`` when it does not answer)."""
+        return self._monitor("/jsz")
+
+    def stop(self, timeout: float = 20) -> None:
+        """SIGTERM (a clean shutdown) and wait; SIGKILL after ``timeout`` s. Idempotent."""
+        self.end(signal.SIGTERM, timeout)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: JetStream recovers its storage at the next start."""
+        self.end(signal.SIGKILL)
+
+    def restart(self, timeout: float = 30) -> None:
+        """Stop, then start again on the same ports with the same storage."""
+        self.stop()
+        self.start(timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# A cluster
+
+
+class NatsCluster:
+    """``size`` nats-servers (``nats-1`` ...) under ``base``, routed to each other as one
+    JetStream cluster; each can be stopped, killed and restarted on its own."""
+
+    def __init__(self, base: Path, size: int = 3, *, fetched: Fetched | None = None) -> None:
+        self.servers = [NatsServer(base, name=f"nats-{i}", fetched=fetched) for i in range(1, size + 1)]
+        ports = free_ports(3 * size)
+        for i, server in enumerate(self.servers):
+            server.ports = Ports(*ports[3 * i : 3 * i + 3])
+            server.peers = self.servers
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    @property
+    def pids(self) -> list[int]:
+        return [pid for s in self.servers for pid in s.pids]
+
+    def server(self, name: str) -> NatsServer:
+        return next(s for s in self.servers if s.name == name)
+
+    def start(self, timeout: float = 30) -> None:
+        """Start every member, then wait until each knows the metadata leader."""
+        try:
+            for server in self.servers:
+                server.launch()
+            for server in self.servers:
+                server.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    return ARCHIVE.command("python -m eventsrc.bench.nats_server", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
