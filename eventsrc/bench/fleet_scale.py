@@ -30,7 +30,7 @@ from psycopg import sql
 from eventsrc import events as ev
 from eventsrc.bench.usage_timing import DAY, GPU, SEC, pods
 from eventsrc.core.chargeback import Change, Window, intervals, window
-from eventsrc.fleet.sink import migrate, usage_totals
+from eventsrc.fleet.sink import FLEET_FIELDS, migrate, usage_totals
 from eventsrc.offline.render import iso
 from eventsrc.offline.usage import render
 
@@ -159,7 +159,7 @@ def _usage(db: str, by: str, w: Window, resources: frozenset[str]) -> Callable[[
     def run() -> int:
         with psycopg.connect(db, autocommit=True) as conn:
             rows = usage_totals(conn, by, w, resources)
-        render(rows, by, w, "json", io.StringIO())
+        render(rows, by, w, "json", io.StringIO(), FLEET_FIELDS.get(by))
         return len(rows)
 
     return run

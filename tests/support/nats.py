@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from eventsrc.bench.nats_server import ARCHIVE, NatsCluster, NatsServer, why_unavailable
 
