@@ -4,7 +4,7 @@ daemon is SIGKILLed once, one NATS server is restarted and then all three, and a
 while records flow. Afterwards the raw table holds each node's every record exactly once, and the
 fleet's usage and device histories equal exactly the union of the nodes' own answers.
 
-``EVENTSRC_FLEET_SECONDS`` (default 20; CI: 60) is how long pods come and go."""
+``EVENTSRC_FLEET_SECONDS`` (default 10; CI: 60) is how long pods come and go."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from tests.support.nats import NatsCluster
 from tests.support.node_client import NodeClient
 from tests.support.postgres import PostgresServer
 
-SECONDS = float(os.environ.get("EVENTSRC_FLEET_SECONDS", "20"))
+SECONDS = float(os.environ.get("EVENTSRC_FLEET_SECONDS", "10"))
 TOPOLOGY = REPO / "examples" / "topology-256.json"
 STATIC = ("--cpu-manager-policy", "static", "--reserved-cpu-count", "4", "--topology-file", str(TOPOLOGY))
 RESOURCE = "example.com/dev"
