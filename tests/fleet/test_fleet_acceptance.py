@@ -191,13 +191,14 @@ def test_three_nodes_two_sinks_kills_and_restarts_the_fleet_holds_the_union_exac
 
         rng = random.Random(28)
         disruptions: list[tuple[float, str, Callable[[], None]]] = [
-            (0.10, "SIGKILL node-1", nodes[0].kill_and_restart),
-            (0.20, "SIGKILL a sink", sinks[0].kill_and_restart),
-            (0.30, "SIGKILL node-2", nodes[1].kill_and_restart),
-            (0.40, "restart nats-2", nats_cluster.servers[1].restart),
-            (0.50, "SIGKILL node-3", nodes[2].kill_and_restart),
-            (0.60, "restart every NATS server", lambda: restart_all(nats_cluster)),
-            (0.80, "SIGKILL the other sink", sinks[1].kill_and_restart),
+            # the sinks' kills early: what a killed sink fetched comes back after the ack wait (10 s)
+            (0.05, "SIGKILL a sink", sinks[0].kill_and_restart),
+            (0.15, "SIGKILL node-1", nodes[0].kill_and_restart),
+            (0.25, "SIGKILL the other sink", sinks[1].kill_and_restart),
+            (0.35, "SIGKILL node-2", nodes[1].kill_and_restart),
+            (0.45, "restart nats-2", nats_cluster.servers[1].restart),
+            (0.55, "SIGKILL node-3", nodes[2].kill_and_restart),
+            (0.65, "restart every NATS server", lambda: restart_all(nats_cluster)),
         ]
         done: list[str] = []
         start = time.monotonic()
