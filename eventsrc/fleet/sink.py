@@ -32,9 +32,10 @@ import psycopg
 import trio
 import trio_asyncio
 from nats.js.api import ConsumerConfig
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from eventsrc.core.chargeback import FIELDS, Change, Hold, Row, Tracker, UsageState, Window, totals
+from eventsrc.core.chargeback import FIELDS, Hold, Row, Tracker, UsageState, Window
 from eventsrc.core.claim_preparations import PreparationChange, Preparations, PreparationsState
 from eventsrc.core.fleet_names import DEFAULT_PREFIX, DEFAULT_STREAM, shipped
 from eventsrc.errors import EventsrcError
@@ -135,9 +136,14 @@ def _to_v2(conn: psycopg.Connection[Any]) -> None:
         _backfill(conn, node, log_id, applied)
 
 
+#: Version 3: the holds by their end, an open one's end the largest bigint (``OPEN_END``): ``fleet
+#: usage`` selects the holds that end after its window starts with it (ADR 0033).
+HOLD_END = "coalesce(end_ns, 9223372036854775807)"  # an open hold's end: the largest bigint
+_V3 = f"CREATE INDEX holds_by_end ON holds (({HOLD_END}))"
+
 #: MIGRATIONS[v] takes the schema from version v to v + 1 (docs/fleet.md): SQL, or a function
 #: that runs in the migration's transaction
-MIGRATIONS: tuple[str | Callable[[psycopg.Connection[Any]], None], ...] = (_V1, _to_v2)
+MIGRATIONS: tuple[str | Callable[[psycopg.Connection[Any]], None], ...] = (_V1, _to_v2, _V3)
 SCHEMA_VERSION = len(MIGRATIONS)
 MIGRATION_LOCK = 0x65766E74  # the advisory lock migrations take ("evnt")
 
@@ -566,30 +572,33 @@ def first_line(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- queries
 
 
+#: a hold's overlap with the window [%(since)s, %(until)s], in nanoseconds: ``chargeback.overlap``
+#: (an open hold counts to the window's end), in bigint arithmetic (exact)
+OVERLAP = (
+    "greatest(0, least(coalesce(end_ns, %(until)s::bigint), %(until)s::bigint) - greatest(start_ns, %(since)s::bigint))"
+)
+
+
 def usage_totals(conn: psycopg.Connection[Any], by: str, w: Window, resources: frozenset[str]) -> list[Row]:
-    """``fleet usage``: the holds overlapping the window, from the database (its indexes pick
-    them), totalled as the node's own ``audit usage`` totals its intervals (``chargeback.totals``),
-    so the two answers are one arithmetic."""
-    query = "SELECT node, resource, device, namespace, name, uid, start_ns, end_ns FROM holds WHERE start_ns <= %s"
-    params: list[Any] = [w.until_ns]
-    query += " AND (end_ns IS NULL OR end_ns >= %s)"
-    params.append(w.since_ns)
+    """``fleet usage``: nanoseconds per group inside the window, summed in SQL with the node's
+    own arithmetic (``OVERLAP``; the sum a numeric, exact), grouped by the group's columns
+    (``FLEET_FIELDS`` or ``chargeback.FIELDS``); groups with none left out, sorted as
+    ``chargeback.totals`` sorts (in Python, on the unescaped text: the rows after the aggregate
+    are few). The holds that can overlap the window are picked by ``holds_by_end`` (and
+    ``holds_by_device`` for ``--resource``). A property test holds it equal to
+    ``chargeback.totals`` (tests/fleet/test_fleet_usage_sql.py, ADR 0031)."""
+    group = sql.SQL(", ").join(sql.Identifier(c) for c in FLEET_FIELDS.get(by) or FIELDS[by])
+    where = f"start_ns < %(until)s::bigint AND {HOLD_END} > %(since)s::bigint"
+    params: dict[str, Any] = {"since": w.since_ns, "until": w.until_ns}
     if resources:
-        query += " AND resource = ANY(%s)"
-        params.append(sorted(pg_text(r) for r in resources))
+        where += " AND resource = ANY(%(resources)s)"
+        params["resources"] = sorted(pg_text(r) for r in resources)
+    query = sql.SQL(
+        "SELECT {group}, sum({overlap}) FROM holds WHERE {where} GROUP BY {group} HAVING sum({overlap}) > 0"
+    ).format(group=group, overlap=sql.SQL(OVERLAP), where=sql.SQL(where))
     rows = conn.execute(query, params).fetchall()
     u = from_pg_text
-    if by not in NODE_GROUPS:
-        changes = [Change(Hold(u(r), u(d), u(ns), u(name), u(uid), s), e) for _, r, d, ns, name, uid, s, e in rows]
-        return totals(changes, by, w, resources)
-    per_node: dict[str, list[Change]] = {}
-    for node, r, d, ns, name, uid, s, e in rows:
-        per_node.setdefault(u(node), []).append(Change(Hold(u(r), u(d), u(ns), u(name), u(uid), s), e))
-    return sorted(
-        Row((node, *row.group), row.ns)
-        for node, changes in per_node.items()
-        for row in totals(changes, NODE_GROUPS[by], w, resources)
-    )
+    return sorted(Row(tuple(u(v) for v in row[:-1]), int(row[-1])) for row in rows)
 
 
 #: ``fleet usage --by`` groups that name the node first (two nodes' devices may share an id), and
