@@ -22,6 +22,7 @@ PostgreSQL's text cannot hold U+0000: ``pg_text`` is how the derived rows' text 
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -39,7 +40,7 @@ from eventsrc.core.chargeback import FIELDS, Hold, Row, Tracker, UsageState, Win
 from eventsrc.core.claim_preparations import PreparationChange, Preparations, PreparationsState
 from eventsrc.core.fleet_names import DEFAULT_PREFIX, DEFAULT_STREAM, shipped
 from eventsrc.errors import EventsrcError
-from eventsrc.events import CorruptRecordError, decode_record
+from eventsrc.events import CorruptRecordError, Record, decode_record
 from eventsrc.log.index import keys_for
 from eventsrc.node.shipper import BACKOFF_FIRST, BACKOFF_MAX, FAILURES, connect, ensure_stream
 from eventsrc.obs.logger import get_logger
@@ -315,7 +316,7 @@ def _feed(
             record = decode_record(seq, data)
         except CorruptRecordError:
             continue  # named corrupt in records; it changes nothing derived (as on the node)
-        keys += [(key, node, log_id, seq) for key in dict.fromkeys(keys_for(record.event))]
+        keys += index_rows(node, log_id, record)
         for hold, end_ns in tracker.feed(record.ts_ns, record.event) if tracker is not None else ():
             _hold(conn, node, log_id, hold, end_ns)
         for change in preparations.feed(seq, record.ts_ns, record.event):
@@ -397,7 +398,15 @@ def _backfill(conn: psycopg.Connection[Any], node: str, log_id: str, applied: in
     )
 
 
-def _insert_record(conn: psycopg.Connection[Any], node: str, log_id: str, seq: int, follows: int, data: bytes) -> None:
+#: the columns of a ``records`` row, in ``record_row``'s order
+RECORD_COLUMNS = "node, log_id, seq, follows, type, ts_ns, ts, record, record_escaped, data"
+INSERT_RECORD = f"INSERT INTO records ({RECORD_COLUMNS}) VALUES ({', '.join(['%s'] * 10)})"
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def record_row(node: str, log_id: str, seq: int, follows: int, data: bytes) -> tuple[Any, ...]:
+    """A ``records`` row (``RECORD_COLUMNS``) of one shipped record: decoded and checked by the
+    log's own ``decode_record``; a corrupt one is named so; its JSON escaped when it holds U+0000."""
     try:
         record = decode_record(seq, data)
     except CorruptRecordError as exc:
@@ -406,22 +415,29 @@ def _insert_record(conn: psycopg.Connection[Any], node: str, log_id: str, seq: i
     else:
         fields, kind, ts_ns = record_json(record), record.type, record.ts_ns
     escaped = _has_nul(fields)
-    conn.execute(
-        "INSERT INTO records (node, log_id, seq, follows, type, ts_ns, ts, record, record_escaped, data) "
-        "VALUES (%s, %s, %s, %s, %s, %s, to_timestamp(%s::numeric / 1000000), %s, %s, %s) ON CONFLICT DO NOTHING",
-        (
-            node,
-            log_id,
-            seq,
-            follows,
-            kind,
-            ts_ns,
-            ts_ns // 1000,
-            Jsonb(escape_json(fields) if escaped else fields),
-            escaped,
-            data,
-        ),
+    ts = _EPOCH + dt.timedelta(microseconds=ts_ns // 1000)
+    return (
+        node,
+        log_id,
+        seq,
+        follows,
+        kind,
+        ts_ns,
+        ts,
+        Jsonb(escape_json(fields) if escaped else fields),
+        escaped,
+        data,
     )
+
+
+def index_rows(node: str, log_id: str, record: Record) -> list[tuple[bytes, str, str, int]]:
+    """The ``audit_index`` rows (key, node, log_id, seq) of one record: each key the node's log
+    indexes it under (``log.index.keys_for``), once."""
+    return [(key, node, log_id, record.seq) for key in dict.fromkeys(keys_for(record.event))]
+
+
+def _insert_record(conn: psycopg.Connection[Any], node: str, log_id: str, seq: int, follows: int, data: bytes) -> None:
+    conn.execute(f"{INSERT_RECORD} ON CONFLICT DO NOTHING", record_row(node, log_id, seq, follows, data))
 
 
 async def run_sink(
