@@ -264,7 +264,7 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         "of --pods-per-day pods a node a day, the tables loaded directly (COPY of the rows the sink's own code "
         "makes, not through JetStream and the sink): holds of every node, records and audit_index of "
         "--scale-records-nodes of them, spread evenly. "
-        "The defaults take about 3 minutes; the full scale, --scale-nodes 1000, about 12 minutes in all. "
+        "The defaults take about 4 minutes; the full scale, --scale-nodes 1000, about 9 minutes in all. "
         "Works in a temporary directory (in --root-dir when given; PostgreSQL's own under /tmp, for its "
         "socket's short path).",
     )
