@@ -24,13 +24,13 @@ and ``track_commit_timestamp`` so that each row's commit time can be read back).
    to its commit in PostgreSQL (``pg_xact_commit_timestamp`` of its row), p50 and p99.
 5. **Check.** Every record of every log is in PostgreSQL once, and the sink's holds are the
    logs' own intervals (``chargeback.intervals``).
-6. **Queries** (``fleet_scale``): the derived table at fleet scale, loaded directly.
+6. **Queries** (``fleet_scale``): ``fleet usage`` and ``fleet audit device|pod`` as the commands answer
+   them, on the fleet's tables at fleet scale, loaded directly.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import logging
 import os
 import platform
@@ -52,7 +52,6 @@ import trio
 import trio_asyncio
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
-from psycopg.types.json import Jsonb
 
 from eventsrc import events as ev
 from eventsrc.bench import fleet_scale, nats_server, postgres_server, server_process
@@ -62,10 +61,9 @@ from eventsrc.core.chargeback import intervals
 from eventsrc.core.fleet_names import DEFAULT_PREFIX, DEFAULT_STREAM, NODE, SEQ, Node
 from eventsrc.errors import EventsrcError
 from eventsrc.events import Record, decode_record
-from eventsrc.fleet.sink import DURABLE, migrate
+from eventsrc.fleet.sink import DURABLE, INSERT_RECORD, RECORD_COLUMNS, migrate, record_row
 from eventsrc.log.store import EventLog, PendingAppend, key_seq
 from eventsrc.node.shipper import FAILURES, FleetOptions, Shipper, connect, ensure_stream
-from eventsrc.offline.render import record_json
 from eventsrc.rpc.bridge import to_aio
 
 CEILING_STREAM = "EVENTSRC_CEILING"
@@ -79,7 +77,6 @@ DRAIN_TIMEOUT = 600.0  # for the sink to store what was published
 LOG_MAP = 64 << 20  # each node's log map to start with (it grows)
 #: PostgreSQL as in production: every commit durable; and each row's commit time kept
 SETTINGS = {"fsync": "on", "synchronous_commit": "on", "track_commit_timestamp": "on"}
-RECORD_COLUMNS = "node, log_id, seq, follows, type, ts_ns, ts, record, data"
 
 
 @dataclass(frozen=True)
@@ -93,6 +90,7 @@ class Options:
     repeats: int = 3
     ceiling_messages: int = 2000
     scale_nodes: int = 100
+    records_nodes: int = 100  # of the scale's nodes, those whose records and audit index are loaded
     days: int = 30
     pods_per_day: float = PODS_PER_DAY
     runs: int = 5
@@ -390,16 +388,9 @@ async def _windowed(js: JetStreamContext, sample: list[Message]) -> None:
         await ack  # each acknowledged: an error is raised here
 
 
-def _record_row(node: Node, record: Record, data: bytes) -> tuple[Any, ...]:
-    """A ``records`` row as the sink writes it."""
-    ts = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=record.ts_ns // 1000)
-    fields = Jsonb(record_json(record))
-    return (node.name, node.log_id, record.seq, record.seq - 1, record.type, record.ts_ns, ts, fields, data)
-
-
 def _rows(nodes: list[SimNode]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """The rows the sink makes of the nodes' logs: records, and holds (the Tracker's intervals)."""
-    records = [_record_row(node, decode_record(seq, data), data) for node, seq, data in _messages(nodes)]
+    records = [record_row(node.name, node.log_id, seq, seq - 1, data) for node, seq, data in _messages(nodes)]
     holds = [row for node in nodes for row in _hold_rows(node)]
     return records, holds
 
@@ -417,7 +408,6 @@ def _copy_ceiling(
     own); and, for what a durable commit a record costs, the records rows (``SINGLE`` of them at
     most) inserted one per transaction."""
     rates, single = [], []
-    insert = f"INSERT INTO records ({RECORD_COLUMNS}) VALUES ({', '.join(['%s'] * 9)})"
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE SCHEMA ceiling")
         conn.execute("SET search_path TO ceiling")
@@ -432,7 +422,7 @@ def _copy_ceiling(
             conn.execute("TRUNCATE records, holds")
             t = time.perf_counter()
             for row in records[:SINGLE]:
-                conn.execute(insert, row)  # autocommit: a transaction each
+                conn.execute(INSERT_RECORD, row)  # autocommit: a transaction each
             single.append(min(SINGLE, len(records)) / (time.perf_counter() - t))
         conn.execute("DROP SCHEMA ceiling CASCADE")
     return rates, single
@@ -711,7 +701,7 @@ def _summary(r: Result, o: Options, out: TextIO) -> None:
         f"{max(f.node_rates):,.0f})\n"
         f"    ceiling: JetStream alone, {WINDOW} in flight {f.js_window:,.0f} records/s (all nodes / this: "
         f"{aggregate / f.js_window:.2f})\n"
-        f"  through the sink (one 'eventsrc fleet sink', a transaction a record)  {f.sink_rate:,.0f} records/s "
+        f"  through the sink (one 'eventsrc fleet sink', a transaction a fetch)  {f.sink_rate:,.0f} records/s "
         f"(median of its seconds; {f.sink_overall:,.0f} over the whole backlog), "
         + (f"the sink at {f.sink_cpu:.0%} of a core" if f.sink_cpu >= 0 else "the sink's CPU not known (started again)")
         + "\n"
@@ -734,7 +724,8 @@ def _summary(r: Result, o: Options, out: TextIO) -> None:
     s = r.scale
     _say(
         out,
-        f"  queries at {s.nodes:,} nodes × {s.days} days ({s.holds:,} holds, loaded directly):\n"
-        + "".join(f"    {q.label:<62} {q.seconds * 1000:10.1f} ms\n" for q in s.queries)
+        f"  queries at {s.nodes:,} nodes × {s.days} days ({s.holds:,} holds; {s.records_loaded:,} records of "
+        f"{s.records_nodes:,} nodes; loaded directly):\n"
+        + "".join(f"    {q.label:<70} {q.seconds * 1000:10.1f} ms\n" for q in s.queries)
         + f"whole run: {r.seconds:.0f} s",
     )

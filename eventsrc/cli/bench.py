@@ -259,10 +259,12 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         "PostgreSQL, p50 and p99. Beside them, measured in the same run: JetStream's own publish rate for the same "
         "messages (one at a time, and 256 in flight) and PostgreSQL's own COPY rate for the same rows (the "
         "ceilings), and the ratios. Checks that every record reached PostgreSQL once and that the sink's holds are "
-        "the logs' own intervals. Then the fleet's queries (fleet usage for each --by; who held a device at T and a "
-        "pod's holds, as SQL) at --scale-nodes nodes x --days days of --pods-per-day pods a node a day, the holds "
-        "table loaded directly (COPY of the rows the sink's Tracker makes, not through JetStream and the sink). "
-        "The defaults take about 2 minutes; the full scale, --scale-nodes 1000, about 8 minutes in all. "
+        "the logs' own intervals. Then the fleet's queries as the commands answer them (fleet usage for each --by; "
+        "fleet audit device, on one node and on every node; fleet audit pod) at --scale-nodes nodes x --days days "
+        "of --pods-per-day pods a node a day, the tables loaded directly (COPY of the rows the sink's own code "
+        "makes, not through JetStream and the sink): holds of every node, records and audit_index of "
+        "--scale-records-nodes of them, spread evenly. "
+        "The defaults take about 4 minutes; the full scale, --scale-nodes 1000, about 9 minutes in all. "
         "Works in a temporary directory (in --root-dir when given; PostgreSQL's own under /tmp, for its "
         "socket's short path).",
     )
@@ -286,6 +288,13 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
     )
     b.add_argument(
         "--scale-nodes", type=int, default=100, help="nodes of the queries' history (default %(default)s; full: 1000)"
+    )
+    b.add_argument(
+        "--scale-records-nodes",
+        type=int,
+        default=100,
+        help="of --scale-nodes, the nodes (spread evenly) whose records and audit index are loaded for fleet "
+        "audit (default %(default)s)",
     )
     b.add_argument("--days", type=int, default=30, help="days of the queries' history (default %(default)s)")
     b.add_argument(
@@ -541,6 +550,7 @@ def bench_fleet(args: argparse.Namespace) -> int:
         ("--repeats", args.repeats, 1),
         ("--ceiling-messages", args.ceiling_messages, 10),
         ("--scale-nodes", args.scale_nodes, 1),
+        ("--scale-records-nodes", args.scale_records_nodes, 1),
         ("--days", args.days, 1),
         ("--runs", args.runs, 1),
     )
@@ -554,6 +564,7 @@ def bench_fleet(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         ceiling_messages=args.ceiling_messages,
         scale_nodes=args.scale_nodes,
+        records_nodes=args.scale_records_nodes,
         days=args.days,
         pods_per_day=args.pods_per_day,
         runs=args.runs,

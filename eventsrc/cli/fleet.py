@@ -149,9 +149,7 @@ def usage(args: argparse.Namespace) -> int:
 
 def audit(args: argparse.Namespace) -> int:
     """fleet audit device|pod|claim: each node's answer, printed as the node prints it."""
-    import msgspec
-
-    from eventsrc.fleet.fleet_audit import answers
+    from eventsrc.fleet.fleet_audit import answers, answers_json
     from eventsrc.offline import audit_render
     from eventsrc.offline.audit_queries import DeviceTimeline, PodHistory
     from eventsrc.offline.render import text_lines
@@ -159,8 +157,7 @@ def audit(args: argparse.Namespace) -> int:
     with _connect(args.postgres) as conn:
         found = answers(conn, args.audit, args)
     if args.output == "json":
-        out = [{"node": a.node, "log_id": a.log_id, **msgspec.to_builtins(a.answer)} for a in found]
-        sys.stdout.buffer.write(msgspec.json.encode(out) + b"\n")
+        sys.stdout.buffer.write(answers_json(found))
     else:
         lines: list[str] = []
         for a in found:

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import psycopg
 
 from eventsrc import events as ev
@@ -146,3 +147,10 @@ def answers(conn: psycopg.Connection[Any], what: str, args: Any) -> list[NodeAns
     if not out:
         raise NotInLogError(f"no {subject} on " + (f"node {args.node}" if args.node else "any node"))
     return out
+
+
+def answers_json(found: list[NodeAnswer]) -> bytes:
+    """``fleet audit -o json``: an array of the nodes' answers, each the node's JSON object with
+    ``node`` and ``log_id`` first."""
+    out = [{"node": a.node, "log_id": a.log_id, **msgspec.to_builtins(a.answer)} for a in found]
+    return msgspec.json.encode(out) + b"\n"

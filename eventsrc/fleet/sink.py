@@ -22,6 +22,7 @@ PostgreSQL's text cannot hold U+0000: ``pg_text`` is how the derived rows' text 
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -32,13 +33,14 @@ import psycopg
 import trio
 import trio_asyncio
 from nats.js.api import ConsumerConfig
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from eventsrc.core.chargeback import FIELDS, Change, Hold, Row, Tracker, UsageState, Window, totals
+from eventsrc.core.chargeback import FIELDS, Hold, Row, Tracker, UsageState, Window
 from eventsrc.core.claim_preparations import PreparationChange, Preparations, PreparationsState
 from eventsrc.core.fleet_names import DEFAULT_PREFIX, DEFAULT_STREAM, shipped
 from eventsrc.errors import EventsrcError
-from eventsrc.events import CorruptRecordError, decode_record
+from eventsrc.events import CorruptRecordError, Record, decode_record
 from eventsrc.log.index import keys_for
 from eventsrc.node.shipper import BACKOFF_FIRST, BACKOFF_MAX, FAILURES, connect, ensure_stream
 from eventsrc.obs.logger import get_logger
@@ -135,9 +137,14 @@ def _to_v2(conn: psycopg.Connection[Any]) -> None:
         _backfill(conn, node, log_id, applied)
 
 
+#: Version 3: the holds by their end, an open one's end the largest bigint (``OPEN_END``): ``fleet
+#: usage`` selects the holds that end after its window starts with it (ADR 0033).
+HOLD_END = "coalesce(end_ns, 9223372036854775807)"  # an open hold's end: the largest bigint
+_V3 = f"CREATE INDEX holds_by_end ON holds (({HOLD_END}))"
+
 #: MIGRATIONS[v] takes the schema from version v to v + 1 (docs/fleet.md): SQL, or a function
 #: that runs in the migration's transaction
-MIGRATIONS: tuple[str | Callable[[psycopg.Connection[Any]], None], ...] = (_V1, _to_v2)
+MIGRATIONS: tuple[str | Callable[[psycopg.Connection[Any]], None], ...] = (_V1, _to_v2, _V3)
 SCHEMA_VERSION = len(MIGRATIONS)
 MIGRATION_LOCK = 0x65766E74  # the advisory lock migrations take ("evnt")
 
@@ -309,7 +316,7 @@ def _feed(
             record = decode_record(seq, data)
         except CorruptRecordError:
             continue  # named corrupt in records; it changes nothing derived (as on the node)
-        keys += [(key, node, log_id, seq) for key in dict.fromkeys(keys_for(record.event))]
+        keys += index_rows(node, log_id, record)
         for hold, end_ns in tracker.feed(record.ts_ns, record.event) if tracker is not None else ():
             _hold(conn, node, log_id, hold, end_ns)
         for change in preparations.feed(seq, record.ts_ns, record.event):
@@ -391,7 +398,15 @@ def _backfill(conn: psycopg.Connection[Any], node: str, log_id: str, applied: in
     )
 
 
-def _insert_record(conn: psycopg.Connection[Any], node: str, log_id: str, seq: int, follows: int, data: bytes) -> None:
+#: the columns of a ``records`` row, in ``record_row``'s order
+RECORD_COLUMNS = "node, log_id, seq, follows, type, ts_ns, ts, record, record_escaped, data"
+INSERT_RECORD = f"INSERT INTO records ({RECORD_COLUMNS}) VALUES ({', '.join(['%s'] * 10)})"
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def record_row(node: str, log_id: str, seq: int, follows: int, data: bytes) -> tuple[Any, ...]:
+    """A ``records`` row (``RECORD_COLUMNS``) of one shipped record: decoded and checked by the
+    log's own ``decode_record``; a corrupt one is named so; its JSON escaped when it holds U+0000."""
     try:
         record = decode_record(seq, data)
     except CorruptRecordError as exc:
@@ -400,22 +415,29 @@ def _insert_record(conn: psycopg.Connection[Any], node: str, log_id: str, seq: i
     else:
         fields, kind, ts_ns = record_json(record), record.type, record.ts_ns
     escaped = _has_nul(fields)
-    conn.execute(
-        "INSERT INTO records (node, log_id, seq, follows, type, ts_ns, ts, record, record_escaped, data) "
-        "VALUES (%s, %s, %s, %s, %s, %s, to_timestamp(%s::numeric / 1000000), %s, %s, %s) ON CONFLICT DO NOTHING",
-        (
-            node,
-            log_id,
-            seq,
-            follows,
-            kind,
-            ts_ns,
-            ts_ns // 1000,
-            Jsonb(escape_json(fields) if escaped else fields),
-            escaped,
-            data,
-        ),
+    ts = _EPOCH + dt.timedelta(microseconds=ts_ns // 1000)
+    return (
+        node,
+        log_id,
+        seq,
+        follows,
+        kind,
+        ts_ns,
+        ts,
+        Jsonb(escape_json(fields) if escaped else fields),
+        escaped,
+        data,
     )
+
+
+def index_rows(node: str, log_id: str, record: Record) -> list[tuple[bytes, str, str, int]]:
+    """The ``audit_index`` rows (key, node, log_id, seq) of one record: each key the node's log
+    indexes it under (``log.index.keys_for``), once."""
+    return [(key, node, log_id, record.seq) for key in dict.fromkeys(keys_for(record.event))]
+
+
+def _insert_record(conn: psycopg.Connection[Any], node: str, log_id: str, seq: int, follows: int, data: bytes) -> None:
+    conn.execute(f"{INSERT_RECORD} ON CONFLICT DO NOTHING", record_row(node, log_id, seq, follows, data))
 
 
 async def run_sink(
@@ -566,30 +588,33 @@ def first_line(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- queries
 
 
+#: a hold's overlap with the window [%(since)s, %(until)s], in nanoseconds: ``chargeback.overlap``
+#: (an open hold counts to the window's end), in bigint arithmetic (exact)
+OVERLAP = (
+    "greatest(0, least(coalesce(end_ns, %(until)s::bigint), %(until)s::bigint) - greatest(start_ns, %(since)s::bigint))"
+)
+
+
 def usage_totals(conn: psycopg.Connection[Any], by: str, w: Window, resources: frozenset[str]) -> list[Row]:
-    """``fleet usage``: the holds overlapping the window, from the database (its indexes pick
-    them), totalled as the node's own ``audit usage`` totals its intervals (``chargeback.totals``),
-    so the two answers are one arithmetic."""
-    query = "SELECT node, resource, device, namespace, name, uid, start_ns, end_ns FROM holds WHERE start_ns <= %s"
-    params: list[Any] = [w.until_ns]
-    query += " AND (end_ns IS NULL OR end_ns >= %s)"
-    params.append(w.since_ns)
+    """``fleet usage``: nanoseconds per group inside the window, summed in SQL with the node's
+    own arithmetic (``OVERLAP``; the sum a numeric, exact), grouped by the group's columns
+    (``FLEET_FIELDS`` or ``chargeback.FIELDS``); groups with none left out, sorted as
+    ``chargeback.totals`` sorts (in Python, on the unescaped text: the rows after the aggregate
+    are few). The holds that can overlap the window are picked by ``holds_by_end`` (and
+    ``holds_by_device`` for ``--resource``). A property test holds it equal to
+    ``chargeback.totals`` (tests/fleet/test_fleet_usage_sql.py, ADR 0031)."""
+    group = sql.SQL(", ").join(sql.Identifier(c) for c in FLEET_FIELDS.get(by) or FIELDS[by])
+    where = f"start_ns < %(until)s::bigint AND {HOLD_END} > %(since)s::bigint"
+    params: dict[str, Any] = {"since": w.since_ns, "until": w.until_ns}
     if resources:
-        query += " AND resource = ANY(%s)"
-        params.append(sorted(pg_text(r) for r in resources))
+        where += " AND resource = ANY(%(resources)s)"
+        params["resources"] = sorted(pg_text(r) for r in resources)
+    query = sql.SQL(
+        "SELECT {group}, sum({overlap}) FROM holds WHERE {where} GROUP BY {group} HAVING sum({overlap}) > 0"
+    ).format(group=group, overlap=sql.SQL(OVERLAP), where=sql.SQL(where))
     rows = conn.execute(query, params).fetchall()
     u = from_pg_text
-    if by not in NODE_GROUPS:
-        changes = [Change(Hold(u(r), u(d), u(ns), u(name), u(uid), s), e) for _, r, d, ns, name, uid, s, e in rows]
-        return totals(changes, by, w, resources)
-    per_node: dict[str, list[Change]] = {}
-    for node, r, d, ns, name, uid, s, e in rows:
-        per_node.setdefault(u(node), []).append(Change(Hold(u(r), u(d), u(ns), u(name), u(uid), s), e))
-    return sorted(
-        Row((node, *row.group), row.ns)
-        for node, changes in per_node.items()
-        for row in totals(changes, NODE_GROUPS[by], w, resources)
-    )
+    return sorted(Row(tuple(u(v) for v in row[:-1]), int(row[-1])) for row in rows)
 
 
 #: ``fleet usage --by`` groups that name the node first (two nodes' devices may share an id), and

@@ -1,6 +1,7 @@
 """``eventsrc bench fleet`` at a tiny size: its output has every part, and its numbers agree with
 each other (every record reached PostgreSQL once, each is in one lag figure, the sink's holds are
-the logs' own). No figure's size is asserted."""
+the logs' own, the fleet's queries found what they asked for on the nodes loaded). No figure's
+size is asserted."""
 
 from __future__ import annotations
 
@@ -52,7 +53,10 @@ def test_bench_fleet_at_a_tiny_size(
     s = result.scale
     assert s.holds > 0 and s.pods > 0 and s.records > s.pods
     assert len(s.queries) == 8 and all(q.seconds > 0 for q in s.queries)
-    assert all(q.rows > 0 for q in s.queries if q.label.startswith("fleet usage"))
+    assert all(q.rows > 0 for q in s.queries)  # fleet usage rows; fleet audit: an answer a node
+    one, every, pod = (q.rows for q in s.queries if q.label.startswith("fleet audit"))
+    assert one == pod == 1 and 1 <= every <= TINY.scale_nodes  # the device's node, and those that held that id
+    assert s.records_nodes == TINY.scale_nodes and s.records_loaded == s.records and s.index_rows > s.records
     assert list(tmp_path.iterdir()) == []  # its directory is removed
 
 

@@ -1,0 +1,109 @@
+"""``fleet usage``'s totals, summed in SQL (``sink.usage_totals``), equal the node's own arithmetic
+(``chargeback.totals``) over the same holds, for every ``--by``, with and without ``--resource``
+(ADR 0031): random holds, open and closed, with U+0000 and backslashes in their text, on several
+nodes and resources, stored in a real PostgreSQL as the sink stores them (``pg_text``), and
+windows before, inside, after and across them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from eventsrc.core.chargeback import Change, Hold, Row, Window, totals
+from eventsrc.fleet.sink import NODE_GROUPS, migrate, pg_text, usage_totals
+from tests.support.postgres import PostgresServer
+
+T0 = 1_794_960_000_000_000_000  # 2026-11-18T00:00:00Z
+BYS = ("namespace", "node", "pod", "device", "resource")
+TEXT = st.text(alphabet="ab\\\0\x01é", max_size=3)  # U+0000 and "\": escaped; é: sorted as Python does
+RESOURCES = st.sampled_from(["cpu", "example.com/gpu", "r\\0", "r\0", "é"])
+
+
+@st.composite
+def holds(draw: st.DrawFn) -> tuple[str, Change]:
+    """(node, a hold): from T0 + 0..100 ns, open or lasting 0..60 ns."""
+    start = T0 + draw(st.integers(0, 100))
+    hold = Hold(draw(RESOURCES), draw(TEXT), draw(TEXT), draw(TEXT), draw(TEXT), start)
+    length = draw(st.none() | st.integers(0, 60))
+    return draw(st.sampled_from(["node-a", "node-b", "node-c"])), Change(
+        hold, None if length is None else start + length
+    )
+
+
+#: windows from before the holds to after them, any of them inside, across or outside
+WINDOWS = st.tuples(st.integers(-20, 180), st.integers(-20, 180)).map(lambda w: Window(T0 + w[0], T0 + w[1]))
+
+
+@pytest.fixture(scope="module")
+def conn(postgres_unavailable: str | None) -> Iterator[psycopg.Connection[Any]]:
+    """One PostgreSQL for the module, migrated as the sink migrates it."""
+    if postgres_unavailable is not None:
+        pytest.skip(postgres_unavailable)
+    server = PostgresServer()
+    try:
+        server.start()
+        with psycopg.connect(server.dsn, autocommit=True) as c:
+            migrate(c)
+            yield c
+    finally:
+        server.cleanup()
+
+
+def store(conn: psycopg.Connection[Any], stored: list[tuple[str, Change]]) -> None:
+    """The holds as the sink's ``_hold`` writes them: text through ``pg_text``."""
+    conn.execute("TRUNCATE holds")
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO holds (node, log_id, resource, device, namespace, name, uid, start_ns, end_ns) "
+            "VALUES (%s, 'log', %s, %s, %s, %s, %s, %s, %s)",
+            [
+                (node, *(pg_text(v) for v in (h.resource, h.device, h.namespace, h.name, h.uid)), h.start_ns, end)
+                for node, (h, end) in stored
+            ],
+        )
+
+
+def nodes_own(stored: list[tuple[str, Change]], by: str, w: Window, resources: frozenset[str]) -> list[Row]:
+    """The reference: ``chargeback.totals`` over the holds; ``--by node|device`` each node's own
+    ``audit usage`` rows, the node named first."""
+    if by not in NODE_GROUPS:
+        return totals([c for _, c in stored], by, w, resources)
+    per_node: dict[str, list[Change]] = {}
+    for node, c in stored:
+        per_node.setdefault(node, []).append(c)
+    return sorted(
+        Row((node, *row.group), row.ns)
+        for node, changes in per_node.items()
+        for row in totals(changes, NODE_GROUPS[by], w, resources)
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    stored=st.lists(holds(), max_size=25),
+    windows=st.lists(WINDOWS, min_size=1, max_size=3),
+    resources=st.frozensets(RESOURCES, max_size=2),
+)
+def test_the_sql_totals_are_chargeback_totals(
+    conn: psycopg.Connection[Any], stored: list[tuple[str, Change]], windows: list[Window], resources: frozenset[str]
+) -> None:
+    store(conn, stored)
+    for w in windows:
+        for by in BYS:
+            for only in (frozenset(), resources):
+                assert usage_totals(conn, by, w, only) == nodes_own(stored, by, w, only), (by, w, only)
+
+
+def test_a_total_beyond_a_bigint_is_exact(conn: psycopg.Connection[Any]) -> None:
+    """Two holds of 2^62 ns each: their sum (2^63) is no bigint; it is summed exactly."""
+    long = 1 << 62
+    stored = [("node-a", Change(Hold("cpu", str(i), "ns", "p", "u", 0), long)) for i in range(2)]
+    store(conn, stored)
+    w = Window(0, long)
+    assert usage_totals(conn, "resource", w, frozenset()) == [Row(("cpu",), 1 << 63)]
+    assert nodes_own(stored, "resource", w, frozenset()) == [Row(("cpu",), 1 << 63)]
