@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import takewhile
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 import psycopg
 from psycopg import sql
@@ -46,10 +46,29 @@ from eventsrc.fleet.sink import FLEET_FIELDS, RECORD_COLUMNS, index_rows, migrat
 from eventsrc.offline.render import iso
 from eventsrc.offline.usage import render
 
-if TYPE_CHECKING:
-    from eventsrc.bench.fleet import Options
-
 DATABASE = "fleet_scale"
+PODS_PER_DAY = 48.0  # the nodes' pods arrive every 30 minutes of their logs' time
+
+
+@dataclass(frozen=True)
+class Options:
+    """What ``eventsrc bench fleet`` was asked for (the flags)."""
+
+    nodes: int = 20
+    records: int = 200
+    paced_seconds: float = 20.0
+    rate: float | None = None  # records/s of each node while paced (None: half the sink's, shared)
+    repeats: int = 3
+    ceiling_messages: int = 2000
+    scale_nodes: int = 100
+    records_nodes: int = 100  # of the scale's nodes, those whose records and audit index are loaded
+    days: int = 30
+    pods_per_day: float = PODS_PER_DAY
+    runs: int = 5
+    new_process: bool = True  # also time ``eventsrc fleet usage`` as a command, once
+    keep: bool = False  # keep the bench's directory (the sink's output, the nodes' logs, nats-server's)
+
+
 END_NS = 1_794_960_000 * SEC  # 2026-11-18T00:00:00Z: the end of the loaded history ("now")
 HOLD_COLUMNS = "node, log_id, resource, device, namespace, name, uid, start_ns, end_ns"
 INDEX_COLUMNS = "key, node, log_id, seq"

@@ -542,7 +542,7 @@ def bench_nri(args: argparse.Namespace) -> int:
 
 @_stopped_by_sigterm_too
 def bench_fleet(args: argparse.Namespace) -> int:
-    from eventsrc.bench.fleet import Options, run_fleet_bench
+    from eventsrc.bench.fleet_timing import Options, run_fleet_bench
 
     _at_least(
         ("--nodes", args.nodes, 1),

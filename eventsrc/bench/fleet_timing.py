@@ -55,6 +55,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from eventsrc import events as ev
 from eventsrc.bench import fleet_scale, nats_server, postgres_server, server_process
+from eventsrc.bench.fleet_scale import Options
 from eventsrc.bench.harness import cpu_seconds, pct
 from eventsrc.bench.usage_timing import T0, pods
 from eventsrc.core.chargeback import intervals
@@ -70,32 +71,12 @@ CEILING_STREAM = "EVENTSRC_CEILING"
 CEILING_PREFIX = "eventsrc.ceiling"
 WINDOW = 256  # publishes in flight for JetStream's own rate
 SINGLE = 300  # records rows inserted one a transaction, at most, for a durable commit's cost
-PODS_PER_DAY = 48.0  # the nodes' pods arrive every 30 minutes of their logs' time
 READY_TIMEOUT = 60.0
 RESTARTS = 5  # exits of the sink it is started again after
 DRAIN_TIMEOUT = 600.0  # for the sink to store what was published
 LOG_MAP = 64 << 20  # each node's log map to start with (it grows)
 #: PostgreSQL as in production: every commit durable; and each row's commit time kept
 SETTINGS = {"fsync": "on", "synchronous_commit": "on", "track_commit_timestamp": "on"}
-
-
-@dataclass(frozen=True)
-class Options:
-    """What ``eventsrc bench fleet`` was asked for (the flags)."""
-
-    nodes: int = 20
-    records: int = 200
-    paced_seconds: float = 20.0
-    rate: float | None = None  # records/s of each node while paced (None: half the sink's, shared)
-    repeats: int = 3
-    ceiling_messages: int = 2000
-    scale_nodes: int = 100
-    records_nodes: int = 100  # of the scale's nodes, those whose records and audit index are loaded
-    days: int = 30
-    pods_per_day: float = PODS_PER_DAY
-    runs: int = 5
-    new_process: bool = True  # also time ``eventsrc fleet usage`` as a command, once
-    keep: bool = False  # keep the bench's directory (the sink's output, the nodes' logs, nats-server's)
 
 
 @dataclass
