@@ -38,9 +38,11 @@ typecheck: $(STAMP)
 # Bytecode first: the suite starts an interpreter for every daemon, plugin and CLI call, and
 # where PYTHONDONTWRITEBYTECODE is set each would compile eventsrc from source again.
 # compileall writes the bytecode whatever that variable says (docs/performance.md).
+# Three workers on two cores: many tests wait on subprocesses, servers and syncs, and two
+# workers left a third of the CPU idle; worksteal evens out the tail.
 pytest: $(STAMP)
 	$(PY) -m compileall -q eventsrc tests
-	$(PY) -m pytest -n auto --dist worksteal --durations=25
+	$(PY) -m pytest -n 3 --dist worksteal --durations=25
 
 schemas: $(STAMP)
 	$(PY) -m eventsrc.codegen.schema --write
