@@ -43,7 +43,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import json
+import os
+import stat
 import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -552,11 +555,82 @@ def parse_dra_state(data: bytes | str, source: str = DRA_STATE) -> DRACheckpoint
 # --------------------------------------------------------------------------- files
 
 
-def _read(path: Path) -> bytes:
+#: The most a kubelet checkpoint file may hold. The kubelet's are kilobytes (a pod's devices and
+#: CPUs are a line each): 4 MiB holds some 20,000 device assignments. A larger file is refused
+#: unread, so that a file nobody should have written there cannot take the daemon's memory.
+MAX_CHECKPOINT_BYTES = 4 << 20
+
+
+#: What says a file is unchanged since it was read: its device, inode, size, mtime and ctime (ns)
+FileKey = tuple[int, int, int, int, int]
+
+
+def open_regular(path: Path, cap: int = MAX_CHECKPOINT_BYTES) -> tuple[int, FileKey] | None:
+    """``path`` opened for reading (a descriptor the caller closes) and its key, or None when it
+    is not there. Opened without blocking (a FIFO's open would wait for a writer for ever) and
+    without following a symbolic link (the kubelet writes its checkpoints in place, by rename;
+    a link could lead to a device or to anything on the host); a FIFO, device, socket or
+    directory, or a file over ``cap`` bytes, is refused with CheckpointError, unread."""
     try:
-        return path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CheckpointError(f"{path}: is a symbolic link (a checkpoint is a regular file)") from None
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(f"{path}: is not a regular file (a {_kind(st.st_mode)})")
+        if st.st_size > cap:
+            raise CheckpointError(f"{path}: {st.st_size} bytes, over the {cap}-byte cap of a checkpoint file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISLNK, "symbolic link"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def read_open(fd: int, path: Path, cap: int = MAX_CHECKPOINT_BYTES) -> bytes:
+    """At most ``cap`` bytes of the open file ``fd`` (closed here): one that grew past the cap
+    while it was read is refused."""
+    try:
+        chunks, size = [], 0
+        while size <= cap:
+            chunk = os.read(fd, min(1 << 20, cap + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
     except OSError as exc:
         raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if size > cap:
+        raise CheckpointError(f"{path}: grew past the {cap}-byte cap of a checkpoint file while it was read")
+    return b"".join(chunks)
+
+
+def _read(path: Path) -> bytes:
+    """The file, read safely (``open_regular``); CheckpointError when it cannot be or is not there."""
+    opened = open_regular(path)
+    if opened is None:
+        raise CheckpointError(f"cannot read {path}: No such file or directory")
+    return read_open(opened[0], path)
 
 
 def read_device_checkpoint(path: Path) -> DeviceCheckpoint:

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 from grpclib import Status
@@ -240,6 +241,7 @@ class Beside:
         self._removed: set[str] = set()  # uids whose last sandbox the runtime removed
         self._wake = trio.Event()
         self._said: dict[str, str] = {}  # checkpoint path -> the reason last recorded
+        self._files: dict[str, _Read] = {}  # checkpoint name -> as last read (read again only when changed)
         self._device_uids: dict[tuple[str, str, str], str] = {}
         self._runtime_gaps: list[ev._Event] = []  # to record: the runtime (dis)connected
         self._missing: frozenset[str] = frozenset()  # observed pods the last complete look did not list
@@ -414,10 +416,15 @@ class Beside:
         events: list[ev._Event] = []
         gaps = self.recorder.views.kubelet.gaps
         paths = self.options.checkpoints()
-        results = await trio.to_thread.run_sync(_read_checkpoints, paths)  # one thread for all: small files
+        # one thread for all (small files, each opened without blocking); abandoned on cancel, so
+        # that whatever a read does, the daemon stops
+        before = self._files
+        self._files = await trio.to_thread.run_sync(_read_checkpoints, paths, before, abandon_on_cancel=True)
         for name, path in paths.items():
             source = f"checkpoint {path}"
-            read = results[name]
+            read = self._files[name].result
+            if self._files[name] is before.get(name) and not isinstance(read, ki.CheckpointError):
+                continue  # unchanged since it was read: nothing new in it
             if isinstance(read, ki.CheckpointError):
                 reason = str(read)
                 if self._said.get(str(path)) != reason:
@@ -456,34 +463,55 @@ class Beside:
             await watched.aclose()
 
 
-def _read_checkpoints(paths: dict[str, Path]) -> dict[str, Any]:
-    """Each file parsed (None: not there), or the CheckpointError that says why not."""
-    out: dict[str, Any] = {}
+class _Read(NamedTuple):
+    """A checkpoint file as last read: its key (None: not there) and what it gave."""
+
+    key: ki.FileKey | None
+    result: Any  # the parsed file, None (not there), or the CheckpointError that says why not
+
+
+def _read_checkpoints(paths: dict[str, Path], before: dict[str, _Read]) -> dict[str, _Read]:
+    """Each file parsed, or why not; a file whose key is the one ``before`` gives is not read
+    again (the same answer). A worker thread's; nothing in it waits on anything but the disk:
+    the files are opened without blocking and read up to a cap (``ki.open_regular``)."""
+    out: dict[str, _Read] = {}
     for name, path in paths.items():
         try:
-            out[name] = _read_checkpoint(name, path)
+            opened = ki.open_regular(path)
         except ki.CheckpointError as exc:
-            out[name] = exc
+            out[name] = _Read(None, exc)
+            continue
+        if opened is None:
+            out[name] = _Read(None, None)
+            continue
+        fd, key = opened
+        last = before.get(name)
+        if last is not None and last.key == key:
+            os.close(fd)
+            out[name] = last
+            continue
+        try:
+            out[name] = _Read(key, _parse_checkpoint(name, path, ki.read_open(fd, path)))
+        except ki.CheckpointError as exc:
+            out[name] = _Read(key, exc)
     return out
 
 
-def _read_checkpoint(name: str, path: Path) -> Any:
-    """The parsed file, None when it is not there (that manager is off). Raises CheckpointError."""
-    if not path.exists():
-        return None
+def _parse_checkpoint(name: str, path: Path, data: bytes) -> Any:
+    """The parsed file. Raises CheckpointError."""
     if name == ki.DEVICE_CHECKPOINT:
-        return ki.read_device_checkpoint(path)
+        return ki.parse_device_checkpoint(data, str(path))
     if name == ki.CPU_STATE:
-        return ki.read_cpu_state(path)
+        return ki.parse_cpu_state(data, str(path))
     if name == ki.DRA_STATE:
-        return ki.read_dra_state(path)
+        return ki.parse_dra_state(data, str(path))
     try:  # the memory manager's: eventsrc has no reader of its own; it must be JSON with a checksum
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
+        parsed = json.loads(data)
+    except ValueError as exc:
         raise ki.CheckpointError(f"{path}: not a readable JSON checkpoint: {exc}") from None
-    if not isinstance(data, dict) or "checksum" not in data:
+    if not isinstance(parsed, dict) or "checksum" not in parsed:
         raise ki.CheckpointError(f"{path}: not a memory manager checkpoint (no checksum)")
-    return data
+    return parsed
 
 
 class _Watch:

@@ -276,3 +276,36 @@ def test_root_inside_the_kubelet_directory_and_enforce_are_refused(kubelet: Stan
         root=kubelet.root.parent / "own",
     )  # fmt: skip
     assert enforce.returncode != 0 and "observe" in enforce.stderr
+
+
+def test_hostile_checkpoint_files_are_refused_recorded_and_neither_blind_nor_hold_the_daemon(
+    kubelet: StandInKubelet, root: Path, daemon_factory: type[Daemon]
+) -> None:
+    """Issue 34: a FIFO in the place of cpu_manager_state, the device checkpoint a link to
+    /dev/zero, a 2 GB sparse dra_manager_state and a memory_manager_state whose CPU list names a
+    billion CPUs: each refused unread or unexpanded, recorded once, a gap; PodResources still
+    observed; SIGTERM stops the daemon."""
+    kubelet.set_pod("default", "a", [Container("main", devices=[Device(RESOURCE, "d-1")], cpus=[1])], uid="uid-a")
+    kubelet.write_checkpoints()
+    cpu_state = kubelet.root / "cpu_manager_state"
+    devices = kubelet.root / "device-plugins" / "kubelet_internal_checkpoint"
+    dra = kubelet.root / "dra_manager_state"
+    for p in (cpu_state, devices, dra):
+        p.unlink()
+    os.mkfifo(cpu_state)
+    devices.symlink_to("/dev/zero")
+    with open(dra, "wb") as f:
+        f.truncate(2 << 30)
+    daemon = beside(daemon_factory, kubelet, "--beside-kubelet-resync", "1s")  # a look each second
+    failed = lambda: {r["event"]["path"]: r["event"]["reason"] for r in of_type(root, "KubeletCheckpointReadFailed")}  # noqa: E731
+    daemon.eventually(lambda: len(failed()) == 3, "the three files refused")
+    reasons = failed()
+    assert "not a regular file (a FIFO)" in reasons[str(cpu_state)]
+    assert "symbolic link" in reasons[str(devices)]
+    assert "cap" in reasons[str(dra)]
+    daemon.eventually(lambda: holds(root, "d-1") == [("default/a", "main", "kubelet", True)], "the hold")
+    kubelet.set_pod("default", "b", [Container("main", devices=[Device(RESOURCE, "d-2")], cpus=[0])], uid="uid-b")
+    daemon.eventually(lambda: holds(root, "d-2") == [("default/b", "main", "kubelet", True)], "a later hold seen")
+    assert len(of_type(root, "KubeletCheckpointReadFailed")) == 3  # once each, not once per look
+    assert daemon.exited() is None
+    assert daemon.stop() == 0  # whatever a read of those files does, SIGTERM stops it

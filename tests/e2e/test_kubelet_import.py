@@ -9,6 +9,7 @@ rules of that section (spew-FNV for the device and CPU files, CRC32 for DRA).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import grpc
@@ -342,3 +343,16 @@ def test_dry_run_prints_events_and_writes_nothing(root: Path) -> None:
     assert "CPUsAssigned" in proc.stdout and "would import: 3 pods" in proc.stdout
     proc = run_cli("import-kubelet", root=root)
     assert proc.returncode == 1 and "nothing to import" in proc.stderr
+
+
+def test_a_fifo_or_a_link_given_to_import_is_one_line_and_nothing_waits(root: Path, tmp_path: Path) -> None:
+    """Issue 34: the files import-kubelet reads are opened without blocking (a FIFO used to wait for
+    a writer for ever) and a link is not followed."""
+    fifo = tmp_path / "cpu_manager_state"
+    os.mkfifo(fifo)
+    link = tmp_path / "kubelet_internal_checkpoint"
+    link.symlink_to("/dev/zero")
+    for flag, path, words in (("--cpu-state", fifo, "FIFO"), ("--device-checkpoint", link, "symbolic link")):
+        proc = run_cli("import-kubelet", flag, str(path), root=root, timeout=30)
+        assert proc.returncode != 0 and words in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

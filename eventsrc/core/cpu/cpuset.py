@@ -149,27 +149,48 @@ def format_list(ascending: Iterable[int]) -> str:
 
 def _atoi(text: str, whole: str, element: str) -> int:
     if not _GO_INT.fullmatch(text):
-        what = "an empty number" if text == "" else f"{text!r} is not a number"
-        raise CPUSetParseError(f"invalid CPU list {whole!r}: element {element!r}: {what}")
+        what = "an empty number" if text == "" else f"{text[:40]!r} is not a number"
+        raise CPUSetParseError(f"invalid CPU list {_short(whole)}: element {element[:40]!r}: {what}")
     value = int(text)
     if abs(value) > _INT64_MAX:
-        raise CPUSetParseError(f"invalid CPU list {whole!r}: element {element!r}: {text} is out of range")
+        raise CPUSetParseError(f"invalid CPU list {_short(whole)}: element {element[:40]!r}: {text} is out of range")
     return value
 
 
+#: No CPU id reaches this: Linux's NR_CPUS is at most 8192 on every architecture it builds for
+#: (x86's MAXSMP is 8192). A list naming one is refused before any range is expanded, so that a
+#: file or message saying "0-999999999" cannot make a set of a billion ids (issue 34).
+MAX_CPUS = 8192
+
+
 def parse(text: str) -> CPUSet:
-    """Parse a Linux CPU list exactly as k8s.io/utils/cpuset ``Parse`` does."""
+    """Parse a Linux CPU list exactly as k8s.io/utils/cpuset ``Parse`` does, but refuse an id of
+    ``MAX_CPUS`` or more (no machine has it) before expanding anything."""
     if text == "":
         return CPUSet()
     cpus: set[int] = set()
     for element in text.split(","):
         start_text, dash, end_text = element.partition("-")
         if not dash:
-            cpus.add(_atoi(element, text, element))
+            cpus.add(_bounded(_atoi(element, text, element), text))
             continue
         start = _atoi(start_text, text, element)
-        end = _atoi(end_text, text, element)
+        end = _bounded(_atoi(end_text, text, element), text)
         if start > end:
-            raise CPUSetParseError(f"invalid CPU list {text!r}: range {element!r} is reversed ({start} > {end})")
+            raise CPUSetParseError(
+                f"invalid CPU list {_short(text)}: range {element[:40]!r} is reversed ({start} > {end})"
+            )
         cpus.update(range(start, end + 1))
     return CPUSet(cpus)
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 80 else f"{text[:80]!r}..."
+
+
+def _bounded(cpu: int, text: str) -> int:
+    if cpu >= MAX_CPUS:
+        raise CPUSetParseError(
+            f"invalid CPU list {_short(text)}: CPU {cpu} is beyond any machine's (at most {MAX_CPUS})"
+        )
+    return cpu
