@@ -328,6 +328,57 @@ def taken_from_another(view: KubeletView, look: Look) -> bool:
     return False
 
 
+#: The ``resource`` a double allocation of exclusive CPUs is found under.
+CPUS = "cpu"
+
+
+def held_twice(view: KubeletView, wanted: Iterable[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
+    """Of ``wanted`` ((resource, device id), or (``CPUS``, CPU number as text)), those the
+    kubelet lists for containers of two or more pods at once, with their holders
+    ("namespace/name/container", the pod's first container with it). Two containers of one pod
+    are one holder (an init container's devices and CPUs are handed on); DRA claim devices are
+    not judged (a claim may be shared); a CPU in the observed shared pool is not exclusive (a
+    kubelet before 1.27's GetExclusiveCPUs lists the shared pool for other containers)."""
+    keys = set(wanted)
+    shared = {str(c) for c in view.shared}
+    holders: dict[tuple[str, str], list[str]] = {}
+    for key, pod in view.pods.items():
+        for cname, c in pod.containers.items():
+            held = [(r, i) for r, ids in c.devices.items() for i in ids]
+            held += [(CPUS, str(cpu)) for cpu in c.cpus if str(cpu) not in shared]
+            for k in held:
+                if k not in keys:
+                    continue
+                pods = holders.setdefault(k, [])
+                if not any(p.startswith(f"{key}/") for p in pods):
+                    pods.append(f"{key}/{cname}")
+    return {k: pods for k, pods in holders.items() if len(pods) > 1}
+
+
+def newly_held(events: Iterable[ev._Event]) -> list[tuple[str, str]]:
+    """What observed events say a container holds now: (resource, device id), (``CPUS``, cpu)."""
+    out: list[tuple[str, str]] = []
+    for e in events:
+        if isinstance(e, ev.KubeletDevicesObserved):
+            out += [(e.resource, i) for i in e.device_ids]
+        elif isinstance(e, ev.KubeletCPUsObserved):
+            out += [(CPUS, str(c)) for c in e.cpus]
+    return out
+
+
+def double_allocations(view: KubeletView, events: Iterable[ev._Event]) -> list[ev.KubeletDoubleAllocationFound]:
+    """The findings once ``events`` (observed) are applied to ``view``: each device or exclusive
+    CPU they name that the kubelet now lists for two pods at once, one finding per resource and
+    set of holders."""
+    found: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for (resource, i), pods in sorted(held_twice(view, newly_held(events)).items()):
+        found.setdefault((resource, tuple(pods)), []).append(i)
+    return [
+        ev.KubeletDoubleAllocationFound(resource=resource, ids=ids, holders=list(pods))
+        for (resource, pods), ids in found.items()
+    ]
+
+
 def allocatable_changes(
     view: KubeletView, devices: Mapping[str, Mapping[str, tuple[int, ...]]], cpus: Iterable[int]
 ) -> list[ev._Event]:
@@ -365,10 +416,14 @@ __all__ = [
     "SeenContainer",
     "SeenDevices",
     "SeenPod",
+    "CPUS",
     "allocatable_changes",
+    "double_allocations",
+    "held_twice",
     "identities",
     "observe",
     "missing",
+    "newly_held",
     "release_gone",
     "runs",
     "taken_from_another",
