@@ -338,16 +338,17 @@ def shared_pool_violations(views: Views, group: list[Record]) -> list[Violation]
 
 
 def kubelet_double_allocations(views: Views, group: list[Record]) -> list[Violation]:
-    """The findings at the end of ``group``: each KubeletDevicesObserved or KubeletCPUsObserved
-    of it naming a device or exclusive CPU that containers of two observed pods hold."""
+    """The findings at the end of ``group``: each device or exclusive CPU that a
+    KubeletDevicesObserved or KubeletCPUsObserved of it names and containers of two observed
+    pods hold, blamed on the last such record."""
     observed = [r for r in group if isinstance(r.event, (ev.KubeletDevicesObserved, ev.KubeletCPUsObserved))]
     if not observed:
         return []
     twice = held_twice(views.kubelet, newly_held(r.event for r in observed))
     out = []
-    for r in observed:
+    for r in reversed(observed):  # each blamed once, on the last record of the run naming it
         for resource, i in newly_held([r.event]):
-            both = twice.get((resource, i), [])
+            both = twice.pop((resource, i), [])
             if len(both) > 1:
                 if resource == CPUS:
                     rule, what = "kubelet-cpu-in-two-pods", f"exclusive cpu {i}"
@@ -355,7 +356,7 @@ def kubelet_double_allocations(views: Views, group: list[Record]) -> list[Violat
                     rule, what = "kubelet-device-in-two-pods", f"{resource} device {i}"
                 message = f"{what} is held by {' and '.join(both)} at once (the kubelet's decision)"
                 out.append(_v(rule, message, r, group[-1].seq))
-    return out
+    return out[::-1]
 
 
 def _owners(views: Views, cpus: CPUSet) -> str:

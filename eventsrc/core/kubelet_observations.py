@@ -109,19 +109,21 @@ def identities(runtime: RuntimeView | None, checkpoint: Mapping[tuple[str, str, 
     return Identities(sandboxes=sandboxes, checkpoint=checkpoint, runtime_seen=runtime is not None)
 
 
-def _uid(pod: SeenPod, ids: Identities, view: KubeletView) -> str | None:
+def _uid(pod: SeenPod, ids: Identities, view: KubeletView, shared: frozenset[tuple[str, str, str]]) -> str | None:
     """The pod's uid, "" when nothing says it, None when the runtime is seen and has no
     sandbox of it (not observed now). The device checkpoint names a uid only when every device
-    the pod is listed with maps to that one uid, and no other observed pod has it (the
-    checkpoint lags the kubelet: it may still name the device's previous holder)."""
+    the pod is listed with maps to that one uid, none of them is listed for another pod in the
+    same look (``shared``: the checkpoint's entry names one of them), and no other observed pod
+    has it (the checkpoint lags the kubelet: it may still name the device's previous holder)."""
     uid = ids.sandboxes.get(pod.key)
     if uid is not None:
         return uid
     if ids.runtime_seen:
         return None
-    found = {
-        ids.checkpoint.get((c.name, d.resource, i), "") for c in pod.containers for d in c.devices for i in d.device_ids
-    }
+    keys = {(c.name, d.resource, i) for c in pod.containers for d in c.devices for i in d.device_ids}
+    if keys & shared:
+        return ""
+    found = {ids.checkpoint.get(k, "") for k in keys}
     if len(found) != 1:
         return ""
     (uid,) = found
@@ -224,8 +226,13 @@ def observe(view: KubeletView, look: Look, ids: Identities) -> list[ev._Event]:
     ``release_gone``."""
     releases: list[ev._Event] = []
     holds: list[ev._Event] = []
+    listed: dict[tuple[str, str, str], int] = {}
+    for pod in look.pods:
+        for k in {(c.name, d.resource, i) for c in pod.containers for d in c.devices for i in d.device_ids}:
+            listed[k] = listed.get(k, 0) + 1
+    shared = frozenset(k for k, n in listed.items() if n > 1)  # the kubelet gave it to two pods
     for pod in sorted(look.pods, key=lambda p: p.key):
-        uid = _uid(pod, ids, view)
+        uid = _uid(pod, ids, view, shared)
         if uid is None:
             continue  # the runtime has no sandbox of it (yet, or any more): not observed now
         held = view.pods.get(pod.key)
