@@ -226,11 +226,11 @@ def observe(view: KubeletView, look: Look, ids: Identities) -> list[ev._Event]:
     ``release_gone``."""
     releases: list[ev._Event] = []
     holds: list[ev._Event] = []
-    listed: dict[tuple[str, str, str], int] = {}
+    pods_with: dict[tuple[str, str, str], int] = {}
     for pod in look.pods:
         for k in {(c.name, d.resource, i) for c in pod.containers for d in c.devices for i in d.device_ids}:
-            listed[k] = listed.get(k, 0) + 1
-    shared = frozenset(k for k, n in listed.items() if n > 1)  # the kubelet gave it to two pods
+            pods_with[k] = pods_with.get(k, 0) + 1
+    shared = frozenset(k for k, n in pods_with.items() if n > 1)  # the kubelet gave it to two pods
     for pod in sorted(look.pods, key=lambda p: p.key):
         uid = _uid(pod, ids, view, shared)
         if uid is None:
