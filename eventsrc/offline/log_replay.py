@@ -809,7 +809,8 @@ def _check(log: History, views: Views, until: Point, args: argparse.Namespace, t
         print_violation(found, correlated(log, found.correlation_id), args.output)
         return 1
     if as_json:
-        print(json.dumps({"ok": not findings, "events": checker.events, "findings": findings}))
+        summary: dict[str, Any] = {"ok": not findings, "events": checker.events}
+        print(json.dumps(summary | ({"findings": findings} if findings else {})))
     else:
         kubelet = f"; {findings} finding(s) about the kubelet" if findings else ""
         print(f"no invariant broken in {checker.events} events{kubelet}")
