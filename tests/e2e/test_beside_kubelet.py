@@ -292,7 +292,9 @@ def test_a_device_the_kubelet_gives_two_pods_is_a_finding_about_the_kubelet(
     assert said == {(RESOURCE, ("d-1",), both), ("cpu", ("1",), both)}
     daemon.eventually(lambda: "the kubelet gave one resource to two pods at once" in daemon.output(), "the warning")
     text = run_cli("audit", "device", RESOURCE, "d-1", root=root, check=True).stdout
-    assert "team-a/a" in text and "team-b/b" in text
+    assert "found about the kubelet (1)" in text and "the kubelet gave it to team-a/a/main and team-b/b/main" in text
+    finding = audit_device(root, "d-1")["findings"]
+    assert [f["holders"] for f in finding] == [list(both)]
     assert daemon.exited() is None
     daemon.stop()
     # eventsrc wrote this log and kept its invariants: replay --check says the kubelet's fault apart
