@@ -628,6 +628,17 @@ class KubeletCheckpointReadFailed(_Event, frozen=True):
     reason: str
 
 
+class KubeletDoubleAllocationFound(_Event, frozen=True):
+    """The kubelet lists one device (``resource`` a device plugin's resource name) or exclusive
+    CPU (``resource`` "cpu") for containers of two or more pods at once (``holders``,
+    "namespace/name/container" each). The kubelet's decision, observed: a finding about the
+    kubelet, never a failure of eventsrc (docs/adr/0038; ``replay --check`` exits 3 on it)."""
+
+    resource: str
+    ids: list[str]
+    holders: list[str]
+
+
 class ObservationGapFound(_Event, frozen=True):
     """A time eventsrc could not see something it records: ``source`` is "kubelet",
     "runtime" or "eventsrc" (itself not running). ``until_ns`` 0: the gap is still open (a
@@ -698,6 +709,7 @@ Event = (
     | KubeletAllocatableChanged
     | KubeletSharedPoolObserved
     | KubeletCheckpointReadFailed
+    | KubeletDoubleAllocationFound
     | ObservationGapFound
 )
 

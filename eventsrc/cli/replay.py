@@ -17,7 +17,11 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         description="Replay a log read-only (it never writes to what it reads, so it works on a copy taken "
         "from another machine): the views as they were --until SEQ|TIME, every event with the change it made "
         "(--step), or the invariants checked at every event (--check: stops at the first event that breaks one "
-        "and prints it with the events sharing its correlation id; exit 1). Same as tools/replay/replay.py.",
+        "and prints it with the events sharing its correlation id; exit 1). Beside a kubelet, what the kubelet "
+        "got wrong (a device or exclusive CPU it gave two pods at once) is a finding, printed apart, and the "
+        "check goes on. --check exits 0 when nothing is found, 1 when an invariant eventsrc keeps is broken "
+        "(or a record is corrupt), 5 when findings about the kubelet are all it found (2 a usage error; 3 and 4 "
+        "a log it cannot read: newer, damaged). Same as tools/replay/replay.py.",
     )
     add_arguments(p, path_required=False)
     p.set_defaults(func=replay)

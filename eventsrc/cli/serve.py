@@ -224,7 +224,7 @@ def _fleet_flags(p: argparse.ArgumentParser) -> None:
         "--node-name",
         default=None,
         metavar="NAME",
-        help="this node's name in the fleet, a Kubernetes node name (default: the host name)",
+        help="this node's name in the fleet, a Kubernetes node name (default: the host name; an empty name is refused)",
     )
 
 
@@ -452,7 +452,7 @@ def _fleet(cfg: Configuration) -> FleetOptions | None:
 def config_print(args: argparse.Namespace) -> int:
     from eventsrc.inputs import config
 
-    fields = config.to_builtins(effective_config(args))
+    fields = config.as_file(effective_config(args))
     if args.output == "json":
         print(json.dumps(fields, indent=2, ensure_ascii=False))
     else:

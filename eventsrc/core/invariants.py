@@ -37,15 +37,22 @@ Each rule has a short name (``RULES``). How each one is detected:
 * ``reserved-under-admitted-pod``: a PodAdmitted (or a DevicesReserved) after which a
   device is still only reserved for the admitted pod: its Allocate outcome was never
   recorded, yet the pod was acknowledged (two admissions of one uid at once did this).
-* ``kubelet-device-in-two-pods``: beside a kubelet (``serve --beside-kubelet``), at the end of
-  a run of records sharing a correlation id with a KubeletDevicesObserved, a device the
-  observed views say containers of two pods hold at once. The kubelet's decision, not
-  eventsrc's: the rules above judge only eventsrc's own views, which observed facts never
-  change. Two containers of one pod are not judged (an init container's devices are handed on),
-  nor DRA claim devices (a claim may be shared by pods).
 * ``unexpected-transition``: an event that arrives at a pod, a device or a claim in a
   state whose row of its lifecycle table (``eventsrc.state.lifecycles``) does not expect
   it. The reducers apply it anyway (they are total); this rule says it happened.
+
+Beside a kubelet (``serve --beside-kubelet``) the kubelet decides, and eventsrc records what it
+saw. What the kubelet got wrong is a *finding* (``FINDINGS``), reported apart from the rules
+above, which judge only eventsrc's own views (observed facts never change them), so that a
+health check can tell a kubelet's fault from eventsrc's (docs/adr/0038):
+
+* ``kubelet-device-in-two-pods``: at the end of a run of records sharing a correlation id with
+  a KubeletDevicesObserved, a device the observed views say containers of two pods hold at once.
+* ``kubelet-cpu-in-two-pods``: likewise an exclusive CPU, after a KubeletCPUsObserved.
+
+Two containers of one pod are not judged (an init container's resources are handed on), nor
+DRA claim devices (a claim may be shared by pods), nor CPUs in the observed shared pool
+(``eventsrc.core.kubelet_observations.held_twice`` says what is held twice).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from dataclasses import dataclass, field
 
 from eventsrc import events as ev
 from eventsrc.core.cpu.cpuset import CPUSet, CPUSetParseError
+from eventsrc.core.kubelet_observations import CPUS, held_twice, newly_held
 from eventsrc.events import CorruptRecordError, Record
 from eventsrc.state.apply import apply, lifecycle_steps
 from eventsrc.state.lifecycles import (
@@ -79,7 +87,12 @@ RULES: dict[str, str] = {
     "unhealthy-device-allocated": "no allocation of an unhealthy device",
     "reserved-under-admitted-pod": "no device of an admitted pod left reserved without its allocation",
     "unexpected-transition": "every event arrives in a state its lifecycle expects it in",
-    "kubelet-device-in-two-pods": "no device the kubelet gave to two pods at once (observed: the kubelet's fault)",
+}
+
+#: What a kubelet beside eventsrc got wrong: findings, not invariants eventsrc keeps.
+FINDINGS: dict[str, str] = {
+    "kubelet-device-in-two-pods": "a device the kubelet gave to two pods at once (observed: the kubelet's fault)",
+    "kubelet-cpu-in-two-pods": "an exclusive CPU the kubelet gave to two pods at once (observed: the kubelet's fault)",
 }
 
 #: How many later admissions' outcomes a reservation may wait behind (``dangling-reservation``).
@@ -105,6 +118,11 @@ class Violation:
     correlation_id: str = ""
     #: the record after which it was seen (later than ``seq`` for the deferred rules)
     detected_seq: int = 0
+
+    @property
+    def finding(self) -> bool:
+        """A finding about the kubelet (``FINDINGS``), not a broken invariant of eventsrc's."""
+        return self.rule in FINDINGS
 
 
 # --------------------------------------------------------------------------- helpers
@@ -319,33 +337,26 @@ def shared_pool_violations(views: Views, group: list[Record]) -> list[Violation]
     return []
 
 
-def kubelet_devices_shared(views: Views, group: list[Record]) -> list[Violation]:
-    """``kubelet-device-in-two-pods`` at the end of ``group``: each of its KubeletDevicesObserved
-    naming a device that containers of two observed pods hold."""
-    observed = [r for r in group if isinstance(r.event, ev.KubeletDevicesObserved)]
+def kubelet_double_allocations(views: Views, group: list[Record]) -> list[Violation]:
+    """The findings at the end of ``group``: each device or exclusive CPU that a
+    KubeletDevicesObserved or KubeletCPUsObserved of it names and containers of two observed
+    pods hold, blamed on the last such record."""
+    observed = [r for r in group if isinstance(r.event, (ev.KubeletDevicesObserved, ev.KubeletCPUsObserved))]
     if not observed:
         return []
-    wanted = {
-        (e.resource, i) for r in observed if isinstance(e := r.event, ev.KubeletDevicesObserved) for i in e.device_ids
-    }
-    holders: dict[tuple[str, str], list[str]] = {}
-    for key, pod in views.kubelet.pods.items():
-        for cname, c in pod.containers.items():
-            for resource, ids in c.devices.items():
-                for i in ids:
-                    pods = holders.setdefault((resource, i), [])
-                    if (resource, i) in wanted and not any(p.startswith(f"{key}/") for p in pods):
-                        pods.append(f"{key}/{cname}")
+    twice = held_twice(views.kubelet, newly_held(r.event for r in observed))
     out = []
-    for r in observed:
-        e = r.event
-        assert isinstance(e, ev.KubeletDevicesObserved)
-        for i in e.device_ids:
-            both = holders.get((e.resource, i), [])
+    for r in reversed(observed):  # each blamed once, on the last record of the run naming it
+        for resource, i in newly_held([r.event]):
+            both = twice.pop((resource, i), [])
             if len(both) > 1:
-                message = f"{e.resource} device {i} is held by {' and '.join(both)} at once (the kubelet's decision)"
-                out.append(_v("kubelet-device-in-two-pods", message, r, group[-1].seq))
-    return out
+                if resource == CPUS:
+                    rule, what = "kubelet-cpu-in-two-pods", f"exclusive cpu {i}"
+                else:
+                    rule, what = "kubelet-device-in-two-pods", f"{resource} device {i}"
+                message = f"{what} is held by {' and '.join(both)} at once (the kubelet's decision)"
+                out.append(_v(rule, message, r, group[-1].seq))
+    return out[::-1]
 
 
 def _owners(views: Views, cpus: CPUSet) -> str:
@@ -423,7 +434,7 @@ class Checker:
 
     def _end_group(self) -> list[Violation]:
         group, self.group = self.group, []
-        out = shared_pool_violations(self.views, group) + kubelet_devices_shared(self.views, group)
+        out = shared_pool_violations(self.views, group) + kubelet_double_allocations(self.views, group)
         pods = self.views.pods.pods
         for uid, res in list(self.reservations.items()):
             pod = pods.get(uid)

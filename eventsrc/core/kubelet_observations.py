@@ -109,19 +109,21 @@ def identities(runtime: RuntimeView | None, checkpoint: Mapping[tuple[str, str, 
     return Identities(sandboxes=sandboxes, checkpoint=checkpoint, runtime_seen=runtime is not None)
 
 
-def _uid(pod: SeenPod, ids: Identities, view: KubeletView) -> str | None:
+def _uid(pod: SeenPod, ids: Identities, view: KubeletView, shared: frozenset[tuple[str, str, str]]) -> str | None:
     """The pod's uid, "" when nothing says it, None when the runtime is seen and has no
     sandbox of it (not observed now). The device checkpoint names a uid only when every device
-    the pod is listed with maps to that one uid, and no other observed pod has it (the
-    checkpoint lags the kubelet: it may still name the device's previous holder)."""
+    the pod is listed with maps to that one uid, none of them is listed for another pod in the
+    same look (``shared``: the checkpoint's entry names one of them), and no other observed pod
+    has it (the checkpoint lags the kubelet: it may still name the device's previous holder)."""
     uid = ids.sandboxes.get(pod.key)
     if uid is not None:
         return uid
     if ids.runtime_seen:
         return None
-    found = {
-        ids.checkpoint.get((c.name, d.resource, i), "") for c in pod.containers for d in c.devices for i in d.device_ids
-    }
+    keys = {(c.name, d.resource, i) for c in pod.containers for d in c.devices for i in d.device_ids}
+    if keys & shared:
+        return ""
+    found = {ids.checkpoint.get(k, "") for k in keys}
     if len(found) != 1:
         return ""
     (uid,) = found
@@ -224,8 +226,13 @@ def observe(view: KubeletView, look: Look, ids: Identities) -> list[ev._Event]:
     ``release_gone``."""
     releases: list[ev._Event] = []
     holds: list[ev._Event] = []
+    pods_with: dict[tuple[str, str, str], int] = {}
+    for pod in look.pods:
+        for k in {(c.name, d.resource, i) for c in pod.containers for d in c.devices for i in d.device_ids}:
+            pods_with[k] = pods_with.get(k, 0) + 1
+    shared = frozenset(k for k, n in pods_with.items() if n > 1)  # the kubelet gave it to two pods
     for pod in sorted(look.pods, key=lambda p: p.key):
-        uid = _uid(pod, ids, view)
+        uid = _uid(pod, ids, view, shared)
         if uid is None:
             continue  # the runtime has no sandbox of it (yet, or any more): not observed now
         held = view.pods.get(pod.key)
@@ -328,6 +335,57 @@ def taken_from_another(view: KubeletView, look: Look) -> bool:
     return False
 
 
+#: The ``resource`` a double allocation of exclusive CPUs is found under.
+CPUS = "cpu"
+
+
+def held_twice(view: KubeletView, wanted: Iterable[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
+    """Of ``wanted`` ((resource, device id), or (``CPUS``, CPU number as text)), those the
+    kubelet lists for containers of two or more pods at once, with their holders
+    ("namespace/name/container", the pod's first container with it). Two containers of one pod
+    are one holder (an init container's devices and CPUs are handed on); DRA claim devices are
+    not judged (a claim may be shared); a CPU in the observed shared pool is not exclusive (a
+    kubelet before 1.27's GetExclusiveCPUs lists the shared pool for other containers)."""
+    keys = set(wanted)
+    shared = {str(c) for c in view.shared}
+    holders: dict[tuple[str, str], list[str]] = {}
+    for key, pod in view.pods.items():
+        for cname, c in pod.containers.items():
+            held = [(r, i) for r, ids in c.devices.items() for i in ids]
+            held += [(CPUS, str(cpu)) for cpu in c.cpus if str(cpu) not in shared]
+            for k in held:
+                if k not in keys:
+                    continue
+                pods = holders.setdefault(k, [])
+                if not any(p.startswith(f"{key}/") for p in pods):
+                    pods.append(f"{key}/{cname}")
+    return {k: pods for k, pods in holders.items() if len(pods) > 1}
+
+
+def newly_held(events: Iterable[ev._Event]) -> list[tuple[str, str]]:
+    """What observed events say a container holds now: (resource, device id), (``CPUS``, cpu)."""
+    out: list[tuple[str, str]] = []
+    for e in events:
+        if isinstance(e, ev.KubeletDevicesObserved):
+            out += [(e.resource, i) for i in e.device_ids]
+        elif isinstance(e, ev.KubeletCPUsObserved):
+            out += [(CPUS, str(c)) for c in e.cpus]
+    return out
+
+
+def double_allocations(view: KubeletView, events: Iterable[ev._Event]) -> list[ev.KubeletDoubleAllocationFound]:
+    """The findings once ``events`` (observed) are applied to ``view``: each device or exclusive
+    CPU they name that the kubelet now lists for two pods at once, one finding per resource and
+    set of holders."""
+    found: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for (resource, i), pods in sorted(held_twice(view, newly_held(events)).items()):
+        found.setdefault((resource, tuple(pods)), []).append(i)
+    return [
+        ev.KubeletDoubleAllocationFound(resource=resource, ids=ids, holders=list(pods))
+        for (resource, pods), ids in found.items()
+    ]
+
+
 def allocatable_changes(
     view: KubeletView, devices: Mapping[str, Mapping[str, tuple[int, ...]]], cpus: Iterable[int]
 ) -> list[ev._Event]:
@@ -365,10 +423,14 @@ __all__ = [
     "SeenContainer",
     "SeenDevices",
     "SeenPod",
+    "CPUS",
     "allocatable_changes",
+    "double_allocations",
+    "held_twice",
     "identities",
     "observe",
     "missing",
+    "newly_held",
     "release_gone",
     "runs",
     "taken_from_another",

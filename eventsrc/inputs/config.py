@@ -407,7 +407,14 @@ def _mapping(data: bytes, name: str) -> dict[str, Any]:
     return obj
 
 
+#: Why an empty node name given on purpose is refused: left out, the host name is the node's name.
+EMPTY_NODE_NAME = "is empty: leave it out to name the node by its host name, or give the node's name"
+
+
 def _convert(obj: dict[str, Any], name: str) -> Configuration:
+    fleet = obj.get("fleet")
+    if isinstance(fleet, dict) and fleet.get("nodeName") == "":
+        raise ConfigError(f"config file {name}: fleet.nodeName {EMPTY_NODE_NAME}")
     try:
         cfg = msgspec.convert(obj, Configuration, dec_hook=_dec_hook)
     except msgspec.ValidationError as err:
@@ -444,6 +451,8 @@ def merge(base: Configuration, overrides: Mapping[str, Any]) -> Configuration:
     """``base`` with the fields in ``overrides`` (file names, flag values) replaced."""
     if not overrides:
         return base
+    if overrides.get("fleet.nodeName") == "":
+        raise ConfigError(f"{FLAGS['fleet.nodeName']} {EMPTY_NODE_NAME}")
     fields = msgspec.to_builtins(base, enc_hook=_enc_hook)
     for name, value in overrides.items():
         value = str(value) if isinstance(value, (Duration, ByteSize)) else value
@@ -549,6 +558,15 @@ def to_builtins(cfg: Configuration) -> dict[str, Any]:
     out: dict[str, Any] = msgspec.to_builtins(cfg, enc_hook=_enc_hook)
     out["apiVersion"], out["kind"] = API_VERSION, KIND
     return {"apiVersion": out.pop("apiVersion"), "kind": out.pop("kind"), **out}
+
+
+def as_file(cfg: Configuration) -> dict[str, Any]:
+    """What ``config print`` shows: ``to_builtins``, a valid file, so without the node name
+    when it is left to the host name (an empty one in a file is refused)."""
+    out = to_builtins(cfg)
+    if not cfg.fleet.node_name:
+        out["fleet"].pop("nodeName", None)
+    return out
 
 
 def recorded(cfg: Configuration) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 
 from eventsrc import events as ev
+from eventsrc.core.kubelet_observations import CPUS
 from eventsrc.state.kubelet import OBSERVED_POD_EVENTS, claim_device_id
 from eventsrc.state.lifecycles import DRIVER_EVENTS
 
@@ -99,6 +100,11 @@ def keys_for(e: ev._Event) -> list[bytes]:
         return added + [device_prefix(r, i) for r, ids in sorted(e.removed.items()) for i in ids]
     if isinstance(e, (ev.ObservationGapFound, ev.KubeletCheckpointReadFailed)):
         return [observation_prefix()]
+    if isinstance(e, ev.KubeletDoubleAllocationFound):
+        # found with the devices it names and the pods that hold them ("namespace/name/container")
+        devices = [device_prefix(e.resource, i) for i in e.ids] if e.resource != CPUS else []
+        pods = [h.split("/") for h in e.holders]
+        return devices + [name_prefix(p[0], p[1]) for p in pods if len(p) == 3]
     return []
 
 

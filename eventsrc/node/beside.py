@@ -44,6 +44,7 @@ from eventsrc.core.kubelet_observations import (
     SeenDevices,
     SeenPod,
     allocatable_changes,
+    double_allocations,
     identities,
     missing,
     observe,
@@ -384,6 +385,7 @@ class Beside:
             events = observe(views.kubelet, answer, ids)
             if events:
                 await self.recorder.record(events)
+                await self._record_findings(events)
         if allocatable is not None:
             devices: dict[str, dict[str, tuple[int, ...]]] = {}
             for d in allocatable.devices:
@@ -392,6 +394,17 @@ class Beside:
             events = allocatable_changes(views.kubelet, devices, allocatable.cpu_ids)
             if events:
                 await self.recorder.record(events)
+
+    async def _record_findings(self, observed: list[ev._Event]) -> None:
+        """What the kubelet got wrong in what ``observed`` (just recorded) says: a device or an
+        exclusive CPU listed for two pods at once. Said and recorded as the kubelet's fault."""
+        found = double_allocations(self.recorder.views.kubelet, observed)
+        for f in found:
+            log.warning(
+                "the kubelet gave one resource to two pods at once", resource=f.resource, ids=f.ids, holders=f.holders
+            )
+        if found:
+            await self.recorder.record(found)
 
     # ----------------------------------------------------------------- gaps
 

@@ -203,6 +203,14 @@ class Gap(Struct, kw_only=True, gc=False):
     closed: At | None = None  # the record that closed it
 
 
+class KubeletFinding(Struct, kw_only=True, gc=False):
+    """The kubelet listed the device for two pods at once (KubeletDoubleAllocationFound): its
+    fault, recorded when eventsrc saw it (docs/adr/0038)."""
+
+    at: At
+    holders: list[str]  # "namespace/name/container"
+
+
 class DeviceTimeline(Struct, kw_only=True, gc=False):
     resource: str
     device_id: str
@@ -217,6 +225,7 @@ class DeviceTimeline(Struct, kw_only=True, gc=False):
     gaps: list[Gap] = []  # what eventsrc could not see while this history ran
     corrupt: list[int] = []
     log: LogStart | None = None  # None: the log was never cut
+    findings: list[KubeletFinding] = []  # the kubelet gave it to two pods at once
 
 
 # pod ------------------------------------------------------------------------
@@ -823,6 +832,10 @@ def device_timeline(
             h.end, h.still_held, h.released_by, h.reason = a, False, type(e).__name__, e.reason
         elif isinstance(e, _OBSERVED_HOLDS):
             _observed_hold(e, a, resource, device_id, open_, holdings)
+        elif isinstance(e, ev.KubeletDoubleAllocationFound):
+            if e.resource == resource and device_id in e.ids and not before(r):
+                out.findings.append(KubeletFinding(at=a, holders=list(e.holders)))
+            continue
         if change is not None and not before(r):
             out.changes.append(change)
     names: dict[str, PodName] = {}

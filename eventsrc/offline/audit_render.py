@@ -101,6 +101,11 @@ def device_lines(t: DeviceTimeline) -> list[str]:
         ids = ",".join(c.device_ids.get(t.resource, []))
         lines.append(f"  {_pod(run.pod)} {escape(c.name) or '?'} {escape(c.id)}: {t.resource} {escape(ids)}")
         lines.append(f"    {_container_times(c)}")
+    if t.findings:  # only beside a kubelet that erred (docs/adr/0038)
+        lines.append(f"found about the kubelet ({len(t.findings)})")
+    for f in t.findings:
+        holders = " and ".join(escape(h) for h in f.holders)
+        lines.append(f"  seq {f.at.seq} {f.at.time}: the kubelet gave it to {holders} at once")
     return lines + gap_lines(t.gaps)
 
 

@@ -44,6 +44,12 @@ T = TypeVar("T")
 #: --reservation-window's default, as eventsrc.core.invariants has it.
 DEFAULT_RESERVATION_WINDOW = 1000
 
+#: ``--check``'s exit status when it found only what a kubelet beside eventsrc got wrong
+#: (``eventsrc.core.invariants.FINDINGS``): 0 nothing found, 1 an invariant eventsrc keeps is
+#: broken (or a record is corrupt), 2 a usage error, 3 and 4 a log eventsrc cannot read (newer,
+#: damaged). Its own number, so that a health check can tell the kubelet's fault from eventsrc's.
+FINDINGS_EXIT = 5
+
 #: Replays shorter than this show no progress bar.
 PROGRESS_MIN = 20_000
 
@@ -99,7 +105,10 @@ def add_arguments(p: argparse.ArgumentParser, path_required: bool = True) -> Non
         "--check",
         action="store_true",
         help="evaluate the invariants at every event; stop at the first that breaks one "
-        "and print it with the events sharing its correlation id (exit 1)",
+        "and print it with the events sharing its correlation id (exit 1). Beside a kubelet, what the kubelet "
+        f"got wrong (a device or exclusive CPU it gave two pods at once) is a finding, not a broken invariant: "
+        f"each is printed and the check goes on (exit {FINDINGS_EXIT} when findings are all it found). "
+        "Exit 0: nothing found",
     )
     p.add_argument(
         "--reservation-window",
@@ -595,9 +604,9 @@ RUNTIME_RULES: dict[str, str] = {
 
 
 def rule_text(rule: str) -> str:
-    from eventsrc.core.invariants import RULES
+    from eventsrc.core.invariants import FINDINGS, RULES
 
-    return RULES.get(rule) or RUNTIME_RULES.get(rule, "")
+    return RULES.get(rule) or FINDINGS.get(rule) or RUNTIME_RULES.get(rule, "")
 
 
 def feed(checker: Checker, item: Record | CorruptRecordError) -> list[Violation]:
@@ -641,12 +650,13 @@ def print_violation(v: Violation, related: list[Record], output: str) -> None:
     from eventsrc.offline.render import RECORD_HEADER, record_json, record_line, text_lines
 
     culprit = next((r for r in related if r.seq == v.seq), None)
+    kind = "finding" if v.finding else "violation"
     if output == "json":
         print(
             json.dumps(
                 {
                     "ok": False,
-                    "violation": {
+                    kind: {
                         "rule": v.rule,
                         "invariant": rule_text(v.rule),
                         "message": v.message,
@@ -660,7 +670,8 @@ def print_violation(v: Violation, related: list[Record], output: str) -> None:
             )
         )
         return
-    lines = [f"invariant broken at seq {v.seq}: {v.rule} ({rule_text(v.rule)})", f"  {v.message}"]
+    head = "finding about the kubelet" if v.finding else "invariant broken"
+    lines = [f"{head} at seq {v.seq}: {v.rule} ({rule_text(v.rule)})", f"  {v.message}"]
     if v.detected_seq != v.seq:
         lines.append(f"  seen after seq {v.detected_seq}")
     if culprit is not None:
@@ -774,6 +785,7 @@ def _check(log: History, views: Views, until: Point, args: argparse.Namespace, t
     checker = Checker(views=views, reservation_window=args.reservation_window)
     as_json = args.output == "json"
     found: Violation | None = None
+    findings = 0  # what the kubelet got wrong: printed as seen, and the check goes on
     with _progress(total, not (args.step and sys.stdout.isatty())) as advance:
         for item in _records(log, until, views.meta.last_seq + 1):
             if args.step:
@@ -785,21 +797,33 @@ def _check(log: History, views: Views, until: Point, args: argparse.Namespace, t
             else:
                 violations = feed(checker, item)
             advance(item.seq)
-            violations = [v for v in violations if v.seq >= args.from_seq]
-            if violations:
-                found = violations[0]
+            findings += _print_findings(log, violations, args)
+            found = next((v for v in violations if v.seq >= args.from_seq and not v.finding), None)
+            if found is not None:
                 break
         else:
-            violations = [v for v in checker.finish(_group_complete(log, checker)) if v.seq >= args.from_seq]
-            found = violations[0] if violations else None
+            violations = checker.finish(_group_complete(log, checker))
+            findings += _print_findings(log, violations, args)
+            found = next((v for v in violations if v.seq >= args.from_seq and not v.finding), None)
     if found is not None:
         print_violation(found, correlated(log, found.correlation_id), args.output)
         return 1
     if as_json:
-        print(json.dumps({"ok": True, "events": checker.events}))
+        summary: dict[str, Any] = {"ok": not findings, "events": checker.events}
+        print(json.dumps(summary | ({"findings": findings} if findings else {})))
     else:
-        print(f"no invariant broken in {checker.events} events")
-    return _corrupt_note(checker.views, getattr(args, "prog", "eventsrc"))
+        kubelet = f"; {findings} finding(s) about the kubelet" if findings else ""
+        print(f"no invariant broken in {checker.events} events{kubelet}")
+    corrupt = _corrupt_note(checker.views, getattr(args, "prog", "eventsrc"))
+    return corrupt or (FINDINGS_EXIT if findings else 0)
+
+
+def _print_findings(log: History, violations: list[Violation], args: argparse.Namespace) -> int:
+    """Each finding about the kubelet among ``violations`` printed; how many."""
+    shown = [v for v in violations if v.finding and v.seq >= args.from_seq]
+    for v in shown:
+        print_violation(v, correlated(log, v.correlation_id), args.output)
+    return len(shown)
 
 
 class _Parser(argparse.ArgumentParser):

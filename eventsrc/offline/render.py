@@ -133,6 +133,9 @@ def observed_summary(e: object) -> str | None:
         return f"(kubelet) shared pool {_cpus(e.cpus)}" + _why(", ".join(x for x in (e.policy, e.source) if x))
     if isinstance(e, ev.KubeletCheckpointReadFailed):
         return f"(kubelet) checkpoint {e.path} not read: {e.reason}"
+    if isinstance(e, ev.KubeletDoubleAllocationFound):
+        what = f"exclusive cpus {','.join(e.ids)}" if e.resource == "cpu" else f"{e.resource} {','.join(e.ids)}"
+        return f"(kubelet) {what} given to {' and '.join(e.holders)} at once (the kubelet's fault)"
     if isinstance(e, ev.ObservationGapFound):
         until = f"to {iso(e.until_ns)}" if e.until_ns else "(still open)"
         return f"not seen: {e.source} from {iso(e.since_ns)} {until}" + _why(e.reason)

@@ -309,3 +309,31 @@ def test_hostile_checkpoint_files_are_refused_recorded_and_neither_blind_nor_hol
     assert len(of_type(root, "KubeletCheckpointReadFailed")) == 3  # once each, not once per look
     assert daemon.exited() is None
     assert daemon.stop() == 0  # whatever a read of those files does, SIGTERM stops it
+
+
+def test_a_device_the_kubelet_gives_two_pods_is_a_finding_about_the_kubelet(
+    kubelet: StandInKubelet, root: Path, daemon_factory: type[Daemon]
+) -> None:
+    for ns, name in (("team-a", "a"), ("team-b", "b")):  # the kubelet lists d-1 and cpu 1 for both
+        kubelet.set_pod(ns, name, [Container("main", devices=[Device(RESOURCE, "d-1", (0,))], cpus=[1])])
+    kubelet.write_checkpoints()
+    daemon = beside(daemon_factory, kubelet)
+    found = lambda: of_type(root, "KubeletDoubleAllocationFound")  # noqa: E731
+    daemon.eventually(lambda: len(found()) == 2, "the double allocation recorded as a finding")
+    said = {(f["event"]["resource"], tuple(f["event"]["ids"]), tuple(f["event"]["holders"])) for f in found()}
+    both = ("team-a/a/main", "team-b/b/main")
+    assert said == {(RESOURCE, ("d-1",), both), ("cpu", ("1",), both)}
+    daemon.eventually(lambda: "the kubelet gave one resource to two pods at once" in daemon.output(), "the warning")
+    text = run_cli("audit", "device", RESOURCE, "d-1", root=root, check=True).stdout
+    assert "found about the kubelet (1)" in text and "the kubelet gave it to team-a/a/main and team-b/b/main" in text
+    finding = audit_device(root, "d-1")["findings"]
+    assert [f["holders"] for f in finding] == [list(both)]
+    assert daemon.exited() is None
+    daemon.stop()
+    # eventsrc wrote this log and kept its invariants: replay --check says the kubelet's fault apart
+    proc = run_cli("replay", "--check", root=root)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert "finding about the kubelet" in proc.stdout and "invariant broken at" not in proc.stdout
+    assert "kubelet-device-in-two-pods" in proc.stdout and "kubelet-cpu-in-two-pods" in proc.stdout
+    answer = json.loads(run_cli("replay", "--check", "-o", "json", root=root).stdout.splitlines()[-1])
+    assert answer["findings"] == 2 and not answer["ok"]

@@ -201,6 +201,20 @@ def test_wrong_type_is_one_line_naming_the_key(root: Path, tmp_path: Path) -> No
     assert not root.exists()
 
 
+def test_an_empty_node_name_is_refused_in_one_line_not_taken_for_the_host_name(root: Path, tmp_path: Path) -> None:
+    flag = run_cli("serve", "--fleet-nats", "nats://127.0.0.1:1", "--node-name", "", root=root, timeout=30)
+    one_clean_error(flag, "--node-name is empty")
+    for name, text in (("c.yaml", "fleet:\n  nodeName: ''\n"), ("c.toml", '[fleet]\nnodeName = ""\n')):
+        bad = write(tmp_path / name, text)
+        one_clean_error(run_cli("serve", "--config", str(bad), root=root, timeout=30), "fleet.nodeName is empty")
+    assert not root.exists()  # nothing started
+    # left out, the host name names the node, as before; config print leaves it out too (a valid file)
+    printed = run_cli("config", "print", root=root, check=True).stdout
+    assert "nodeName" not in printed
+    again = write(tmp_path / "again.yaml", printed)
+    assert run_cli("config", "print", "--config", str(again), root=root, check=True).stdout == printed
+
+
 def test_flags_override_the_file_and_print_shows_the_result(root: Path, tmp_path: Path) -> None:
     cfg = write(
         tmp_path / "c.yaml", "snapshotEvery: 100\nadmissionWait: 2m\nlogLevel: debug\ntopologyManagerScope: pod\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -312,6 +313,37 @@ def test_allocating_an_unhealthy_device(root: Path) -> None:
     assert rc == 1
     assert out["violation"]["rule"] == "unhealthy-device-allocated" and out["violation"]["seq"] == 10
     assert "dev-2" in out["violation"]["message"] and "Unhealthy" in out["violation"]["message"]
+
+
+def kubelet_gave(name: str, ids: list[str]) -> ev.KubeletDevicesObserved:
+    return ev.KubeletDevicesObserved(
+        pod=ev.PodRef(uid="", namespace="default", name=name), container="main", resource=RES, device_ids=ids
+    )
+
+
+def test_a_kubelets_double_allocation_is_a_finding_apart_from_eventsrcs_invariants(root: Path) -> None:
+    """Findings about the kubelet are printed and the check goes on: exit 5 when they are all it
+    found, 1 (the invariant's status) when eventsrc broke one of its own after them."""
+    observed: list[Batch] = [
+        ("k1", 20, [kubelet_gave("x", ["dev-1"])]),
+        ("k2", 21, [kubelet_gave("y", ["dev-1"])]),  # seq 5: the kubelet lists dev-1 for x and y
+    ]
+    write_log(root, [*BOOT, *observed])
+    proc = replay(root, "--check", "-o", "json")
+    *found, summary = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert [(f["finding"]["rule"], f["finding"]["seq"]) for f in found] == [("kubelet-device-in-two-pods", 5)]
+    assert summary == {"ok": False, "events": 5, "findings": 1}
+    text = replay(root, "--check")
+    assert text.returncode == 5 and "finding about the kubelet at seq 5" in text.stdout
+    # eventsrc's own double grant after it: the invariant's status, whatever the kubelet did
+    shutil.rmtree(root)
+    write_log(root, [*BOOT, *observed, *admission("a", 60, ["dev-2"]), *admission("b", 70, ["dev-2"])])
+    proc = replay(root, "--check", "-o", "json")
+    *found, broken = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert proc.returncode == 1
+    assert [f["finding"]["rule"] for f in found] == ["kubelet-device-in-two-pods"]
+    assert broken["violation"]["rule"] == "device-double-held"
 
 
 def test_an_init_container_hands_its_device_and_cpus_on(root: Path) -> None:

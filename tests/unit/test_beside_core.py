@@ -230,6 +230,21 @@ def test_the_device_checkpoint_names_a_uid_only_when_it_names_one_for_every_devi
     assert observe(views.kubelet, look, one)[0].pod.uid == ""  # type: ignore[attr-defined]
 
 
+def test_a_device_the_kubelet_lists_for_two_pods_names_neither_uid_from_the_checkpoint() -> None:
+    """The checkpoint's one entry for the device names one of the two holders: neither gets it
+    (two observed pods with one uid would merge them in every answer built on the uid)."""
+    look = Look(
+        pods=(
+            pod("a", SeenContainer(name="main", devices=gpu("d-1"))),
+            pod("b", SeenContainer(name="main", devices=gpu("d-1"))),
+        ),
+        complete=True,
+    )
+    ids = Identities(checkpoint={("main", GPU, "d-1"): "uid-b"})
+    seen = [e.pod.uid for e in observe(Views().kubelet, look, ids) if isinstance(e, ev.KubeletPodObserved)]
+    assert seen == ["", ""]
+
+
 def test_a_get_answer_with_a_device_another_pod_holds_asks_for_the_whole_list() -> None:
     views = fold(
         Views(),

@@ -2,8 +2,10 @@
 
 (a) Observed events mixed into a log of eventsrc's own decisions make no rule misfire, and
     leave eventsrc's own views as they were (hypothesis, over every observed event type).
-(b) ``kubelet-device-in-two-pods``: a device the kubelet gave containers of two pods at once
-    is its own finding; two containers of one pod, or a pod after the other let go, are not.
+(b) ``kubelet-device-in-two-pods``, ``kubelet-cpu-in-two-pods``: a device or exclusive CPU the
+    kubelet gave containers of two pods at once is a finding about the kubelet, apart from the
+    invariants eventsrc keeps; two containers of one pod, or a pod after the other let go, are not.
+    The observer records the same finding (``double_allocations``) when it sees it.
 (c) ``eventsrc_device_allocation_info``: one series per device held now, from eventsrc's
     grants and the kubelet's (DRA devices as driver and pool/device); gone when released.
 """
@@ -14,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventsrc import events as ev
-from eventsrc.core.invariants import Checker
+from eventsrc.core.invariants import FINDINGS, RULES, Checker
+from eventsrc.core.kubelet_observations import double_allocations
 from eventsrc.obs.metrics import Metrics, device_allocations
 from eventsrc.state.apply import apply
 from eventsrc.state.views import Views
@@ -59,7 +62,7 @@ def test_observed_events_make_no_rule_misfire(mixed: list[tuple[int, ev._Event]]
     for at, e in sorted(mixed, key=lambda x: -x[0]):  # each observed event in a run of its own
         items.insert(at, (f"obs-{len(items)}", e))
     found, views = check(items)
-    assert set(found) <= {"kubelet-device-in-two-pods"}, found
+    assert set(found) <= set(FINDINGS), found
     assert own_state(views) == own_state(check(OWN)[1])
 
 
@@ -106,6 +109,64 @@ def test_a_device_the_kubelet_gave_two_pods_is_its_own_finding() -> None:
     ]
     for items, want in cases:
         assert check(items)[0] == want, items
+
+
+def cpus(pod: str, container: str, held: list[int]) -> ev.KubeletCPUsObserved:
+    return ev.KubeletCPUsObserved(pod=ev.PodRef(uid="", namespace="default", name=pod), container=container, cpus=held)
+
+
+def test_exclusive_cpus_the_kubelet_gave_two_pods_are_a_finding_too() -> None:
+    two = [("1", cpus("a", "main", [2, 3])), ("2", cpus("b", "main", [3, 4]))]
+    assert check(two)[0] == ["kubelet-cpu-in-two-pods"]
+    # one pod's containers (an init container hands its CPUs on), or CPUs let go first: nothing
+    assert check([("1", cpus("a", "init", [3])), ("2", cpus("a", "main", [3]))])[0] == []
+    released = ev.KubeletCPUsReleased(pod=ev.PodRef(uid="", namespace="default", name="a"), container="main", cpus=[3])
+    assert check([("1", cpus("a", "main", [3])), ("2", released), ("3", cpus("b", "main", [3]))])[0] == []
+    # the shared pool, as a kubelet before GetExclusiveCPUs listed it for every container: not exclusive
+    pool = ev.KubeletSharedPoolObserved(cpus=[0, 1], policy="static")
+    assert check([("0", pool), ("1", cpus("a", "main", [0, 1])), ("2", cpus("b", "main", [0, 1]))])[0] == []
+
+
+def test_the_kubelets_findings_are_apart_from_the_invariants_eventsrc_keeps() -> None:
+    assert set(FINDINGS) == {"kubelet-device-in-two-pods", "kubelet-cpu-in-two-pods"}
+    assert not set(FINDINGS) & set(RULES)
+    checker = Checker()
+    found = [
+        v
+        for r in records([("1", seen("a", "main", ["dev-0"])), ("2", seen("b", "main", ["dev-0"]))])
+        for v in checker.feed(r)
+    ] + checker.finish()
+    assert [(v.rule, v.finding) for v in found] == [("kubelet-device-in-two-pods", True)]
+    # eventsrc's own double grant (its own admission mode) stays an invariant broken
+    B = ev.PodRef(uid="uid-b", namespace="default", name="b")
+    own = OWN[:8] + [
+        ("adm-b", ev.PodAdmissionStarted(pod=B, containers=SPEC)),
+        ("adm-b", ev.DevicesReserved(pod_uid="uid-b", container="main", resource=RES, device_ids=["dev-0"])),
+    ]
+    checker = Checker()
+    broken = [v for r in records(own) for v in checker.feed(r)]
+    assert broken and broken[0].rule == "device-double-held" and not broken[0].finding
+
+
+def test_the_observer_records_what_it_sees_given_twice_once() -> None:
+    """``double_allocations``: the findings the shell records after the observed events it
+    recorded, one per resource and set of holders, and only for what those events name."""
+    views = Views()
+    first = [seen("a", "main", ["dev-0", "dev-1"]), cpus("a", "main", [3])]
+    second = [seen("b", "main", ["dev-0", "dev-1"]), cpus("b", "side", [3, 5]), seen("c", "main", ["dev-9"])]
+    for i, e in enumerate(first, 1):
+        apply(views, ev.Record(seq=i, ts_ns=i, correlation_id="1", version=1, event=e))
+    assert double_allocations(views.kubelet, first) == []
+    for i, e in enumerate(second, 10):
+        apply(views, ev.Record(seq=i, ts_ns=i, correlation_id="2", version=1, event=e))
+    assert double_allocations(views.kubelet, second) == [
+        ev.KubeletDoubleAllocationFound(resource="cpu", ids=["3"], holders=["default/a/main", "default/b/side"]),
+        ev.KubeletDoubleAllocationFound(
+            resource=RES, ids=["dev-0", "dev-1"], holders=["default/a/main", "default/b/main"]
+        ),
+    ]
+    # nothing new observed: nothing said again
+    assert double_allocations(views.kubelet, []) == []
 
 
 def test_device_allocation_series_from_both_kinds_of_views() -> None:

@@ -218,6 +218,12 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
     ),
     ev.KubeletSharedPoolObserved: st.builds(ev.KubeletSharedPoolObserved, cpus=cpus, source=text),
     ev.KubeletCheckpointReadFailed: st.builds(ev.KubeletCheckpointReadFailed, path=text, reason=text),
+    ev.KubeletDoubleAllocationFound: st.builds(
+        ev.KubeletDoubleAllocationFound,
+        resource=st.sampled_from(["example.com/dev", "cpu"]),
+        ids=st.lists(st.sampled_from(["d0", "d1", "3"]), min_size=1, max_size=2),
+        holders=st.lists(st.sampled_from(["default/a/main", "default/b/main", "x"]), min_size=2, max_size=2),
+    ),
     ev.ObservationGapFound: st.builds(
         ev.ObservationGapFound,
         source=st.sampled_from(["kubelet", "runtime"]),
