@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eventsrc.cli.options import Parents, Subparsers, add_output
@@ -42,6 +43,19 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         choices=range(1, 6),
         metavar="N",
         help="the stream's replicas if this sink creates it (default 1; 3 in a three-server cluster)",
+    )
+    s.add_argument(
+        "--nats-user",
+        default="",
+        metavar="NAME",
+        help="the NATS user the sink connects as (needs --nats-password-file; default: no credentials)",
+    )
+    s.add_argument(
+        "--nats-password-file",
+        default=None,
+        type=Path,
+        metavar="FILE",
+        help="the file holding the NATS user's password (docs/fleet.md, 'NATS permissions')",
     )
     s.set_defaults(func=sink)
     u = fsub.add_parser(
@@ -121,11 +135,16 @@ def _connect(dsn: str) -> psycopg.Connection[Any]:
 def sink(args: argparse.Namespace) -> int:
     import trio
 
+    from eventsrc.errors import EventsrcError
     from eventsrc.fleet.sink import run_sink
     from eventsrc.inputs.config import parse_list
+    from eventsrc.node.shipper import NatsAuth
 
     servers = parse_list(args.nats)
-    trio.run(lambda: run_sink(servers, args.postgres, args.stream, replicas=args.replicas))
+    if bool(args.nats_user) != (args.nats_password_file is not None):
+        raise EventsrcError("--nats-user and --nats-password-file go together")
+    auth = NatsAuth.read(args.nats_user, args.nats_password_file, "--nats-password-file") if args.nats_user else None
+    trio.run(lambda: run_sink(servers, args.postgres, args.stream, replicas=args.replicas, auth=auth))
     return 0
 
 

@@ -42,7 +42,7 @@ from eventsrc.core.fleet_names import DEFAULT_PREFIX, DEFAULT_STREAM, shipped
 from eventsrc.errors import EventsrcError
 from eventsrc.events import CorruptRecordError, Record, decode_record
 from eventsrc.log.index import keys_for
-from eventsrc.node.shipper import BACKOFF_FIRST, BACKOFF_MAX, FAILURES, connect, ensure_stream
+from eventsrc.node.shipper import BACKOFF_FIRST, BACKOFF_MAX, FAILURES, NatsAuth, connect, ensure_stream
 from eventsrc.obs.logger import get_logger
 from eventsrc.offline.render import record_json
 from eventsrc.rpc.bridge import to_aio
@@ -447,9 +447,11 @@ async def run_sink(
     prefix: str = DEFAULT_PREFIX,
     *,
     replicas: int = 1,
+    auth: NatsAuth | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Consume the stream into the database until cancelled. Raises EventsrcError when the
+    """Consume the stream into the database until cancelled, connected to NATS as ``auth``
+    (None: no credentials). Raises EventsrcError when the
     database or the servers cannot be reached at the start. Once it has consumed, servers or a
     database that go away are said once and tried again with backoff (a sink is a Deployment:
     it waits for them, as the nodes do); what was fetched and not acknowledged is delivered
@@ -465,7 +467,7 @@ async def run_sink(
     except BaseException:
         conn.close()
         raise
-    consumer = _Consumer(servers, dsn, stream, prefix, replicas, conn, task_status)
+    consumer = _Consumer(servers, dsn, stream, prefix, replicas, conn, task_status, auth)
     failed = ""  # raised once out of the loop (in it, it would come out as an exception group)
     try:
         async with trio_asyncio.open_loop():
@@ -502,8 +504,10 @@ class _Consumer:
         replicas: int,
         conn: psycopg.Connection[Any],
         task_status: trio.TaskStatus[None],
+        auth: NatsAuth | None = None,
     ) -> None:
         self.servers, self.dsn, self.stream, self.prefix, self.replicas = servers, dsn, stream, prefix, replicas
+        self.auth = auth
         self.conn = conn
         self._task_status: trio.TaskStatus[None] | None = task_status
         self._said = ""
@@ -515,7 +519,7 @@ class _Consumer:
             try:
                 if self.conn.closed:
                     self.conn = await _connect_database(self.dsn)
-                nc = await connect(self.servers)
+                nc = await connect(self.servers, auth=self.auth)
             except CONNECTING_FAILURES as exc:
                 if self._task_status is not None:  # never consumed: the servers are not there
                     return f"cannot connect to NATS ({','.join(self.servers)}): {first_line(exc)}"

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ from eventsrc.core.shipping import (
 )
 from eventsrc.errors import EventsrcError, LogCutWhileReadingError
 from eventsrc.events import CorruptRecordError, Record, decode_record
+from eventsrc.inputs.secret_file import read_secret
 from eventsrc.log.history import History
 from eventsrc.log.store import EventLog, key_seq
 from eventsrc.obs.logger import get_logger
@@ -84,14 +85,30 @@ FAILURES: tuple[type[BaseException], ...] = (
 
 
 @dataclass(frozen=True)
+class NatsAuth:
+    """A NATS user and its password (nats-py's ``user`` and ``password`` options), the password
+    read from a file (docs/fleet.md, "NATS permissions"; ADR 0036)."""
+
+    user: str
+    password: str = field(repr=False)
+
+    @classmethod
+    def read(cls, user: str, password_file: Path, what: str = "--fleet-nats-password-file") -> NatsAuth:
+        """The user with the password ``password_file`` holds; SecretFileError (one line) when
+        the file cannot be used."""
+        return cls(user, read_secret(password_file, what))
+
+
+@dataclass(frozen=True)
 class FleetOptions:
-    """``serve --fleet-nats``: the servers, the stream, this node's name."""
+    """``serve --fleet-nats``: the servers, the stream, this node's name, its credentials."""
 
     servers: tuple[str, ...]
     node_name: str
     stream: str = DEFAULT_STREAM
     prefix: str = DEFAULT_PREFIX
     replicas: int = 1
+    auth: NatsAuth | None = None  # None: no credentials
 
 
 async def ensure_stream(js: JetStreamContext, stream: str, prefix: str = DEFAULT_PREFIX, replicas: int = 1) -> None:
@@ -213,7 +230,7 @@ class Shipper:
         async def closed() -> None:
             lost.cancel()
 
-        nc = await connect(self.options.servers, closed)
+        nc = await connect(self.options.servers, closed, self.options.auth)
         try:
             js = nc.jetstream()
             await to_aio(ensure_stream)(js, self.options.stream, self.options.prefix, self.options.replicas)
@@ -388,11 +405,15 @@ async def _quiet(exc: Exception) -> None:
     """nats-py's error callback: what went wrong is said by whoever called, once."""
 
 
-async def connect(servers: Sequence[str], closed: Callable[[], Awaitable[None]] | None = None) -> nats.NATS:
+async def connect(
+    servers: Sequence[str], closed: Callable[[], Awaitable[None]] | None = None, auth: NatsAuth | None = None
+) -> nats.NATS:
     """One connection to the first of ``servers`` that answers, or an error within the connect
     timeout (nats-py alone would retry the servers for ever); it does not reconnect: the
     caller connects again, and resumes from the stream. ``closed``: an asyncio coroutine
-    function, called when the connection closes (nats-py's ``closed_cb``)."""
+    function, called when the connection closes (nats-py's ``closed_cb``). ``auth``: the user
+    and password to connect as (None: none)."""
+    credentials: dict[str, str] = {} if auth is None else {"user": auth.user, "password": auth.password}
     with trio.fail_after(CONNECT_TIMEOUT * max(1, len(servers)) + 1):
         nc: nats.NATS = await to_aio(nats.connect)(
             servers=list(servers),
@@ -401,5 +422,6 @@ async def connect(servers: Sequence[str], closed: Callable[[], Awaitable[None]] 
             max_reconnect_attempts=1,
             error_cb=_quiet,
             closed_cb=closed,
+            **credentials,
         )
     return nc

@@ -1,0 +1,176 @@
+"""Only a node publishes as that node (issue 34, item 2): docs/fleet.md's NATS configuration, as
+written there, on a real nats-server. A node ships with its own user, its credentials cannot
+publish under another node's subject nor purge the stream, a client without credentials cannot
+connect, and the sink consumes with its own user."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import nats.errors
+import nats.js.errors
+import pytest
+
+from eventsrc.core.fleet_names import NODE
+from tests.conftest import REPO, Daemon, run_cli
+from tests.fleet.test_sink import log_count, stored
+from tests.fleet.test_shipping import admit
+from tests.support.nats import NatsServer, stream_messages
+from tests.support.postgres import PostgresServer
+
+STREAM = "EVENTSRC"
+PASSWORDS = {"WORKER_1_PASSWORD": "w1-secret", "WORKER_2_PASSWORD": "w2-secret", "SINK_PASSWORD": "sink-secret"}
+ADMIN = ("admin", "admin-secret")  # the test's own reader of the stream, added to the docs' users
+
+
+def documented_config() -> str:
+    """The ``authorization`` block of docs/fleet.md's "NATS permissions", as written there."""
+    text = (REPO / "docs" / "fleet.md").read_text()
+    section = text.split("## NATS permissions", 1)[1]
+    found = re.search(r"```conf\n(.*?)```", section, re.S)
+    assert found, "docs/fleet.md's NATS permissions section has no ```conf block"
+    return found.group(1)
+
+
+@pytest.fixture
+def nats_with_users(nats_unavailable: str | None, tmp_path: Path) -> Iterator[NatsServer]:
+    if nats_unavailable is not None:
+        pytest.skip(nats_unavailable)
+    variables = "".join(f'{name}: "{password}"\n' for name, password in PASSWORDS.items())
+    block = documented_config().replace(
+        "  users: [\n", f'  users: [\n    {{ user: {ADMIN[0]}, password: "{ADMIN[1]}" }}\n', 1
+    )
+    server = NatsServer(tmp_path / "nats", extra_config=variables + block)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+def secret(tmp_path: Path, name: str, password: str) -> Path:
+    path = tmp_path / name
+    path.write_text(password + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def try_as_worker_1(url: str, subject: str) -> list[str]:
+    """What the server says to worker-1's credentials publishing a record on ``subject`` and
+    purging the stream: the errors its connection reports, and the publish's outcome."""
+    said: list[str] = []
+
+    async def error(exc: Exception) -> None:
+        said.append(str(exc))
+
+    async def attempt() -> None:
+        nc = await nats.connect(url, user="worker-1", password=PASSWORDS["WORKER_1_PASSWORD"], error_cb=error)
+        try:
+            js = nc.jetstream()
+            headers = {NODE: "worker-2", "Nats-Msg-Id": "forged"}
+            try:
+                await js.publish(subject, b"hello", stream=STREAM, headers=headers, timeout=2)
+                said.append("publish acknowledged")
+            except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+                said.append(f"publish failed: {type(exc).__name__}")
+            try:
+                await js.purge_stream(STREAM)
+                said.append("purge done")
+            except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+                said.append(f"purge failed: {type(exc).__name__}")
+            await nc.flush()
+        finally:
+            await nc.close()
+
+    asyncio.run(attempt())
+    return said
+
+
+def connects_without_credentials(url: str) -> str:
+    async def attempt() -> str:
+        async def quiet(exc: Exception) -> None:
+            pass
+
+        try:
+            nc = await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=1, error_cb=quiet)
+        except (nats.errors.Error, OSError) as exc:
+            return f"refused: {exc}"
+        await nc.close()
+        return "connected"
+
+    return asyncio.run(attempt())
+
+
+def test_a_node_publishes_only_as_itself_and_the_sink_consumes(
+    root: Path,
+    tmp_path: Path,
+    nats_with_users: NatsServer,
+    postgres_server: PostgresServer,
+    daemon_factory: type[Daemon],
+) -> None:
+    url = nats_with_users.url
+    sink_password = secret(tmp_path, "sink-password", PASSWORDS["SINK_PASSWORD"])
+    out = open(tmp_path / "sink.log", "w")  # noqa: SIM115
+    sink = subprocess.Popen(
+        [sys.executable, "-m", "eventsrc", "fleet", "sink", "--nats", url, "--postgres", postgres_server.dsn,
+         "--nats-user", "eventsrc-sink", "--nats-password-file", str(sink_password)],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        node_password = secret(tmp_path, "worker-1-password", PASSWORDS["WORKER_1_PASSWORD"])
+        daemon = daemon_factory(
+            "--fleet-nats", url, "--node-name", "worker-1", "--fleet-nats-password-file", str(node_password)
+        )
+        admit(root, tmp_path, range(2))
+        # worker-1 ships with its own user (the stream made by the sink: the node may not make
+        # it), and the sink, with its own, stores every record
+        daemon.eventually(lambda: stored(postgres_server.dsn) == log_count(root), "every record in PostgreSQL")
+        messages = stream_messages(url, STREAM, user=ADMIN[0], password=ADMIN[1])
+        assert len(messages) == log_count(root)
+        assert {m.headers[NODE] for m in messages} == {"worker-1"}
+        assert "fleet shipping connected" in daemon.output()
+
+        # worker-1's credentials under worker-2's subject: refused by the server, nothing stored
+        said = try_as_worker_1(url, "eventsrc.records.worker-2.0123456789abcdef")
+        violations = [s.lower() for s in said]
+        assert 'permissions violation for publish to "eventsrc.records.worker-2.' in " ".join(violations), said
+        assert 'permissions violation for publish to "$js.api.stream.purge.eventsrc"' in " ".join(violations), said
+        assert "publish acknowledged" not in said and "purge done" not in said, said
+        after = stream_messages(url, STREAM, user=ADMIN[0], password=ADMIN[1])
+        assert after == messages  # nothing forged stored, nothing purged
+
+        # no credentials: no connection
+        assert connects_without_credentials(url).startswith("refused"), "a client without credentials connected"
+        assert sink.poll() is None, (tmp_path / "sink.log").read_text()
+    finally:
+        sink.kill()
+        sink.wait()
+        out.close()
+
+
+def test_a_bad_password_file_is_one_line(tmp_path: Path, root: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    big = tmp_path / "big"
+    big.write_text("x" * 5000)
+    for path, why in ((tmp_path / "none", "No such file"), (fifo, "not a regular file"), (empty, "empty"),
+                      (big, "more than 4096 bytes"), (tmp_path, "not a regular file")):  # fmt: skip
+        for argv in (
+            ("serve", "--fleet-nats", "nats://127.0.0.1:1", "--node-name", "worker-1",
+             "--fleet-nats-password-file", str(path)),
+            ("fleet", "sink", "--nats", "nats://127.0.0.1:1", "--nats-user", "s", "--nats-password-file", str(path)),
+        ):  # fmt: skip
+            proc = run_cli(*argv, root=root)
+            assert proc.returncode != 0, argv
+            lines = proc.stderr.strip().splitlines()
+            assert len(lines) == 1 and why in lines[0] and str(path) in lines[0], (argv, proc.stderr)
