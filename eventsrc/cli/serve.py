@@ -237,8 +237,7 @@ def _fleet_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         type=Path,
         metavar="FILE",
-        help="the file holding the NATS user's password (docs/fleet.md, 'NATS permissions'; default: "
-        "no credentials)",
+        help="the file holding the NATS user's password (docs/fleet.md, 'NATS permissions'; default: no credentials)",
     )
 
 

@@ -428,7 +428,7 @@ def _convert(obj: dict[str, Any], name: str) -> Configuration:
 
 def resolve_paths(cfg: Configuration, base: Path) -> Configuration:
     """Relative paths in a file are relative to the file's directory, as in the kubelet's."""
-    changes = {}
+    changes: dict[str, Any] = {}
     for name in _PATH_FIELDS:
         attr = _FIELDS[name].name
         value = getattr(cfg, attr)

@@ -20,8 +20,8 @@ import pytest
 
 from eventsrc.core.fleet_names import NODE
 from tests.conftest import REPO, Daemon, run_cli
-from tests.fleet.test_sink import log_count, stored
 from tests.fleet.test_shipping import admit
+from tests.fleet.test_sink import log_count, stored
 from tests.support.nats import NatsServer, stream_messages
 from tests.support.postgres import PostgresServer
 
@@ -78,12 +78,12 @@ def try_as_worker_1(url: str, subject: str) -> list[str]:
             try:
                 await js.publish(subject, b"hello", stream=STREAM, headers=headers, timeout=2)
                 said.append("publish acknowledged")
-            except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+            except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as exc:
                 said.append(f"publish failed: {type(exc).__name__}")
             try:
                 await js.purge_stream(STREAM)
                 said.append("purge done")
-            except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+            except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as exc:
                 said.append(f"purge failed: {type(exc).__name__}")
             await nc.flush()
         finally:
