@@ -42,7 +42,15 @@ from eventsrc.core.fleet_names import DEFAULT_PREFIX, DEFAULT_STREAM, shipped
 from eventsrc.errors import EventsrcError
 from eventsrc.events import CorruptRecordError, Record, decode_record
 from eventsrc.log.index import keys_for
-from eventsrc.node.shipper import BACKOFF_FIRST, BACKOFF_MAX, FAILURES, NatsAuth, connect, ensure_stream
+from eventsrc.node.shipper import (
+    BACKOFF_FIRST,
+    BACKOFF_MAX,
+    FAILURES,
+    NatsAuth,
+    connect,
+    ensure_stream,
+    said_refused,
+)
 from eventsrc.obs.logger import get_logger
 from eventsrc.offline.render import record_json
 from eventsrc.rpc.bridge import to_aio
@@ -553,11 +561,12 @@ class _Consumer:
         until cancelled or the connection closes."""
         try:
             js = nc.jetstream()
-            await to_aio(ensure_stream)(js, self.stream, self.prefix, self.replicas)  # before any node ships
-            config = ConsumerConfig(ack_wait=ACK_WAIT)
-            sub = await to_aio(js.pull_subscribe)(
-                f"{self.prefix}.>", durable=DURABLE, stream=self.stream, config=config
-            )
+            with said_refused(nc):  # the sink's user lacks a right (docs/fleet.md, "NATS permissions")
+                await to_aio(ensure_stream)(js, self.stream, self.prefix, self.replicas)  # before any node ships
+                config = ConsumerConfig(ack_wait=ACK_WAIT)
+                sub = await to_aio(js.pull_subscribe)(
+                    f"{self.prefix}.>", durable=DURABLE, stream=self.stream, config=config
+                )
             self._ready()
             while True:
                 try:

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,16 +233,17 @@ class Shipper:
 
         nc = await connect(self.options.servers, closed, self.options.auth)
         try:
-            js = nc.jetstream()
-            await to_aio(ensure_stream)(js, self.options.stream, self.options.prefix, self.options.replicas)
-            stream_last = await self._resume(js)
-            self.shipped = resume_from(stream_last, self.shipped if self._known else None, self.window)
-            self._known = True
-            self.state, self.reason, self._said, self._was_up = CONNECTED, "", "", True
-            log.info("fleet shipping connected", servers=",".join(self.options.servers), from_seq=self.shipped + 1)
-            with lost:
-                await self._ship(js)
-            raise ConnectionError(f"the connection closed ({nc.last_error or 'by the server'})")
+            with said_refused(nc):
+                js = nc.jetstream()
+                await to_aio(ensure_stream)(js, self.options.stream, self.options.prefix, self.options.replicas)
+                stream_last = await self._resume(js)
+                self.shipped = resume_from(stream_last, self.shipped if self._known else None, self.window)
+                self._known = True
+                self.state, self.reason, self._said, self._was_up = CONNECTED, "", "", True
+                log.info("fleet shipping connected", servers=",".join(self.options.servers), from_seq=self.shipped + 1)
+                with lost:
+                    await self._ship(js)
+                raise ConnectionError(f"the connection closed ({nc.last_error or 'by the server'})")
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(CONNECT_TIMEOUT):
                 await to_aio(nc.close)()
@@ -399,6 +401,25 @@ def _type_and_time(seq: int, value: bytes) -> tuple[str, int]:
     except CorruptRecordError:
         return "", 0
     return type(record.event).__name__, record.ts_ns
+
+
+#: how nats-py names the server's refusal of a publish or a subscription (``last_error``)
+PERMISSIONS_VIOLATION = "permissions violation"
+
+
+@contextmanager
+def said_refused(nc: nats.NATS) -> Iterator[None]:
+    """A timeout that follows the server's refusal of a publish (a permissions violation,
+    docs/fleet.md "NATS permissions": the server answers nothing to a request it refused, and
+    nats-py tells the error callback) is raised as that refusal, so that the reason said is
+    the server's and not a timeout."""
+    try:
+        yield
+    except TimeoutError as exc:  # nats-py's and asyncio's are TimeoutError
+        refused = nc.last_error
+        if refused is not None and PERMISSIONS_VIOLATION in str(refused).lower():
+            raise ConnectionError(f"the server refused: {refused}") from exc
+        raise
 
 
 async def _quiet(exc: Exception) -> None:

@@ -19,6 +19,7 @@ import nats.js.errors
 import pytest
 
 from eventsrc.core.fleet_names import NODE
+from eventsrc.inputs.secret_file import MAX_SECRET_BYTES, SecretFileError, read_secret
 from tests.conftest import REPO, Daemon, run_cli
 from tests.fleet.test_shipping import admit
 from tests.fleet.test_sink import log_count, stored
@@ -73,10 +74,10 @@ def try_as_worker_1(url: str, subject: str) -> list[str]:
     async def attempt() -> None:
         nc = await nats.connect(url, user="worker-1", password=PASSWORDS["WORKER_1_PASSWORD"], error_cb=error)
         try:
-            js = nc.jetstream()
+            js = nc.jetstream(timeout=1)  # a refused request is never answered: it times out
             headers = {NODE: "worker-2", "Nats-Msg-Id": "forged"}
             try:
-                await js.publish(subject, b"hello", stream=STREAM, headers=headers, timeout=2)
+                await js.publish(subject, b"hello", stream=STREAM, headers=headers, timeout=1)
                 said.append("publish acknowledged")
             except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as exc:
                 said.append(f"publish failed: {type(exc).__name__}")
@@ -116,6 +117,17 @@ def test_a_node_publishes_only_as_itself_and_the_sink_consumes(
     daemon_factory: type[Daemon],
 ) -> None:
     url = nats_with_users.url
+    # worker-1 first: the stream is missing and its user may not make it: it says the server's
+    # refusal and tries again
+    node_password = secret(tmp_path, "worker-1-password", PASSWORDS["WORKER_1_PASSWORD"])
+    daemon = daemon_factory(
+        "--fleet-nats", url, "--node-name", "worker-1", "--fleet-nats-password-file", str(node_password)
+    )
+    admit(root, tmp_path, range(2))
+    refused = 'the server refused: nats: permissions violation for publish to \\"$js.api.stream.create.eventsrc\\"'
+    daemon.eventually(lambda: refused in daemon.output(), "the node to say it may not make the stream")
+    assert stream_messages(url, STREAM, user=ADMIN[0], password=ADMIN[1]) == []  # no stream
+
     sink_password = secret(tmp_path, "sink-password", PASSWORDS["SINK_PASSWORD"])
     out = open(tmp_path / "sink.log", "w")  # noqa: SIM115
     sink = subprocess.Popen(
@@ -125,13 +137,8 @@ def test_a_node_publishes_only_as_itself_and_the_sink_consumes(
         stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-        node_password = secret(tmp_path, "worker-1-password", PASSWORDS["WORKER_1_PASSWORD"])
-        daemon = daemon_factory(
-            "--fleet-nats", url, "--node-name", "worker-1", "--fleet-nats-password-file", str(node_password)
-        )
-        admit(root, tmp_path, range(2))
-        # worker-1 ships with its own user (the stream made by the sink: the node may not make
-        # it), and the sink, with its own, stores every record
+        # the sink, with its own user, makes the stream; worker-1 ships into it with its own
+        # (no right to create, update, delete or purge it), and the sink stores every record
         daemon.eventually(lambda: stored(postgres_server.dsn) == log_count(root), "every record in PostgreSQL")
         messages = stream_messages(url, STREAM, user=ADMIN[0], password=ADMIN[1])
         assert len(messages) == log_count(root)
@@ -156,21 +163,34 @@ def test_a_node_publishes_only_as_itself_and_the_sink_consumes(
         out.close()
 
 
-def test_a_bad_password_file_is_one_line(tmp_path: Path, root: Path) -> None:
+def test_a_bad_password_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # never opened for writing: a blocking open would hang here
+    empty = write(tmp_path / "empty", "\n")
+    big = write(tmp_path / "big", "x" * (MAX_SECRET_BYTES + 1))
+    two = write(tmp_path / "two", "a\nb\n")
+    for path, why in ((tmp_path / "none", "No such file"), (fifo, "not a regular file"), (empty, "empty"),
+                      (big, f"more than {MAX_SECRET_BYTES} bytes"), (tmp_path, "not a regular file"),
+                      (two, "more than one line")):  # fmt: skip
+        with pytest.raises(SecretFileError) as info:
+            read_secret(path, "--fleet-nats-password-file")
+        assert str(info.value).startswith(f"--fleet-nats-password-file {path}: {why}"), info.value
+    assert read_secret(write(tmp_path / "ok", "s3cret\n"), "x") == "s3cret"
+
+
+def test_a_bad_password_file_is_one_line_and_a_non_zero_exit(tmp_path: Path, root: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    empty = tmp_path / "empty"
-    empty.write_text("\n")
-    big = tmp_path / "big"
-    big.write_text("x" * 5000)
-    for path, why in ((tmp_path / "none", "No such file"), (fifo, "not a regular file"), (empty, "empty"),
-                      (big, "more than 4096 bytes"), (tmp_path, "not a regular file")):  # fmt: skip
-        for argv in (
-            ("serve", "--fleet-nats", "nats://127.0.0.1:1", "--node-name", "worker-1",
-             "--fleet-nats-password-file", str(path)),
-            ("fleet", "sink", "--nats", "nats://127.0.0.1:1", "--nats-user", "s", "--nats-password-file", str(path)),
-        ):  # fmt: skip
-            proc = run_cli(*argv, root=root)
-            assert proc.returncode != 0, argv
-            lines = proc.stderr.strip().splitlines()
-            assert len(lines) == 1 and why in lines[0] and str(path) in lines[0], (argv, proc.stderr)
+    for argv in (
+        ("serve", "--fleet-nats", "nats://127.0.0.1:1", "--node-name", "w-1", "--fleet-nats-password-file", str(fifo)),
+        ("fleet", "sink", "--nats", "nats://127.0.0.1:1", "--nats-user", "s", "--nats-password-file", str(fifo)),
+    ):  # fmt: skip
+        proc = run_cli(*argv, root=root)
+        assert proc.returncode != 0, argv
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"{fifo}: not a regular file" in lines[0], (argv, proc.stderr)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
