@@ -227,13 +227,19 @@ class Shipper:
 
     async def _session(self) -> None:
         lost = trio.CancelScope()  # cancelled when the connection closes (the server went)
+        refusals: list[Exception] = []
 
         async def closed() -> None:
             lost.cancel()
 
-        nc = await connect(self.options.servers, closed, self.options.auth)
+        async def error(exc: Exception) -> None:
+            if PERMISSIONS_VIOLATION in str(exc).lower():  # the request is never answered: now, not at its timeout
+                refusals.append(exc)
+                lost.cancel()
+
+        nc = await connect(self.options.servers, closed, self.options.auth, error)
         try:
-            with said_refused(nc):
+            with lost:
                 js = nc.jetstream()
                 await to_aio(ensure_stream)(js, self.options.stream, self.options.prefix, self.options.replicas)
                 stream_last = await self._resume(js)
@@ -241,9 +247,10 @@ class Shipper:
                 self._known = True
                 self.state, self.reason, self._said, self._was_up = CONNECTED, "", "", True
                 log.info("fleet shipping connected", servers=",".join(self.options.servers), from_seq=self.shipped + 1)
-                with lost:
-                    await self._ship(js)
-                raise ConnectionError(f"the connection closed ({nc.last_error or 'by the server'})")
+                await self._ship(js)
+            if refusals:
+                raise ConnectionError(f"the server refused: {refusals[0]}")
+            raise ConnectionError(f"the connection closed ({nc.last_error or 'by the server'})")
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(CONNECT_TIMEOUT):
                 await to_aio(nc.close)()
@@ -412,7 +419,7 @@ def said_refused(nc: nats.NATS) -> Iterator[None]:
     """A timeout that follows the server's refusal of a publish (a permissions violation,
     docs/fleet.md "NATS permissions": the server answers nothing to a request it refused, and
     nats-py tells the error callback) is raised as that refusal, so that the reason said is
-    the server's and not a timeout."""
+    the server's and not a timeout. The sink's; the shipper ends its session at the refusal."""
     try:
         yield
     except TimeoutError as exc:  # nats-py's and asyncio's are TimeoutError
@@ -427,13 +434,17 @@ async def _quiet(exc: Exception) -> None:
 
 
 async def connect(
-    servers: Sequence[str], closed: Callable[[], Awaitable[None]] | None = None, auth: NatsAuth | None = None
+    servers: Sequence[str],
+    closed: Callable[[], Awaitable[None]] | None = None,
+    auth: NatsAuth | None = None,
+    error: Callable[[Exception], Awaitable[None]] | None = None,
 ) -> nats.NATS:
     """One connection to the first of ``servers`` that answers, or an error within the connect
     timeout (nats-py alone would retry the servers for ever); it does not reconnect: the
     caller connects again, and resumes from the stream. ``closed``: an asyncio coroutine
     function, called when the connection closes (nats-py's ``closed_cb``). ``auth``: the user
-    and password to connect as (None: none)."""
+    and password to connect as (None: none). ``error``: an asyncio coroutine function called
+    with what the server says is wrong (nats-py's ``error_cb``; a permissions violation too)."""
     credentials: dict[str, str] = {} if auth is None else {"user": auth.user, "password": auth.password}
     with trio.fail_after(CONNECT_TIMEOUT * max(1, len(servers)) + 1):
         nc: nats.NATS = await to_aio(nats.connect)(
@@ -441,7 +452,7 @@ async def connect(
             connect_timeout=CONNECT_TIMEOUT,
             allow_reconnect=False,
             max_reconnect_attempts=1,
-            error_cb=_quiet,
+            error_cb=error or _quiet,
             closed_cb=closed,
             **credentials,
         )

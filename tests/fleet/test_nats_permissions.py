@@ -6,6 +6,7 @@ connect, and the sink consumes with its own user."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -18,7 +19,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from eventsrc.core.fleet_names import NODE
+from eventsrc.core.fleet_names import LOG, NODE
 from eventsrc.inputs.secret_file import MAX_SECRET_BYTES, SecretFileError, read_secret
 from tests.conftest import REPO, Daemon, run_cli
 from tests.fleet.test_shipping import admit
@@ -63,16 +64,16 @@ def secret(tmp_path: Path, name: str, password: str) -> Path:
     return path
 
 
-def try_as_worker_1(url: str, subject: str) -> list[str]:
-    """What the server says to worker-1's credentials publishing a record on ``subject`` and
-    purging the stream: the errors its connection reports, and the publish's outcome."""
+def try_as(url: str, user: str, password: str, subject: str) -> list[str]:
+    """What the server says to ``user`` publishing a record on ``subject`` and purging the
+    stream: the errors its connection reports, and each attempt's outcome."""
     said: list[str] = []
 
     async def error(exc: Exception) -> None:
         said.append(str(exc))
 
     async def attempt() -> None:
-        nc = await nats.connect(url, user="worker-1", password=PASSWORDS["WORKER_1_PASSWORD"], error_cb=error)
+        nc = await nats.connect(url, user=user, password=password, error_cb=error)
         try:
             js = nc.jetstream(timeout=1)  # a refused request is never answered: it times out
             headers = {NODE: "worker-2", "Nats-Msg-Id": "forged"}
@@ -145,14 +146,26 @@ def test_a_node_publishes_only_as_itself_and_the_sink_consumes(
         assert {m.headers[NODE] for m in messages} == {"worker-1"}
         assert "fleet shipping connected" in daemon.output()
 
-        # worker-1's credentials under worker-2's subject: refused by the server, nothing stored
-        said = try_as_worker_1(url, "eventsrc.records.worker-2.0123456789abcdef")
-        violations = [s.lower() for s in said]
-        assert 'permissions violation for publish to "eventsrc.records.worker-2.' in " ".join(violations), said
-        assert 'permissions violation for publish to "$js.api.stream.purge.eventsrc"' in " ".join(violations), said
-        assert "publish acknowledged" not in said and "purge done" not in said, said
+        # worker-1's credentials under worker-2's subject, and the sink's under worker-1's own:
+        # refused by the server (as is a purge), nothing stored
+        worker_1 = f"eventsrc.records.worker-1.{messages[0].headers[LOG]}"
+        for user, password, subject in (
+            ("worker-1", PASSWORDS["WORKER_1_PASSWORD"], "eventsrc.records.worker-2.0123456789abcdef"),
+            ("eventsrc-sink", PASSWORDS["SINK_PASSWORD"], worker_1),
+        ):
+            said = [line.lower() for line in try_as(url, user, password, subject)]
+            # the server's refusals, as nats-py tells them (lower case)
+            assert f'nats: permissions violation for publish to "{subject.lower()}"' in said, (user, said)
+            assert 'nats: permissions violation for publish to "$js.api.stream.purge.eventsrc"' in said, (user, said)
+            assert "publish acknowledged" not in said and "purge done" not in said, (user, said)
         after = stream_messages(url, STREAM, user=ADMIN[0], password=ADMIN[1])
         assert after == messages  # nothing forged stored, nothing purged
+        # and the fleet's answer is still the node's own
+        node = run_cli("audit", "pod", "uid-0", "-o", "json", root=root, check=True)
+        fleet = run_cli("fleet", "audit", "pod", "uid-0", "-o", "json", "--postgres", postgres_server.dsn, check=True)
+        (answer,) = json.loads(fleet.stdout)
+        assert answer.pop("node") == "worker-1" and answer.pop("log_id") == messages[0].headers[LOG]
+        assert answer == json.loads(node.stdout)
 
         # no credentials: no connection
         assert connects_without_credentials(url).startswith("refused"), "a client without credentials connected"
