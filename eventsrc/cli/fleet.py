@@ -45,6 +45,13 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         help="the stream's replicas if this sink creates it (default 1; 3 in a three-server cluster)",
     )
     s.add_argument(
+        "--metrics-address",
+        default="",
+        metavar="HOST:PORT",
+        help="serve /metrics (records stored, messages quarantined by reason, the database's refusals) and "
+        "/healthz there (default: none)",
+    )
+    s.add_argument(
         "--nats-user",
         default="",
         metavar="NAME",
@@ -136,15 +143,34 @@ def sink(args: argparse.Namespace) -> int:
     import trio
 
     from eventsrc.errors import EventsrcError
-    from eventsrc.fleet.sink import run_sink
+    from eventsrc.fleet.sink import SinkMetrics, run_sink
     from eventsrc.inputs.config import parse_list
     from eventsrc.node.shipper import NatsAuth
+    from eventsrc.obs.metrics import HealthApp, check_address, serve_http
 
     servers = parse_list(args.nats)
     if bool(args.nats_user) != (args.nats_password_file is not None):
         raise EventsrcError("--nats-user and --nats-password-file go together")
     auth = NatsAuth.read(args.nats_user, args.nats_password_file, "--nats-password-file") if args.nats_user else None
-    trio.run(lambda: run_sink(servers, args.postgres, args.stream, replicas=args.replicas, auth=auth))
+    if args.metrics_address:
+        check_address(args.metrics_address)
+    metrics = SinkMetrics()
+    failed: list[EventsrcError] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            if args.metrics_address:
+                app = HealthApp(metrics, live=lambda: "", ready=lambda: "")
+                await nursery.start(serve_http, app, args.metrics_address)
+            try:
+                await run_sink(servers, args.postgres, args.stream, replicas=args.replicas, metrics=metrics, auth=auth)
+            except EventsrcError as exc:  # one line, out of the nursery (not in an exception group)
+                failed.append(exc)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    if failed:
+        raise failed[0]
     return 0
 
 

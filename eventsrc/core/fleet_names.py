@@ -63,13 +63,18 @@ class Node:
     def subject(self, prefix: str = DEFAULT_PREFIX) -> str:
         return f"{prefix}.{self.name.replace('.', '_')}.{self.log_id}"
 
-    def msg_id(self, seq: int) -> str:
-        return f"{self.name}:{self.log_id}:{seq}"
+    def msg_id(self, seq: int, value_hash: bytes = b"") -> str:
+        """JetStream's id for the record: with the record's own hash (``events.chain_hash`` of its
+        stored value), so that nobody who has not seen the record can take its id first and have
+        the node's real record dropped as a duplicate (issue 34, ADR 0034)."""
+        own = f":{value_hash.hex()}" if value_hash else ""
+        return f"{self.name}:{self.log_id}:{seq}{own}"
 
-    def headers(self, seq: int, type_name: str, follows: int | None = None) -> dict[str, str]:
+    def headers(self, seq: int, type_name: str, follows: int | None = None, value_hash: bytes = b"") -> dict[str, str]:
         """``follows``: the sequence of the record shipped before it on this subject (``seq - 1``
-        but after records a retention cut took before they were shipped; 0 for the first)."""
-        out = {MSG_ID: self.msg_id(seq), NODE: self.name, LOG: self.log_id, SEQ: str(seq), TYPE: type_name}
+        but after records a retention cut took before they were shipped; 0 for the first).
+        ``value_hash``: the record's ``chain_hash``, in its message id."""
+        out = {MSG_ID: self.msg_id(seq, value_hash), NODE: self.name, LOG: self.log_id, SEQ: str(seq), TYPE: type_name}
         out[FOLLOWS] = str(seq - 1 if follows is None else follows)
         return out
 

@@ -14,9 +14,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final, Literal
 
 import msgspec
+
+from eventsrc.events import CorruptRecordError, FutureRecordError, chain_hash, decode_record, prev_hash_of
 
 State = Literal["connecting", "connected", "disconnected", "diverged"]
 
@@ -30,7 +33,9 @@ class ShippingReport(msgspec.Struct, frozen=True, kw_only=True):
     """The shipper's figures at the time of asking (the shell reads them)."""
 
     state: State
-    reason: str = ""  # why it is disconnected or diverged; "" while connected
+    #: why it is disconnected or diverged; while connected, the last message found on this log's
+    #: subject that is not its record (another publisher: docs/fleet.md), or ""
+    reason: str = ""
     shipped_seq: int = 0  # every record up to it is acknowledged by JetStream
     last_seq: int = 0  # the log's last record
     oldest_unshipped_ns: int = 0  # the time of record shipped_seq + 1 (0: none unshipped)
@@ -58,6 +63,85 @@ def resume_from(stream_last: int, acknowledged: int | None, window: int) -> int:
     return min(stream_last, acknowledged)
 
 
+#: how many messages on a log's subject a resume looks back through for the log's own record
+WALK: Final = 64
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One message on this log's subject, as a resume sees it (newest first)."""
+
+    seq: int | None  # the record its headers name; None: they name no record of this log
+    data: bytes
+    ours: bytes | None  # the log's record at ``seq`` (None: the log does not hold it)
+    ours_before: bytes | None  # the log's record at ``seq - 1``
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What a resume found on the stream: ``diverged`` (a reason: nothing is shipped), else the
+    last sequence of the log the stream holds (``stream_last``) and, when messages after it on
+    the subject are not the log's (another publisher), what they are (``forged``)."""
+
+    stream_last: int = 0
+    diverged: str = ""
+    forged: str = ""
+
+
+def judge(walk: list[Seen], log_last: int, complete: bool) -> Resume:
+    """Decide a resume from the messages on the log's subject, newest first, up to and with the
+    first that is the log's own record (or all of them: ``complete``, the subject's first reached;
+    else ``WALK`` of them). A message is the log's own when it is byte for byte the log's record
+    at its sequence (or the log cut that record and cannot compare). Messages after the log's
+    own are a fork when one of them is a record that links to the log's own record before it and
+    differs from the log's (a log restored behind the stream; or a forger who read the stream and
+    wrote a linked record: the chain cannot tell): ``diverged``. Else they are not the log's at
+    all (no record, or no link to it): ``forged``, and shipping goes on from the log's own."""
+    newest = walk[0] if walk else None
+    for i, m in enumerate(walk):
+        if m.seq is not None and (m.data == m.ours or (m.ours is None and m.seq <= log_last)):
+            after = walk[:i]
+            return _after_own(after, m.seq, log_last, newest)
+    return _after_own(walk, 0, log_last, newest, found=complete)
+
+
+def _after_own(after: list[Seen], own: int, log_last: int, newest: Seen | None, found: bool = True) -> Resume:
+    for m in after:
+        if m.seq is not None and _links_to_ours(m) and newest is not None and newest.seq is not None:
+            return Resume(diverged=divergence(newest.seq, log_last, newest.data, newest.ours))
+    if not after:
+        return Resume(own)
+    what = _why_not_ours(after[0])
+    if not found:
+        what += f"; none of the last {len(after)} messages on the subject is the log's own, so all is sent again"
+    return Resume(own, forged=what)
+
+
+def _links_to_ours(m: Seen) -> bool:
+    """``m`` is an intact record, other than the log's own, that links to the log's record before it."""
+    if m.ours_before is None or m.data == m.ours or m.seq is None:
+        return False
+    try:
+        decode_record(m.seq, m.data)
+    except FutureRecordError:
+        pass
+    except CorruptRecordError:
+        return False
+    return prev_hash_of(m.data) == chain_hash(m.ours_before)
+
+
+def _why_not_ours(m: Seen) -> str:
+    if m.seq is None:
+        return "the stream's last message on this log's subject has headers of no record of this log"
+    try:
+        decode_record(m.seq, m.data)
+    except FutureRecordError:
+        pass
+    except CorruptRecordError as exc:
+        return f"the stream's last message on this log's subject, record {m.seq}, is no record ({exc.reason})"
+    return f"the stream's record {m.seq} of this log is not the log's and does not link to the log's record {m.seq - 1}"
+
+
 def divergence(seq: int, log_last: int, in_stream: bytes, in_log: bytes | None) -> str:
     """Why the stream's last record ``seq`` of this log (``in_stream``, its payload) is not
     the log's (``in_log``: its stored value; None when the log cut it without an archive,
@@ -76,4 +160,6 @@ def trouble(state: str, reason: str, lag_records: int) -> str:
         return f"fleet shipping is disconnected ({reason}); {lag_records} records not shipped yet"
     if state == DIVERGED:
         return f"fleet shipping stopped: the stream and the log diverged ({reason})"
+    if reason:
+        return f"fleet shipping found a message on this node's subject that is not its record ({reason})"
     return ""

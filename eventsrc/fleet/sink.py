@@ -33,14 +33,34 @@ import psycopg
 import trio
 import trio_asyncio
 from nats.js.api import ConsumerConfig
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from eventsrc.core.backoff import Backoff
 from eventsrc.core.chargeback import FIELDS, Hold, Row, Tracker, UsageState, Window
 from eventsrc.core.claim_preparations import PreparationChange, Preparations, PreparationsState
-from eventsrc.core.fleet_names import DEFAULT_PREFIX, DEFAULT_STREAM, shipped
+from eventsrc.core.fleet_names import DEFAULT_PREFIX, DEFAULT_STREAM, FOLLOWS, SEQ, Node
+from eventsrc.core.shipped_records import (
+    DATABASE,
+    KINDS,
+    PAYLOAD,
+    Candidate,
+    Refusal,
+    Stored,
+    candidate,
+    check_message,
+    settle,
+)
 from eventsrc.errors import EventsrcError
-from eventsrc.events import CorruptRecordError, Record, decode_record
+from eventsrc.events import (
+    CorruptRecordError,
+    FutureRecordError,
+    Record,
+    chain_hash,
+    decode_record,
+    prev_hash_of,
+)
 from eventsrc.log.index import keys_for
 from eventsrc.node.shipper import (
     BACKOFF_FIRST,
@@ -150,9 +170,39 @@ def _to_v2(conn: psycopg.Connection[Any]) -> None:
 HOLD_END = "coalesce(end_ns, 9223372036854775807)"  # an open hold's end: the largest bigint
 _V3 = f"CREATE INDEX holds_by_end ON holds (({HOLD_END}))"
 
+#: Version 4: what is not a node's record is kept apart (``quarantine``, with the reason), and what
+#: may be one waits for its predecessor (``pending``) before it is stored (ADR 0034)
+_V4 = """
+    CREATE TABLE quarantine (
+        id bigserial PRIMARY KEY,
+        received timestamptz NOT NULL DEFAULT now(),
+        kind text NOT NULL,
+        reason text NOT NULL,
+        subject text NOT NULL,
+        node text NOT NULL,
+        log_id text NOT NULL,
+        seq text NOT NULL,
+        headers jsonb NOT NULL,
+        data bytea NOT NULL
+    );
+    CREATE INDEX quarantine_by_log ON quarantine (node, log_id, seq);
+    CREATE TABLE pending (
+        id bigserial PRIMARY KEY,
+        node text NOT NULL,
+        log_id text NOT NULL,
+        seq bigint NOT NULL,
+        follows bigint NOT NULL,
+        hash bytea NOT NULL,
+        subject text NOT NULL,
+        headers jsonb NOT NULL,
+        data bytea NOT NULL,
+        UNIQUE (node, log_id, seq, hash)
+    );
+    """
+
 #: MIGRATIONS[v] takes the schema from version v to v + 1 (docs/fleet.md): SQL, or a function
 #: that runs in the migration's transaction
-MIGRATIONS: tuple[str | Callable[[psycopg.Connection[Any]], None], ...] = (_V1, _to_v2, _V3)
+MIGRATIONS: tuple[str | Callable[[psycopg.Connection[Any]], None], ...] = (_V1, _to_v2, _V3, _V4)
 SCHEMA_VERSION = len(MIGRATIONS)
 MIGRATION_LOCK = 0x65766E74  # the advisory lock migrations take ("evnt")
 
@@ -247,31 +297,162 @@ class Shipped(NamedTuple):
     data: bytes
 
 
-def store(conn: psycopg.Connection[Any], node: str, log_id: str, seq: int, follows: int, data: bytes) -> None:
+class Message(NamedTuple):
+    """A message of the stream as it came: nothing of it is trusted (``check_message``)."""
+
+    subject: str
+    headers: dict[str, str]
+    data: bytes
+
+
+def message_of(s: Shipped, prefix: str = DEFAULT_PREFIX) -> Message:
+    """The message a node's shipper publishes for ``s`` (its type read from the record)."""
+    node = Node(s.node, s.log_id)
+    try:
+        kind = decode_record(s.seq, s.data).type
+    except FutureRecordError as exc:
+        kind = exc.type_name
+    except CorruptRecordError:
+        kind = ""
+    return Message(node.subject(prefix), node.headers(s.seq, kind, s.follows), s.data)
+
+
+class Outcome(NamedTuple):
+    """What one ``store_many`` did: records stored, and the refusals by kind."""
+
+    stored: int
+    quarantined: dict[str, int]
+
+
+def store(conn: psycopg.Connection[Any], node: str, log_id: str, seq: int, follows: int, data: bytes) -> Outcome:
     """One shipped record, in one transaction (``store_many``)."""
-    store_many(conn, [Shipped(node, log_id, seq, follows, data)])
+    return store_many(conn, [Shipped(node, log_id, seq, follows, data)])
 
 
-def store_many(conn: psycopg.Connection[Any], messages: Sequence[Shipped]) -> None:
-    """Shipped records, in one transaction: each stored once, and each node's derived rows made
-    up to its first gap: the records from the applied one on, each following the one before.
+def store_many(
+    conn: psycopg.Connection[Any], messages: Sequence[Shipped | Message], prefix: str = DEFAULT_PREFIX
+) -> Outcome:
+    """Messages, in one transaction: each checked (``shipped_records``): what is not a node's record
+    is quarantined with the reason; a record that links to the node's stored one before it is
+    stored, once; one whose predecessor is not stored yet waits (``pending``); then each node's
+    derived rows are made up to its first gap.
 
-    Node logs are taken in (node, log id) order and their records in sequence order, so every
-    sink takes its locks (a record's key, a ``node_logs`` row) in one order, and two sinks
-    storing the same messages never wait for each other in a cycle."""
-    by_log: dict[tuple[str, str], list[Shipped]] = {}
+    Node logs are taken in (node, log id) order, each under the lock on its ``node_logs`` row
+    before anything of it is read, so two sinks storing the same messages never wait for each
+    other in a cycle, and what one stores the other sees before it decides."""
+    checked: list[tuple[Message, Candidate | Refusal]] = []
     for m in messages:
-        by_log.setdefault((m.node, m.log_id), []).append(m)
+        msg = message_of(m, prefix) if isinstance(m, Shipped) else m
+        checked.append((msg, check_message(msg.subject, msg.headers, msg.data, prefix)))
+    by_log: dict[tuple[str, str], list[tuple[Message, Candidate]]] = {}
+    quarantined: dict[str, int] = {}
+    stored = 0
     with conn.transaction():
+        for msg, verdict in checked:
+            if isinstance(verdict, Refusal):
+                _quarantine(conn, msg, verdict, quarantined)
+            else:
+                by_log.setdefault((verdict.node.name, verdict.node.log_id), []).append((msg, verdict))
         for (node, log_id), part in sorted(by_log.items()):
-            for m in sorted(part, key=lambda m: m.seq):
-                _insert_record(conn, node, log_id, m.seq, m.follows, m.data)
+            stored += _settle(conn, Node(node, log_id), part, quarantined)
             _apply_following(conn, node, log_id)
+    return Outcome(stored, quarantined)
+
+
+def _quarantine(conn: psycopg.Connection[Any], msg: Message, why: Refusal, counts: dict[str, int]) -> None:
+    conn.execute(
+        "INSERT INTO quarantine (kind, reason, subject, node, log_id, seq, headers, data) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+        (
+            why.kind,
+            pg_text(why.reason),
+            pg_text(msg.subject),
+            pg_text(why.node),
+            pg_text(why.log_id),
+            pg_text(why.seq),
+            Jsonb(escape_json(dict(msg.headers))),
+            msg.data,
+        ),
+    )
+    counts[why.kind] = counts.get(why.kind, 0) + 1
+
+
+def _settle(
+    conn: psycopg.Connection[Any], node: Node, part: list[tuple[Message, Candidate]], counts: dict[str, int]
+) -> int:
+    """Under the lock on the node log's row: ``part`` and the log's waiting records against what
+    is stored (``shipped_records.settle``); the records stored."""
+    conn.execute(
+        "INSERT INTO node_logs (node, log_id) VALUES (%s, %s) ON CONFLICT DO NOTHING", (node.name, node.log_id)
+    )
+    conn.execute("SELECT 1 FROM node_logs WHERE node = %s AND log_id = %s FOR UPDATE", (node.name, node.log_id))
+    where = (node.name, node.log_id)
+    came: dict[Candidate, tuple[Message, int | None]] = {c: (m, None) for m, c in reversed(part)}  # the first kept
+    for pid, seq, follows, data, subject, headers in conn.execute(
+        "SELECT id, seq, follows, data, subject, headers FROM pending WHERE node = %s AND log_id = %s ORDER BY id",
+        where,
+    ).fetchall():
+        c = candidate(node, seq, follows, bytes(data))
+        came[c] = (
+            Message(from_pg_text(subject), {from_pg_text(k): from_pg_text(v) for k, v in headers.items()}, c.data),
+            pid,
+        )
+    waiting = [c for c, (_, pid) in came.items() if pid is not None]
+    candidates = [*waiting, *(c for _, c in part)]
+    wanted = sorted({c.seq for c in candidates} | {c.follows for c in candidates if c.follows})
+    stored = {
+        seq: Stored(chain_hash(bytes(data)), prev_hash_of(bytes(data)))
+        for seq, data in conn.execute(
+            "SELECT seq, data FROM records WHERE node = %s AND log_id = %s AND seq = ANY(%s)", (*where, wanted)
+        ).fetchall()
+    }
+    missing = [str(c.follows) for c in candidates if c.follows and c.follows not in stored]
+    damaged = (
+        [
+            candidate(node, int(seq), int(follows), bytes(data), corrupt=True)
+            for seq, follows, data in conn.execute(
+                "SELECT seq, headers->>%s, data FROM quarantine WHERE node = %s AND log_id = %s AND seq = ANY(%s) "
+                "AND kind = %s",
+                (FOLLOWS, *where, missing, PAYLOAD),
+            ).fetchall()
+        ]
+        if missing
+        else []
+    )
+    empty = not stored and conn.execute(
+        "SELECT NOT EXISTS (SELECT 1 FROM records WHERE node = %s AND log_id = %s)", where
+    ).fetchone() == (True,)
+    decision = settle(candidates, stored, damaged, empty=empty)
+    done = [came[c][1] for c in (*decision.store, *decision.same, *(c for c, _ in decision.refuse)) if c in came]
+    if done := [pid for pid in done if pid is not None]:
+        conn.execute("DELETE FROM pending WHERE id = ANY(%s)", (done,))
+    for c, why in decision.refuse:
+        _quarantine(conn, came[c][0] if c in came else Message("", {}, c.data), why, counts)
+    for c in decision.vouched:
+        conn.execute(
+            "DELETE FROM quarantine WHERE node = %s AND log_id = %s AND seq = %s AND kind = %s AND data = %s",
+            (*where, str(c.seq), PAYLOAD, c.data),
+        )
+    if decision.store:
+        with conn.cursor() as cur:
+            cur.executemany(
+                f"{INSERT_RECORD} ON CONFLICT DO NOTHING",
+                [record_row(node.name, node.log_id, c.seq, c.follows, c.data) for c in decision.store],
+            )
+    for c in decision.wait:
+        if came[c][1] is None:
+            msg = came[c][0]
+            conn.execute(
+                "INSERT INTO pending (node, log_id, seq, follows, hash, subject, headers, data) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                (*where, c.seq, c.follows, c.hash, pg_text(msg.subject), Jsonb(escape_json(dict(msg.headers))), c.data),
+            )
+    return len(decision.store)
 
 
 def _apply_following(conn: psycopg.Connection[Any], node: str, log_id: str) -> None:
-    """Under the lock on the node log's row: the stored records that follow its applied one."""
-    conn.execute("INSERT INTO node_logs (node, log_id) VALUES (%s, %s) ON CONFLICT DO NOTHING", (node, log_id))
+    """Under the lock on the node log's row (``_settle`` took it): the stored records that follow
+    its applied one."""
     applied, state, prepared = conn.execute(
         "SELECT applied_seq, tracker, preparations FROM node_logs WHERE node = %s AND log_id = %s FOR UPDATE",
         (node, log_id),
@@ -444,10 +625,6 @@ def index_rows(node: str, log_id: str, record: Record) -> list[tuple[bytes, str,
     return [(key, node, log_id, record.seq) for key in dict.fromkeys(keys_for(record.event))]
 
 
-def _insert_record(conn: psycopg.Connection[Any], node: str, log_id: str, seq: int, follows: int, data: bytes) -> None:
-    conn.execute(f"{INSERT_RECORD} ON CONFLICT DO NOTHING", record_row(node, log_id, seq, follows, data))
-
-
 async def run_sink(
     servers: Sequence[str],
     dsn: str,
@@ -455,15 +632,17 @@ async def run_sink(
     prefix: str = DEFAULT_PREFIX,
     *,
     replicas: int = 1,
+    metrics: SinkMetrics | None = None,
     auth: NatsAuth | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Consume the stream into the database until cancelled, connected to NATS as ``auth``
     (None: no credentials). Raises EventsrcError when the
-    database or the servers cannot be reached at the start. Once it has consumed, servers or a
-    database that go away are said once and tried again with backoff (a sink is a Deployment:
-    it waits for them, as the nodes do); what was fetched and not acknowledged is delivered
-    again after ``ACK_WAIT``, to this sink or another."""
+    database or the servers cannot be reached at the start. Once it has consumed, servers that
+    go away, and a database that refuses or loses a fetch's transaction for any reason, are said
+    once per reason and tried again with backoff (a sink is a Deployment: it waits for them, as
+    the nodes do); what was fetched and not acknowledged is delivered again after ``ACK_WAIT``,
+    to this sink or another, if this one is gone."""
     conn = await _connect_database(dsn)
     try:
         try:
@@ -475,13 +654,13 @@ async def run_sink(
     except BaseException:
         conn.close()
         raise
-    consumer = _Consumer(servers, dsn, stream, prefix, replicas, conn, task_status, auth)
+    consumer = _Consumer(servers, dsn, stream, prefix, replicas, conn, task_status, metrics or SinkMetrics(), auth)
     failed = ""  # raised once out of the loop (in it, it would come out as an exception group)
     try:
         async with trio_asyncio.open_loop():
             failed = await consumer.run()
     finally:
-        consumer.conn.close()
+        consumer.close()
     if failed:
         raise EventsrcError(failed)
 
@@ -493,15 +672,59 @@ async def _connect_database(dsn: str) -> psycopg.Connection[Any]:
         raise EventsrcError(f"cannot connect to PostgreSQL: {first_line(exc)}") from None
 
 
-#: what a session's start raises when the servers or the database are away
+#: what a session's start raises when the servers are away
 CONNECTING_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, EventsrcError)
-#: what ends a session: the servers, or the connection to the database, went away
-SESSION_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, psycopg.OperationalError)
+#: the SQLSTATE classes of an error about the data stored, not the database: 22 data exception,
+#: 23 integrity constraint violation. A fetch refused so is stored message by message, and the
+#: one the database refuses alone is quarantined (kind "database"); anything else (privileges,
+#: a full disk, a lost connection, a serialization failure) is the database's, retried.
+DATA_CLASSES = ("22", "23")
+
+
+def database_reason(exc: BaseException) -> str:
+    """One line for a database error: its SQLSTATE (when it has one) and its first line."""
+    state = getattr(exc, "sqlstate", None) if isinstance(exc, psycopg.Error) else None
+    return f"{state}: {first_line(exc)}" if state else first_line(exc)
+
+
+class SinkMetrics:
+    """The sink's series (``--metrics-address``): what it stored, what it quarantined and why,
+    and the database's refusals."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.stored = Counter(
+            "eventsrc_fleet_sink_records_stored", "Records stored as their node's.", registry=self.registry
+        )
+        self.quarantined = Counter(
+            "eventsrc_fleet_sink_messages_quarantined",
+            "Messages refused as a node's record and kept apart in the quarantine table, by kind of reason.",
+            ["kind"],
+            registry=self.registry,
+        )
+        for kind in KINDS:
+            self.quarantined.labels(kind=kind)
+        self.database_failures = Counter(
+            "eventsrc_fleet_sink_store_failures",
+            "Fetches whose transaction the database refused (retried with backoff).",
+            registry=self.registry,
+        )
+        self.database_down = Gauge(
+            "eventsrc_fleet_sink_database_failing", "1 while the database refuses the records.", registry=self.registry
+        )
+
+    def count(self, outcome: Outcome) -> None:
+        self.stored.inc(outcome.stored)
+        for kind, n in outcome.quarantined.items():
+            self.quarantined.labels(kind=kind).inc(n)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
 
 
 class _Consumer:
-    """The sink's sessions: one NATS connection each, again after the servers or the database
-    went away, with backoff."""
+    """The sink's sessions: one NATS connection each, again after the servers went away, with
+    backoff; a database that refuses a fetch is retried with the fetch unacknowledged."""
 
     def __init__(
         self,
@@ -512,21 +735,26 @@ class _Consumer:
         replicas: int,
         conn: psycopg.Connection[Any],
         task_status: trio.TaskStatus[None],
+        metrics: SinkMetrics,
         auth: NatsAuth | None = None,
     ) -> None:
         self.servers, self.dsn, self.stream, self.prefix, self.replicas = servers, dsn, stream, prefix, replicas
+        self.conn: psycopg.Connection[Any] | None = conn
+        self.metrics = metrics
         self.auth = auth
-        self.conn = conn
         self._task_status: trio.TaskStatus[None] | None = task_status
         self._said = ""
+        self._database_said = ""
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
 
     async def run(self) -> str:
         """Consume until cancelled; the one-line reason when the first connection fails."""
-        backoff = BACKOFF_FIRST
+        backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
         while True:
             try:
-                if self.conn.closed:
-                    self.conn = await _connect_database(self.dsn)
                 nc = await connect(self.servers, auth=self.auth)
             except CONNECTING_FAILURES as exc:
                 if self._task_status is not None:  # never consumed: the servers are not there
@@ -535,13 +763,10 @@ class _Consumer:
             else:
                 try:
                     await self._consume(nc)
-                except SESSION_FAILURES as exc:
-                    if isinstance(exc, psycopg.OperationalError):
-                        self.conn.close()  # connected again at the next session
+                except FAILURES as exc:
                     self._say(first_line(exc))
-                    backoff = BACKOFF_FIRST
-            await trio.sleep(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX)
+                    backoff.reset()
+            await trio.sleep(backoff.next())
 
     def _say(self, reason: str) -> None:
         if reason != self._said:
@@ -575,22 +800,72 @@ class _Consumer:
                     if nc.is_closed:
                         raise nats.errors.ConnectionClosedError from None
                     continue
-                records, stored = [], []
-                for m in messages:
-                    what = shipped(m.headers or {})
-                    if what is None:  # not a shipper's: never stored, never delivered again
-                        log.warning("a message that is no shipped record was dropped", subject=m.subject)
-                        await to_aio(m.term)()
-                        continue
-                    records.append(Shipped(what.node.name, what.node.log_id, what.seq, what.follows, m.data))
-                    stored.append(m)
-                if records:
-                    await trio.to_thread.run_sync(store_many, self.conn, records)  # one transaction for the fetch
-                for m in stored:  # each after the commit: a crash before redelivers what then changes nothing
+                batch = [Message(m.subject, dict(m.headers or {}), m.data) for m in messages]
+                await self._store(batch, messages)
+                for m in messages:  # each after the commit: a crash before redelivers what then changes nothing
                     await to_aio(m.ack)()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await to_aio(nc.close)()
+
+    async def _store(self, batch: list[Message], messages: Sequence[Any]) -> None:
+        """``batch`` stored (one transaction), or quarantined; until then, whatever the database
+        says, tried again with backoff, the messages kept this sink's (``in_progress``) and
+        unacknowledged. A data error splits the fetch message by message."""
+        backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
+        while True:
+            try:
+                if self.conn is None or self.conn.closed or self.conn.broken:
+                    self.close()
+                    self.conn = None
+                    self.conn = await _connect_database(self.dsn)
+                outcome = await trio.to_thread.run_sync(store_many, self.conn, batch, self.prefix)
+            except (psycopg.Error, EventsrcError) as exc:
+                reason = database_reason(exc)
+                state = getattr(exc, "sqlstate", None) or ""
+                if state[:2] in DATA_CLASSES:
+                    await self._store_alone(batch, reason)
+                    return
+                self._database_failing(reason)
+                for m in messages:
+                    await to_aio(m.in_progress)()  # not delivered to another sink while this one waits
+                await trio.sleep(backoff.next())
+                continue
+            self.metrics.count(outcome)
+            self._database_back()
+            return
+
+    async def _store_alone(self, batch: list[Message], reason: str) -> None:
+        """Each message of a fetch the database refused for its data, in a transaction of its own;
+        the one refused alone is quarantined with the database's reason."""
+        assert self.conn is not None
+        if len(batch) > 1:
+            for one in batch:
+                await self._store([one], ())
+            return
+        log.warning("the database refused a message; quarantined", subject=batch[0].subject[:300], reason=reason)
+        counts: dict[str, int] = {}
+        why = Refusal(DATABASE, f"the database refused it: {reason}", seq=batch[0].headers.get(SEQ, "")[:40])
+        await trio.to_thread.run_sync(quarantine_one, self.conn, batch[0], why, counts)
+        self.metrics.count(Outcome(0, counts))
+
+    def _database_failing(self, reason: str) -> None:
+        self.metrics.database_failures.inc()
+        self.metrics.database_down.set(1)
+        if reason != self._database_said:
+            log.warning("the database refuses the records; retrying", reason=reason)
+            self._database_said = reason
+
+    def _database_back(self) -> None:
+        self.metrics.database_down.set(0)
+        if self._database_said:
+            log.info("the database takes records again")
+            self._database_said = ""
+
+
+def quarantine_one(conn: psycopg.Connection[Any], msg: Message, why: Refusal, counts: dict[str, int]) -> None:
+    with conn.transaction():
+        _quarantine(conn, msg, why, counts)
 
 
 def first_line(exc: BaseException) -> str:

@@ -50,13 +50,15 @@ from eventsrc.core.shipping import (
     CONNECTING,
     DISCONNECTED,
     DIVERGED,
+    WALK,
+    Seen,
     ShippingReport,
     State,
-    divergence,
+    judge,
     resume_from,
 )
 from eventsrc.errors import EventsrcError, LogCutWhileReadingError
-from eventsrc.events import CorruptRecordError, Record, decode_record
+from eventsrc.events import CorruptRecordError, Record, chain_hash, decode_record
 from eventsrc.inputs.secret_file import read_secret
 from eventsrc.log.history import History
 from eventsrc.log.store import EventLog, key_seq
@@ -156,6 +158,7 @@ class Shipper:
         self.shipped = 0
         self.state: State = CONNECTING
         self.reason = ""  # why disconnected or diverged
+        self.forgery = ""  # the last message on the subject found not to be this log's record
         self._known = False  # ``shipped`` was learnt from the stream in this run
         self._ts: dict[int, int] = {}  # the time of each record of the batch in flight
         self._history: History | None = None  # while shipping from the archive
@@ -167,7 +170,7 @@ class Shipper:
         """How shipping fares, for status, the metrics and /healthz (one LMDB read at most)."""
         return ShippingReport(
             state=self.state,
-            reason=self.reason,
+            reason=self.reason or self.forgery,
             shipped_seq=self.shipped,
             last_seq=self.event_log.last_seq(),
             oldest_unshipped_ns=self._oldest_unshipped_ns(),
@@ -256,25 +259,79 @@ class Shipper:
                 await to_aio(nc.close)()
 
     async def _resume(self, js: JetStreamContext) -> int:
-        """The last sequence the stream holds on this node's subject, once it is checked to be
-        the log's record (DivergedError when not)."""
-        last = await to_aio(self._last_message)(js)
-        if last is None:
+        """The last sequence of this log the stream holds on its subject, once checked against the
+        log (``shipping.judge``): DivergedError when the stream holds a fork of it; messages after
+        the log's own that are none of its history (another publisher's) are said, and passed
+        over: the log's own records go after them, under ids nobody could take first."""
+        walk, complete = await self._walk(js)
+        if not walk:
             return 0
-        headers, data = last
-        seq = acknowledged(self.node, headers)
-        in_log = await trio.to_thread.run_sync(self._stored_at, seq)
-        why = divergence(seq, self.event_log.last_seq(), data, in_log)
-        if why:
-            raise DivergedError(why)
-        return seq
+        resume = judge(walk, self.event_log.last_seq(), complete)
+        if resume.diverged:
+            raise DivergedError(resume.diverged)
+        if resume.forged:
+            self._forged(resume.forged)
+        return resume.stream_last
 
-    async def _last_message(self, js: JetStreamContext) -> tuple[dict[str, str], bytes] | None:
+    async def _walk(self, js: JetStreamContext) -> tuple[list[Seen], bool]:
+        """The messages on this log's subject, newest first, down to the first that is the log's
+        own record (at most ``WALK``); and whether the subject's first was reached."""
+        subject = self.node.subject(self.options.prefix)
+        walk: list[Seen] = []
+        raw = await to_aio(self._last_raw)(js, subject)
+        while raw is not None and len(walk) < WALK:
+            headers, data = dict(raw.headers or {}), raw.data or b""
+            try:
+                seq: int | None = acknowledged(self.node, headers)
+            except ValueError:
+                seq = None
+            ours = await trio.to_thread.run_sync(self._stored_at, seq) if seq else None
+            before = await trio.to_thread.run_sync(self._stored_at, seq - 1) if seq and seq > 1 else None
+            walk.append(Seen(seq, data, ours, before))
+            if seq is not None and (data == ours or (ours is None and seq <= self.event_log.last_seq())):
+                return walk, False
+            raw = await to_aio(self._previous_raw)(js, subject, raw.seq or 0)
+        return walk, raw is None
+
+    async def _last_raw(self, js: JetStreamContext, subject: str) -> Any:
         try:
-            last = await js.get_last_msg(self.options.stream, self.node.subject(self.options.prefix))
+            return await js.get_last_msg(self.options.stream, subject)
         except nats.js.errors.NotFoundError:
             return None
-        return dict(last.headers or {}), last.data or b""
+
+    async def _previous_raw(self, js: JetStreamContext, subject: str, before: int) -> Any:
+        """The message on ``subject`` before stream sequence ``before`` (None: none): JetStream
+        gives the next message on a subject from a sequence, so it is found by halving."""
+
+        async def first_from(seq: int) -> Any:
+            try:
+                return await js.get_msg(self.options.stream, seq=seq, subject=subject, next=True)
+            except nats.js.errors.NotFoundError:
+                return None
+
+        found = await first_from(1)
+        if found is None or (found.seq or 0) >= before:
+            return None
+        low, high = found.seq or 0, before - 1  # the last on the subject before ``before`` is in [low, high]
+        while low < high:
+            mid = (low + high + 1) // 2
+            got = await first_from(mid)
+            if got is not None and (got.seq or 0) < before:
+                low, found = got.seq or 0, got  # at or after mid: the range shrinks from below
+            else:
+                high = mid - 1  # none on the subject from mid to before
+        return found
+
+    def _forged(self, reason: str) -> None:
+        """A message on this log's subject is not this log's record: said once, in status too."""
+        if reason != self.forgery:
+            log.warning(
+                "a message on this node's subject is not this node's record (another publisher?); shipping "
+                "the node's own",
+                subject=self.node.subject(self.options.prefix),
+                reason=reason,
+            )
+            self.forgery = reason
 
     def _stored_at(self, seq: int) -> bytes | None:
         """Record ``seq`` as the log stored it, from the live log or the archive (None when
@@ -305,7 +362,9 @@ class Shipper:
             messages, follows, self._ts = [], self.shipped, {}
             for seq, value in batch:
                 kind, self._ts[seq] = _type_and_time(seq, value)
-                messages.append((seq, value, self.node.headers(seq, kind, follows=follows)))
+                messages.append(
+                    (seq, value, self.node.headers(seq, kind, follows=follows, value_hash=chain_hash(value)))
+                )
                 follows = seq
             await to_aio(publish_window)(
                 js, subject, self.options.stream, messages, self.window, PUBLISH_TIMEOUT, self._acked

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 from grpclib import GRPCError, Status
@@ -549,10 +549,16 @@ def exposition(families: Iterable[Metric]) -> bytes:
 Probe = Callable[[], str]  # "" when fine, else the reason
 
 
+class Exposes(Protocol):
+    """What /metrics serves: the daemon's ``Metrics``, or another process's series."""
+
+    def exposition(self) -> bytes: ...
+
+
 class HealthApp:
     """The ASGI application: /metrics, /healthz and /readyz, GET or HEAD."""
 
-    def __init__(self, metrics: Metrics, live: Probe, ready: Probe, warn: Probe = lambda: "") -> None:
+    def __init__(self, metrics: Exposes, live: Probe, ready: Probe, warn: Probe = lambda: "") -> None:
         self.metrics = metrics
         self.live = live
         self.ready = ready

@@ -15,7 +15,7 @@ from eventsrc import events as ev
 from eventsrc.core.fleet_names import FOLLOWS, SEQ, Node
 from eventsrc.core.retention_policy import Retention
 from eventsrc.core.shipping import CONNECTED, DIVERGED
-from eventsrc.events import decode_record
+from eventsrc.events import chain_hash, decode_record
 from eventsrc.log.archive import iter_records, segment_files
 from eventsrc.log.store import EventLog, key_seq
 from eventsrc.node.retainer import Retainer
@@ -130,7 +130,8 @@ def publish_as_a_run_before(url: str, node: Node, records: list[tuple[int, bytes
             await ensure_stream(js, STREAM)
             for seq, value in records:
                 kind = type(decode_record(seq, value).event).__name__
-                await js.publish(node.subject(), value, stream=STREAM, headers=node.headers(seq, kind))
+                headers = node.headers(seq, kind, value_hash=chain_hash(value))  # as the shipper's ids are
+                await js.publish(node.subject(), value, stream=STREAM, headers=headers)
         finally:
             await nc.close()
 
