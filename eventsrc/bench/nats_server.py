@@ -12,7 +12,7 @@ with ``dpkg -x`` into the cache (env ``EVENTSRC_NATS_CACHE``, default
 storage under ``base/<name>``; ``NatsCluster(base, 3)`` runs three, routed to each other as one
 JetStream cluster::
 
-    server = NatsServer(tmp_path)
+    server = NatsServer(tmp_path)   # extra_config="authorization { ... }": users and permissions
     server.start()                  # returns once /healthz says ok
     server.url                      # "nats://127.0.0.1:PORT", the same after a restart
     server.restart()                # SIGTERM, then the same ports and storage again
@@ -122,8 +122,13 @@ class NatsServer(server_process.Server):
     """One nats-server with JetStream (configuration, log and storage under ``base/name``).
     ``peers`` (set by ``NatsCluster``) makes it a member of a cluster routed to them."""
 
-    def __init__(self, base: Path, *, name: str = "nats-1", fetched: Fetched | None = None) -> None:
+    def __init__(
+        self, base: Path, *, name: str = "nats-1", fetched: Fetched | None = None, extra_config: str = ""
+    ) -> None:
         self.directory = Path(base) / name
+        #: appended to the server's configuration (an ``authorization`` block: docs/fleet.md, "NATS
+        #: permissions"); ``ready()`` asks the monitoring port, which it does not concern
+        self.extra_config = extra_config
         super().__init__(name, self.directory / "nats.log")
         self.store_dir = self.directory / "store"  # nats-server keeps its streams under store/jetstream
         self.config_path = self.directory / "nats.conf"
@@ -200,6 +205,8 @@ class NatsServer(server_process.Server):
             routes = ", ".join(_conf(f"nats-route://{HOST}:{p._ports.cluster}") for p in self.peers)
             listen = _conf(f"{HOST}:{ports.cluster}")
             lines.append(f"cluster {{ name: {_conf(CLUSTER_NAME)}, listen: {listen}, routes: [{routes}] }}")
+        if self.extra_config:
+            lines.append(self.extra_config)
         return "\n".join(lines) + "\n"
 
     def wait_ready(self, timeout: float = 30) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eventsrc.cli.options import Parents, Subparsers, add_output
@@ -49,6 +50,19 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         metavar="HOST:PORT",
         help="serve /metrics (records stored, messages quarantined by reason, the database's refusals) and "
         "/healthz there (default: none)",
+    )
+    s.add_argument(
+        "--nats-user",
+        default="",
+        metavar="NAME",
+        help="the NATS user the sink connects as (needs --nats-password-file; default: no credentials)",
+    )
+    s.add_argument(
+        "--nats-password-file",
+        default=None,
+        type=Path,
+        metavar="FILE",
+        help="the file holding the NATS user's password (docs/fleet.md, 'NATS permissions')",
     )
     s.set_defaults(func=sink)
     u = fsub.add_parser(
@@ -131,9 +145,13 @@ def sink(args: argparse.Namespace) -> int:
     from eventsrc.errors import EventsrcError
     from eventsrc.fleet.sink import SinkMetrics, run_sink
     from eventsrc.inputs.config import parse_list
+    from eventsrc.node.shipper import NatsAuth
     from eventsrc.obs.metrics import HealthApp, check_address, serve_http
 
     servers = parse_list(args.nats)
+    if bool(args.nats_user) != (args.nats_password_file is not None):
+        raise EventsrcError("--nats-user and --nats-password-file go together")
+    auth = NatsAuth.read(args.nats_user, args.nats_password_file, "--nats-password-file") if args.nats_user else None
     if args.metrics_address:
         check_address(args.metrics_address)
     metrics = SinkMetrics()
@@ -145,7 +163,7 @@ def sink(args: argparse.Namespace) -> int:
                 app = HealthApp(metrics, live=lambda: "", ready=lambda: "")
                 await nursery.start(serve_http, app, args.metrics_address)
             try:
-                await run_sink(servers, args.postgres, args.stream, replicas=args.replicas, metrics=metrics)
+                await run_sink(servers, args.postgres, args.stream, replicas=args.replicas, metrics=metrics, auth=auth)
             except EventsrcError as exc:  # one line, out of the nursery (not in an exception group)
                 failed.append(exc)
             nursery.cancel_scope.cancel()

@@ -226,6 +226,19 @@ def _fleet_flags(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="this node's name in the fleet, a Kubernetes node name (default: the host name; an empty name is refused)",
     )
+    g.add_argument(
+        "--fleet-nats-user",
+        default=None,
+        metavar="NAME",
+        help="the NATS user this node connects as (default with a password file: the node's name)",
+    )
+    g.add_argument(
+        "--fleet-nats-password-file",
+        default=None,
+        type=Path,
+        metavar="FILE",
+        help="the file holding the NATS user's password (docs/fleet.md, 'NATS permissions'; default: no credentials)",
+    )
 
 
 def _nri_flags(p: argparse.ArgumentParser) -> None:
@@ -439,14 +452,15 @@ def _fleet(cfg: Configuration) -> FleetOptions | None:
 
     from eventsrc.core.fleet_names import node_name_error
     from eventsrc.errors import EventsrcError
-    from eventsrc.node.shipper import FleetOptions
+    from eventsrc.node.shipper import FleetOptions, NatsAuth
 
     if not cfg.fleet.nats:
         return None
     name = cfg.fleet.node_name or socket.gethostname().lower()
     if why := node_name_error(name):
         raise EventsrcError(f"--node-name is needed: the host name is no node name ({why})")
-    return FleetOptions(tuple(cfg.fleet.nats), name, cfg.fleet.stream, replicas=cfg.fleet.replicas)
+    auth = NatsAuth.read(cfg.fleet.user or name, Path(cfg.fleet.password_file)) if cfg.fleet.password_file else None
+    return FleetOptions(tuple(cfg.fleet.nats), name, cfg.fleet.stream, replicas=cfg.fleet.replicas, auth=auth)
 
 
 def config_print(args: argparse.Namespace) -> int:

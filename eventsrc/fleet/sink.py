@@ -62,7 +62,15 @@ from eventsrc.events import (
     prev_hash_of,
 )
 from eventsrc.log.index import keys_for
-from eventsrc.node.shipper import BACKOFF_FIRST, BACKOFF_MAX, FAILURES, connect, ensure_stream
+from eventsrc.node.shipper import (
+    BACKOFF_FIRST,
+    BACKOFF_MAX,
+    FAILURES,
+    NatsAuth,
+    connect,
+    ensure_stream,
+    said_refused,
+)
 from eventsrc.obs.logger import get_logger
 from eventsrc.offline.render import record_json
 from eventsrc.rpc.bridge import to_aio
@@ -625,9 +633,11 @@ async def run_sink(
     *,
     replicas: int = 1,
     metrics: SinkMetrics | None = None,
+    auth: NatsAuth | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Consume the stream into the database until cancelled. Raises EventsrcError when the
+    """Consume the stream into the database until cancelled, connected to NATS as ``auth``
+    (None: no credentials). Raises EventsrcError when the
     database or the servers cannot be reached at the start. Once it has consumed, servers that
     go away, and a database that refuses or loses a fetch's transaction for any reason, are said
     once per reason and tried again with backoff (a sink is a Deployment: it waits for them, as
@@ -644,7 +654,7 @@ async def run_sink(
     except BaseException:
         conn.close()
         raise
-    consumer = _Consumer(servers, dsn, stream, prefix, replicas, conn, task_status, metrics or SinkMetrics())
+    consumer = _Consumer(servers, dsn, stream, prefix, replicas, conn, task_status, metrics or SinkMetrics(), auth)
     failed = ""  # raised once out of the loop (in it, it would come out as an exception group)
     try:
         async with trio_asyncio.open_loop():
@@ -726,10 +736,12 @@ class _Consumer:
         conn: psycopg.Connection[Any],
         task_status: trio.TaskStatus[None],
         metrics: SinkMetrics,
+        auth: NatsAuth | None = None,
     ) -> None:
         self.servers, self.dsn, self.stream, self.prefix, self.replicas = servers, dsn, stream, prefix, replicas
         self.conn: psycopg.Connection[Any] | None = conn
         self.metrics = metrics
+        self.auth = auth
         self._task_status: trio.TaskStatus[None] | None = task_status
         self._said = ""
         self._database_said = ""
@@ -743,7 +755,7 @@ class _Consumer:
         backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
         while True:
             try:
-                nc = await connect(self.servers)
+                nc = await connect(self.servers, auth=self.auth)
             except CONNECTING_FAILURES as exc:
                 if self._task_status is not None:  # never consumed: the servers are not there
                     return f"cannot connect to NATS ({','.join(self.servers)}): {first_line(exc)}"
@@ -774,11 +786,12 @@ class _Consumer:
         until cancelled or the connection closes."""
         try:
             js = nc.jetstream()
-            await to_aio(ensure_stream)(js, self.stream, self.prefix, self.replicas)  # before any node ships
-            config = ConsumerConfig(ack_wait=ACK_WAIT)
-            sub = await to_aio(js.pull_subscribe)(
-                f"{self.prefix}.>", durable=DURABLE, stream=self.stream, config=config
-            )
+            with said_refused(nc):  # the sink's user lacks a right (docs/fleet.md, "NATS permissions")
+                await to_aio(ensure_stream)(js, self.stream, self.prefix, self.replicas)  # before any node ships
+                config = ConsumerConfig(ack_wait=ACK_WAIT)
+                sub = await to_aio(js.pull_subscribe)(
+                    f"{self.prefix}.>", durable=DURABLE, stream=self.stream, config=config
+                )
             self._ready()
             while True:
                 try:

@@ -237,6 +237,10 @@ class Fleet(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tru
     # the stream's copies when this node creates it (3 in a three-server cluster); an existing
     # stream keeps its own
     replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 1
+    # the NATS user this node connects as ("" with a password file: the node's name), and the
+    # file holding its password (docs/fleet.md, "NATS permissions"); "": no credentials
+    user: str = ""
+    password_file: str = ""
 
 
 class Configuration(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, rename="camel"):
@@ -322,6 +326,8 @@ FLAGS: Mapping[str, str] = {
     "fleet.stream": "--fleet-stream",
     "fleet.nodeName": "--node-name",
     "fleet.replicas": "--fleet-replicas",
+    "fleet.user": "--fleet-nats-user",
+    "fleet.passwordFile": "--fleet-nats-password-file",
 }
 
 _FIELDS = {f.encode_name: f for f in msgspec.structs.fields(Configuration)}
@@ -429,12 +435,14 @@ def _convert(obj: dict[str, Any], name: str) -> Configuration:
 
 def resolve_paths(cfg: Configuration, base: Path) -> Configuration:
     """Relative paths in a file are relative to the file's directory, as in the kubelet's."""
-    changes = {}
+    changes: dict[str, Any] = {}
     for name in _PATH_FIELDS:
         attr = _FIELDS[name].name
         value = getattr(cfg, attr)
         if value and not Path(value).is_absolute():
             changes[attr] = str(base / value)
+    if cfg.fleet.password_file and not Path(cfg.fleet.password_file).is_absolute():
+        changes["fleet"] = msgspec.structs.replace(cfg.fleet, password_file=str(base / cfg.fleet.password_file))
     return msgspec.structs.replace(cfg, **changes) if changes else cfg
 
 
@@ -542,6 +550,8 @@ def check(cfg: Configuration) -> None:
     for url in cfg.fleet.nats:
         if not re.fullmatch(r"(nats|tls)://[^\s/]+", url):
             raise wrap("fleet.nats", ValueError(f"{url!r} is not a NATS server URL (nats://HOST:PORT)"))
+    if cfg.fleet.user and not cfg.fleet.password_file:
+        raise wrap("fleet.user", ValueError("needs fleet.passwordFile (--fleet-nats-password-file)"))
     if cfg.beside_kubelet_resync.seconds <= 0:
         raise wrap("besideKubeletResync", ValueError("must be more than 0"))
     endpoint = cfg.container_runtime_endpoint

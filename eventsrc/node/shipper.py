@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ from eventsrc.core.shipping import (
 )
 from eventsrc.errors import EventsrcError, LogCutWhileReadingError
 from eventsrc.events import CorruptRecordError, Record, chain_hash, decode_record
+from eventsrc.inputs.secret_file import read_secret
 from eventsrc.log.history import History
 from eventsrc.log.store import EventLog, key_seq
 from eventsrc.obs.logger import get_logger
@@ -86,14 +88,30 @@ FAILURES: tuple[type[BaseException], ...] = (
 
 
 @dataclass(frozen=True)
+class NatsAuth:
+    """A NATS user and its password (nats-py's ``user`` and ``password`` options), the password
+    read from a file (docs/fleet.md, "NATS permissions"; ADR 0036)."""
+
+    user: str
+    password: str = field(repr=False)
+
+    @classmethod
+    def read(cls, user: str, password_file: Path, what: str = "--fleet-nats-password-file") -> NatsAuth:
+        """The user with the password ``password_file`` holds; SecretFileError (one line) when
+        the file cannot be used."""
+        return cls(user, read_secret(password_file, what))
+
+
+@dataclass(frozen=True)
 class FleetOptions:
-    """``serve --fleet-nats``: the servers, the stream, this node's name."""
+    """``serve --fleet-nats``: the servers, the stream, this node's name, its credentials."""
 
     servers: tuple[str, ...]
     node_name: str
     stream: str = DEFAULT_STREAM
     prefix: str = DEFAULT_PREFIX
     replicas: int = 1
+    auth: NatsAuth | None = None  # None: no credentials
 
 
 async def ensure_stream(js: JetStreamContext, stream: str, prefix: str = DEFAULT_PREFIX, replicas: int = 1) -> None:
@@ -212,21 +230,29 @@ class Shipper:
 
     async def _session(self) -> None:
         lost = trio.CancelScope()  # cancelled when the connection closes (the server went)
+        refusals: list[Exception] = []
 
         async def closed() -> None:
             lost.cancel()
 
-        nc = await connect(self.options.servers, closed)
+        async def error(exc: Exception) -> None:
+            if PERMISSIONS_VIOLATION in str(exc).lower():  # the request is never answered: now, not at its timeout
+                refusals.append(exc)
+                lost.cancel()
+
+        nc = await connect(self.options.servers, closed, self.options.auth, error)
         try:
-            js = nc.jetstream()
-            await to_aio(ensure_stream)(js, self.options.stream, self.options.prefix, self.options.replicas)
-            stream_last = await self._resume(js)
-            self.shipped = resume_from(stream_last, self.shipped if self._known else None, self.window)
-            self._known = True
-            self.state, self.reason, self._said, self._was_up = CONNECTED, "", "", True
-            log.info("fleet shipping connected", servers=",".join(self.options.servers), from_seq=self.shipped + 1)
             with lost:
+                js = nc.jetstream()
+                await to_aio(ensure_stream)(js, self.options.stream, self.options.prefix, self.options.replicas)
+                stream_last = await self._resume(js)
+                self.shipped = resume_from(stream_last, self.shipped if self._known else None, self.window)
+                self._known = True
+                self.state, self.reason, self._said, self._was_up = CONNECTED, "", "", True
+                log.info("fleet shipping connected", servers=",".join(self.options.servers), from_seq=self.shipped + 1)
                 await self._ship(js)
+            if refusals:
+                raise ConnectionError(f"the server refused: {refusals[0]}")
             raise ConnectionError(f"the connection closed ({nc.last_error or 'by the server'})")
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(CONNECT_TIMEOUT):
@@ -443,22 +469,50 @@ def _type_and_time(seq: int, value: bytes) -> tuple[str, int]:
     return type(record.event).__name__, record.ts_ns
 
 
+#: how nats-py names the server's refusal of a publish or a subscription (``last_error``)
+PERMISSIONS_VIOLATION = "permissions violation"
+
+
+@contextmanager
+def said_refused(nc: nats.NATS) -> Iterator[None]:
+    """A timeout that follows the server's refusal of a publish (a permissions violation,
+    docs/fleet.md "NATS permissions": the server answers nothing to a request it refused, and
+    nats-py tells the error callback) is raised as that refusal, so that the reason said is
+    the server's and not a timeout. The sink's; the shipper ends its session at the refusal."""
+    try:
+        yield
+    except TimeoutError as exc:  # nats-py's and asyncio's are TimeoutError
+        refused = nc.last_error
+        if refused is not None and PERMISSIONS_VIOLATION in str(refused).lower():
+            raise ConnectionError(f"the server refused: {refused}") from exc
+        raise
+
+
 async def _quiet(exc: Exception) -> None:
     """nats-py's error callback: what went wrong is said by whoever called, once."""
 
 
-async def connect(servers: Sequence[str], closed: Callable[[], Awaitable[None]] | None = None) -> nats.NATS:
+async def connect(
+    servers: Sequence[str],
+    closed: Callable[[], Awaitable[None]] | None = None,
+    auth: NatsAuth | None = None,
+    error: Callable[[Exception], Awaitable[None]] | None = None,
+) -> nats.NATS:
     """One connection to the first of ``servers`` that answers, or an error within the connect
     timeout (nats-py alone would retry the servers for ever); it does not reconnect: the
     caller connects again, and resumes from the stream. ``closed``: an asyncio coroutine
-    function, called when the connection closes (nats-py's ``closed_cb``)."""
+    function, called when the connection closes (nats-py's ``closed_cb``). ``auth``: the user
+    and password to connect as (None: none). ``error``: an asyncio coroutine function called
+    with what the server says is wrong (nats-py's ``error_cb``; a permissions violation too)."""
+    credentials: dict[str, str] = {} if auth is None else {"user": auth.user, "password": auth.password}
     with trio.fail_after(CONNECT_TIMEOUT * max(1, len(servers)) + 1):
         nc: nats.NATS = await to_aio(nats.connect)(
             servers=list(servers),
             connect_timeout=CONNECT_TIMEOUT,
             allow_reconnect=False,
             max_reconnect_attempts=1,
-            error_cb=_quiet,
+            error_cb=error or _quiet,
             closed_cb=closed,
+            **credentials,
         )
     return nc

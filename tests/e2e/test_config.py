@@ -119,6 +119,14 @@ def test_relative_paths_are_relative_to_the_file(tmp_path: Path) -> None:
     assert (cfg.topology_file, cfg.root_dir, cfg.sysfs_root) == (str(tmp_path / "t.json"), str(tmp_path / "r"), "/s")
 
 
+def test_the_fleets_password_file_is_relative_to_the_file_and_a_user_needs_one(tmp_path: Path) -> None:
+    cfg = config.load(write(tmp_path / "c.yaml", "fleet: {user: worker-1, passwordFile: secret/nats}\n"))
+    assert (cfg.fleet.user, cfg.fleet.password_file) == ("worker-1", str(tmp_path / "secret" / "nats"))
+    config.check(cfg)
+    with pytest.raises(config.ConfigError, match=r"fleet.user \(--fleet-nats-user\): needs fleet.passwordFile"):
+        config.check(config.decode(b"fleet: {user: worker-1}\n", "c.yaml"))
+
+
 def test_merge_overrides_and_names_the_flag() -> None:
     base = config.decode(b"snapshotEvery: 100\nlogLevel: debug\n", "c.yaml")
     merged = config.merge(base, {"snapshotEvery": 7, "admissionWait": config.Duration.of_seconds(2)})

@@ -27,15 +27,18 @@ class StoredMessage:
     data: bytes
 
 
-def stream_messages(url: str, stream: str) -> list[StoredMessage]:
-    """Every message the stream holds, in its order ([] when there is no such stream)."""
+def stream_messages(url: str, stream: str, *, user: str = "", password: str = "") -> list[StoredMessage]:
+    """Every message the stream holds, in its order ([] when there is no such stream);
+    connected as ``user`` when one is given."""
     import asyncio
 
     import nats
     import nats.js.errors
 
+    credentials = {"user": user, "password": password} if user else {}
+
     async def read() -> list[StoredMessage]:
-        nc = await nats.connect(url)
+        nc = await nats.connect(url, **credentials)
         try:
             js = nc.jetstream()
             try:
