@@ -24,7 +24,8 @@ What the chain can and cannot tell:
   retention cut took records before they were shipped (``follows`` < seq - 1) links to a record
   that never reached the stream: its link cannot be checked, and it is stored unchecked
   (``Candidate.checked`` False), as is the first record of a log whose first records were cut
-  before they were ever shipped.
+  before they were ever shipped. Its claim of a cut is checked: a stored record inside the gap
+  it names refutes it (``stored`` must hold one, when there is one).
 * A record written before the chain existed carries b"": it is taken when its predecessor carries
   b"" too (a log from before the chain), never after a record that is chained.
 * A payload that is no record (its CRC fails) is refused; but a node's own log may hold a
@@ -182,7 +183,8 @@ def settle(
 ) -> Decision:
     """Decide ``candidates`` (one node log's, in the order they came: the first that links wins)
     against ``stored`` (sequence -> the stored record, at least those at the candidates' sequences
-    and at the ones they follow) and ``quarantined`` (payloads refused earlier as no record, which
+    and at the ones they follow, and for a candidate after a cut a stored one inside its gap when
+    there is one) and ``quarantined`` (payloads refused earlier as no record, which
     a successor's link may vouch for). ``empty``: nothing of the log is stored yet (only then may a
     record that names no predecessor be its first shipped)."""
     known: dict[int, Stored] = dict(stored)
@@ -262,6 +264,14 @@ def _verdict(
             return VOUCH
         return None
     if not c.checked:  # after records a cut took before they were shipped: its link cannot be checked
+        inside = next((seq for seq in sorted(known) if c.follows < seq < c.seq), None)
+        if inside is not None:  # but the cut can: the node shipped a record the cut would have taken
+            return Refusal(
+                LINK,
+                f"it says records {c.follows + 1}-{c.seq - 1} were never shipped, but the node's record "
+                f"{inside} is stored",
+                *_where(c),
+            )
         return STORE
     if c.link == before.hash or (not c.link and not before.link):  # chained, or both from before the chain
         return STORE

@@ -215,20 +215,26 @@ def test_hostile_messages_are_quarantined_and_the_nodes_own_records_are_stored(
         publish(nats_server.url, subject, b"hello", {**nxt, MSG_ID: f"{node.name}:{node.log_id}:{last + 1}:x"})
         forged = encode_payload(ev.PodAdmitted(pod=ev.PodRef(uid="evil", namespace="x", name="y")), 1, "", b"f" * 16)
         publish(nats_server.url, subject, forged, {**nxt, MSG_ID: f"{node.name}:{node.log_id}:{last + 1}"})
+        # the same sequence, saying the node's last two records were cut before they were shipped
+        # (its link then cannot be checked); but they are stored: the cut is false
+        cut = encode_payload(ev.PodAdmitted(pod=ev.PodRef(uid="evil", namespace="x", name="z")), 1, "", b"c" * 16)
+        publish(nats_server.url, subject, cut, {**nxt, FOLLOWS: str(last - 2), MSG_ID: "cut"})
         before = registrations(root)
         daemon = daemon_factory(*flags)  # its stream's last message on its subject is the forgery
         daemon.eventually(lambda: registrations(root) > before, "the plugin registered again")
         admit(root, tmp_path, "b", 3)
         daemon.eventually(lambda: all_stored(root, dsn), "the node's own records stored after the forgeries")
-        kinds = sorted(k for k, _, _ in eventually(lambda: len(quarantined(dsn)) >= 4 and quarantined(dsn), "4"))
-        assert kinds == ["headers", "link", "payload", "subject"], "\n".join(map(str, quarantined(dsn)))
+        kinds = sorted(k for k, _, _ in eventually(lambda: len(quarantined(dsn)) >= 5 and quarantined(dsn), "5"))
+        assert kinds == ["headers", "link", "link", "payload", "subject"], "\n".join(map(str, quarantined(dsn)))
+        assert any("were never shipped" in reason for _, _, reason in quarantined(dsn)), quarantined(dsn)
         assert sink.alive(), sink.output()
         status = json.loads(run_cli("status", "-o", "json", root=root, check=True).stdout)
         assert status["fleet"]["state"] == "connected", status["fleet"]
         assert "does not link to the log's record" in status["fleet"]["reason"], status["fleet"]
         metrics = sink.metrics()
         for kind in kinds:
-            assert f'eventsrc_fleet_sink_messages_quarantined_total{{kind="{kind}"}} 1.0' in metrics, metrics
+            n = kinds.count(kind)
+            assert f'eventsrc_fleet_sink_messages_quarantined_total{{kind="{kind}"}} {n}.0' in metrics, metrics
         with psycopg.connect(dsn) as conn:
             applied = conn.execute("SELECT applied_seq FROM node_logs WHERE node = %s", (NODE_NAME,)).fetchone()
         assert applied == (log_count(root),)

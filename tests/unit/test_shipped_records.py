@@ -120,6 +120,20 @@ def test_the_first_record_and_a_record_after_a_cut() -> None:
     assert [r.kind for _, r in settle([candidate(1, linked_first, 0)], {}, empty=True).refuse] == [LINK]
 
 
+def test_a_cut_that_the_stored_records_refute_is_refused() -> None:
+    """A record that says the records before it were never shipped (a retention cut) cannot have
+    its link checked; but when the node's records inside that gap are stored, the cut is false."""
+    claims = candidate(4, forged(4), 1)  # "records 2-3 were never shipped"
+    d = settle([claims], stored(1, 2, 3))
+    assert [r.kind for _, r in d.refuse] == [LINK] and not d.store
+    assert "records 2-3 were never shipped" in d.refuse[0][1].reason
+    # the gap stored in the same batch, before it in sequence order: refuted too
+    d = settle([claims, candidate(2, LOG_VALUES[1]), candidate(3, LOG_VALUES[2])], stored(1))
+    assert [c.seq for c in d.store] == [2, 3] and [r.kind for _, r in d.refuse] == [LINK]
+    # nothing stored inside the gap: a cut as the node ships one
+    assert [c.seq for c in settle([claims], stored(1)).store] == [4]
+
+
 def test_records_from_before_the_chain_link_to_records_from_before_the_chain() -> None:
     old = [encode_payload(ev.PodRemoved(pod_uid=f"o{i}"), i, "") for i in (1, 2)]
     assert [c.seq for c in settle([candidate(2, old[1])], stored(1, values=old)).store] == [2]
