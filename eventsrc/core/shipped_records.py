@@ -31,7 +31,8 @@ What the chain can and cannot tell:
 * A payload that is no record (its CRC fails) is refused; but a node's own log may hold a
   damaged record, which it ships as it is. When the node's next record links to exactly those
   bytes, the chain vouches for them: the quarantined payload is the node's (``Decision.vouched``)
-  and is stored, named corrupt as the node's readers name it.
+  and is stored, named corrupt as the node's readers name it; but only in its place, after
+  the node's stored record it names (its own link cannot be read): else it and its successor wait.
 * A forger who may publish on the node's subject and who writes a record that links correctly
   cannot be told from the node by the chain: the first to arrive is stored. Per-node publish
   permissions on the NATS server are the defence (docs/fleet.md).
@@ -235,6 +236,15 @@ def _where(c: Candidate) -> tuple[str, str, str]:
     return c.node.name, c.node.log_id, str(c.seq)
 
 
+def _in_place(damaged: Candidate, known: Mapping[int, Stored], empty: bool) -> bool:
+    """Whether a damaged payload (its own link unreadable) stands where the node's record would:
+    after the node's stored record it names, or first in its log. Else a successor's vouching
+    would let two forged messages jump a gap unchecked; it waits for the record before it."""
+    if damaged.follows == 0:
+        return damaged.seq == 1 or empty
+    return damaged.follows in known and not any(damaged.follows < seq < damaged.seq for seq in known)
+
+
 def _vouched(c: Candidate, pool: Mapping[int, list[Candidate]]) -> Candidate:
     """The damaged payload at the sequence ``c`` follows whose hash ``c`` carries."""
     return next(q for q in pool.get(c.follows, ()) if q.hash == c.link)
@@ -260,7 +270,8 @@ def _verdict(
         return STORE
     before = known.get(c.follows)
     if before is None:
-        if c.checked and any(q.hash == c.link for q in pool.get(c.follows, ())):
+        damaged = next((q for q in pool.get(c.follows, ()) if q.hash == c.link), None)
+        if c.checked and damaged is not None and _in_place(damaged, known, empty):
             return VOUCH
         return None
     if not c.checked:  # after records a cut took before they were shipped: its link cannot be checked

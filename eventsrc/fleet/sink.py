@@ -428,6 +428,11 @@ def _settle(
         if missing
         else []
     )
+    if before_damaged := [d.follows for d in damaged if d.follows and d.follows not in stored]:  # in place?
+        for seq, data in conn.execute(
+            "SELECT seq, data FROM records WHERE node = %s AND log_id = %s AND seq = ANY(%s)", (*where, before_damaged)
+        ).fetchall():
+            stored[seq] = Stored(chain_hash(bytes(data)), prev_hash_of(bytes(data)))
     empty = not stored and conn.execute(
         "SELECT NOT EXISTS (SELECT 1 FROM records WHERE node = %s AND log_id = %s)", where
     ).fetchone() == (True,)

@@ -10,7 +10,7 @@ import psycopg
 
 from eventsrc import events as ev
 from eventsrc.core.chargeback import intervals
-from eventsrc.events import encode_payload
+from eventsrc.events import chain_hash, encode_payload
 from eventsrc.fleet.sink import SCHEMA_VERSION, Shipped, migrate, store, store_many
 from tests.support.postgres import PostgresServer
 
@@ -161,3 +161,27 @@ def test_two_sinks_storing_batches_at_once_make_the_same_rows(postgres_server: P
             ).fetchall()
             assert sorted(rows, key=open_first) == want, node
             assert conn.execute("SELECT count(*) FROM records WHERE node = %s", (node,)).fetchone() == (len(log),)
+
+
+def test_a_damaged_record_is_vouched_for_only_in_its_place(postgres_server: PostgresServer) -> None:
+    """A payload that is no record, and a record linking to it, both ahead of a gap: they wait
+    (the damaged one's own link cannot be read, so nothing ties it to the node's chain) until the
+    node's record before them is stored; then the chain vouches for the damaged one in its place."""
+    values: list[bytes] = []
+    for seq in range(1, 6):
+        link = chain_hash(values[-1]) if values else b""
+        values.append(encode_payload(ev.PodRemoved(pod_uid=f"u{seq}"), seq, f"c{seq}", link))
+    damaged = b"\0\0\0\0" + values[3][4:]  # the node's record 4, its checksum broken
+    values[4] = encode_payload(ev.PodRemoved(pod_uid="u5"), 5, "c5", chain_hash(damaged))
+    shipped = {seq: Shipped("node-a", "log-1", seq, seq - 1, v) for seq, v in enumerate(values, 1)}
+    with psycopg.connect(postgres_server.dsn, autocommit=True) as conn:
+        migrate(conn)
+        store_many(conn, [shipped[1], shipped[2]])
+        store_many(conn, [shipped[4]._replace(data=damaged), shipped[5]])  # record 3 not yet shipped
+        assert [r[0] for r in conn.execute("SELECT seq FROM records ORDER BY seq")] == [1, 2]
+        store_many(conn, [shipped[3]])
+        rows = conn.execute("SELECT seq, type FROM records ORDER BY seq").fetchall()
+        assert rows == [(1, "PodRemoved"), (2, "PodRemoved"), (3, "PodRemoved"), (4, ""), (5, "PodRemoved")]
+        assert conn.execute("SELECT count(*) FROM quarantine").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM pending").fetchone() == (0,)
+        assert conn.execute("SELECT applied_seq FROM node_logs").fetchone() == (5,)

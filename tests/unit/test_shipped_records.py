@@ -150,6 +150,9 @@ def test_a_damaged_record_is_refused_until_the_next_record_vouches_for_it() -> N
     four = candidate(4, values[3])
     later = settle([four], stored(2, values=values), quarantined=[three])
     assert [c.seq for c in later.store] == [3, 4] and later.vouched == [three]
+    # vouched only in its place: after the node's stored record 2, not ahead of a gap
+    assert settle([four], stored(1, values=values), quarantined=[three]).wait == [four]
+    assert not settle([four, three], stored(1, values=values)).store
     garbage = check_message(*message(3, b"\0\0\0\0garbage", **{TYPE: ""}), PREFIX)
     assert isinstance(garbage, Candidate)
     assert settle([four], stored(2, values=values), quarantined=[garbage]).wait == [four]
