@@ -823,9 +823,21 @@ class _Consumer:
                 await to_aio(nc.close)()
 
     async def _store(self, batch: list[Message], messages: Sequence[Any]) -> None:
-        """``batch`` stored (one transaction), or quarantined; until then, whatever the database
+        """``batch`` stored (one transaction), or quarantined. A data error splits the fetch
+        message by message (``_store_alone``)."""
+        got = await self._until_taken(lambda conn: store_many(conn, batch, self.prefix), messages)
+        if isinstance(got, str):
+            await self._store_alone(batch, got, messages)
+        else:
+            self.metrics.count(got)
+
+    async def _until_taken(
+        self, work: Callable[[psycopg.Connection[Any]], Outcome], messages: Sequence[Any]
+    ) -> Outcome | str:
+        """``work``'s outcome once the database takes its transaction, or the database's reason
+        when it refused it for its data (``DATA_CLASSES``). Until then, whatever else the database
         says, tried again with backoff, the messages kept this sink's (``in_progress``) and
-        unacknowledged. A data error splits the fetch message by message."""
+        unacknowledged."""
         backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
         while True:
             try:
@@ -833,35 +845,35 @@ class _Consumer:
                     self.close()
                     self.conn = None
                     self.conn = await _connect_database(self.dsn)
-                outcome = await trio.to_thread.run_sync(store_many, self.conn, batch, self.prefix)
+                outcome = await trio.to_thread.run_sync(work, self.conn)
             except (psycopg.Error, EventsrcError) as exc:
                 reason = database_reason(exc)
-                state = getattr(exc, "sqlstate", None) or ""
-                if state[:2] in DATA_CLASSES:
-                    await self._store_alone(batch, reason)
-                    return
+                if (getattr(exc, "sqlstate", None) or "")[:2] in DATA_CLASSES:
+                    return reason
                 self._database_failing(reason)
                 for m in messages:
                     await to_aio(m.in_progress)()  # not delivered to another sink while this one waits
                 await trio.sleep(backoff.next())
                 continue
-            self.metrics.count(outcome)
             self._database_back()
-            return
+            return outcome
 
-    async def _store_alone(self, batch: list[Message], reason: str) -> None:
+    async def _store_alone(self, batch: list[Message], reason: str, messages: Sequence[Any]) -> None:
         """Each message of a fetch the database refused for its data, in a transaction of its own;
-        the one refused alone is quarantined with the database's reason."""
-        assert self.conn is not None
+        the one refused alone is quarantined with the database's reason (retried as a store is)."""
         if len(batch) > 1:
             for one in batch:
-                await self._store([one], ())
+                await self._store([one], messages)
             return
         log.warning("the database refused a message; quarantined", subject=batch[0].subject[:300], reason=reason)
-        counts: dict[str, int] = {}
         why = Refusal(DATABASE, f"the database refused it: {reason}", seq=batch[0].headers.get(SEQ, "")[:40])
-        await trio.to_thread.run_sync(quarantine_one, self.conn, batch[0], why, counts)
-        self.metrics.count(Outcome(0, counts))
+        got = await self._until_taken(lambda conn: quarantine_one(conn, batch[0], why), messages)
+        if isinstance(got, str):  # not even its bytes and reason: nothing more can be kept of it
+            log.warning(
+                "the database refused to quarantine a message; dropped", subject=batch[0].subject[:300], reason=got
+            )
+        else:
+            self.metrics.count(got)
 
     def _database_failing(self, reason: str) -> None:
         self.metrics.database_failures.inc()
@@ -877,9 +889,12 @@ class _Consumer:
             self._database_said = ""
 
 
-def quarantine_one(conn: psycopg.Connection[Any], msg: Message, why: Refusal, counts: dict[str, int]) -> None:
+def quarantine_one(conn: psycopg.Connection[Any], msg: Message, why: Refusal) -> Outcome:
+    """One message kept apart, in a transaction of its own."""
+    counts: dict[str, int] = {}
     with conn.transaction():
         _quarantine(conn, msg, why, counts)
+    return Outcome(0, counts)
 
 
 def first_line(exc: BaseException) -> str:

@@ -7,11 +7,22 @@ import random
 import threading
 
 import psycopg
+import trio
 
 from eventsrc import events as ev
 from eventsrc.core.chargeback import intervals
 from eventsrc.events import chain_hash, encode_payload
-from eventsrc.fleet.sink import SCHEMA_VERSION, Shipped, migrate, store, store_many
+from eventsrc.fleet.sink import (
+    SCHEMA_VERSION,
+    Shipped,
+    SinkMetrics,
+    _Consumer,
+    message_of,
+    migrate,
+    store,
+    store_many,
+)
+from tests.support.eventually import eventually_trio
 from tests.support.postgres import PostgresServer
 
 POD = ev.PodRef(uid="u1", namespace="ml", name="train")
@@ -185,3 +196,49 @@ def test_a_damaged_record_is_vouched_for_only_in_its_place(postgres_server: Post
         assert conn.execute("SELECT count(*) FROM quarantine").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM pending").fetchone() == (0,)
         assert conn.execute("SELECT applied_seq FROM node_logs").fetchone() == (5,)
+
+
+async def test_a_database_that_refuses_a_message_and_then_its_quarantine_is_retried(
+    postgres_server: PostgresServer,
+) -> None:
+    """A message the database refuses for its data (here a trigger's data exception) is
+    quarantined alone; when the database refuses that too (INSERT revoked on the quarantine), the
+    sink says so and tries again, and keeps the message once the privilege is back."""
+    dsn = postgres_server.dsn
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        migrate(admin)
+        admin.execute(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'refused' USING ERRCODE = '22000'; END $$"
+        )
+        admin.execute("CREATE TRIGGER refuse BEFORE INSERT ON records FOR EACH ROW EXECUTE FUNCTION refuse()")
+        admin.execute("CREATE ROLE quarantiner LOGIN")
+        admin.execute("GRANT ALL ON ALL TABLES IN SCHEMA public TO quarantiner")
+        admin.execute("GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO quarantiner")
+        admin.execute("REVOKE INSERT ON quarantine FROM quarantiner")
+        role_dsn = dsn.replace("user=eventsrc", "user=quarantiner")
+        metrics = SinkMetrics()
+        consumer = _Consumer(
+            [],
+            role_dsn,
+            "S",
+            "eventsrc.records",
+            1,
+            psycopg.connect(role_dsn, autocommit=True),
+            trio.TASK_STATUS_IGNORED,
+            metrics,
+        )
+        value = encode_payload(ev.PodRemoved(pod_uid="u1"), 1, "c1")
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(consumer._store, [message_of(Shipped("node-a", "log-1", 1, 0, value))], ())
+                await eventually_trio(
+                    lambda: metrics.registry.get_sample_value("eventsrc_fleet_sink_database_failing") == 1,
+                    "the quarantine's refusal said",
+                )
+                admin.execute("GRANT INSERT ON quarantine TO quarantiner")
+        finally:
+            consumer.close()
+        kinds = admin.execute("SELECT kind, reason FROM quarantine").fetchall()
+        assert [k for k, _ in kinds] == ["database"] and "refused" in kinds[0][1], kinds
+        assert metrics.registry.get_sample_value("eventsrc_fleet_sink_database_failing") == 0
