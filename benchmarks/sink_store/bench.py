@@ -4,7 +4,9 @@ Each fetch is 256 chained records, 64 of each of 4 node logs, each following the
 the fetch before: the common path, where every record is checked against its stored
 predecessor (ADR 0034). Prints the median and p90 of a fetch's transaction and the records/s at
 the median. Run from a checkout: ``PYTHONPATH=. .venv/bin/python benchmarks/sink_store/bench.py
-[FETCHES]`` (default 40); the same script at an older commit gives the "before"."""
+[FETCHES [WAITING]]`` (default 40, 0); WAITING: that many records waiting in ``pending`` for
+node-0 far ahead of its log (what a forger can publish), before the first fetch. The same script
+at an older commit gives the "before"."""
 
 from __future__ import annotations
 
@@ -36,13 +38,20 @@ def node_log(records: int) -> list[bytes]:
     return out
 
 
-def main(fetches: int) -> None:
+def main(fetches: int, waiting: int) -> None:
     logs = {f"node-{n}": node_log(fetches * PER_NODE) for n in range(NODES)}
     server = PostgresServer()
     server.start()
     try:
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             migrate(conn)
+            conn.execute(  # far ahead, each following one that never comes
+                "INSERT INTO pending (node, log_id, seq, follows, hash, subject, headers, data) SELECT 'node-0', "
+                "'log-1', 10000000 + 2 * i, 10000000 + 2 * i - 1, int8send(i), 's', '{}', int8send(i) "
+                "FROM generate_series(1, %s) AS i",
+                (waiting,),
+            )
+            conn.execute("ANALYZE pending")  # as autovacuum would, after so many rows
             times = []
             for f in range(fetches):
                 seqs = range(f * PER_NODE + 1, (f + 1) * PER_NODE + 1)
@@ -62,4 +71,4 @@ def main(fetches: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 40)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 40, int(sys.argv[2]) if len(sys.argv) > 2 else 0)

@@ -200,9 +200,22 @@ _V4 = """
     );
     """
 
+#: Version 5: the waiting records by the one they follow (``WAITING_ON``)
+#: and the payloads that were no record by the one they follow (``DAMAGED_AFTER``)
+_V5 = f"""
+    CREATE INDEX pending_by_follows ON pending (node, log_id, follows);
+    CREATE INDEX quarantine_damaged ON quarantine (node, log_id, (headers->>'{FOLLOWS}')) WHERE kind = '{PAYLOAD}';
+    """
+#: the payloads kept apart as no record that follow one of a fetch's records: a record waiting on
+#: one of them may now be vouched for it (``shipped_records.settle``)
+DAMAGED_AFTER = (
+    f"SELECT seq FROM quarantine WHERE node = %s AND log_id = %s AND kind = '{PAYLOAD}' "
+    f"AND headers->>'{FOLLOWS}' = ANY(%s)"
+)
+
 #: MIGRATIONS[v] takes the schema from version v to v + 1 (docs/fleet.md): SQL, or a function
 #: that runs in the migration's transaction
-MIGRATIONS: tuple[str | Callable[[psycopg.Connection[Any]], None], ...] = (_V1, _to_v2, _V3, _V4)
+MIGRATIONS: tuple[str | Callable[[psycopg.Connection[Any]], None], ...] = (_V1, _to_v2, _V3, _V4, _V5)
 SCHEMA_VERSION = len(MIGRATIONS)
 MIGRATION_LOCK = 0x65766E74  # the advisory lock migrations take ("evnt")
 
@@ -377,6 +390,22 @@ def _quarantine(conn: psycopg.Connection[Any], msg: Message, why: Refusal, count
     counts[why.kind] = counts.get(why.kind, 0) + 1
 
 
+#: the records waiting in ``pending`` that a fetch's candidates (at ``seqs``, and the damaged
+#: payloads that follow them) may settle: those
+#: that follow one of them, and those that follow one of these, and so on. Not the others: a
+#: forger's records far ahead of the log, however many, are not read again at every fetch.
+WAITING_ON = """
+    WITH RECURSIVE ready AS (
+        SELECT id, seq, follows, data, subject, headers FROM pending
+            WHERE node = %(node)s AND log_id = %(log_id)s AND follows = ANY(%(seqs)s)
+        UNION
+        SELECT p.id, p.seq, p.follows, p.data, p.subject, p.headers FROM pending p JOIN ready r
+            ON p.node = %(node)s AND p.log_id = %(log_id)s AND p.follows = r.seq
+    )
+    SELECT id, seq, follows, data, subject, headers FROM ready ORDER BY id
+    """
+
+
 def _settle(
     conn: psycopg.Connection[Any], node: Node, part: list[tuple[Message, Candidate]], counts: dict[str, int]
 ) -> int:
@@ -388,9 +417,10 @@ def _settle(
     conn.execute("SELECT 1 FROM node_logs WHERE node = %s AND log_id = %s FOR UPDATE", (node.name, node.log_id))
     where = (node.name, node.log_id)
     came: dict[Candidate, tuple[Message, int | None]] = {c: (m, None) for m, c in reversed(part)}  # the first kept
+    seqs = {c.seq for _, c in part}
+    seqs |= {int(s) for (s,) in conn.execute(DAMAGED_AFTER, (*where, [str(s) for s in seqs])).fetchall()}
     for pid, seq, follows, data, subject, headers in conn.execute(
-        "SELECT id, seq, follows, data, subject, headers FROM pending WHERE node = %s AND log_id = %s ORDER BY id",
-        where,
+        WAITING_ON, {"node": node.name, "log_id": node.log_id, "seqs": sorted(seqs)}
     ).fetchall():
         c = candidate(node, seq, follows, bytes(data))
         came[c] = (
