@@ -719,10 +719,11 @@ async def _connect_database(dsn: str) -> psycopg.Connection[Any]:
 #: what a session's start raises when the servers are away
 CONNECTING_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, EventsrcError)
 #: the SQLSTATE classes of an error about the data stored, not the database: 22 data exception,
-#: 23 integrity constraint violation. A fetch refused so is stored message by message, and the
-#: one the database refuses alone is quarantined (kind "database"); anything else (privileges,
-#: a full disk, a lost connection, a serialization failure) is the database's, retried.
-DATA_CLASSES = ("22", "23")
+#: 23 integrity constraint violation, 54 program limit exceeded (an index row too large: a
+#: device id of kilobytes). A fetch refused so is stored message by message, and the one the
+#: database refuses alone is quarantined (kind "database"); anything else (privileges, a full
+#: disk, a lost connection, a serialization failure) is the database's, retried.
+DATA_CLASSES = ("22", "23", "54")
 
 
 def database_reason(exc: BaseException) -> str:

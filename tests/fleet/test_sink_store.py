@@ -242,3 +242,43 @@ async def test_a_database_that_refuses_a_message_and_then_its_quarantine_is_retr
         kinds = admin.execute("SELECT kind, reason FROM quarantine").fetchall()
         assert [k for k, _ in kinds] == ["database"] and "refused" in kinds[0][1], kinds
         assert metrics.registry.get_sample_value("eventsrc_fleet_sink_database_failing") == 0
+
+
+async def test_a_record_too_large_for_an_index_is_quarantined_not_retried_for_ever(
+    postgres_server: PostgresServer,
+) -> None:
+    """A device id of kilobytes makes a ``holds`` index row larger than PostgreSQL's limit
+    (54000, program limit exceeded): that is the message's, not the database's. It is
+    quarantined (``database``) and the sink goes on; it used to be retried for ever."""
+    dsn = postgres_server.dsn
+    pod = ev.PodRef(uid="u1", namespace="n", name="p")
+    big = "".join(f"{(i * 2654435761) % 2**32:08x}" for i in range(1200))  # 9,600 bytes, no compression
+    events: list[ev._Event] = [
+        ev.PodAdmissionStarted(pod=pod),
+        ev.DevicesAllocated(pod_uid="u1", container="main", resource="gpu", device_ids=[big]),
+        ev.PodAdmitted(pod=pod),
+    ]
+    values = [encode_payload(e, seq, f"c{seq}") for seq, e in enumerate(events, 1)]
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        migrate(admin)
+        metrics = SinkMetrics()
+        consumer = _Consumer(
+            [],
+            dsn,
+            "S",
+            "eventsrc.records",
+            1,
+            psycopg.connect(dsn, autocommit=True),
+            trio.TASK_STATUS_IGNORED,
+            metrics,
+        )
+        batch = [message_of(Shipped("node-a", "log-1", seq, seq - 1, v)) for seq, v in enumerate(values, 1)]
+        try:
+            with trio.fail_after(30):  # a bound on a hang, not a measure
+                await consumer._store(batch, ())
+        finally:
+            consumer.close()
+        rows = admin.execute("SELECT kind, seq, reason FROM quarantine").fetchall()
+        assert [(k, s) for k, s, _ in rows] == [("database", "2")] and "54000" in rows[0][2], rows
+        assert admin.execute("SELECT seq FROM records").fetchall() == [(1,)]
+        assert admin.execute("SELECT seq FROM pending").fetchall() == [(3,)]  # behind the record it lacks
