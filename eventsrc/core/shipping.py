@@ -14,11 +14,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
 import msgspec
 
+from eventsrc.core.fleet_names import SEQ
 from eventsrc.events import CorruptRecordError, FutureRecordError, chain_hash, decode_record, prev_hash_of
 
 State = Literal["connecting", "connected", "disconnected", "diverged"]
@@ -142,6 +144,36 @@ def _why_not_ours(m: Seen) -> str:
     return f"the stream's record {m.seq} of this log is not the log's and does not link to the log's record {m.seq - 1}"
 
 
+def record_time(headers: Mapping[str, str], data: bytes) -> int:
+    """The time of the record a message carries (0: it is no record, or its headers name none)."""
+    seq = headers.get(SEQ, "")
+    if not seq.isascii() or not seq.isdigit() or len(seq) > 19:
+        return 0
+    try:
+        return decode_record(int(seq), data).ts_ns
+    except FutureRecordError as exc:
+        return exc.ts_ns
+    except CorruptRecordError:
+        return 0
+
+
+def namesakes(name: str, first_ns: int, others: list[tuple[str, int]]) -> str:
+    """What to say of ``others`` ((log id, the time of its last record on the stream)), the other
+    logs shipped under this node's ``name``, given the time of this log's first record: a log that
+    wrote after this one began is another node given the same name ("" when none did: a log
+    lost and started again stops before its successor begins)."""
+    if not first_ns:
+        return ""
+    alive = sorted(log_id for log_id, last_ns in others if last_ns > first_ns)
+    if not alive:
+        return ""
+    logs = ", ".join(alive[:3]) + (f" and {len(alive) - 3} more" if len(alive) > 3 else "")
+    return (
+        f"another log ships under node name {name!r} and wrote after this log began ({logs}): two nodes "
+        "given one name? The fleet keeps the logs apart, but sums them under one node"
+    )
+
+
 def divergence(seq: int, log_last: int, in_stream: bytes, in_log: bytes | None) -> str:
     """Why the stream's last record ``seq`` of this log (``in_stream``, its payload) is not
     the log's (``in_log``: its stored value; None when the log cut it without an archive,
@@ -160,6 +192,6 @@ def trouble(state: str, reason: str, lag_records: int) -> str:
         return f"fleet shipping is disconnected ({reason}); {lag_records} records not shipped yet"
     if state == DIVERGED:
         return f"fleet shipping stopped: the stream and the log diverged ({reason})"
-    if reason:
-        return f"fleet shipping found a message on this node's subject that is not its record ({reason})"
+    if reason:  # connected, with something to say: another publisher's messages, another log of this name
+        return f"fleet shipping: {reason}"
     return ""

@@ -55,6 +55,8 @@ from eventsrc.core.shipping import (
     ShippingReport,
     State,
     judge,
+    namesakes,
+    record_time,
     resume_from,
 )
 from eventsrc.errors import EventsrcError, LogCutWhileReadingError
@@ -74,6 +76,8 @@ CHUNK = 256  # records read from the log (or the archive) at a time
 #: publishes in flight at once: JetStream acknowledges them in order on one connection, and a
 #: batch of CHUNK records costs a round trip per WINDOW instead of one per record
 WINDOW = 64
+#: s: how often, while shipping, the stream is asked for other logs under this node's name
+NAMESAKES_EVERY = 60.0
 
 #: what a NATS server or connection that went away raises; ValueError: the stream's last
 #: message on this node's subject is not this log's (``fleet_names.acknowledged``)
@@ -159,6 +163,8 @@ class Shipper:
         self.state: State = CONNECTING
         self.reason = ""  # why disconnected or diverged
         self.forgery = ""  # the last message on the subject found not to be this log's record
+        self.namesake = ""  # other logs shipping under this node's name, as last said
+        self._namesakes_due = 0.0  # trio's clock: when to ask the stream for them again
         self._known = False  # ``shipped`` was learnt from the stream in this run
         self._ts: dict[int, int] = {}  # the time of each record of the batch in flight
         self._history: History | None = None  # while shipping from the archive
@@ -170,7 +176,7 @@ class Shipper:
         """How shipping fares, for status, the metrics and /healthz (one LMDB read at most)."""
         return ShippingReport(
             state=self.state,
-            reason=self.reason or self.forgery,
+            reason=self.reason or self.forgery or self.namesake,
             shipped_seq=self.shipped,
             last_seq=self.event_log.last_seq(),
             oldest_unshipped_ns=self._oldest_unshipped_ns(),
@@ -246,6 +252,7 @@ class Shipper:
                 js = nc.jetstream()
                 await to_aio(ensure_stream)(js, self.options.stream, self.options.prefix, self.options.replicas)
                 stream_last = await self._resume(js)
+                await self._namesakes(js)
                 self.shipped = resume_from(stream_last, self.shipped if self._known else None, self.window)
                 self._known = True
                 self.state, self.reason, self._said, self._was_up = CONNECTED, "", "", True
@@ -272,6 +279,39 @@ class Shipper:
         if resume.forged:
             self._forged(resume.forged)
         return resume.stream_last
+
+    async def _namesakes(self, js: JetStreamContext) -> None:
+        """Other logs shipped under this node's name that wrote after this log began (two nodes
+        given one name): said once, and in status (``shipping.namesakes``). Asked at each
+        connection, and every ``NAMESAKES_EVERY`` while shipping."""
+        others = await to_aio(self._other_logs)(js)
+        first = await trio.to_thread.run_sync(self._first_time)
+        said = namesakes(self.node.name, first, others)
+        self._namesakes_due = trio.current_time() + NAMESAKES_EVERY
+        if said and said != self.namesake:
+            log.warning("another log ships under this node's name", node=self.node.name, reason=said)
+        self.namesake = said
+
+    async def _other_logs(self, js: JetStreamContext) -> list[tuple[str, int]]:
+        """(log id, the time of its last record) of each other log on this node name's subjects.
+        An asyncio coroutine (``to_aio``)."""
+        own = self.node.subject(self.options.prefix)
+        info = await js.stream_info(self.options.stream, subjects_filter=own.rsplit(".", 1)[0] + ".*")
+        others: list[tuple[str, int]] = []
+        for subject in sorted((info.state.subjects or {}) if info.state else {}):
+            if subject != own:
+                raw = await self._last_raw(js, subject)
+                if raw is not None:
+                    others.append((subject.rsplit(".", 1)[1], record_time(dict(raw.headers or {}), raw.data or b"")))
+        return others
+
+    def _first_time(self) -> int:
+        """The time of the live log's first record (0: none yet). A worker thread's."""
+        first = self.event_log.first_seq()
+        if first > self.event_log.last_seq():
+            return 0
+        (item,) = self.event_log.read_many([first])
+        return item.ts_ns if isinstance(item, Record) else 0
 
     async def _walk(self, js: JetStreamContext) -> tuple[list[Seen], bool]:
         """The messages on this log's subject, newest first, down to the first that is the log's
@@ -369,6 +409,8 @@ class Shipper:
             await to_aio(publish_window)(
                 js, subject, self.options.stream, messages, self.window, PUBLISH_TIMEOUT, self._acked
             )
+            if trio.current_time() >= self._namesakes_due:  # asked again now and then, not per batch
+                await self._namesakes(js)
 
     def _acked(self, seq: int) -> None:
         self.shipped = seq

@@ -182,3 +182,13 @@ def test_a_resume_tells_a_forgery_from_a_fork() -> None:
     # only forgeries and the subject's first reached: everything is sent again
     r = judge([seen(2, b"hello", log)], 4, True)
     assert (r.stream_last, r.diverged) == (0, "") and r.forged
+
+
+def test_another_log_under_the_name_is_said_only_when_it_wrote_after_this_one_began() -> None:
+    from eventsrc.core.shipping import namesakes, record_time
+
+    assert namesakes("n", 100, [("old", 99)]) == ""  # a log lost and started again: it stopped first
+    assert "('new')" not in namesakes("n", 100, [("new", 101)]) and "new" in namesakes("n", 100, [("new", 101)])
+    assert namesakes("n", 0, [("new", 101)]) == ""  # this log has no record yet
+    assert record_time({SEQ: "2"}, LOG_VALUES[1]) == 1002 and record_time({SEQ: "2"}, b"junk") == 0
+    assert record_time({SEQ: "99999999999999999999"}, LOG_VALUES[1]) == 0
