@@ -247,6 +247,7 @@ class Beside:
         self._runtime_gaps: list[ev._Event] = []  # to record: the runtime (dis)connected
         self._missing: frozenset[str] = frozenset()  # observed pods the last complete look did not list
         self._allocatable_trouble = ""  # why GetAllocatableResources could not be had, as last said
+        self._answered_ns = 0  # when the kubelet last answered a look (0: not in this run)
 
     # ----------------------------------------------------------------- asked to look
 
@@ -337,6 +338,7 @@ class Beside:
             if full or (pods and answer is None):
                 answer = Look(pods=tuple(seen_pod(p) for p in await self.client.list()), complete=True)
                 allocatable = await self._allocatable()
+            self._answered_ns = self.clock()  # the kubelet's last good answer
         except BaseException:
             # asked again next time: nothing of this look was recorded
             self._full, self._pods = self._full or full, self._pods | pods
@@ -412,7 +414,10 @@ class Beside:
         if source in self.recorder.views.kubelet.gaps:
             return
         log.warning("cannot see the kubelet; the time is recorded as a gap", reason=reason)
-        await self.recorder.record([ev.ObservationGapFound(source=source, since_ns=self.clock(), reason=reason)])
+        # from the last good answer: nothing is known of the kubelet after it (a kubelet that stops
+        # leaves its socket; the look that finds it gone comes up to a resync later)
+        since = self._answered_ns or self.clock()
+        await self.recorder.record([ev.ObservationGapFound(source=source, since_ns=since, reason=reason)])
 
     async def _gap_close(self, source: str) -> None:
         since = self.recorder.views.kubelet.gaps.get(source)

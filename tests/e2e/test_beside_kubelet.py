@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -159,10 +160,14 @@ def test_a_restarting_kubelet_releases_nothing_and_its_absence_is_a_gap(
     assert holds(root, "d-2") == [("default/p", "main", "kubelet", True)]
     assert not of_type(root, "KubeletPodReleased")
 
+    answered = kubelet.calls["List"]
+    daemon.eventually(lambda: kubelet.calls["List"] > answered, "an answer")  # a good answer, then it stops
+    kubelet_gaps = lambda: [g for g in of_type(root, "ObservationGapFound") if g["event"]["source"] == "kubelet"]  # noqa: E731
+    before = len(kubelet_gaps())
+    stopped_ns = time.time_ns()
     kubelet.stop()  # its socket gone
-    daemon.eventually(
-        lambda: [g for g in of_type(root, "ObservationGapFound") if g["event"]["source"] == "kubelet"], "the gap"
-    )
+    gap = daemon.eventually(lambda: kubelet_gaps()[before:], "the gap")[0]
+    assert gap["event"]["since_ns"] <= stopped_ns  # from its last good answer, not from the look that found it gone
     kubelet.start()
     closed = lambda: [  # noqa: E731
         g for g in of_type(root, "ObservationGapFound") if g["event"]["source"] == "kubelet" and g["event"]["until_ns"]
