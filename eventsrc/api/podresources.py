@@ -6,7 +6,6 @@ applies: 100 requests per second with a burst of 10; excess calls get RESOURCE_E
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -28,19 +27,18 @@ NO_TOPOLOGY = -1
 
 
 def container_devices(resource: str, ids: Iterable[str], table: dict[str, DeviceView]) -> list[pb.ContainerDevices]:
-    """One entry per NUMA node, as the kubelet groups them (devices without topology apart)."""
-    by_node: dict[int, list[str]] = defaultdict(list)
+    """One entry per device and NUMA node, as the kubelet lists them since 1.21
+    (``containerDevicesFromResourceDeviceInstances``): a device with no topology once, with
+    none; the kubelet's order is a Go map's, so any order is the kubelet's: these go by id."""
+    out = []
     for device_id in sorted(ids):
         d = table.get(device_id)
         nodes = d.numa_nodes if d is not None and d.numa_nodes else [NO_TOPOLOGY]
-        for node in nodes:
-            by_node[node].append(device_id)
-    out = []
-    for node, node_ids in sorted(by_node.items()):
-        cd = pb.ContainerDevices(resource_name=resource, device_ids=node_ids)
-        if node != NO_TOPOLOGY:
-            cd.topology.CopyFrom(pb.TopologyInfo(nodes=[pb.NUMANode(ID=node)]))
-        out.append(cd)
+        for node in sorted(nodes):
+            cd = pb.ContainerDevices(resource_name=resource, device_ids=[device_id])
+            if node != NO_TOPOLOGY:
+                cd.topology.CopyFrom(pb.TopologyInfo(nodes=[pb.NUMANode(ID=node)]))
+            out.append(cd)
     return out
 
 

@@ -125,19 +125,17 @@ def rejections(root: Path, pod_name: str) -> list[str]:
 
 
 def check_grouped_by_numa(devices: Any, numa_of: dict[str, int]) -> set[str]:
-    """ContainerDevices entries: one per NUMA node, topology set; the IDs they carry."""
+    """ContainerDevices entries as the kubelet lists them: one per device and NUMA node, one
+    device id each, topology set to the device's node; the IDs they carry."""
     seen: set[str] = set()
-    nodes: list[int] = []
     for cd in devices:
         assert cd.resource_name == RES
         assert cd.HasField("topology")
         (node,) = [n.ID for n in cd.topology.nodes]
-        nodes.append(node)
-        for i in cd.device_ids:
-            assert numa_of[i] == node, f"{i} is on NUMA {numa_of[i]}, listed under {node}"
-            assert i not in seen
-            seen.add(i)
-    assert len(nodes) == len(set(nodes)), f"NUMA nodes listed twice: {nodes}"
+        (i,) = cd.device_ids
+        assert numa_of[i] == node, f"{i} is on NUMA {numa_of[i]}, listed under {node}"
+        assert i not in seen, f"{i} listed twice"
+        seen.add(i)
     return seen
 
 

@@ -65,7 +65,7 @@ def test_list_and_list_pods_are_the_whole_answers_byte_for_byte(daemon_factory: 
         pods=[pod_info(p, shared=views.cpus.shared, views=views) for p in views.pods.pods.values()]
     )
     assert [p.name for p in fresh_list.pod_resources] == ["p1", "p2", "p3"]
-    assert [len(p.containers[0].devices[0].device_ids) for p in fresh_list.pod_resources] == [1, 3, 2]
+    assert [len(p.containers[0].devices) for p in fresh_list.pod_resources] == [1, 3, 2]  # one entry a device
     assert listed == fresh_list.SerializeToString(deterministic=True) == fresh_list.SerializeToString()
     assert pods == fresh_pods.SerializeToString(deterministic=True) == fresh_pods.SerializeToString()
     assert typed == fresh_list

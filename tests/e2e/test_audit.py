@@ -610,7 +610,10 @@ def pod_resources_snapshot(root: Path) -> tuple[int, dict[tuple[str, str, str], 
     out: dict[tuple[str, str, str], dict[str, list[str]]] = {}
     for p in listed.pod_resources:
         for c in p.containers:
-            devs = {d.resource_name: sorted(d.device_ids) for d in c.devices if d.device_ids}
+            devs: dict[str, list[str]] = {}
+            for d in c.devices:  # one entry a device (and NUMA node), as the kubelet lists them
+                devs.setdefault(d.resource_name, []).extend(d.device_ids)
+            devs = {r: sorted(set(ids)) for r, ids in devs.items() if ids}
             if devs:
                 out[(p.namespace, p.name, c.name)] = devs
     return before, out

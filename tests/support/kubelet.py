@@ -183,6 +183,9 @@ class StandInKubelet:
         self._allocatable = Allocatable()
         self._restarting = False
         self._server: grpc.Server | None = None
+        # stopped servers kept until the stand-in closes: gRPC removes a unix listener's path when
+        # the server is collected, which could be the path a later start() is serving on
+        self._stopped: list[grpc.Server] = []
         if start:
             self.start()
 
@@ -261,6 +264,7 @@ class StandInKubelet:
         server, self._server = self._server, None
         if server is not None:
             server.stop(grace=None).wait()
+            self._stopped.append(server)
         self.socket.unlink(missing_ok=True)
 
     def close(self) -> None:
