@@ -611,6 +611,10 @@ class KubeletAllocatableChanged(_Event, frozen=True):
     removed: dict[str, list[str]] = {}  # resource -> device ids it no longer lists
     cpus_added: list[int] = []
     cpus_removed: list[int] = []
+    #: where the list came from: "" the kubelet's GetAllocatableResources; else, for a kubelet
+    #: without it (before 1.21, or 1.21-1.22 with the gate off), the file it was read from (the
+    #: device manager's checkpoint: its RegisteredDevices, with no NUMA nodes and no CPUs)
+    source: str = ""
 
 
 class KubeletSharedPoolObserved(_Event, frozen=True):

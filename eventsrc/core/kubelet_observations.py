@@ -387,9 +387,10 @@ def double_allocations(view: KubeletView, events: Iterable[ev._Event]) -> list[e
 
 
 def allocatable_changes(
-    view: KubeletView, devices: Mapping[str, Mapping[str, tuple[int, ...]]], cpus: Iterable[int]
+    view: KubeletView, devices: Mapping[str, Mapping[str, tuple[int, ...]]], cpus: Iterable[int], source: str = ""
 ) -> list[ev._Event]:
-    """What ``GetAllocatableResources`` lists now against the view: one event, or none."""
+    """What the kubelet shows allocatable now against the view: one event, or none. ``source``:
+    "" for ``GetAllocatableResources``, else the file the devices were read from."""
     added: dict[str, list[ev.DeviceInfo]] = {}
     removed: dict[str, list[str]] = {}
     for resource, ids in sorted(devices.items()):
@@ -411,7 +412,7 @@ def allocatable_changes(
     if not (added or removed or cpus_added or cpus_removed):
         return []
     change = ev.KubeletAllocatableChanged(
-        added=added, removed=removed, cpus_added=cpus_added, cpus_removed=cpus_removed
+        added=added, removed=removed, cpus_added=cpus_added, cpus_removed=cpus_removed, source=source
     )
     return [change]
 

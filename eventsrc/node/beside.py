@@ -394,8 +394,35 @@ class Beside:
                 for i in d.device_ids:
                     devices.setdefault(d.resource_name, {})[i] = _numa(d.topology)
             events = allocatable_changes(views.kubelet, devices, allocatable.cpu_ids)
-            if events:
-                await self.recorder.record(events)
+            await self._allocatable_seen(events)
+        elif answer is not None and answer.complete and self._allocatable_trouble:
+            await self._allocatable_from_checkpoint()
+
+    async def _allocatable_from_checkpoint(self) -> None:
+        """Without GetAllocatableResources: the device manager checkpoint's RegisteredDevices (the
+        healthy devices each plugin registered), recorded as such; where that file is not read
+        either, nothing shows allocatable: a gap ("kubelet allocatable") until something does."""
+        views = self.recorder.views
+        read = self._files.get(ki.DEVICE_CHECKPOINT)
+        checkpoint = read.result if read is not None else None
+        if not isinstance(checkpoint, ki.DeviceCheckpoint):
+            if ALLOCATABLE_GAP not in views.kubelet.gaps:
+                reason = f"{self._allocatable_trouble}; and no device checkpoint read"
+                await self.recorder.record(
+                    [ev.ObservationGapFound(source=ALLOCATABLE_GAP, since_ns=self.clock(), reason=reason)]
+                )
+            return
+        devices = {r: {i: () for i in ids or ()} for r, ids in (checkpoint.registered_devices or {}).items()}
+        source = f"checkpoint {self.options.checkpoints()[ki.DEVICE_CHECKPOINT]} (RegisteredDevices)"
+        events = allocatable_changes(views.kubelet, devices, views.kubelet.allocatable_cpus, source)
+        await self._allocatable_seen(events)
+
+    async def _allocatable_seen(self, events: list[ev._Event]) -> None:
+        since = self.recorder.views.kubelet.gaps.get(ALLOCATABLE_GAP)
+        if since is not None:
+            events = [ev.ObservationGapFound(source=ALLOCATABLE_GAP, since_ns=since, until_ns=self.clock()), *events]
+        if events:
+            await self.recorder.record(events)
 
     async def _record_findings(self, observed: list[ev._Event]) -> None:
         """What the kubelet got wrong in what ``observed`` (just recorded) says: a device or an
@@ -479,6 +506,10 @@ class Beside:
                     self.look_again()
         finally:
             await watched.aclose()
+
+
+#: the gap while nothing shows what is allocatable (no GetAllocatableResources, no device checkpoint)
+ALLOCATABLE_GAP = "kubelet allocatable"
 
 
 class _Read(NamedTuple):

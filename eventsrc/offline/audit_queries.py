@@ -802,12 +802,19 @@ def device_timeline(
             change = DeviceChange(at=a, what="removed", health=out.health, reason=e.reason)
         elif isinstance(e, ev.KubeletAllocatableChanged):  # the kubelet lists allocatable (healthy) devices only
             info = next((d for d in e.added.get(resource, []) if d.id == device_id), None)
+            shown = e.source or "the kubelet's GetAllocatableResources"
             if info is not None:
                 out.health, out.numa_nodes, out.listed = info.health, list(info.numa_nodes), True
-                change = DeviceChange(at=a, what="listed", health=info.health, numa_nodes=list(info.numa_nodes))
+                change = DeviceChange(
+                    at=a,
+                    what="listed",
+                    health=info.health,
+                    numa_nodes=list(info.numa_nodes),
+                    reason=f"registered, as {e.source} shows" if e.source else "",
+                )
             elif device_id in e.removed.get(resource, []):
                 out.listed = False
-                reason = "no longer allocatable in the kubelet's GetAllocatableResources (unhealthy or gone)"
+                reason = f"no longer allocatable in {shown} (unhealthy or gone)"
                 change = DeviceChange(at=a, what="removed", health=out.health, reason=reason)
         elif isinstance(e, (ev.DevicesReserved, ev.DevicesAllocated)):
             key = (e.pod_uid, e.container)

@@ -342,3 +342,29 @@ def test_a_device_the_kubelet_gives_two_pods_is_a_finding_about_the_kubelet(
     assert "kubelet-device-in-two-pods" in proc.stdout and "kubelet-cpu-in-two-pods" in proc.stdout
     answer = json.loads(run_cli("replay", "--check", "-o", "json", root=root).stdout.splitlines()[-1])
     assert answer["findings"] == 2 and not answer["ok"]
+
+
+def test_a_kubelet_without_allocatable_shows_its_registered_devices_from_its_checkpoint(
+    short_tmp: Path, root: Path, daemon_factory: type[Daemon]
+) -> None:
+    """Issue 35 item 3: a kubelet before 1.21 has no GetAllocatableResources. Until its device
+    checkpoint is read, nothing shows what is allocatable (a gap); then the checkpoint's
+    RegisteredDevices are recorded as such, and a device no pod ever held is answered."""
+    with StandInKubelet(short_tmp / "kubelet", minor=20) as k:
+        k.set_allocatable(devices=[Device(RESOURCE, f"d-{i}", (0,)) for i in (1, 2)], cpus=[0, 1])
+        daemon = beside(daemon_factory, k, "--beside-kubelet-resync", "1s")
+
+        def gaps() -> list[dict[str, Any]]:
+            return [g for g in of_type(root, "ObservationGapFound") if g["event"]["source"] == "kubelet allocatable"]
+
+        daemon.eventually(gaps, "nothing shows allocatable: a gap")
+        assert run_cli("audit", "device", RESOURCE, "d-1", root=root).returncode != 0  # nothing known of it yet
+        k.write_checkpoints()
+        (change,) = daemon.eventually(lambda: of_type(root, "KubeletAllocatableChanged"), "the registered devices")
+        assert change["event"]["source"].endswith("kubelet_internal_checkpoint (RegisteredDevices)")
+        assert sorted(d["id"] for d in change["event"]["added"][RESOURCE]) == ["d-1", "d-2"]
+        daemon.eventually(lambda: len(gaps()) == 2 and gaps()[1]["event"]["until_ns"], "the gap closed")
+        answer = run_cli("audit", "device", RESOURCE, "d-1", root=root, check=True)  # exit 0: it is known
+        assert "RegisteredDevices" in answer.stdout and "not listed" not in answer.stdout, answer.stdout
+        assert audit_device(root, "d-1")["holders"] == []
+        daemon.stop()
