@@ -165,7 +165,10 @@ def release_pod(p: ObservedPodView, reason: str) -> list[ev._Event]:
     return out
 
 
-def _container_changes(ref: ev.PodRef, seen: SeenContainer, held: ObservedPodView) -> list[ev._Event]:
+def _container_changes(
+    ref: ev.PodRef, seen: SeenContainer, held: ObservedPodView, shared: Iterable[int] = ()
+) -> list[ev._Event]:
+    """What the container's listing changes; ``shared``: the CPU manager's shared pool."""
     old = held.containers.get(seen.name)
     old_devices = old.devices if old is not None else {}
     out: list[ev._Event] = []
@@ -189,7 +192,9 @@ def _container_changes(ref: ev.PodRef, seen: SeenContainer, held: ObservedPodVie
                     pod=ref, container=seen.name, resource=d.resource, device_ids=new, numa_nodes=list(d.numa_nodes)
                 )
             )
-    cpus = sorted(set(seen.cpus))
+    # exclusive: what the CPU manager's shared pool (its checkpoint) does not hold; a kubelet
+    # before 1.21 lists a container's whole cpuset, the shared pool included (kubernetes#97415)
+    cpus = sorted(set(seen.cpus) - set(shared))
     old_cpus = list(old.cpus) if old is not None else []
     if cpus != old_cpus:
         if cpus:
@@ -251,7 +256,7 @@ def observe(view: KubeletView, look: Look, ids: Identities) -> list[ev._Event]:
             if name not in listed:
                 releases.extend(_container_changes(ref, SeenContainer(name=name), held))  # all it held goes
         for c in pod.containers:
-            for e in _container_changes(ref, c, held):
+            for e in _container_changes(ref, c, held, view.shared):
                 (releases if isinstance(e, _RELEASES) else holds).append(e)
     return releases + holds
 

@@ -368,3 +368,27 @@ def test_a_kubelet_without_allocatable_shows_its_registered_devices_from_its_che
         assert "RegisteredDevices" in answer.stdout and "not listed" not in answer.stdout, answer.stdout
         assert audit_device(root, "d-1")["holders"] == []
         daemon.stop()
+
+
+def test_the_shared_pool_a_120_kubelet_lists_is_not_taken_for_exclusive_cpus(
+    short_tmp: Path, root: Path, daemon_factory: type[Daemon]
+) -> None:
+    """Issue 35 item 1 (in part): a kubelet before 1.21 lists a container's whole cpuset, the
+    shared pool included, in cpu_ids. A CPU in the CPU manager's shared pool (its checkpoint's
+    default set) is not an exclusive CPU: a Guaranteed pod's CPU is recorded, a BestEffort pod's
+    shared pool is not, and no usage is charged for it."""
+    with StandInKubelet(short_tmp / "kubelet", minor=20) as k:
+        k.set_allocatable(devices=[Device(RESOURCE, f"d-{i}", (0,)) for i in (1, 2)], cpus=[0, 1, 2, 3])
+        k.set_pod("default", "g", [Container("main", devices=[Device(RESOURCE, "d-1")], cpus=[1])], uid="uid-g")
+        k.set_pod("default", "be", [Container("main")], uid="uid-be")
+        k.write_checkpoints()
+        daemon = beside(daemon_factory, k, "--beside-kubelet-resync", "1s")
+        daemon.eventually(lambda: holds(root, "d-1") == [("default/g", "main", "kubelet", True)], "the hold")
+        observed = {
+            (r["event"]["pod"]["name"], tuple(r["event"]["cpus"])) for r in of_type(root, "KubeletCPUsObserved")
+        }
+        assert observed == {("g", (1,))}  # be's cpu_ids (0, 2, 3: the shared pool) are not exclusive
+        usage = json.loads(run_cli("audit", "usage", "--by", "pod", "-o", "json", root=root, check=True).stdout)
+        assert {(row["name"], row["resource"]) for row in usage} == {("g", "cpu"), ("g", RESOURCE)}
+        daemon.stop()
+    check_holds(root)

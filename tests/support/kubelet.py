@@ -288,7 +288,10 @@ class StandInKubelet:
     # ----------------------------------------------------------------------- answers
 
     def _container(self, pod: Pod, c: Container) -> Any:
-        out = pb.ContainerResources(name=c.name, devices=container_devices(c.devices), cpu_ids=list(c.cpus))
+        # before 1.21 (kubernetes#97415) cpu_ids is the container's whole cpuset: the shared pool
+        # for a container with no exclusive CPUs
+        cpus = list(c.cpus) if c.cpus or self.minor >= 21 else sorted(self._shared_pool())
+        out = pb.ContainerResources(name=c.name, devices=container_devices(c.devices), cpu_ids=cpus)
         if self.minor >= 22:
             out.memory.extend(container_memory(c.memory))
         if self.minor >= 27:
@@ -371,14 +374,17 @@ class StandInKubelet:
         """``cpu_manager_state``: exclusive CPUs per container; the rest of the allocatable
         CPUs are the shared pool."""
         entries: dict[str, dict[str, str]] = {}
-        used: set[int] = set()
         for pod, c in self._held():
             if c.cpus:
                 entries.setdefault(pod.uid, {})[c.name] = str(CPUSet(c.cpus))
-                used.update(c.cpus)
-        with self._lock:
-            default = CPUSet(set(self._allocatable.cpus) - used)
+        default = CPUSet(self._shared_pool())
         return kc.write(self.root, kc.CPU_STATE, kc.cpu_state(policy, str(default), entries))
+
+    def _shared_pool(self) -> set[int]:
+        """The allocatable CPUs no container holds exclusively."""
+        used = {cpu for _, c in self._held() for cpu in c.cpus}
+        with self._lock:
+            return set(self._allocatable.cpus) - used
 
     def write_memory_state(self) -> Path:
         """``memory_manager_state`` (policy Static): each NUMA node's allocatable memory by
