@@ -43,10 +43,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-import errno
 import json
-import os
-import stat
 import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -58,6 +55,8 @@ from msgspec import Struct
 from eventsrc import events as ev
 from eventsrc.core.cpu.cpuset import CPUSet, CPUSetParseError
 from eventsrc.errors import EventsrcError
+from eventsrc.inputs import bounded_file
+from eventsrc.inputs.bounded_file import FileKey
 
 __all__ = [
     "CPUCheckpoint",
@@ -561,76 +560,29 @@ def parse_dra_state(data: bytes | str, source: str = DRA_STATE) -> DRACheckpoint
 MAX_CHECKPOINT_BYTES = 4 << 20
 
 
-#: What says a file is unchanged since it was read: its device, inode, size, mtime and ctime (ns)
-FileKey = tuple[int, int, int, int, int]
-
-
 def open_regular(path: Path, cap: int = MAX_CHECKPOINT_BYTES) -> tuple[int, FileKey] | None:
-    """``path`` opened for reading (a descriptor the caller closes) and its key, or None when it
-    is not there. Opened without blocking (a FIFO's open would wait for a writer for ever) and
-    without following a symbolic link (the kubelet writes its checkpoints in place, by rename;
-    a link could lead to a device or to anything on the host); a FIFO, device, socket or
-    directory, or a file over ``cap`` bytes, is refused with CheckpointError, unread."""
+    """``path`` opened for reading, and its key, or None when it is not there (``bounded_file``):
+    no symbolic link is followed (the kubelet writes its checkpoints in place, by rename; a link
+    could lead to a device or to anything on the host). CheckpointError names what is refused."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise CheckpointError(f"{path}: is a symbolic link (a checkpoint is a regular file)") from None
-        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CheckpointError(f"{path}: is not a regular file (a {_kind(st.st_mode)})")
-        if st.st_size > cap:
-            raise CheckpointError(f"{path}: {st.st_size} bytes, over the {cap}-byte cap of a checkpoint file")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-        (stat.S_ISSOCK, "socket"),
-        (stat.S_ISDIR, "directory"),
-        (stat.S_ISLNK, "symbolic link"),
-    ):
-        if test(mode):
-            return name
-    return "special file"
+        return bounded_file.open_regular(path, cap)
+    except bounded_file.FileRefused as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
 
 
 def read_open(fd: int, path: Path, cap: int = MAX_CHECKPOINT_BYTES) -> bytes:
-    """At most ``cap`` bytes of the open file ``fd`` (closed here): one that grew past the cap
-    while it was read is refused."""
+    """At most ``cap`` bytes of the open file ``fd`` (closed here)."""
     try:
-        chunks, size = [], 0
-        while size <= cap:
-            chunk = os.read(fd, min(1 << 20, cap + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if size > cap:
-        raise CheckpointError(f"{path}: grew past the {cap}-byte cap of a checkpoint file while it was read")
-    return b"".join(chunks)
+        return bounded_file.read_open(fd, cap)
+    except bounded_file.FileRefused as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
 
 
 def _read(path: Path) -> bytes:
-    """The file, read safely (``open_regular``); CheckpointError when it cannot be or is not there."""
-    opened = open_regular(path)
-    if opened is None:
-        raise CheckpointError(f"cannot read {path}: No such file or directory")
-    return read_open(opened[0], path)
+    try:
+        return bounded_file.read_regular(path, MAX_CHECKPOINT_BYTES)
+    except bounded_file.FileRefused as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from None
 
 
 def read_device_checkpoint(path: Path) -> DeviceCheckpoint:

@@ -1,16 +1,15 @@
 """A secret read from a file (a password for the fleet's NATS servers): never from a flag's
-value, which ``ps`` shows. The file is read as the kubelet's files should be: opened without
-blocking, a regular file only (a FIFO, a device, a socket or a directory is refused), at most
-``MAX_SECRET_BYTES``. Symlinks are followed: a Kubernetes Secret mounted as a volume is a
+value, which ``ps`` shows. The file is read as the kubelet's files are (``bounded_file``): opened
+without blocking, a regular file only (a FIFO, a device, a socket or a directory is refused), at
+most ``MAX_SECRET_BYTES``. Symlinks are followed: a Kubernetes Secret mounted as a volume is a
 chain of them (``..data``). Whatever is wrong is one line (``SecretFileError``)."""
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 
 from eventsrc.errors import EventsrcError
+from eventsrc.inputs import bounded_file
 
 #: a password or a token is tens of bytes; anything longer is not one
 MAX_SECRET_BYTES = 4096
@@ -28,22 +27,9 @@ def read_secret(path: Path, what: str) -> str:
         return SecretFileError(f"{what} {path}: {why}")
 
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise refused(exc.strerror or type(exc).__name__) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise refused("not a regular file")
-        if st.st_size > MAX_SECRET_BYTES:
-            raise refused(f"more than {MAX_SECRET_BYTES} bytes: not a secret")
-        data = os.read(fd, MAX_SECRET_BYTES + 1)
-    except OSError as exc:
-        raise refused(exc.strerror or type(exc).__name__) from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_SECRET_BYTES:
-        raise refused(f"more than {MAX_SECRET_BYTES} bytes: not a secret")
+        data = bounded_file.read_regular(path, MAX_SECRET_BYTES, follow_links=True)
+    except bounded_file.FileRefused as exc:
+        raise refused(f"more than {MAX_SECRET_BYTES} bytes: not a secret" if exc.too_big else str(exc)) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

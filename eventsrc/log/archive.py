@@ -19,10 +19,10 @@ that is missing, altered, or not in the ledger.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
-import stat
 import struct
 import tempfile
 import zlib
@@ -35,6 +35,7 @@ import msgspec
 import zstandard
 
 from eventsrc.events import chain_hash, prev_hash_of
+from eventsrc.inputs.bounded_file import FileRefused, open_regular
 
 SEGMENT_FORMAT = 1
 LEVEL = 3  # zstd's default level: ~4x smaller records at hundreds of MB/s
@@ -185,15 +186,6 @@ def remove_temporaries(archive: Path) -> None:
             stale.unlink(missing_ok=True)
 
 
-_KINDS = {
-    stat.S_IFDIR: "a directory",
-    stat.S_IFIFO: "a FIFO",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-}
-
-
 class SegmentError(Exception):
     """A segment that cannot be read to its end: the message says why."""
 
@@ -212,13 +204,16 @@ def _items(path: Path) -> Iterator[bytes]:
     """The raw msgpack items of a segment file, in order. A path that is not a regular file
     is refused without opening it: a FIFO would block its reader until a writer came."""
     try:
-        mode = path.stat().st_mode
-    except OSError as exc:
-        raise SegmentError(f"unreadable ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(mode):
-        raise SegmentError(f"not a regular file ({_KINDS.get(stat.S_IFMT(mode), 'of an unknown kind')})")
+        opened = open_regular(path, None, follow_links=True)
+    except FileRefused as exc:
+        raise SegmentError(str(exc) if str(exc).startswith("not a regular file") else f"unreadable ({exc})") from None
+    if opened is None:
+        raise SegmentError(f"unreadable ({os.strerror(errno.ENOENT)})")
     try:
-        with open(path, "rb") as f, zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=False) as r:
+        with (
+            os.fdopen(opened[0], "rb") as f,
+            zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=False) as r,
+        ):
             while True:
                 head = _read_exact(r, 4)
                 if not head:
