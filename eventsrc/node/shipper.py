@@ -37,6 +37,7 @@ import nats.js.errors
 import trio
 from nats.js import JetStreamContext
 
+from eventsrc.core.backoff import Backoff
 from eventsrc.core.fleet_names import (
     DEFAULT_PREFIX,
     DEFAULT_STREAM,
@@ -199,7 +200,7 @@ class Shipper:
         """Ship for as long as the daemon runs: connect again with backoff whenever the
         connection or the servers go, or the stream and the log diverged."""
         task_status.started()
-        backoff = BACKOFF_FIRST
+        backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
         while True:
             self._was_up = False
             try:
@@ -212,9 +213,8 @@ class Shipper:
                 log.exception("fleet shipping failed unexpectedly; retrying")
                 self._trouble(DISCONNECTED, f"unexpected: {type(exc).__name__}", said=True)
             if self._was_up:  # a connection that worked: the next attempt comes soon
-                backoff = BACKOFF_FIRST
-            await trio.sleep(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX)
+                backoff.reset()
+            await trio.sleep(backoff.next())
 
     def _trouble(self, state: State, reason: str, said: bool = False) -> None:
         """Not shipping, for ``reason``: said once until it changes."""
