@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import Daemon, run_cli
 from tests.fleet.test_shipping import admit, log_records, shipped
-from tests.fleet.test_sink_attacks import sink_process
+from tests.support.fleet_sink import sink_process
 from tests.support.nats import NatsCluster, NatsServer
 from tests.support.postgres import PostgresServer
 

@@ -5,14 +5,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
 
 from eventsrc.offline.render import iso
 from tests.conftest import REPO, Daemon, run_cli
+from tests.support.fleet_sink import sink_process
 from tests.support.nats import NatsServer
 from tests.support.postgres import PostgresServer
 
@@ -54,23 +53,7 @@ def test_the_fleets_usage_is_the_nodes_own(
     admit(root, tmp_path, "b", 3)
     run_cli("remove", "uid-a", root=root, check=True)
     admit(root, tmp_path, "c", 1)
-    out = open(tmp_path / "sink.log", "w")  # noqa: SIM115
-    sink = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "eventsrc",
-            "fleet",
-            "sink",
-            "--nats",
-            nats_server.url,
-            "--postgres",
-            postgres_server.dsn,
-        ],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-    )
-    try:
+    with sink_process(tmp_path, nats_server.url, postgres_server.dsn):
         daemon.eventually(lambda: stored(postgres_server.dsn) == log_count(root), "every record in PostgreSQL")
         until = iso(json.loads(run_cli("log", "--output", "json", root=root).stdout.splitlines()[-1])["ts_ns"] + 1)
         for by in ("pod", "namespace", "device", "resource"):
@@ -102,10 +85,6 @@ def test_the_fleets_usage_is_the_nodes_own(
             applied = conn.execute("SELECT applied_seq FROM node_logs WHERE node = 'node-a'").fetchone()
         assert seqs == list(range(1, len(seqs) + 1))  # each record once, no gap
         assert applied is not None and applied[0] == len(seqs)
-    finally:
-        sink.kill()
-        sink.wait()
-        out.close()
 
 
 def test_an_unreachable_database_or_server_is_one_line(tmp_path: Path) -> None:
