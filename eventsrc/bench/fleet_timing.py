@@ -545,15 +545,18 @@ async def _ship_all(
     flow.node_rates = [n.log.last_seq() / (n.shipped_at - t0) for n in nodes]
     flow.publish_seconds = max(n.shipped_at for n in nodes) - t0
     await _drained(dsn, flow.records, sink, out)
+    elapsed = time.perf_counter() - t0
     if sink.pid == pid:  # not started again meanwhile
-        flow.sink_cpu = (cpu_seconds(pid) - cpu0) / (time.perf_counter() - t0)
-    flow.sink_overall, flow.sink_rate = _sink_rates(dsn, flow.records)
+        flow.sink_cpu = (cpu_seconds(pid) - cpu0) / elapsed
+    flow.sink_overall, flow.sink_rate = _sink_rates(dsn, flow.records, elapsed)
 
 
-def _sink_rates(dsn: str, records: int) -> tuple[float, float]:
+def _sink_rates(dsn: str, records: int, elapsed: float) -> tuple[float, float]:
     """records/s through the sink: over the span of its commits; and the median of its commits
     a second, the first and last seconds left out (a second it stored nothing in, such as a
-    start again, is not one of them)."""
+    start again, is not one of them). A flow stored in one transaction has no span (its rows
+    carry one commit time): then ``elapsed``, from the first publish to the last record stored,
+    is the span (a lower bound of the sink's rate: it holds the publishing too)."""
     with psycopg.connect(dsn) as conn:
         seconds = conn.execute(
             "SELECT date_trunc('second', pg_xact_commit_timestamp(xmin)) AS s, count(*) FROM records "
@@ -564,7 +567,7 @@ def _sink_rates(dsn: str, records: int) -> tuple[float, float]:
             "(SELECT pg_xact_commit_timestamp(xmin) AS c FROM records) AS commits"
         ).fetchone()
     span = float(row[0]) if row and row[0] is not None else 0.0
-    overall = (records - 1) / span if span > 0 else 0.0
+    overall = (records - 1) / span if span > 0 else records / elapsed
     counts = [int(c) for _, c in seconds]
     return overall, statistics.median(counts[1:-1]) if len(counts) >= 3 else overall
 
