@@ -27,7 +27,11 @@ What a hold is mirrors the views (``state.devices``, ``state.cpus``, ``state.kub
 
 A hold is charged to the pod (namespace, name, uid) as known when it started: own pods by
 their ``PodAdmissionStarted``/``PodAdmitted`` (or ``PodQuarantined``), observed pods as the
-kubelet view had them. Times are the records' ``ts_ns``; a hold whose end record is older
+kubelet view had them. An observed pod first seen without its uid is bound to it when a record
+names it (``KubeletPodObserved`` with the uid, issue 35): its open holds take the uid from then
+on, from their start (``Tracker.rebound`` says which), so a pod is one row, not one row with
+uid "" and another with its uid. A hold that ended before the uid was learned keeps "".
+Times are the records' ``ts_ns``; a hold whose end record is older
 than its start (a clock stepped back) lasts 0 ns.
 """
 
@@ -35,8 +39,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
+import msgspec
 from msgspec import Struct, field
 
 from eventsrc import events as ev
@@ -119,6 +124,9 @@ class Tracker:
     def __init__(self, state: UsageState | None = None) -> None:
         self.state = state if state is not None else UsageState()
         self._out: list[Change] = []
+        #: the open holds the last ``feed`` gave their pod's uid, learned since they started:
+        #: (as they were, as they are now); each keeps its start
+        self.rebound: list[tuple[Hold, Hold]] = []
         self._handlers: dict[type, Callable[[int, ev._Event], None]] = {
             ev.PodAdmissionStarted: self._named,
             ev.PodAdmitted: self._named,
@@ -147,6 +155,7 @@ class Tracker:
         if handler is None:
             return []
         self._out = []
+        self.rebound = []
         handler(ts_ns, e)
         return self._out
 
@@ -266,7 +275,16 @@ class Tracker:
             p = self.state.observed[key] = ObservedPod(ref.uid, ref.namespace, ref.name)
         elif ref.uid and not p.uid:
             p.uid = ref.uid
+            for c in p.containers.values():
+                tables: list[dict[Any, Hold]] = [*c.devices.values(), c.cpus, *c.claims.values()]
+                for table in tables:
+                    self._bind(table, ref.uid)
         return p
+
+    def _bind(self, table: dict[Any, Hold], uid: str) -> None:
+        for key, hold in table.items():
+            table[key] = msgspec.structs.replace(hold, uid=uid)
+            self.rebound.append((hold, table[key]))
 
     def _container(self, ref: ev.PodRef, name: str) -> tuple[ObservedPod, ObservedContainer]:
         p = self._pod(ref)

@@ -552,6 +552,8 @@ def _feed(
         keys += index_rows(node, log_id, record)
         for hold, end_ns in tracker.feed(record.ts_ns, record.event) if tracker is not None else ():
             _hold(conn, node, log_id, hold, end_ns)
+        for was, now in tracker.rebound if tracker is not None else ():
+            _rebind(conn, node, log_id, was, now)
         for change in preparations.feed(seq, record.ts_ns, record.event):
             _preparation(conn, node, log_id, change)
     if keys:
@@ -575,6 +577,15 @@ def _hold(conn: psycopg.Connection[Any], node: str, log_id: str, hold: Hold, end
         "INSERT INTO holds (node, log_id, resource, device, namespace, name, uid, start_ns, end_ns) "
         "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, NULL)",
         (node, log_id, resource, device, pg_text(hold.namespace), pg_text(hold.name), uid, hold.start_ns),
+    )
+
+
+def _rebind(conn: psycopg.Connection[Any], node: str, log_id: str, was: Hold, now: Hold) -> None:
+    """An open hold's pod uid learned (``Tracker.rebound``): its row takes it."""
+    conn.execute(
+        "UPDATE holds SET uid = %s WHERE id = (SELECT id FROM holds WHERE node = %s AND log_id = %s "
+        "AND resource = %s AND device = %s AND uid = %s AND start_ns = %s AND end_ns IS NULL ORDER BY id LIMIT 1)",
+        (pg_text(now.uid), node, log_id, pg_text(was.resource), pg_text(was.device), pg_text(was.uid), was.start_ns),
     )
 
 

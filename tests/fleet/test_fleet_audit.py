@@ -393,3 +393,38 @@ def test_records_never_shipped_are_named_in_the_answer(dsn: str, roots: dict[str
     }
     table = run_cli("fleet", "audit", "pod", "uid-a", "--postgres", dsn, check=True).stdout
     assert table.splitlines()[2] == "the fleet lacks records 1..3 (never shipped)"
+
+
+def test_a_pod_whose_uid_is_learned_is_one_pod_in_the_fleets_usage(dsn: str, tmp_path: Path) -> None:
+    """Issue 35: a pod the kubelet listed before its uid was known holds a device and a CPU;
+    its uid is learned (``KubeletPodObserved``), a CPU is added, it goes: the fleet's holds and
+    ``fleet usage --by pod`` are the node's own, one row per resource under the uid."""
+    nameless, named = ev.PodRef(uid="", namespace="ml", name="train"), ev.PodRef(uid="u1", namespace="ml", name="train")
+    write(
+        tmp_path,
+        [
+            (
+                kubelet_ts(0),
+                [ev.KubeletPodObserved(pod=nameless), ev.KubeletCPUsObserved(pod=nameless, container="c", cpus=[1])],
+            ),
+            (
+                kubelet_ts(1),
+                [ev.KubeletDevicesObserved(pod=nameless, container="c", resource=RES, device_ids=["dev-0"])],
+            ),
+            (kubelet_ts(2), [ev.KubeletPodObserved(pod=named)]),
+            (kubelet_ts(3), [ev.KubeletCPUsObserved(pod=named, container="c", cpus=[1, 2])]),
+            (kubelet_ts(4), [ev.KubeletPodReleased(pod=named)]),
+        ],
+    )
+    records = raw(tmp_path)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn)
+        for seq, value in records:
+            store(conn, "node-u", "log-u", seq, seq - 1, value)
+        rows = conn.execute("SELECT uid, resource, device, start_ns, end_ns FROM holds ORDER BY id").fetchall()
+        usage = usage_totals(conn, "pod", Window(0, kubelet_ts(5)), frozenset())
+    recs = [decode_record(s, v) for s, v in records]
+    own = intervals((r.ts_ns, r.event) for r in recs)
+    assert sorted(tuple(r) for r in rows) == sorted((h.uid, h.resource, h.device, h.start_ns, e) for h, e in own)
+    assert {r[0] for r in rows} == {"u1"}
+    assert usage == totals(own, "pod", Window(0, kubelet_ts(5))) and [r.group[2] for r in usage] == ["u1", "u1"]

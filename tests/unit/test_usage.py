@@ -161,6 +161,29 @@ def test_observed_beside_a_kubelet() -> None:
     ]
 
 
+def test_a_pod_first_seen_without_its_uid_is_one_row_once_the_uid_is_learned() -> None:
+    """Issue 35: listed before its uid was known (no device, no NRI), then with it: one row,
+    from the first hold's start, not one row with uid "" and one with the uid."""
+    nameless = ev.PodRef(uid="", namespace="ml", name="train")
+    named = ev.PodRef(uid="u1", namespace="ml", name="train")
+    log = [
+        (T0, ev.KubeletPodObserved(pod=nameless)),
+        (T0, ev.KubeletCPUsObserved(pod=nameless, container="c", cpus=[1])),
+        (T0, ev.KubeletDevicesObserved(pod=nameless, container="c", resource=GPU, device_ids=["g0"])),
+        (T0 + H, ev.KubeletPodObserved(pod=named)),
+        (T0 + 2 * H, ev.KubeletCPUsObserved(pod=named, container="c", cpus=[1, 2])),
+        (T0 + 3 * H, ev.KubeletPodReleased(pod=named)),
+    ]
+    assert total(log, "pod") == [Row(("ml", "train", "u1", "cpu"), 4 * H), Row(("ml", "train", "u1", GPU), 3 * H)]
+    tracker = Tracker()
+    for ts, e in log[:3]:
+        tracker.feed(ts, e)
+    assert tracker.feed(*log[3]) == [] and [(a.uid, b.uid, b.start_ns) for a, b in tracker.rebound] == [
+        ("", "u1", T0),
+        ("", "u1", T0),
+    ]
+
+
 def test_a_clock_stepped_back_makes_a_hold_of_no_length() -> None:
     log = [(T0, admitted("a")), (T0, alloc("a", ["gpu-0"])), (T0 - H, release("a", ["gpu-0"]))]
     assert total(log, "device") == []
@@ -253,3 +276,7 @@ def test_the_open_holds_are_the_views_holds(events: list[ev._Event]) -> None:
     # observed pods are all in namespace "ns", keyed by namespace/name; own pods by uid
     got = {(f"ns/{h.name}" if h.namespace == "ns" else h.uid, h.resource, h.device) for h in tracker.open_holds()}
     assert got == views_holds(views)
+    # an observed pod's open holds carry its uid as the views know it (learned since, too)
+    assert {(h.name, h.uid) for h in tracker.open_holds() if h.namespace == "ns"} <= {
+        (p.name, p.uid) for p in views.kubelet.pods.values()
+    }
