@@ -625,6 +625,20 @@ class KubeletSharedPoolObserved(_Event, frozen=True):
     source: str = ""
 
 
+class KubeletCPUsDisagreed(_Event, frozen=True):
+    """The kubelet's PodResources answer lists CPUs for a container (``listed``) that its CPU
+    manager's state (``source``, the file) does not explain: the state gives the container
+    ``checkpoint`` as its exclusive CPUs (empty: none), and what is listed is neither that nor
+    exactly the shared pool. Only the CPUs both give are recorded as the container's exclusive
+    CPUs. Found at two looks in a row (the answer and the file are read at different moments)."""
+
+    pod: PodRef
+    container: str
+    listed: list[int]
+    checkpoint: list[int]
+    source: str = ""
+
+
 class KubeletCheckpointReadFailed(_Event, frozen=True):
     """A kubelet checkpoint file that could not be read or verified; nothing was taken from it."""
 
@@ -712,6 +726,7 @@ Event = (
     | KubeletClaimReleased
     | KubeletAllocatableChanged
     | KubeletSharedPoolObserved
+    | KubeletCPUsDisagreed
     | KubeletCheckpointReadFailed
     | KubeletDoubleAllocationFound
     | ObservationGapFound

@@ -88,33 +88,65 @@ class Look:
 
 
 @dataclass(frozen=True)
+class CPUManager:
+    """What the kubelet's CPU manager state (its ``cpu_manager_state`` file) says: each
+    container's exclusive CPUs by (pod uid, container name), and the shared pool. A CPU is a
+    container's exclusive CPU only when this gives it to that container: a kubelet before 1.21
+    lists a container's whole cpuset in ``cpu_ids``, the shared pool included (kubernetes#97415)."""
+
+    exclusive: Mapping[tuple[str, str], frozenset[int]] = field(default_factory=dict)
+    shared: frozenset[int] = frozenset()
+    source: str = ""
+
+    def of(self, uid: str, container: str, listed: Iterable[int]) -> tuple[str, frozenset[int]] | None:
+        """(pod uid, exclusive CPUs) the state gives the container, or None. A pod whose uid is
+        not known ("") is matched by the container's name and exactly the CPUs listed: the uid
+        is the entry's when one entry matches, "" when several do (a kubelet that gave those
+        CPUs to two pods: exclusive all the same)."""
+        if uid:
+            cpus = self.exclusive.get((uid, container))
+            return None if cpus is None else (uid, cpus)
+        want = frozenset(listed)
+        found = {u for (u, name), cpus in self.exclusive.items() if name == container and cpus == want}
+        if not want or not found:
+            return None
+        return (found.pop() if len(found) == 1 else ""), want
+
+
+@dataclass(frozen=True)
 class Identities:
-    """What says a pod's uid: the runtime's live sandboxes by ``namespace/name``, and the
-    device checkpoint's entries by (container, resource, device id). ``runtime_seen``: the
+    """What says a pod's uid: the runtime's live sandboxes by ``namespace/name``, the device
+    checkpoint's entries by (container, resource, device id), and the CPU manager's state
+    (``cpus``; None: not read, and then no CPU is known to be exclusive). ``runtime_seen``: the
     runtime's view is current (NRI synchronized in this run); a pod is then observed once a
     sandbox of it is."""
 
     sandboxes: Mapping[str, str] = field(default_factory=dict)
     checkpoint: Mapping[tuple[str, str, str], str] = field(default_factory=dict)
     runtime_seen: bool = False
+    cpus: CPUManager | None = None
 
 
-def identities(runtime: RuntimeView | None, checkpoint: Mapping[tuple[str, str, str], str]) -> Identities:
-    """The uids the runtime's view (None: not current) and the device checkpoint give (the
-    newest sandbox of a name wins)."""
+def identities(
+    runtime: RuntimeView | None, checkpoint: Mapping[tuple[str, str, str], str], cpus: CPUManager | None = None
+) -> Identities:
+    """The uids the runtime's view (None: not current), the device checkpoint and the CPU
+    manager's state give (the newest sandbox of a name wins)."""
     sandboxes: dict[str, str] = {}
     if runtime is not None:
         for s in sorted(runtime.sandboxes.values(), key=lambda s: s.since_seq):
             sandboxes[f"{s.namespace}/{s.name}"] = s.uid
-    return Identities(sandboxes=sandboxes, checkpoint=checkpoint, runtime_seen=runtime is not None)
+    return Identities(sandboxes=sandboxes, checkpoint=checkpoint, runtime_seen=runtime is not None, cpus=cpus)
 
 
 def _uid(pod: SeenPod, ids: Identities, view: KubeletView, shared: frozenset[tuple[str, str, str]]) -> str | None:
     """The pod's uid, "" when nothing says it, None when the runtime is seen and has no
-    sandbox of it (not observed now). The device checkpoint names a uid only when every device
-    the pod is listed with maps to that one uid, none of them is listed for another pod in the
-    same look (``shared``: the checkpoint's entry names one of them), and no other observed pod
-    has it (the checkpoint lags the kubelet: it may still name the device's previous holder)."""
+    sandbox of it (not observed now). The kubelet's files name a uid only when every device the
+    pod is listed with maps to that one uid in the device checkpoint and every container the
+    CPU manager's state gives exactly its listed CPUs is of that uid too, none of its devices is
+    listed for another pod in the same look (``shared``: the checkpoint's entry names one of
+    them), and no other observed pod has it (the files lag the kubelet: they may still name a
+    device's previous holder)."""
     uid = ids.sandboxes.get(pod.key)
     if uid is not None:
         return uid
@@ -124,6 +156,9 @@ def _uid(pod: SeenPod, ids: Identities, view: KubeletView, shared: frozenset[tup
     if keys & shared:
         return ""
     found = {ids.checkpoint.get(k, "") for k in keys}
+    cpus = ids.cpus
+    if cpus is not None:
+        found |= {given[0] for c in pod.containers if (given := cpus.of("", c.name, c.cpus)) is not None and given[0]}
     if len(found) != 1:
         return ""
     (uid,) = found
@@ -166,9 +201,10 @@ def release_pod(p: ObservedPodView, reason: str) -> list[ev._Event]:
 
 
 def _container_changes(
-    ref: ev.PodRef, seen: SeenContainer, held: ObservedPodView, shared: Iterable[int] = ()
+    ref: ev.PodRef, seen: SeenContainer, held: ObservedPodView, exclusive: Iterable[int] = ()
 ) -> list[ev._Event]:
-    """What the container's listing changes; ``shared``: the CPU manager's shared pool."""
+    """What the container's listing changes; ``exclusive``: its listed CPUs the CPU manager's
+    state gives it (``exclusive_cpus``)."""
     old = held.containers.get(seen.name)
     old_devices = old.devices if old is not None else {}
     out: list[ev._Event] = []
@@ -192,9 +228,7 @@ def _container_changes(
                     pod=ref, container=seen.name, resource=d.resource, device_ids=new, numa_nodes=list(d.numa_nodes)
                 )
             )
-    # exclusive: what the CPU manager's shared pool (its checkpoint) does not hold; a kubelet
-    # before 1.21 lists a container's whole cpuset, the shared pool included (kubernetes#97415)
-    cpus = sorted(set(seen.cpus) - set(shared))
+    cpus = sorted(exclusive)
     old_cpus = list(old.cpus) if old is not None else []
     if cpus != old_cpus:
         if cpus:
@@ -256,9 +290,48 @@ def observe(view: KubeletView, look: Look, ids: Identities) -> list[ev._Event]:
             if name not in listed:
                 releases.extend(_container_changes(ref, SeenContainer(name=name), held))  # all it held goes
         for c in pod.containers:
-            for e in _container_changes(ref, c, held, view.shared):
+            for e in _container_changes(ref, c, held, exclusive_cpus(ref.uid, c, ids.cpus)):
                 (releases if isinstance(e, _RELEASES) else holds).append(e)
     return releases + holds
+
+
+def exclusive_cpus(uid: str, seen: SeenContainer, cpus: CPUManager | None) -> frozenset[int]:
+    """The container's listed CPUs that the CPU manager's state gives it (none without the
+    state: the listing alone cannot tell the shared pool from exclusive CPUs)."""
+    given = cpus.of(uid, seen.name, seen.cpus) if cpus is not None else None
+    return frozenset() if given is None else given[1] & frozenset(seen.cpus)
+
+
+def cpu_disagreements(view: KubeletView, look: Look, ids: Identities) -> list[ev.KubeletCPUsDisagreed]:
+    """Each listed container whose ``cpu_ids`` the CPU manager's state does not explain: CPUs
+    listed that are neither its exclusive CPUs nor (for a kubelet before 1.21, which lists the
+    whole cpuset) exactly the shared pool, or exclusive CPUs of its that are not listed. The
+    kubelet's answer and its file are read at different moments, so the shell records one only
+    when two looks in a row find it."""
+    if ids.cpus is None:
+        return []
+    out: list[ev.KubeletCPUsDisagreed] = []
+    for pod in sorted(look.pods, key=lambda p: p.key):
+        held = view.pods.get(pod.key)
+        uid = held.uid if held is not None else ids.sandboxes.get(pod.key, "")
+        for c in pod.containers:
+            listed = frozenset(c.cpus)
+            given = ids.cpus.of(uid, c.name, listed)
+            state = given[1] if given is not None else frozenset()
+            if listed == state or (not state and listed == ids.cpus.shared):
+                continue
+            if not listed and not state:
+                continue
+            out.append(
+                ev.KubeletCPUsDisagreed(
+                    pod=ev.PodRef(uid=uid, namespace=pod.namespace, name=pod.name),
+                    container=c.name,
+                    listed=sorted(listed),
+                    checkpoint=sorted(state),
+                    source=ids.cpus.source,
+                )
+            )
+    return out
 
 
 _RELEASES = (ev.KubeletDevicesReleased, ev.KubeletCPUsReleased, ev.KubeletClaimReleased, ev.KubeletPodReleased)
@@ -423,6 +496,7 @@ def allocatable_changes(
 
 
 __all__ = [
+    "CPUManager",
     "Identities",
     "Look",
     "SeenClaim",
@@ -431,6 +505,8 @@ __all__ = [
     "SeenPod",
     "CPUS",
     "allocatable_changes",
+    "cpu_disagreements",
+    "exclusive_cpus",
     "double_allocations",
     "held_twice",
     "identities",

@@ -31,12 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import msgspec
 import trio
 from grpclib import Status
 from grpclib.exceptions import GRPCError
 
 from eventsrc import events as ev
 from eventsrc.core.kubelet_observations import (
+    CPUManager,
     Identities,
     Look,
     SeenClaim,
@@ -44,6 +46,7 @@ from eventsrc.core.kubelet_observations import (
     SeenDevices,
     SeenPod,
     allocatable_changes,
+    cpu_disagreements,
     double_allocations,
     identities,
     missing,
@@ -248,6 +251,8 @@ class Beside:
         self._missing: frozenset[str] = frozenset()  # observed pods the last complete look did not list
         self._allocatable_trouble = ""  # why GetAllocatableResources could not be had, as last said
         self._answered_ns = 0  # when the kubelet last answered a look (0: not in this run)
+        self._disagreed: set[bytes] = set()  # the CPU disagreements the last complete look found
+        self._said_disagreed: set[bytes] = set()  # those recorded, while they last
 
     # ----------------------------------------------------------------- asked to look
 
@@ -383,11 +388,13 @@ class Beside:
         if events:
             await self.recorder.record(events)
         if answer is not None:
-            ids: Identities = identities(runtime, self._device_uids)
+            ids: Identities = identities(runtime, self._device_uids, self._cpu_manager())
             events = observe(views.kubelet, answer, ids)
             if events:
                 await self.recorder.record(events)
                 await self._record_findings(events)
+            if answer.complete:
+                await self._record_disagreements(cpu_disagreements(self.recorder.views.kubelet, answer, ids))
         if allocatable is not None:
             devices: dict[str, dict[str, tuple[int, ...]]] = {}
             for d in allocatable.devices:
@@ -423,6 +430,32 @@ class Beside:
             events = [ev.ObservationGapFound(source=ALLOCATABLE_GAP, since_ns=since, until_ns=self.clock()), *events]
         if events:
             await self.recorder.record(events)
+
+    def _cpu_manager(self) -> CPUManager | None:
+        """The CPU manager's state as last read (None: not read: no CPU is known exclusive)."""
+        read = self._files.get(ki.CPU_STATE)
+        state = read.result if read is not None else None
+        if not isinstance(state, ki.CPUCheckpoint):
+            return None
+        exclusive = {
+            (pod, name): _cpu_set(cpus)
+            for pod, containers in (state.entries or {}).items()
+            for name, cpus in containers.items()
+        }
+        source = str(self.options.checkpoints()[ki.CPU_STATE])
+        return CPUManager(exclusive=exclusive, shared=_cpu_set(state.default_cpu_set), source=source)
+
+    async def _record_disagreements(self, found: list[ev.KubeletCPUsDisagreed]) -> None:
+        """Those ``found`` at the previous complete look too, each once while it lasts."""
+        now = {msgspec.json.encode(d): d for d in found}
+        new = [d for key, d in now.items() if key in self._disagreed and key not in self._said_disagreed]
+        self._disagreed = set(now)
+        self._said_disagreed &= self._disagreed
+        self._said_disagreed |= {msgspec.json.encode(d) for d in new}
+        for d in new:
+            log.warning("the kubelet lists cpus its CPU manager's state does not give", pod=d.pod.name, listed=d.listed)
+        if new:
+            await self.recorder.record(list(new))
 
     async def _record_findings(self, observed: list[ev._Event]) -> None:
         """What the kubelet got wrong in what ``observed`` (just recorded) says: a device or an
@@ -488,7 +521,7 @@ class Beside:
                     (e.container_name, e.resource_name, i): e.pod_uid for e in entries for i in e.all_device_ids()
                 }
             elif isinstance(read, ki.CPUCheckpoint):
-                shared = ki.CPUSet.parse(read.default_cpu_set).sorted_list() if read.default_cpu_set else []
+                shared = sorted(_cpu_set(read.default_cpu_set))
                 if shared != self.recorder.views.kubelet.shared:
                     events.append(ev.KubeletSharedPoolObserved(cpus=shared, policy=read.policy_name, source=str(path)))
         if events:
@@ -506,6 +539,11 @@ class Beside:
                     self.look_again()
         finally:
             await watched.aclose()
+
+
+def _cpu_set(text: str) -> frozenset[int]:
+    """A checkpoint's cpuset (verified when it was read), "" the empty set."""
+    return frozenset(ki.CPUSet.parse(text).sorted_list()) if text else frozenset()
 
 
 #: the gap while nothing shows what is allocatable (no GetAllocatableResources, no device checkpoint)

@@ -131,6 +131,12 @@ def observed_summary(e: object) -> str | None:
         return f"(kubelet) {_allocatable(e)}"
     if isinstance(e, ev.KubeletSharedPoolObserved):
         return f"(kubelet) shared pool {_cpus(e.cpus)}" + _why(", ".join(x for x in (e.policy, e.source) if x))
+    if isinstance(e, ev.KubeletCPUsDisagreed):
+        state = f"exclusive cpus {_cpus(e.checkpoint)}" if e.checkpoint else "no exclusive cpus"
+        return (
+            f"(kubelet) {_who(e.pod, e.container)} listed with cpus {_cpus(e.listed)}, its CPU manager's state "
+            f"gives it {state}" + _why(e.source)
+        )
     if isinstance(e, ev.KubeletCheckpointReadFailed):
         return f"(kubelet) checkpoint {e.path} not read: {e.reason}"
     if isinstance(e, ev.KubeletDoubleAllocationFound):

@@ -7,6 +7,7 @@ from eventsrc.core.kubelet_observations import (
     NOT_LISTED,
     NOT_LISTED_NOR_RUNNING,
     SANDBOX_GONE,
+    CPUManager,
     Identities,
     Look,
     SeenClaim,
@@ -14,6 +15,7 @@ from eventsrc.core.kubelet_observations import (
     SeenDevices,
     SeenPod,
     allocatable_changes,
+    cpu_disagreements,
     identities,
     missing,
     observe,
@@ -33,6 +35,12 @@ def pod(name: str, *containers: SeenContainer, ns: str = "default") -> SeenPod:
 
 def gpu(*ids: str) -> tuple[SeenDevices, ...]:
     return (SeenDevices(resource=GPU, device_ids=ids, numa_nodes=(0,)),)
+
+
+def cpu_state(exclusive: dict[tuple[str, str], set[int]], shared: set[int] = frozenset()) -> CPUManager:  # type: ignore[assignment]
+    return CPUManager(
+        exclusive={k: frozenset(v) for k, v in exclusive.items()}, shared=frozenset(shared), source="cpu_manager_state"
+    )
 
 
 def fold(views: Views, events: list[ev._Event]) -> Views:
@@ -60,7 +68,8 @@ def test_a_new_pod_is_observed_with_each_container_s_devices_cpus_memory_and_cla
         pods=(pod("a", SeenContainer(name="main", devices=gpu("d-1"), cpus=(3, 2), memory=memory, claims=(claim,))),),
         complete=True,
     )
-    events = observe(Views().kubelet, look, Identities(checkpoint={("main", GPU, "d-1"): "uid-a"}))
+    ids = Identities(checkpoint={("main", GPU, "d-1"): "uid-a"}, cpus=cpu_state({("uid-a", "main"): {2, 3}}))
+    events = observe(Views().kubelet, look, ids)
     ref = ev.PodRef(uid="uid-a", namespace="default", name="a")
     assert events == [
         ev.KubeletPodObserved(pod=ref, source="List"),
@@ -76,7 +85,7 @@ def test_a_new_pod_is_observed_with_each_container_s_devices_cpus_memory_and_cla
     ]
     views = fold(Views(), events)
     # the same answer again: nothing new
-    assert observe(views.kubelet, look, Identities(checkpoint={("main", GPU, "d-1"): "uid-a"})) == []
+    assert observe(views.kubelet, look, ids) == []
 
 
 def test_a_device_moved_from_pod_a_to_pod_b_is_released_before_it_is_observed_again() -> None:
@@ -129,7 +138,7 @@ def test_an_empty_answer_of_a_restarted_kubelet_releases_nothing_while_the_runti
 def test_a_removed_sandbox_releases_its_pod_even_while_the_kubelet_lists_it() -> None:
     views = with_sandbox(Views(), "uid-a", "a")
     look = Look(pods=(pod("a", SeenContainer(name="m", devices=gpu("d-1"), cpus=(1,))),), complete=True)
-    views = fold(views, observe(views.kubelet, look, identities(views.runtime, {})))
+    views = fold(views, observe(views.kubelet, look, identities(views.runtime, {}, cpu_state({("uid-a", "m"): {1}}))))
     gone = release_gone(views.kubelet, look, views.runtime, removed_uids={"uid-a"})
     assert [type(e).__name__ for e in gone] == ["KubeletDevicesReleased", "KubeletCPUsReleased", "KubeletPodReleased"]
     assert all(e.reason == SANDBOX_GONE for e in gone)  # type: ignore[attr-defined]
@@ -162,25 +171,52 @@ def test_a_partial_get_answer_releases_no_pod_it_does_not_name() -> None:
 
 
 def test_a_changed_cpu_set_is_observed_whole_and_an_emptied_one_released() -> None:
-    views = fold(
-        Views(),
-        observe(
-            Views().kubelet, Look(pods=(pod("a", SeenContainer(name="m", cpus=(1, 2))),), complete=True), Identities()
-        ),
-    )
-    changed = observe(
-        views.kubelet, Look(pods=(pod("a", SeenContainer(name="m", cpus=(2, 3))),), complete=True), Identities()
-    )
-    assert changed == [
-        ev.KubeletCPUsObserved(pod=ev.PodRef(uid="", namespace="default", name="a"), container="m", cpus=[2, 3])
-    ]
+    def look(*cpus: int) -> Look:
+        return Look(pods=(pod("a", SeenContainer(name="m", cpus=cpus)),), complete=True)
+
+    ref = ev.PodRef(uid="uid-a", namespace="default", name="a")
+    views = fold(Views(), observe(Views().kubelet, look(1, 2), Identities(cpus=cpu_state({("uid-a", "m"): {1, 2}}))))
+    assert views.kubelet.pods["default/a"].uid == "uid-a"  # the CPU manager's state named it
+    changed = observe(views.kubelet, look(2, 3), Identities(cpus=cpu_state({("uid-a", "m"): {2, 3}})))
+    assert changed == [ev.KubeletCPUsObserved(pod=ref, container="m", cpus=[2, 3])]
     views = fold(views, changed)
-    emptied = observe(views.kubelet, Look(pods=(pod("a", SeenContainer(name="m")),), complete=True), Identities())
-    assert emptied == [
-        ev.KubeletCPUsReleased(
-            pod=ev.PodRef(uid="", namespace="default", name="a"), container="m", cpus=[2, 3], reason=NOT_LISTED
+    emptied = observe(views.kubelet, look(), Identities(cpus=cpu_state({})))
+    assert emptied == [ev.KubeletCPUsReleased(pod=ref, container="m", cpus=[2, 3], reason=NOT_LISTED)]
+
+
+def test_exclusive_cpus_are_what_the_cpu_manager_s_state_gives_the_container() -> None:
+    """Issue 35 item 1: a kubelet before 1.21 lists a container's whole cpuset, the shared pool
+    included. Only what the CPU manager's state gives the container is exclusive; without the
+    state, nothing is; a listing the state does not explain is a disagreement."""
+    state = cpu_state({("uid-g", "main"): {1}}, shared={0, 2, 3})
+    look = Look(
+        pods=(
+            pod("g", SeenContainer(name="main", cpus=(1,))),  # Guaranteed: its exclusive CPU
+            pod("be", SeenContainer(name="main", cpus=(0, 2, 3))),  # BestEffort: the shared pool
+            pod("small", SeenContainer(name="main", cpus=(0, 1, 2, 3))),  # a stale cpuset: all of them
+        ),
+        complete=True,
+    )
+    events = observe(Views().kubelet, look, Identities(cpus=state))
+    cpus = [(e.pod.name, e.pod.uid, e.cpus) for e in events if isinstance(e, ev.KubeletCPUsObserved)]
+    assert cpus == [("g", "uid-g", [1])]  # uid-g: named by the state (the only entry of exactly those CPUs)
+    views = fold(Views(), events)
+    assert cpu_disagreements(views.kubelet, look, Identities(cpus=state)) == [
+        ev.KubeletCPUsDisagreed(
+            pod=ev.PodRef(uid="", namespace="default", name="small"), container="main", listed=[0, 1, 2, 3],
+            checkpoint=[], source="cpu_manager_state",
         )
+    ]  # fmt: skip
+    # without the CPU manager's state, nothing listed is known to be exclusive
+    assert not [e for e in observe(Views().kubelet, look, Identities()) if isinstance(e, ev.KubeletCPUsObserved)]
+    assert cpu_disagreements(Views().kubelet, look, Identities()) == []
+    # a state whose entry differs from what the kubelet lists: only the CPUs both give count
+    other = cpu_state({("uid-g", "main"): {1, 2}}, shared={0, 3})
+    ids = Identities(checkpoint={}, sandboxes={"default/g": "uid-g"}, cpus=other)
+    assert [e for e in observe(Views().kubelet, look, ids) if isinstance(e, ev.KubeletCPUsObserved)] == [
+        ev.KubeletCPUsObserved(pod=ev.PodRef(uid="uid-g", namespace="default", name="g"), container="main", cpus=[1])
     ]
+    assert [d.pod.name for d in cpu_disagreements(Views().kubelet, look, ids)] == ["be", "g", "small"]
 
 
 def test_a_new_pod_under_a_reused_name_releases_the_old_one_first() -> None:

@@ -217,6 +217,9 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
         cpus_removed=cpus,
     ),
     ev.KubeletSharedPoolObserved: st.builds(ev.KubeletSharedPoolObserved, cpus=cpus, source=text),
+    ev.KubeletCPUsDisagreed: st.builds(
+        ev.KubeletCPUsDisagreed, pod=observed_pods, container=containers, listed=cpus, checkpoint=cpus, source=text
+    ),
     ev.KubeletCheckpointReadFailed: st.builds(ev.KubeletCheckpointReadFailed, path=text, reason=text),
     ev.KubeletDoubleAllocationFound: st.builds(
         ev.KubeletDoubleAllocationFound,
