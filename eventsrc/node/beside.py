@@ -336,14 +336,15 @@ class Beside:
                         if p is not None:
                             found.append(seen_pod(p))
                     answer = Look(pods=tuple(found), complete=False, asked=frozenset(pods), source="Get")
+                    self._answered_ns = self.clock()  # the kubelet's last good answer
                     if taken_from_another(self.recorder.views.kubelet, answer):
                         answer = None  # only the whole list says whether its holder let it go
                 except NotImplementedError:
                     full = True
             if full or (pods and answer is None):
                 answer = Look(pods=tuple(seen_pod(p) for p in await self.client.list()), complete=True)
-                allocatable = await self._allocatable()
-            self._answered_ns = self.clock()  # the kubelet's last good answer
+                self._answered_ns = self.clock()
+                allocatable = await self._allocatable()  # a kubelet without it may stop meanwhile
         except BaseException:
             # asked again next time: nothing of this look was recorded
             self._full, self._pods = self._full or full, self._pods | pods

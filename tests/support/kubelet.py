@@ -14,8 +14,11 @@ kubelet's checkpoint files under ``root``. It answers as the kubelet does
 * ``Get`` of an unknown pod: a plain Go error, so gRPC status UNKNOWN with
   "pod <name> in namespace <ns> not found" (the kubelet's wording: the name first).
   ``get_enabled=False``: UNKNOWN "PodResources API Get method disabled" (feature gate
-  ``KubeletPodResourcesGet`` off). ``minor < 27``: a kubelet without ``Get`` in its proto,
+  ``KubeletPodResourcesGet`` off). Before 1.27: a kubelet without ``Get`` in its proto,
   UNIMPLEMENTED, as grpc-go answers an unknown method (it never reaches the limiter).
+* each release as data (``ERAS``, ``Era``): what its PodResources serves and what it writes;
+  ``StandInKubelet(minor=20)`` plays 1.20, and so on. GetAllocatableResources with its gate off
+  (1.21-1.22): UNKNOWN "Pod Resources API GetAllocatableResources disabled".
 * the rate limit: a token bucket of 100 calls a second, burst 10, in front of every
   method; a call over it gets RESOURCE_EXHAUSTED "rejected by rate limit". The clock is
   given (``clock=``), so a test can hold time still.
@@ -58,6 +61,54 @@ BURST = 10
 RATE_LIMITED = "rejected by rate limit"
 GET_DISABLED = "PodResources API Get method disabled"
 SOCKET = "pod-resources/kubelet.sock"
+
+
+ALLOCATABLE_DISABLED = "Pod Resources API GetAllocatableResources disabled"
+
+
+@dataclass(frozen=True)
+class Era:
+    """What a kubelet release serves and writes, as data (kubernetes/kubernetes
+    ``pkg/kubelet/apis/podresources``, ``pkg/kubelet/cm/*/state``; docs/kubelet-node.md lists the
+    versions eventsrc is tested beside). ``minor``: the first 1.x release of the era."""
+
+    minor: int
+    #: ``GetAllocatableResources`` in its proto (1.21), and served with the gate's default
+    #: (``KubeletPodResourcesGetAllocatable``: alpha, off, in 1.21-1.22; on from 1.23)
+    allocatable: bool = True
+    allocatable_on: bool = True
+    #: ``Get`` in its proto (1.27)
+    get: bool = True
+    #: ``cpu_ids`` is the container's whole cpuset, the shared pool included, before 1.21
+    #: (kubernetes#97415); only its exclusive CPUs since
+    whole_cpuset: bool = False
+    memory: bool = True  # ContainerMemory in answers (1.22)
+    claims: bool = True  # DynamicResource (1.27)
+    claim_devices: bool = True  # ClaimResource's driver, pool and device names (1.31)
+    share_ids: bool = True  # a shared device's share id, in answers and the DRA checkpoint (1.35)
+    #: the empty ``device-plugins/DEPRECATION`` file the device manager's plugin handler makes,
+    #: which sends device plugins to register through ``plugins_registry``
+    deprecation_file: bool = True
+
+
+#: one entry per era a scenario runs against (the newest era with ``minor`` <= a release's is its)
+ERAS: dict[str, Era] = {
+    "1.20": Era(
+        20, allocatable=False, allocatable_on=False, get=False, whole_cpuset=True, memory=False, claims=False,
+        claim_devices=False, share_ids=False,
+    ),
+    "1.21": Era(21, allocatable_on=False, get=False, memory=False, claims=False, claim_devices=False, share_ids=False),
+    "1.22": Era(22, allocatable_on=False, get=False, claims=False, claim_devices=False, share_ids=False),
+    "1.23": Era(23, get=False, claims=False, claim_devices=False, share_ids=False),
+    "1.27": Era(27, claim_devices=False, share_ids=False),
+    "1.31": Era(31, share_ids=False),
+    "1.35": Era(35),
+}  # fmt: skip
+
+
+def era_of(minor: int) -> Era:
+    """The era of the kubelet 1.``minor``."""
+    return max((e for e in ERAS.values() if e.minor <= minor), key=lambda e: e.minor)
 
 
 def pod_not_found(namespace: str, name: str) -> str:
@@ -175,6 +226,7 @@ class StandInKubelet:
         self.socket = root / SOCKET
         self.get_enabled = get_enabled
         self.minor = minor
+        self.era = era_of(minor)
         self.limiter = TokenBucket(rate=qps, burst=burst, clock=clock)
         self.calls: Counter[str] = Counter()  # every call that reached the server, by method
         self.rejected: Counter[str] = Counter()  # those the rate limit refused
@@ -253,6 +305,9 @@ class StandInKubelet:
             return
         self.socket.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
         self.socket.unlink(missing_ok=True)
+        if self.era.deprecation_file:
+            (self.root / "device-plugins").mkdir(mode=0o750, exist_ok=True)
+            (self.root / "device-plugins" / "DEPRECATION").touch()
         server = grpc.server(ThreadPoolExecutor(max_workers=4, thread_name_prefix="standin-kubelet"))
         pr.add_PodResourcesListerServicer_to_server(_Servicer(self), server)
         server.add_insecure_port(unix_target(self.socket))
@@ -290,17 +345,17 @@ class StandInKubelet:
     def _container(self, pod: Pod, c: Container) -> Any:
         # before 1.21 (kubernetes#97415) cpu_ids is the container's whole cpuset: the shared pool
         # for a container with no exclusive CPUs
-        cpus = list(c.cpus) if c.cpus or self.minor >= 21 else sorted(self._shared_pool())
+        cpus = list(c.cpus) if c.cpus or not self.era.whole_cpuset else sorted(self._shared_pool())
         out = pb.ContainerResources(name=c.name, devices=container_devices(c.devices), cpu_ids=cpus)
-        if self.minor >= 22:
+        if self.era.memory:
             out.memory.extend(container_memory(c.memory))
-        if self.minor >= 27:
+        if self.era.claims:
             for claim in c.claims:
                 resources = [pb.ClaimResource(cdi_devices=[pb.CDIDevice(name=n) for n in d.cdi]) for d in claim.devices]
-                if self.minor >= 31:
+                if self.era.claim_devices:
                     for r, d in zip(resources, claim.devices, strict=True):
                         r.driver_name, r.pool_name, r.device_name = d.driver, d.pool, d.device
-                        if d.share_id is not None and self.minor >= 35:
+                        if d.share_id is not None and self.era.share_ids:
                             r.share_id = d.share_id
                 out.dynamic_resources.append(
                     pb.DynamicResource(
@@ -331,7 +386,7 @@ class StandInKubelet:
         out = pb.AllocatableResourcesResponse(
             devices=[] if restarting else container_devices(a.devices), cpu_ids=a.cpus
         )
-        if self.minor >= 22:
+        if self.era.memory:
             out.memory.extend(container_memory(a.memory))
         return out
 
@@ -438,7 +493,7 @@ class StandInKubelet:
                     driver_state=drivers,
                 )
             )
-        return kc.write(self.root, kc.DRA_STATE, kc.dra_state(out, share_ids=self.minor >= 35))
+        return kc.write(self.root, kc.DRA_STATE, kc.dra_state(out, share_ids=self.era.share_ids))
 
     def write_checkpoints(self) -> list[Path]:
         """All four files, from the current state."""
@@ -463,13 +518,15 @@ class _Servicer(pr.PodResourcesListerServicer):  # type: ignore[misc,name-define
         return self.k.list_answer()
 
     def GetAllocatableResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-        if self.k.minor < 21:
+        if not self.k.era.allocatable:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, _unknown("GetAllocatableResources"))
         self._admit("GetAllocatableResources", context)
+        if not self.k.era.allocatable_on:
+            context.abort(grpc.StatusCode.UNKNOWN, ALLOCATABLE_DISABLED)
         return self.k.allocatable_answer()
 
     def Get(self, request: Any, context: grpc.ServicerContext) -> Any:
-        if self.k.minor < 27:
+        if not self.k.era.get:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, _unknown("Get"))
         self._admit("Get", context)
         if not self.k.get_enabled:

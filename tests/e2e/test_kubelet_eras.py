@@ -1,0 +1,108 @@
+"""Issue 35's scenario beside a kubelet of each era people run (the stand-in plays each as data,
+``tests/support/kubelet.py`` ``ERAS``), without NRI: a Guaranteed pod with CPU 1 and a device,
+a BestEffort pod, a 200m pod with a device; the first removed; the kubelet restarted; eventsrc
+SIGKILLed while a pod goes. What the log then says must hold for every era:
+
+* no exclusive CPU for the BestEffort or the 200m pod (a 1.20 kubelet lists their cpuset, the
+  shared pool, in ``cpu_ids``), CPU 1 for the Guaranteed pod, and no disagreement recorded;
+* one usage row per pod and resource, under the pod's uid;
+* a registered device answered by ``audit device`` before any pod held it;
+* the kubelet's gap starting at its last good answer, not at the look that found it gone;
+* the time eventsrc was killed recorded as a gap that the killed pod's release follows.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Daemon, run_cli
+from tests.support.kubelet import ERAS, Container, Device, StandInKubelet
+
+RESOURCE = "example.com/resource"
+
+
+def records(root: Path, *types: str) -> list[dict[str, Any]]:
+    out = run_cli("log", "-o", "json", root=root, check=True).stdout
+    return [r for line in out.splitlines() if line.strip() and (r := json.loads(line))["type"] in types]
+
+
+def audit_device(root: Path, device: str) -> dict[str, Any]:
+    answer: dict[str, Any] = json.loads(
+        run_cli("audit", "device", RESOURCE, device, "-o", "json", root=root, check=True).stdout
+    )
+    return answer
+
+
+def holders(root: Path, device: str) -> list[tuple[str, bool]]:
+    return [(h["pod"]["name"], h["still_held"]) for h in audit_device(root, device)["holders"]]
+
+
+def gaps(root: Path, source: str) -> list[dict[str, Any]]:
+    return [g["event"] for g in records(root, "ObservationGapFound") if g["event"]["source"] == source]
+
+
+@pytest.mark.parametrize("era", ["1.20", "1.22", "1.26", "1.30", "1.37"])
+def test_the_scenario_beside_a_kubelet_of_each_era(
+    era: str, short_tmp: Path, root: Path, daemon_factory: type[Daemon]
+) -> None:
+    minor = int(era.split(".")[1])
+    with StandInKubelet(short_tmp / "kubelet", minor=minor) as k:
+        assert k.era in ERAS.values()
+        k.set_allocatable(devices=[Device(RESOURCE, d, (0,)) for d in ("Dev-1", "Dev-2")], cpus=[0, 1])
+        k.write_checkpoints()
+        args = ("--beside-kubelet", str(k.root), "--beside-kubelet-resync", "1s")
+        daemon = daemon_factory(*args)
+
+        # a registered device no pod ever held is known (GetAllocatableResources, or the device
+        # checkpoint's RegisteredDevices where the kubelet has none or its gate is off)
+        daemon.eventually(lambda: run_cli("audit", "device", RESOURCE, "Dev-1", root=root).returncode == 0, "Dev-1")
+        assert audit_device(root, "Dev-1")["holders"] == []
+
+        k.set_pod("default", "guaranteed", [Container("main", devices=[Device(RESOURCE, "Dev-1", (0,))], cpus=[1])])
+        k.set_pod("default", "besteffort", [Container("main")])
+        k.set_pod("default", "small", [Container("main", devices=[Device(RESOURCE, "Dev-2", (0,))])])
+        k.write_checkpoints()
+        daemon.eventually(lambda: holders(root, "Dev-2") == [("small", True)], "small's device")
+        daemon.eventually(lambda: holders(root, "Dev-1") == [("guaranteed", True)], "guaranteed's device")
+        daemon.eventually(lambda: records(root, "KubeletCPUsObserved"), "guaranteed's CPU")
+
+        k.remove_pod("default", "guaranteed")
+        k.write_checkpoints()
+        daemon.eventually(lambda: holders(root, "Dev-1") == [("guaranteed", False)], "guaranteed's release")
+
+        # the kubelet restarts: its gap starts at its last good answer
+        asked = time.time_ns()
+        answered = k.calls["List"]
+        daemon.eventually(lambda: k.calls["List"] > answered, "an answer")
+        stopped = time.time_ns()
+        k.stop()
+        (gap,) = daemon.eventually(lambda: gaps(root, "kubelet"), "the kubelet's gap")
+        assert asked <= gap["since_ns"] <= stopped
+        k.start()
+        daemon.eventually(lambda: any(g["until_ns"] for g in gaps(root, "kubelet")), "the kubelet's gap closed")
+
+        # eventsrc is killed while small goes
+        assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
+        k.remove_pod("default", "small")
+        k.write_checkpoints()
+        daemon = daemon_factory(*args)
+        daemon.eventually(lambda: holders(root, "Dev-2") == [("small", False)], "small's release after the restart")
+        daemon.stop()
+
+    (killed,) = gaps(root, "eventsrc")
+    (released,) = [r for r in records(root, "KubeletDevicesReleased") if r["event"]["pod"]["name"] == "small"]
+    assert killed["since_ns"] < killed["until_ns"] <= released["ts_ns"]  # known gone only after the gap
+    cpus = {(r["event"]["pod"]["name"], tuple(r["event"]["cpus"])) for r in records(root, "KubeletCPUsObserved")}
+    assert cpus == {("guaranteed", (1,))}
+    assert records(root, "KubeletCPUsDisagreed") == []
+    usage = json.loads(run_cli("audit", "usage", "--by", "pod", "-o", "json", root=root, check=True).stdout)
+    rows = sorted((r["name"], r["uid"] != "", r["resource"]) for r in usage)
+    assert rows == [("guaranteed", True, "cpu"), ("guaranteed", True, RESOURCE), ("small", True, RESOURCE)]
+    proc = run_cli("replay", "--check", root=root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
