@@ -346,6 +346,27 @@ def test_a_kubelets_double_allocation_is_a_finding_apart_from_eventsrcs_invarian
     assert broken["violation"]["rule"] == "device-double-held"
 
 
+def test_an_exclusive_cpu_the_kubelet_lists_for_two_pods_fails_the_check(root: Path) -> None:
+    """Issue 35: a planted log beside a kubelet where two pods hold one exclusive CPU (no finding
+    recorded in it): the check finds it (exit 5), but not a CPU of the shared pool."""
+
+    def kubelet_cpus(name: str, cpus: list[int]) -> ev.KubeletCPUsObserved:
+        return ev.KubeletCPUsObserved(
+            pod=ev.PodRef(uid=f"uid-{name}", namespace="default", name=name), container="main", cpus=cpus
+        )
+
+    pool = ("k0", 19, [ev.KubeletSharedPoolObserved(cpus=[0], policy="static", source="cpu_manager_state")])
+    write_log(root, [*BOOT, pool, ("k1", 20, [kubelet_cpus("x", [1])]), ("k2", 21, [kubelet_cpus("y", [1, 2])])])
+    proc = replay(root, "--check", "-o", "json")
+    *found, summary = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert [(f["finding"]["rule"], f["finding"]["seq"]) for f in found] == [("kubelet-cpu-in-two-pods", 6)]
+    assert summary == {"ok": False, "events": 6, "findings": 1}
+    shutil.rmtree(root)
+    rc, out = check(root, [*BOOT, pool, ("k1", 20, [kubelet_cpus("x", [0])]), ("k2", 21, [kubelet_cpus("y", [0])])])
+    assert rc == 0 and out["ok"]
+
+
 def test_an_init_container_hands_its_device_and_cpus_on(root: Path) -> None:
     rc, out = check(
         root,
