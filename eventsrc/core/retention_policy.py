@@ -32,6 +32,8 @@ from typing import Literal
 
 import msgspec
 
+from eventsrc.core.backoff import delay
+
 #: after a failed cut the next attempt waits this long, doubled for each failure in a row up
 #: to the cap: a full archive costs one attempt a minute, and its repair is seen within one
 RETRY_FIRST_SECONDS = 1.0
@@ -153,9 +155,7 @@ def after_attempt(health: CutHealth, reason: str, now_ns: int) -> tuple[CutHealt
 
 def retry_delay(in_a_row: int, first: float = RETRY_FIRST_SECONDS, cap: float = RETRY_MAX_SECONDS) -> float:
     """Seconds to wait before the next attempt after ``in_a_row`` failures (0 after none)."""
-    if in_a_row <= 0:
-        return 0.0
-    return min(cap, first * 2 ** min(in_a_row - 1, 62))
+    return delay(in_a_row, first, cap)
 
 
 class RetentionReport(msgspec.Struct, frozen=True, kw_only=True):

@@ -37,6 +37,7 @@ from grpclib import Status
 from grpclib.exceptions import GRPCError
 
 from eventsrc import events as ev
+from eventsrc.core.backoff import Backoff
 from eventsrc.core.kubelet_observations import (
     CPUManager,
     Identities,
@@ -295,16 +296,15 @@ class Beside:
             nursery.start_soon(self._watch_files)
             nursery.start_soon(self._resync)
             task_status.started()
-            retry = RETRY_FIRST
+            retry = Backoff(RETRY_FIRST, self.options.resync)
             while True:
                 try:
                     await self.look()
-                    retry = RETRY_FIRST
+                    retry.reset()
                 except KubeletUnavailable as exc:
                     await self._gap_open("kubelet", str(exc))
-                    with trio.move_on_after(retry):
+                    with trio.move_on_after(retry.next()):
                         await self._wake.wait()
-                    retry = min(retry * 2, self.options.resync)
                     continue
                 await self._wake.wait()
 

@@ -20,6 +20,7 @@ import trio
 from grpclib.client import Channel
 
 from eventsrc import events as ev
+from eventsrc.core.backoff import Backoff
 from eventsrc.core.claims import ClaimWork, pending_work
 from eventsrc.errors import EventsrcError
 from eventsrc.gen.dra.v1 import api_grpc as v1_grpc
@@ -273,7 +274,7 @@ class DRAManager:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Finish claim work until cancelled: at once when kicked, else retried with backoff."""
         task_status.started()
-        backoff = 1.0
+        backoff = Backoff(1.0, 30.0)
         while True:
             self._kick = trio.Event()
             with trio.CancelScope(shield=True):
@@ -282,6 +283,7 @@ class DRAManager:
                 except EventsrcError as exc:  # the log refuses appends (full, lost): try again later
                     log.warning("claim work not recorded", reason=str(exc))
                     done = False
-            backoff = 1.0 if done else min(backoff * 2, 30.0)
-            with trio.move_on_after(math.inf if done else backoff):
+            if done:
+                backoff.reset()
+            with trio.move_on_after(math.inf if done else backoff.next()):
                 await self._kick.wait()

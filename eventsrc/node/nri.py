@@ -50,6 +50,7 @@ from google.protobuf.message import DecodeError
 
 from eventsrc import events as ev
 from eventsrc.api.node import Admitter
+from eventsrc.core.backoff import Backoff
 from eventsrc.core.cpu.cpuset import CPUSet, CPUSetParseError, format_list
 from eventsrc.core.cpu.static import CPUManagerConfig
 from eventsrc.core.runtime_decisions import (
@@ -418,7 +419,7 @@ class NRIPlugin:
                 self._lister.close()
 
     async def _stay_connected(self) -> None:
-        backoff = BACKOFF_FIRST
+        backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
         said_away = False
         while True:
             try:
@@ -437,13 +438,12 @@ class NRIPlugin:
                     self.recorder, [ev.RuntimeDisconnected(reason="connection closed")], "NRI disconnect"
                 )
             if self._synced:  # it was up: try again soon
-                backoff, said_away = BACKOFF_FIRST, False
-            else:
-                backoff = min(backoff * 2, BACKOFF_MAX)
+                backoff.reset()
+                said_away = False
             self._synced = False
             self._session = None
             self._connected = trio.Event()
-            await trio.sleep(backoff)
+            await trio.sleep(backoff.next())
 
     async def _connect_once(self) -> None:
         async with ttrpc.nri_session(self.options.socket, self._handle) as session, trio.open_nursery() as nursery:
@@ -785,15 +785,16 @@ class NRIPlugin:
         """While sandboxes a Synchronize listed are recorded, compare them with the runtime's
         CRI listing: soon after one of their containers stops or goes (then again, at doubling
         intervals, while the runtime still lists it), and every ``LISTING_EVERY`` seconds."""
+        soon = Backoff(LISTING_FIRST, LISTING_EVERY)
         delay = LISTING_EVERY
         while True:
             with trio.move_on_after(delay):
                 await self._listing_kick.wait()
-            if self._listing_kick.is_set():
+            kicked = self._listing_kick.is_set()
+            if kicked:
                 self._listing_kick = trio.Event()
-                delay = LISTING_FIRST
-            else:
-                delay = min(delay * 2, LISTING_EVERY)
+                soon.reset()
+            delay = soon.next() if kicked or soon.failures else LISTING_EVERY  # doubling since a kick
             self._listed &= self.recorder.views.runtime.sandboxes.keys()
             if self._synced and self._listed:
                 await self._check_listing()

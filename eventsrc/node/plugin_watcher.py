@@ -68,6 +68,7 @@ try:
 except ImportError:  # not Linux (termios, fcntl): the watcher polls
     inotify_simple = None
 
+from eventsrc.core.backoff import delay
 from eventsrc.errors import EventsrcError
 from eventsrc.gen.pluginregistration.v1 import api_pb2 as pb
 from eventsrc.gen.pluginregistration.v1.api_grpc import RegistrationStub
@@ -362,8 +363,7 @@ class PluginWatcher:
             plugin = None
         if plugin is None:
             slot.failures += 1
-            backoff = min(INITIAL_BACKOFF * 2 ** (slot.failures - 1), MAX_BACKOFF)
-            slot.retry_at = trio.current_time() + backoff
+            slot.retry_at = trio.current_time() + delay(slot.failures, INITIAL_BACKOFF, MAX_BACKOFF)
         else:
             slot.registered = plugin
             slot.failures = 0
