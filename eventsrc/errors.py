@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of what ``exc`` says (its type's name when it says nothing): what a log
+    line or a one-line error gives of a failure from outside."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class EventsrcError(Exception):
     """Base of every expected error. ``str(err)`` is the whole message."""
 

@@ -46,7 +46,7 @@ from eventsrc.bench.containerd import (
     why_unavailable,
 )
 from eventsrc.bench.harness import pct, start_daemon, wait_ready
-from eventsrc.errors import EventsrcError
+from eventsrc.errors import EventsrcError, first_line
 from eventsrc.gen.cri.v1 import api_pb2 as cri
 from eventsrc.gen.cri.v1.api_grpc import ImageServiceStub, RuntimeServiceStub
 from eventsrc.gen.node.v1 import node_pb2 as node_pb
@@ -219,7 +219,7 @@ async def _call(node: Node, what: str, call: Callable[..., Awaitable[T]], reques
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, GRPCError):
         return f"{exc.status.name}: {exc.message}"
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return first_line(exc)
 
 
 async def _one_pod(mode: Mode, i: int) -> None:

@@ -130,8 +130,7 @@ def _add_audit(fsub: Any) -> None:
 def _connect(dsn: str) -> psycopg.Connection[Any]:
     import psycopg
 
-    from eventsrc.errors import EventsrcError
-    from eventsrc.fleet.sink import first_line
+    from eventsrc.errors import EventsrcError, first_line
 
     try:
         return psycopg.connect(dsn, autocommit=True)

@@ -52,7 +52,7 @@ from eventsrc.core.shipped_records import (
     check_message,
     settle,
 )
-from eventsrc.errors import EventsrcError
+from eventsrc.errors import EventsrcError, first_line
 from eventsrc.events import (
     CorruptRecordError,
     FutureRecordError,
@@ -937,11 +937,6 @@ def quarantine_one(conn: psycopg.Connection[Any], msg: Message, why: Refusal) ->
     with conn.transaction():
         _quarantine(conn, msg, why, counts)
     return Outcome(0, counts)
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # --------------------------------------------------------------------------- queries

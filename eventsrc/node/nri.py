@@ -70,7 +70,7 @@ from eventsrc.core.runtime_decisions import (
     running_before,
     vanished,
 )
-from eventsrc.errors import AdmissionRefused, EventsrcError, NotFound
+from eventsrc.errors import AdmissionRefused, EventsrcError, NotFound, first_line
 from eventsrc.gen.nri.v1alpha1 import api_pb2 as nri
 from eventsrc.inputs.manifest import ManifestError, PodSpec
 from eventsrc.inputs.runtime_annotations import device_requests
@@ -429,7 +429,7 @@ class NRIPlugin:
                     log.info("NRI socket not answering; retrying", socket=str(self.options.socket), reason=exc.strerror)
                     said_away = True
             except (ttrpc.ConnectionLost, ttrpc.TtrpcError, trio.TooSlowError) as exc:
-                log.warning("NRI connection ended", socket=str(self.options.socket), reason=_reason(exc))
+                log.warning("NRI connection ended", socket=str(self.options.socket), reason=first_line(exc))
             except Exception:  # a bug must not end the daemon: the runtime goes on without eventsrc, so must it
                 log.exception("NRI connection failed unexpectedly", socket=str(self.options.socket))
             await self._observed.recorded()  # what the connection saw comes before its end
@@ -858,7 +858,7 @@ class NRIPlugin:
                 failed = {u.container_id for u in nri.UpdateContainersResponse.FromString(answer).failed}
             except (ttrpc.TtrpcError, trio.TooSlowError, DecodeError) as exc:
                 # Nothing recorded: what was applied is read back at the next Synchronize.
-                log.warning("shared pool update failed", reason=_reason(exc))
+                log.warning("shared pool update failed", reason=first_line(exc))
                 return
             done = [u for u in updates if u.container_id not in failed]
             if failed:
@@ -877,7 +877,3 @@ def runtime_pod(sandbox: SandboxFacts, facts: ContainerFacts, annotation_namespa
 
 def _pod_name(sandbox: SandboxFacts) -> str:
     return f"{sandbox.namespace}/{sandbox.name}"  # the log's formatter escapes what it writes
-
-
-def _reason(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
