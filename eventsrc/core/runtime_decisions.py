@@ -340,6 +340,68 @@ def not_its_pod(pod: PodView, namespace: str, name: str) -> str:
     return f"its uid {pod.uid} is pod {pod.namespace}/{pod.name}'s, not {namespace}/{name}'s"
 
 
+class Admission(Struct, frozen=True, kw_only=True):
+    """What a container's creation asks of eventsrc, decided once for both NRI modes
+    (``admission_for``): ``refused`` (why the sandbox is not the pod its uid names), else
+    whether the pod must be ``admitted`` now, and whether it ``grows`` (admitted already, this
+    container is new to its admission: the exits of its containers come first)."""
+
+    refused: str = ""
+    admit: bool = False
+    grows: bool = False
+
+
+def admission_for(views: Views, sandbox: SandboxFacts, container: str) -> Admission:
+    """Whether creating ``container`` in ``sandbox`` needs an admission: the pod is not
+    admitted yet (new, or admitting), or it is and grows by this container."""
+    pod = views.pods.pods.get(sandbox.uid)
+    if pod is None:
+        return Admission(admit=True)
+    why_not = not_its_pod(pod, sandbox.namespace, sandbox.name)
+    if why_not:
+        return Admission(refused=why_not)
+    if pod.state != ADMITTED:
+        return Admission(admit=True)
+    return Admission(admit=True, grows=True) if grows(pod, container) else Admission()
+
+
+#: the runtime's StateChange events eventsrc records (NRI's ``Event`` names)
+RUN_POD_SANDBOX, REMOVE_POD_SANDBOX = "RUN_POD_SANDBOX", "REMOVE_POD_SANDBOX"
+POST_CREATE_CONTAINER, START_CONTAINER = "POST_CREATE_CONTAINER", "START_CONTAINER"
+POST_UPDATE_CONTAINER, REMOVE_CONTAINER = "POST_UPDATE_CONTAINER", "REMOVE_CONTAINER"
+
+
+def state_events(views: Views, event: str, sandbox: SandboxFacts, container: ContainerFacts | None) -> list[ev._Event]:
+    """What a runtime's StateChange (``event``, an NRI event name) says, as events, against the
+    views as they are: a sandbox run or removed, a container created, started, updated (only
+    when its cpuset changed) or removed. A sandbox is recorded as it is, even one whose uid
+    names another pod: the runtime has it (refusing it, containerd 2.1 leaves its pause
+    process running); its containers are refused at CreateContainer, and its removal owes that
+    pod nothing (``state.runtime``)."""
+    if event == RUN_POD_SANDBOX:
+        return [ev.PodSandboxStarted(sandbox_id=sandbox.id, pod=pod_ref(sandbox))]
+    if event == REMOVE_POD_SANDBOX:
+        return [ev.PodSandboxRemoved(sandbox_id=sandbox.id, pod_uid=sandbox.uid, reason="removed by the runtime")]
+    if container is None:
+        return []
+    if event == POST_CREATE_CONTAINER:
+        return [created_event(container, sandbox.uid, adjusted=False)]
+    if event == START_CONTAINER:
+        return [ev.ContainerStarted(container_id=container.id, pod_uid=sandbox.uid)]
+    if event == POST_UPDATE_CONTAINER:
+        known = views.runtime.containers.get(container.id)
+        if known is not None and (known.cpus, known.mems) == (container.cpus, container.mems):
+            return []
+        cpus, mems = container.cpus, container.mems
+        reason = "updated by the runtime"
+        return [
+            ev.ContainerCPUsUpdated(container_id=container.id, pod_uid=sandbox.uid, cpus=cpus, mems=mems, reason=reason)
+        ]
+    if event == REMOVE_CONTAINER:
+        return [ev.ContainerRemoved(container_id=container.id, pod_uid=sandbox.uid)]
+    return []
+
+
 def owed_releases(views: Views) -> list[str]:
     """Pods whose last sandbox the log saw removed and that still hold what they were given:
     each is released (``pod sandbox removed``); after a crash, the next start finds them here."""

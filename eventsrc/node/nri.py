@@ -58,9 +58,9 @@ from eventsrc.core.runtime_decisions import (
     Placement,
     SandboxFacts,
     Update,
+    admission_for,
     container_spec,
     created_event,
-    grows,
     not_its_pod,
     owed_releases,
     placement,
@@ -68,6 +68,7 @@ from eventsrc.core.runtime_decisions import (
     pool_updates,
     reconcile,
     running_before,
+    state_events,
     vanished,
 )
 from eventsrc.errors import AdmissionRefused, EventsrcError, NotFound, first_line
@@ -80,7 +81,6 @@ from eventsrc.node.interfaces import Recorder, record_or_log
 from eventsrc.obs.logger import correlation, current_correlation_id, get_logger
 from eventsrc.obs.text import escape
 from eventsrc.rpc import ttrpc
-from eventsrc.state.lifecycles import ADMITTED
 from eventsrc.state.views import PodView
 
 log = get_logger("eventsrc.node.nri")
@@ -460,7 +460,7 @@ class NRIPlugin:
     async def _handle(self, service: str, method: str, payload: bytes) -> bytes:
         handler = self._methods.get(method) if service == PLUGIN_SERVICE else None
         if handler is None:
-            raise ttrpc.TtrpcError(12, f"{service}/{method} is not implemented by {self.plugin}")
+            raise ttrpc.TtrpcError(ttrpc.UNIMPLEMENTED, f"{service}/{method} is not implemented by {self.plugin}")
         with correlation(new_correlation_id()):
             return await handler(payload)
 
@@ -496,7 +496,10 @@ class NRIPlugin:
         self._sync_containers += req.containers
         if len(self._sync_pods) + len(self._sync_containers) > MAX_SYNC_OBJECTS:
             self._sync_pods, self._sync_containers = [], []
-            raise ttrpc.TtrpcError(8, f"eventsrc: Synchronize carries more than {MAX_SYNC_OBJECTS} pods and containers")
+            raise ttrpc.TtrpcError(
+                ttrpc.RESOURCE_EXHAUSTED,
+                f"eventsrc: Synchronize carries more than {MAX_SYNC_OBJECTS} pods and containers",
+            )
         if req.more:
             return nri.SynchronizeResponse(more=True).SerializeToString()
         pods, containers = self._sync_pods, self._sync_containers
@@ -587,13 +590,14 @@ class NRIPlugin:
         outcome (Allocate may take long), and a runtime that waits longer than its timeout
         would close the plugin and create the container unadjusted. So the answer is a refusal
         in time, and the runtime's retry finds the pod admitted."""
-        pod = self.recorder.views.pods.pods.get(sandbox.uid)
-        if pod is not None and (why_not := not_its_pod(pod, sandbox.namespace, sandbox.name)):
-            raise self._refusal(sandbox, facts, why_not)
-        if pod is not None and pod.state == ADMITTED and not grows(pod, facts.name):
+        need = admission_for(self.recorder.views, sandbox, facts.name)
+        if need.refused:
+            raise self._refusal(sandbox, facts, need.refused)
+        if not need.admit:
             return
         deadline = trio.current_time() + self.request_timeout * ANSWER_SHARE
-        if pod is not None and pod.state == ADMITTED:  # it grows
+        pod = self.recorder.views.pods.pods.get(sandbox.uid)
+        if need.grows and pod is not None:
             with trio.move_on_at(min(deadline, trio.current_time() + self.request_timeout * EXITS_SHARE)):
                 await self._exits_seen(sandbox, pod)
         try:
@@ -619,11 +623,13 @@ class NRIPlugin:
             await done.wait()
         if not done.is_set():
             reason = f"eventsrc: admission of pod {_pod_name(sandbox)} did not finish in time; it goes on, retry"
-            raise ttrpc.TtrpcError(4, escape(reason))
+            raise ttrpc.TtrpcError(ttrpc.DEADLINE_EXCEEDED, escape(reason))
         if outcome:
             raise self._refusal(sandbox, facts, str(outcome[0]))
         if self.recorder.views.pods.pods.get(sandbox.uid) is None:  # admit() ended some other way (a bug)
-            raise ttrpc.TtrpcError(2, f"eventsrc: admission of pod {escape(_pod_name(sandbox))} failed; see its log")
+            raise ttrpc.TtrpcError(
+                ttrpc.UNKNOWN, f"eventsrc: admission of pod {escape(_pod_name(sandbox))} failed; see its log"
+            )
 
     async def _exits_seen(self, sandbox: SandboxFacts, pod: PodView) -> None:
         """Before ``pod`` grows: the exits of its containers that the runtime has and the log
@@ -649,7 +655,7 @@ class NRIPlugin:
     def _refusal(self, sandbox: SandboxFacts, facts: ContainerFacts, reason: str) -> ttrpc.TtrpcError:
         log.info("container refused", pod=_pod_name(sandbox), container=facts.name, reason=reason)
         return ttrpc.TtrpcError(
-            2, escape(f"eventsrc: pod {sandbox.namespace}/{sandbox.name} container {facts.name}: {reason}")
+            ttrpc.UNKNOWN, escape(f"eventsrc: pod {sandbox.namespace}/{sandbox.name} container {facts.name}: {reason}")
         )
 
     def _adjust(self, sandbox: SandboxFacts, facts: ContainerFacts) -> tuple[bytes, list[ev._Event]]:
@@ -684,10 +690,10 @@ class NRIPlugin:
         return answer.SerializeToString(), records
 
     async def _admit_from_runtime(self, sandbox: SandboxFacts, facts: ContainerFacts) -> None:
-        pod = self.recorder.views.pods.pods.get(sandbox.uid)
-        if pod is not None and (why_not := not_its_pod(pod, sandbox.namespace, sandbox.name)):
-            raise AdmissionRefused(why_not)
-        if pod is None or pod.state != ADMITTED or grows(pod, facts.name):
+        need = admission_for(self.recorder.views, sandbox, facts.name)
+        if need.refused:
+            raise AdmissionRefused(need.refused)
+        if need.admit:
             await self.admission.admit(runtime_pod(sandbox, facts, self.options.annotation_namespaces))
 
     async def _update_container(self, payload: bytes) -> bytes:
@@ -726,39 +732,14 @@ class NRIPlugin:
             await self.recorder.record(events)
 
     def _state_events(self, req: nri.StateChangeEvent, sandbox: SandboxFacts) -> list[ev._Event]:
-        """What a StateChange says, as events, from the views as they are."""
+        """What a StateChange says, as events, from the views as they are (``state_events``)."""
         views = self.recorder.views
-        if req.event == E.RUN_POD_SANDBOX:
-            # Recorded as it is: the runtime has it (refusing it here, containerd 2.1 leaves its
-            # pause process running). Its containers are refused at CreateContainer, and its
-            # removal owes the pod whose uid it carries nothing (state.runtime).
-            pod = views.pods.pods.get(sandbox.uid)
-            if pod is not None and (why_not := not_its_pod(pod, sandbox.namespace, sandbox.name)):
-                log.warning("pod sandbox is not the pod its uid names", pod=_pod_name(sandbox), reason=why_not)
-            return [ev.PodSandboxStarted(sandbox_id=sandbox.id, pod=pod_ref(sandbox))]
-        if req.event == E.REMOVE_POD_SANDBOX:
-            return [ev.PodSandboxRemoved(sandbox_id=sandbox.id, pod_uid=sandbox.uid, reason="removed by the runtime")]
-        if req.event == E.POST_CREATE_CONTAINER:
-            return [created_event(container_facts(req.container), sandbox.uid, adjusted=False)]
-        if req.event == E.START_CONTAINER:
-            return [ev.ContainerStarted(container_id=req.container.id, pod_uid=sandbox.uid)]
-        if req.event == E.POST_UPDATE_CONTAINER:
-            facts = container_facts(req.container)
-            known = views.runtime.containers.get(facts.id)
-            if known is None or (known.cpus, known.mems) != (facts.cpus, facts.mems):
-                return [
-                    ev.ContainerCPUsUpdated(
-                        container_id=facts.id,
-                        pod_uid=sandbox.uid,
-                        cpus=facts.cpus,
-                        mems=facts.mems,
-                        reason="updated by the runtime",
-                    )
-                ]
-            return []
-        if req.event == E.REMOVE_CONTAINER:
-            return [ev.ContainerRemoved(container_id=req.container.id, pod_uid=sandbox.uid)]
-        return []
+        pod = views.pods.pods.get(sandbox.uid)
+        why_not = not_its_pod(pod, sandbox.namespace, sandbox.name) if pod is not None else ""
+        if req.event == E.RUN_POD_SANDBOX and why_not:
+            log.warning("pod sandbox is not the pod its uid names", pod=_pod_name(sandbox), reason=why_not)
+        container = container_facts(req.container) if req.HasField("container") else None
+        return state_events(views, E.Name(req.event), sandbox, container)
 
     async def drain(self) -> None:
         """Before the daemon records its stop: every observation answered so far is recorded, and

@@ -13,8 +13,16 @@ from eventsrc.core.cpu.topology import Core, MachineInfo, discover
 from eventsrc.core.cpu.topology import Node as NUMANode
 from eventsrc.core.resources import exclusive_cpus, qos_class
 from eventsrc.core.runtime_decisions import (
+    POST_CREATE_CONTAINER,
+    POST_UPDATE_CONTAINER,
+    REMOVE_CONTAINER,
+    REMOVE_POD_SANDBOX,
+    RUN_POD_SANDBOX,
+    START_CONTAINER,
+    Admission,
     ContainerFacts,
     SandboxFacts,
+    admission_for,
     container_not_held,
     container_spec,
     created_event,
@@ -25,6 +33,7 @@ from eventsrc.core.runtime_decisions import (
     placement,
     pool_updates,
     reconcile,
+    state_events,
     vanished,
 )
 from eventsrc.inputs.manifest import ManifestError
@@ -390,3 +399,48 @@ def test_a_cri_listing_is_the_nri_runtimes_only_when_name_and_version_agree() ->
         socket_path("unix:///run/k3s/containerd/containerd.sock", "containerd") == "/run/k3s/containerd/containerd.sock"
     )
     assert socket_path("", "some-runtime") == ""
+
+
+def test_whether_a_container_needs_an_admission_is_decided_once() -> None:
+    """The NRI plugin's question for both modes (``admission_for``): refuse a sandbox that is not
+    the pod its uid names; admit a pod not admitted yet; an admitted pod grows by a container its
+    admission (read from the runtime) lacks, and keeps its admission for one it has."""
+    sandbox = SandboxFacts(id="s1", uid="u1", namespace="default", name="real")
+    assert admission_for(Views(), sandbox, "app") == Admission(admit=True)
+    admitting = views_of(ev.PodAdmissionStarted(pod=ev.PodRef(uid="u1", namespace="default", name="real")))
+    assert admission_for(admitting, sandbox, "app") == Admission(admit=True)
+    admitted = views_of(*real_pod())
+    assert admission_for(admitted, sandbox, "app") == Admission()
+    imposter = SandboxFacts(id="s2", uid="u1", namespace="ns-b", name="real")
+    assert admission_for(admitted, imposter, "app").refused == "its uid u1 is pod default/real's, not ns-b/real's"
+    ref = ev.PodRef(uid="u1", namespace="default", name="real")
+    spec = ev.ContainerSpec(name="app")
+    from_runtime = views_of(
+        ev.PodAdmissionStarted(pod=ref, containers=[spec], source=ev.FROM_RUNTIME),
+        ev.PodAdmitted(pod=ref, containers=[spec]),
+    )
+    assert admission_for(from_runtime, sandbox, "app") == Admission()
+    assert admission_for(from_runtime, sandbox, "sidecar") == Admission(admit=True, grows=True)
+
+
+def test_the_runtimes_state_changes_as_records() -> None:
+    """``state_events``: what each NRI StateChange records, against the views; a cpuset update
+    that changes nothing records nothing."""
+    sandbox = SandboxFacts(id="s1", uid="u1", namespace="default", name="real")
+    k = facts(cpus=[1], mems=[0])
+    assert state_events(Views(), RUN_POD_SANDBOX, sandbox, None) == [
+        ev.PodSandboxStarted(sandbox_id="s1", pod=ev.PodRef(uid="u1", namespace="default", name="real"))
+    ]
+    assert state_events(Views(), REMOVE_POD_SANDBOX, sandbox, None) == [
+        ev.PodSandboxRemoved(sandbox_id="s1", pod_uid="u1", reason="removed by the runtime")
+    ]
+    assert state_events(Views(), POST_CREATE_CONTAINER, sandbox, k) == [created_event(k, "u1", adjusted=False)]
+    assert state_events(Views(), START_CONTAINER, sandbox, k) == [ev.ContainerStarted(container_id="k1", pod_uid="u1")]
+    assert state_events(Views(), REMOVE_CONTAINER, sandbox, k) == [ev.ContainerRemoved(container_id="k1", pod_uid="u1")]
+    created = views_of(created_event(k, "u1", adjusted=False))
+    assert state_events(created, POST_UPDATE_CONTAINER, sandbox, k) == []
+    moved = facts(cpus=[2, 3], mems=[1])
+    assert state_events(created, POST_UPDATE_CONTAINER, sandbox, moved) == [
+        ev.ContainerCPUsUpdated(container_id="k1", pod_uid="u1", cpus=[2, 3], mems=[1], reason="updated by the runtime")
+    ]
+    assert state_events(Views(), "UNKNOWN", sandbox, k) == []
