@@ -35,11 +35,12 @@ short-circuits: its options are not parsed and the machine's NUMA count is not c
 
 Scopes
 ------
-``container_scope_admit`` merges once per container (init containers then app containers,
-in the order given) and stops at the first rejection; ``pod_scope_admit`` merges the pod-level
-hints once and gives every container the same hint. A rejection carries the kubelet's
-admission result: reason ``TopologyAffinityError``, message
-``Resources cannot be allocated with Topology locality``, and the merged hint.
+One admission path, the one the daemon runs (``admit_and_allocate``, below): the container
+scope merges once per container (init containers then app containers, in the order given)
+and stops at the first rejection; the pod scope merges the pod-level hints once and gives
+every container the same hint; the none scope merges nothing. A rejection is a
+``TopologyAffinityError`` (the kubelet's reason) with its message, ``Resources cannot be
+allocated with Topology locality``, the merged hint and the container.
 
 Hint providers
 --------------
@@ -83,7 +84,6 @@ STABLE_OPTIONS = frozenset({PREFER_CLOSEST_NUMA_NODES, MAX_ALLOWABLE_NUMA_NODES}
 
 DEFAULT_MAX_ALLOWABLE_NUMA_NODES = 8
 
-ERROR_TOPOLOGY_AFFINITY = "TopologyAffinityError"
 TOPOLOGY_AFFINITY_MESSAGE = "Resources cannot be allocated with Topology locality"
 
 _BITMASK_BITS = 64
@@ -502,66 +502,6 @@ class SingleNumaNodePolicy(Policy):
 # --------------------------------------------------------------------------- scopes
 
 
-@dataclass(frozen=True)
-class Admission:
-    """The outcome of a scope's Admit, without the allocation step.
-
-    ``hints``: the hint stored for each admitted container, in admission order (all of them
-    when admitted). On a rejection, ``merged`` is the hint the policy refused, ``container``
-    the container whose merge failed (container scope; ``None`` for pod scope), and
-    ``reason`` / ``message`` are the kubelet's ``PodAdmitResult`` fields.
-    """
-
-    admit: bool
-    hints: dict[str, TopologyHint]
-    merged: TopologyHint | None = None
-    container: str | None = None
-    reason: str = ""
-    message: str = ""
-
-
-def _rejected(hints: dict[str, TopologyHint], merged: TopologyHint, container: str | None) -> Admission:
-    return Admission(
-        admit=False,
-        hints=hints,
-        merged=merged,
-        container=container,
-        reason=ERROR_TOPOLOGY_AFFINITY,
-        message=TOPOLOGY_AFFINITY_MESSAGE,
-    )
-
-
-def none_scope_admit(container_names: Iterable[str]) -> Admission:
-    """``noneScope``: no merge; every container reads back the zero hint ``{nil, false}``."""
-    return Admission(admit=True, hints={name: TopologyHint(None, False) for name in container_names})
-
-
-def container_scope_admit(policy: Policy, containers: Iterable[tuple[str, Sequence[ProviderHints]]]) -> Admission:
-    """``containerScope.Admit``: one merge per container, init containers first.
-
-    ``containers`` yields (name, that container's provider hints) in the kubelet's order; it
-    may be a generator, so that the caller can allocate a container's resources before the
-    next container's hints are asked for, as the kubelet does.
-    """
-    hints: dict[str, TopologyHint] = {}
-    for name, providers_hints in containers:
-        best, admit = policy.merge(providers_hints)
-        if not admit:
-            return _rejected(hints, best, name)
-        hints[name] = best
-    return Admission(admit=True, hints=hints)
-
-
-def pod_scope_admit(
-    policy: Policy, container_names: Iterable[str], pod_providers_hints: Sequence[ProviderHints]
-) -> Admission:
-    """``podScope.Admit``: one merge of the pod-level hints; every container gets the result."""
-    best, admit = policy.merge(pod_providers_hints)
-    if not admit:
-        return _rejected({}, best, None)
-    return Admission(admit=True, hints={name: best for name in container_names})
-
-
 # --------------------------------------------------------------------------- hint providers
 
 Ask = TypeVar("Ask")  # what a provider's allocation asks the shell (yields)
@@ -641,21 +581,6 @@ class TopologyManager:
     scope: str
     options: PolicyOptions
     numa_info: NUMAInfo
-
-    def admit(
-        self,
-        container_names: Sequence[str],
-        container_hints: Mapping[str, Sequence[ProviderHints]] | None = None,
-        pod_hints: Sequence[ProviderHints] | None = None,
-    ) -> Admission:
-        """Admit a pod: ``container_hints`` is used by the container scope, ``pod_hints``
-        by the pod scope (a missing entry means no providers)."""
-        if self.scope == SCOPE_NONE:
-            return none_scope_admit(container_names)
-        if self.scope == SCOPE_POD:
-            return pod_scope_admit(self.policy, container_names, pod_hints or [])
-        per = container_hints or {}
-        return container_scope_admit(self.policy, ((n, per.get(n, [])) for n in container_names))
 
 
 def new_numa_info(

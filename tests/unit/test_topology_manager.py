@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 
 from eventsrc.core.topology_manager import (
-    ERROR_TOPOLOGY_AFFINITY,
     TOPOLOGY_AFFINITY_MESSAGE,
     BestEffortPolicy,
     HintMerger,
@@ -36,10 +35,10 @@ from eventsrc.core.topology_manager import (
     SingleNumaNodePolicy,
     TopologyAffinityError,
     TopologyHint,
+    TopologyManager,
     TopologyManagerError,
     admit_and_allocate,
     check_policy_option_available,
-    container_scope_admit,
     filter_providers_hints,
     filter_single_numa_hints,
     mask_bits,
@@ -51,7 +50,6 @@ from eventsrc.core.topology_manager import (
     new_manager,
     new_policy_options,
     parse_topology_manager,
-    pod_scope_admit,
 )
 from eventsrc.events import ContainerSpec
 
@@ -987,20 +985,58 @@ def test_prefer_closest_needs_distances_and_uses_them() -> None:
 # ============================================================================ scopes
 
 
+class Fixed:
+    """A hint provider with fixed hints (per container, and "pod" for the pod scope) that
+    notes the hint each container is allocated with, and asks nothing."""
+
+    def __init__(self, hints: dict[str, ProviderHints], given: dict[str, TopologyHint]) -> None:
+        self.hints, self.given = hints, given
+
+    def topology_hints(self, container: ContainerSpec) -> ProviderHints:
+        return self.hints.get(container.name)
+
+    def pod_topology_hints(self, containers: list[ContainerSpec]) -> ProviderHints:
+        return self.hints.get("pod")
+
+    def allocate(self, container: ContainerSpec, hint: TopologyHint) -> Generator[None, None, None]:
+        self.given[container.name] = hint
+        yield from ()
+
+
+def admit(
+    manager: TopologyManager, names: list[str], hints: list[dict[str, ProviderHints]]
+) -> tuple[dict[str, TopologyHint], TopologyAffinityError | None]:
+    """The one admission path the daemon runs (``admit_and_allocate``), over containers
+    ``names`` with one provider per entry of ``hints``: the hint each container was allocated
+    with, and the refusal, if any."""
+    given: dict[str, TopologyHint] = {}
+    containers = [ContainerSpec(name=n) for n in names]
+    try:
+        for _ in admit_and_allocate(manager, containers, [Fixed(h, given) for h in hints]):
+            pass
+    except TopologyAffinityError as refused:
+        return given, refused
+    return given, None
+
+
+def per_container(name: str, hp: list[ProviderHints]) -> list[dict[str, ProviderHints]]:
+    return [{name: h} for h in hp]
+
+
 @pytest.mark.parametrize("case", ADMIT, ids=ids)
 def test_admit(case: dict[str, Any]) -> None:
     nodes = list(DISTANCES_TWO_NODES)
     manager = {scope: parse_topology_manager(case["policy"], scope, {}, nodes) for scope in ("container", "pod")}
     hp = providers(case["hp"])
-    for result in (
-        manager["container"].admit([""], container_hints={"": hp}),
-        manager["pod"].admit([""], pod_hints=hp),
+    for given, refused in (
+        admit(manager["container"], ["c"], per_container("c", hp)),
+        admit(manager["pod"], ["c"], per_container("pod", hp)),
     ):
-        assert result.admit is case["admit"]
-        if not result.admit:
-            assert result.reason == ERROR_TOPOLOGY_AFFINITY
-            assert result.message == TOPOLOGY_AFFINITY_MESSAGE
-            assert result.merged == TopologyHint.of([0, 1], False)
+        assert (refused is None) is case["admit"]
+        if refused is not None:
+            assert str(refused) == TOPOLOGY_AFFINITY_MESSAGE
+            assert refused.hint == TopologyHint.of([0, 1], False)
+            assert given == {}
 
 
 class RecordingPolicy(NonePolicy):
@@ -1017,32 +1053,33 @@ class RecordingPolicy(NonePolicy):
 @pytest.mark.parametrize("case", SCOPE_PASS_THROUGH, ids=ids)
 def test_container_scope_passes_provider_hints(case: dict[str, Any]) -> None:
     policy = RecordingPolicy()
-    container_scope_admit(policy, [("c", providers(case["hp"]))])
+    manager = TopologyManager(policy, "container", PolicyOptions(), numa_info(DISTANCES_TWO_NODES))
+    admit(manager, ["c"], per_container("c", providers(case["hp"])))
     assert policy.seen == [providers(case["hp"])]
 
 
 def test_container_scope_stops_at_first_rejection() -> None:
-    info = numa_info(DISTANCES_TWO_NODES)
-    ok = providers([{"cpu": [([1], T), ([0, 1], F)]}])
-    bad = providers([{"cpu": [([0, 1], F)]}])
-    result = container_scope_admit(RestrictedPolicy(info), [("init", ok), ("app", bad), ("late", ok)])
-    assert not result.admit and result.container == "app"
-    assert result.hints == {"init": TopologyHint.of([1], True)}
-    assert result.merged == TopologyHint.of([0, 1], False)
+    manager = parse_topology_manager("restricted", "container", {}, list(DISTANCES_TWO_NODES))
+    ok = {"cpu": [TopologyHint.of([1], True), TopologyHint.of([0, 1], False)]}
+    bad = {"cpu": [TopologyHint.of([0, 1], False)]}
+    given, refused = admit(manager, ["init", "app", "late"], [{"init": ok, "app": bad, "late": ok}])
+    assert refused is not None and refused.container == "app"
+    assert given == {"init": TopologyHint.of([1], True)}
+    assert refused.hint == TopologyHint.of([0, 1], False)
 
 
 def test_pod_scope_gives_every_container_the_same_hint() -> None:
-    info = numa_info(DISTANCES_TWO_NODES)
+    manager = parse_topology_manager("single-numa-node", "pod", {}, list(DISTANCES_TWO_NODES))
     hp = providers([{"cpu": [([1], T), ([0, 1], F)]}, {"gpu": [([1], T)]}])
-    result = pod_scope_admit(SingleNumaNodePolicy(info), ["init", "a", "b"], hp)
-    assert result.admit
-    assert result.hints == dict.fromkeys(["init", "a", "b"], TopologyHint.of([1], True))
+    given, refused = admit(manager, ["init", "a", "b"], per_container("pod", hp))
+    assert refused is None
+    assert given == dict.fromkeys(["init", "a", "b"], TopologyHint.of([1], True))
 
 
 def test_none_policy_scope() -> None:
     manager = parse_topology_manager("none", "pod", {"unknown-option": "x"}, list(range(16)))
-    result = manager.admit(["a"], pod_hints=providers([{"r": []}]))
-    assert manager.scope == "none" and result.admit and result.hints == {"a": TopologyHint(None, False)}
+    given, refused = admit(manager, ["a"], per_container("pod", providers([{"r": []}])))
+    assert manager.scope == "none" and refused is None and given == {"a": TopologyHint(None, False)}
 
 
 # ============================================================================ hint providers (eventsrc's)
