@@ -37,7 +37,7 @@ from eventsrc.rpc.limits import send_encoded
 from eventsrc.state.lifecycles import ADMITTED
 from eventsrc.state.views import ClaimView, ObservedPodView, PodView, Views
 
-log = get_logger("eventsrc.api.node")
+log = get_logger(__name__)
 
 
 class Admitter(Protocol):

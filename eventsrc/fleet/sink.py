@@ -75,7 +75,7 @@ from eventsrc.obs.logger import get_logger
 from eventsrc.offline.render import record_json
 from eventsrc.rpc.bridge import to_aio
 
-log = get_logger("eventsrc.fleet.sink")
+log = get_logger(__name__)
 
 DURABLE = "eventsrc-sink"
 BATCH = 256

@@ -23,7 +23,7 @@ from eventsrc.log.history import Gap, History
 from eventsrc.log.store import EventLog, PendingAppend
 from eventsrc.obs.logger import get_logger
 
-log = get_logger("eventsrc.log.commit")
+log = get_logger(__name__)
 
 # A random 64-bit start, then a counter: unique per node in practice, and cheap on the
 # hot path. The low digits change from one id to the next (people see the last eight).

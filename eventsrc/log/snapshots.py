@@ -32,7 +32,7 @@ from eventsrc.state.views import Views
 
 SNAPSHOT_FORMAT = 1
 KEEP = 2
-_log = get_logger("eventsrc.snapshots")
+_log = get_logger(__name__)
 
 #: Changes whenever the shape of the views changes, so an old snapshot is never misread.
 SCHEMA_FINGERPRINT = hashlib.sha256(

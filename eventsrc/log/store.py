@@ -54,7 +54,7 @@ from eventsrc.log.archive import LedgerEntry, decode_entry, encode_entry
 from eventsrc.log.index import keys_for
 from eventsrc.obs.logger import get_logger
 
-_log = get_logger("eventsrc.log")
+_log = get_logger(__name__)
 
 LOG_FORMAT = b"1"
 INDEX_FORMAT = b"1"

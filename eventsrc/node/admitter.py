@@ -62,7 +62,7 @@ from eventsrc.obs.logger import correlation, get_logger
 from eventsrc.rpc.bridge import CALL_ERRORS, why
 from eventsrc.state.views import PodView
 
-log = get_logger("eventsrc.node.admission")
+log = get_logger(__name__)
 
 DEFAULT_ADMISSION_WAIT = 30.0
 ALLOCATE_TIMEOUT = 60.0

@@ -65,7 +65,7 @@ from eventsrc.rpc.bridge import CALL_ERRORS, endpoint_socket_error, to_aio, unix
 from eventsrc.rpc.ratelimit import TokenBucket
 from eventsrc.state.views import Views
 
-log = get_logger("eventsrc.beside")
+log = get_logger(__name__)
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet")
 DEFAULT_ROOT = Path("/var/lib/eventsrc")

@@ -105,7 +105,7 @@ from eventsrc.state.apply import apply_all
 from eventsrc.state.lifecycles import QUARANTINED
 from eventsrc.state.views import Views
 
-log = get_logger("eventsrc.node.daemon")
+log = get_logger(__name__)
 
 DEFAULT_SNAPSHOT_EVERY = 10_000
 

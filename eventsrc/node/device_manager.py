@@ -52,7 +52,7 @@ from eventsrc.rpc.bridge import (
 from eventsrc.rpc.ratelimit import TokenBucket
 from eventsrc.state.views import DeviceView
 
-log = get_logger("eventsrc.devices")
+log = get_logger(__name__)
 T = TypeVar("T")
 
 DIAL_TIMEOUT = 10.0

@@ -32,7 +32,7 @@ from eventsrc.node.interfaces import Recorder
 from eventsrc.obs.logger import correlation, get_logger
 from eventsrc.rpc.bridge import CALL_ERRORS, endpoint_socket_error, to_aio, unix_channel, why
 
-log = get_logger("eventsrc.dra")
+log = get_logger(__name__)
 
 _CLAIM_OUTCOMES: dict[type, str] = {
     ev.ClaimPrepared: "claim prepared",

@@ -52,7 +52,7 @@ class Recorder(Protocol):
         ...
 
 
-log = get_logger("eventsrc.node")
+log = get_logger(__name__)
 
 
 async def record_or_log(

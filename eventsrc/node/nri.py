@@ -83,7 +83,7 @@ from eventsrc.obs.text import escape
 from eventsrc.rpc import ttrpc
 from eventsrc.state.views import PodView
 
-log = get_logger("eventsrc.node.nri")
+log = get_logger(__name__)
 
 PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"

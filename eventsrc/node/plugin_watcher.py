@@ -77,7 +77,7 @@ from eventsrc.node.interfaces import Handler
 from eventsrc.obs.logger import correlation, get_logger
 from eventsrc.rpc.bridge import CALL_ERRORS, to_aio, unix_channel, why
 
-log = get_logger("eventsrc.plugins")
+log = get_logger(__name__)
 
 #: Plugin types (pkg/apis/pluginregistration/v1/constants.go).
 CSI_PLUGIN = "CSIPlugin"

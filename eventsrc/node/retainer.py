@@ -45,7 +45,7 @@ from eventsrc.log.store import EventLog
 from eventsrc.node.interfaces import Recorder
 from eventsrc.obs.logger import get_logger
 
-log = get_logger("eventsrc.node.retention")
+log = get_logger(__name__)
 
 #: the most records one cut takes (a long log is cut in several)
 MAX_RECORDS_PER_CUT = 100_000

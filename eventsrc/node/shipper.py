@@ -68,7 +68,7 @@ from eventsrc.log.store import EventLog, key_seq
 from eventsrc.obs.logger import get_logger
 from eventsrc.rpc.bridge import to_aio
 
-log = get_logger("eventsrc.node.shipper")
+log = get_logger(__name__)
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.25, 10.0
 CONNECT_TIMEOUT = 5.0

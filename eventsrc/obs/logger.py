@@ -4,7 +4,7 @@ Every line has the same keys in both formats: ``ts``, ``level``, ``logger``, ``m
 fields of the call, and ``cid`` when the line is about a request. Log calls pass fields as
 keywords, never %-formatted into the message::
 
-    log = get_logger("eventsrc.node.admission")
+    log = get_logger(__name__)  # each module logs under its own name
     log.info("pod admitted", pod=f"{ns}/{name}", uid=uid)
 
 The correlation id is not passed around: the shell sets it where a request starts

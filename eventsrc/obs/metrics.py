@@ -46,7 +46,7 @@ from eventsrc.obs.text import escape
 from eventsrc.state.kubelet import claim_device_id
 from eventsrc.state.views import Views
 
-log = get_logger("eventsrc.obs.metrics")
+log = get_logger(__name__)
 
 #: Where ``--metrics-address`` with no value serves (kube-proxy has 10256 on most nodes).
 DEFAULT_METRICS_ADDRESS = "127.0.0.1:10266"

@@ -14,7 +14,7 @@ import socket
 
 from eventsrc.obs.logger import get_logger
 
-_log = get_logger("eventsrc.obs.systemd")
+_log = get_logger(__name__)
 
 
 def notify(state: str) -> bool:

@@ -140,7 +140,7 @@ def endpoint_socket_error(endpoint: str) -> str:
     return ""
 
 
-log = get_logger("eventsrc.rpc")
+log = get_logger(__name__)
 
 
 def raise_open_files_limit() -> int:

@@ -448,7 +448,7 @@ async def test_nothing_waits_when_no_cut_is_needed(tmp_path: Path) -> None:
 
 
 def _said(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
-    return [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "eventsrc.node.retention"]
+    return [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "eventsrc.node.retainer"]
 
 
 async def test_failing_cuts_back_off_are_said_once_per_change_and_counted(
@@ -456,7 +456,7 @@ async def test_failing_cuts_back_off_are_said_once_per_change_and_counted(
 ) -> None:
     """Issue 24, item 7: a failing archive was one ERROR line per attempt (some ten a second
     under load) and seen nowhere else."""
-    caplog.set_level(logging.INFO, logger="eventsrc.node.retention")
+    caplog.set_level(logging.INFO, logger="eventsrc.node.retainer")
     log = filled(tmp_path / "log", pods(40))
     archive = tmp_path / "archive"
     retainer = Retainer(FakeRecorder(), log, archive, Retention(max_size=1), piece=10)
@@ -514,7 +514,7 @@ async def test_appends_stop_waiting_for_a_cut_that_hangs_and_that_is_said(
 ) -> None:
     """A hung archive disk must not stop admissions for ever, unseen: an append waits
     ``room_wait`` at most for a lagging cut, then the cut is late, in the log and in status."""
-    caplog.set_level(logging.INFO, logger="eventsrc.node.retention")
+    caplog.set_level(logging.INFO, logger="eventsrc.node.retainer")
     log = filled(tmp_path / "log", pods(20))
     retainer = Retainer(FakeRecorder(), log, tmp_path / "archive", Retention(max_size=1), piece=8)
     retainer.room_wait = 0.05  # 30 s in the daemon

@@ -395,7 +395,7 @@ async def test_dot_names_and_regular_files_are_ignored(root: Path) -> None:
 async def test_hanging_get_info_times_out_and_others_register(
     root: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    caplog.set_level(logging.INFO, logger="eventsrc.plugins")
+    caplog.set_level(logging.INFO, logger="eventsrc.node.plugin_watcher")
     # Longer than the kubelet's second, so that the good plugin surely registers meanwhile.
     monkeypatch.setattr(plugin_watcher, "GET_INFO_TIMEOUT", 2.0)
     registry = root / "plugins_registry"
@@ -495,7 +495,7 @@ async def test_socket_in_a_new_subdirectory_is_registered_without_polling(root: 
 async def test_registry_removed_and_made_again_is_polled_until_watched(
     root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="eventsrc.plugins")
+    caplog.set_level(logging.INFO, logger="eventsrc.node.plugin_watcher")
     registry = root / "plugins_registry"
     handler = FakeHandler()
     async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
@@ -518,7 +518,7 @@ async def test_registry_removed_and_made_again_is_polled_until_watched(
 async def test_without_inotify_the_registry_is_polled(
     root: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    caplog.set_level(logging.INFO, logger="eventsrc.plugins")
+    caplog.set_level(logging.INFO, logger="eventsrc.node.plugin_watcher")
 
     def emfile(*args: object, **kwargs: object) -> None:
         raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))

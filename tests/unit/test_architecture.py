@@ -139,6 +139,24 @@ def test_the_shared_name_check_finds_a_planted_one(tmp_path: Path) -> None:
     assert shared_names(tmp_path / "eventsrc") == {"views.py": ["cli/views.py", "state/views.py"]}
 
 
+def loggers_named_otherwise(package: Path) -> list[str]:
+    """Modules whose logger is not ``get_logger(__name__)``: a log line's ``logger`` names the
+    module that wrote it."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            named = isinstance(node, ast.Call) and getattr(node.func, "id", "") == "get_logger"
+            if named and [getattr(a, "id", "") for a in node.args] != ["__name__"]:  # type: ignore[attr-defined]
+                out.append(str(path.relative_to(package)))
+    return out
+
+
+def test_every_module_logs_under_its_own_name(tmp_path: Path) -> None:
+    assert loggers_named_otherwise(PACKAGE) == []
+    (tmp_path / "x.py").write_text('log = get_logger("eventsrc.elsewhere")\n')
+    assert loggers_named_otherwise(tmp_path) == ["x.py"]
+
+
 def test_no_module_speaks_http2_itself() -> None:
     """grpclib is the one gRPC stack: nothing imports h2, hpack or hyperframe directly."""
     offenders = []
