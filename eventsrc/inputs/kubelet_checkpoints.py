@@ -404,6 +404,8 @@ def _newest(top: dict[str, Any], source: str) -> tuple[str, int, dict[str, Any]]
     stored = _uint(_field(top, "dataChecksum", 0), "dataChecksum", source)
     if not text and not stored:
         return None
+    if not text:
+        raise CheckpointError(f"{source}: it has a dataChecksum but no data string")
     body = _object(_decode_json(text, f"{source}: data"), "data", source)
     if data_checksum(text) != stored:
         raise ChecksumMismatchError(source, stored, data_checksum(text), "spew-FNV-32a of the data string")
