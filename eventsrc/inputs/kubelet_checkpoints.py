@@ -12,29 +12,31 @@ file and both checksums: report, never guess), and returns events for the log.
 
 The checksum schemes (``../shared/kubelet-api.md`` section 5):
 
-* **spew-FNV** (device manager, CPU manager): FNV-1a-32 of go-spew's ``%#v`` rendering of
+* **spew-FNV** (device, CPU and memory managers): FNV-1a-32 of go-spew's ``%#v`` rendering of
   the *parsed Go struct* (sorted map keys, no methods), so the text is rebuilt here from
   the parsed values, with Go's type names and field order. The rendering depends on how
   Go's ``encoding/json`` fills the struct: a missing key keeps the value the kubelet put
   there before unmarshalling (an empty map or slice), ``null`` sets it to nil (``<nil>``).
 * **CRC32** (DRA, current): CRC-32/IEEE of the exact bytes of the ``Data`` string.
+* **data string** (CPU v4, memory v3): spew-FNV of the Go string, i.e. FNV-1a-32 of
+  ``"(string)" + data``, stored as ``dataChecksum``.
 
-Formats read:
+Formats read (which kubelet writes which: docs/kubelet-node.md):
 
-====================  ===============================================================
-device checkpoint     V2 (``DeviceIDs`` per NUMA node, 1.20+), with or without the
-                      ``BootID`` outside ``Data``; V1 (flat ``DeviceIDs``, <= 1.19).
-cpu_manager_state     V2 (entries pod -> container -> cpuset, 1.18+); V1 (entries keyed by
-                      container id: verified, but not importable, see ``events_from``).
-                      A checksum of 0 is accepted unverified, as the kubelet does.
-dra_manager_state     the CRC32 form (``{"Data": "<json>", "Checksum": crc}``), with or
-                      without ``ShareID``.
-====================  ===============================================================
+=====================  ==============================================================
+device checkpoint      V2 (``DeviceIDs`` per NUMA node, 1.20+), with or without the
+                       ``BootID`` outside ``Data``; V1 (flat ``DeviceIDs``, <= 1.19).
+cpu_manager_state      v1 (entries by container id), v2 (pod -> container -> cpuset),
+                       v3 (v2 + ``podEntries``, 1.36), v4 (``data`` + ``dataChecksum``, 1.37):
+                       one answer for all (``CPUCheckpoint.shared/containers/pods``).
+memory_manager_state   v1 (1.21+), v2 (v1 + ``podEntries``, 1.36), v3 (``data`` +
+                       ``dataChecksum``, 1.37): ``MemoryCheckpoint``.
+dra_manager_state      the CRC32 form (``{"Data": "<json>", "Checksum": crc}``), with or
+                       without ``ShareID``.
+=====================  ==============================================================
 
-Refused with a clear message (their checksum rules are not established in the facts
-file, so they cannot be verified): the CPU manager's unreleased V3 (``podEntries``) and
-V4 (``data`` + ``checksum``) forms, and the old spew-FNV DRA form (``version``/``entries``
-with ``ResourceHandles``).
+Refused with a clear message: the old spew-FNV DRA form (``version``/``entries`` with
+``ResourceHandles``), whose checksum rules are not established.
 
 Nothing here does I/O apart from the ``read_*`` helpers that read one file.
 """
@@ -43,11 +45,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
+import re
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from msgspec import Struct
@@ -65,15 +69,21 @@ __all__ = [
     "DRACheckpoint",
     "DeviceCheckpoint",
     "ImportSummary",
+    "MemoryBlock",
+    "MemoryCheckpoint",
+    "MemoryTable",
+    "NUMANodeState",
     "events_from",
     "parse_cpu_state",
     "parse_device_checkpoint",
     "parse_dra_state",
+    "parse_memory_state",
     "summarize",
 ]
 
 DEVICE_CHECKPOINT = "kubelet_internal_checkpoint"
 CPU_STATE = "cpu_manager_state"
+MEMORY_STATE = "memory_manager_state"
 DRA_STATE = "dra_manager_state"
 DRA_KIND = "DRACheckpoint"
 DRA_API_VERSION = "checkpoint.dra.kubelet.k8s.io/v1"
@@ -345,127 +355,502 @@ def _per_numa_ids(ids: dict[str, Any], where: str, source: str) -> dict[int, lis
     return per_numa
 
 
-# --------------------------------------------------------------------------- CPU manager
+# --------------------------------------------------------------------------- CPU and memory managers
+#
+# Which kubelet writes and reads which format (docs/kubelet-node.md has the table):
+#
+# * cpu_manager_state. v1: entries by container id (before 1.18; read up to 1.36). v2: entries by
+#   pod uid and container name (1.18-1.36, and 1.36 with PodLevelResourceManagers off). v3: v2 plus
+#   podEntries (1.36 with the gate on). v4: a ``data`` string with its ``dataChecksum``, beside the
+#   v3 keys with ``checksum`` 0 so that older kubelets read them unverified (1.37, always).
+# * memory_manager_state. v1 (1.21-1.36); v2: v1 plus podEntries (1.36 with the gate on); v3: a
+#   ``data`` string with its ``dataChecksum``, beside the v1 keys and their own checksum (1.37).
+#
+# Reading follows the newest kubelet's order: a file with a ``data`` string or a ``dataChecksum``
+# is the newest format and is verified as such, with no fallback; any other file is read as the
+# first older format whose checksum holds. A spew-FNV checksum is accepted under either type name
+# a kubelet renders it with (1.36 and 1.37 hash some formats under their own "...V2"/"...V3"
+# name, the others under the legacy one); a checksum of 0 is accepted unverified where the
+# kubelet accepts it (cpu v1 and v2, memory v1).
+
+#: A NUMA node id beyond this is refused (Linux's own limit is 1024 nodes).
+MAX_NUMA_NODES = 1024
+
+_CPU_NAMES = {
+    "v1": ("CPUManagerCheckpoint",),
+    "v2": ("CPUManagerCheckpoint", "CPUManagerCheckpointV2"),
+    "v3": ("CPUManagerCheckpoint", "CPUManagerCheckpointV3"),
+}
+_MEMORY_NAMES = {
+    "v1": ("MemoryManagerCheckpoint", "MemoryManagerCheckpointV1"),
+    "v2": ("MemoryManagerCheckpoint", "MemoryManagerCheckpointV2"),
+}
+
+
+def data_checksum(data: str) -> int:
+    """The ``dataChecksum`` of a ``data`` string (cpu v4, memory v3): spew-FNV of the Go string."""
+    return fnv32a("(string)" + data)
+
+
+def _spew_ints(items: list[int] | None) -> str:
+    return "<nil>" if items is None else "[" + " ".join(map(str, items)) + "]"
+
+
+def _newest(top: dict[str, Any], source: str) -> tuple[str, int, dict[str, Any]] | None:
+    """The ``data`` string, its ``dataChecksum`` and what it holds, for a file in the newest
+    format (None: not one). As the kubelet, ``data`` is decoded before the checksum is checked,
+    and a file that has either is never read as an older format."""
+    text = _string(_field(top, "data", ""), "data", source)
+    stored = _uint(_field(top, "dataChecksum", 0), "dataChecksum", source)
+    if not text and not stored:
+        return None
+    if not text:
+        raise CheckpointError(f"{source}: it has a dataChecksum but no data string")
+    body = _object(_decode_json(text, f"{source}: data"), "data", source)
+    if data_checksum(text) != stored:
+        raise ChecksumMismatchError(source, stored, data_checksum(text), "spew-FNV-32a of the data string")
+    return text, stored, body
+
+
+_C = TypeVar("_C", "CPUCheckpoint", "MemoryCheckpoint")
+
+
+def _first_verified(
+    source: str,
+    stored: int,
+    readings: list[_C],
+    text: Callable[[_C, str], str],
+    names: Mapping[str, tuple[str, ...]],
+    zero_unverified: frozenset[str],
+    pod_entries: bool,
+) -> tuple[_C, bool]:
+    """The first reading whose checksum is ``stored`` under one of the type names the kubelet
+    hashes its format with, or whose checksum of 0 the kubelet accepts unverified; and whether it
+    was verified. ChecksumMismatchError when none holds: it gives what the newest reading with (or,
+    when the file has no ``pod_entries``, without) pod entries would have."""
+    computed: dict[str, int] = {}
+    for reading in readings:
+        if stored == 0 and reading.version in zero_unverified:
+            return reading, False
+        sums = [fnv32a(text(reading, name)) for name in names[reading.version]]
+        if stored in sums:
+            return reading, True
+        computed[reading.version] = sums[0]
+    if not computed:
+        raise CheckpointError(f"{source}: its entries fit no format the kubelet writes")
+    own = [r.version for r in readings if r.version in computed and (r.pod_entries is not None) == pod_entries]
+    own = own or list(computed)
+    tried = ", ".join(f"{sum_} read as {version}" for version, sum_ in computed.items())
+    raise ChecksumMismatchError(source, stored, computed[own[0]], f"spew-FNV-32a; {tried}")
+
+
+# ----------------------------------------------------------------- CPU manager
+
+
+# ----------------------------------------------------------------- CPU manager
 
 
 class CPUCheckpoint(Struct, frozen=True, kw_only=True):
+    """``cpu_manager_state``: the fields as written (which its checksum covers), then the one
+    answer it gives whatever its format (``shared``, ``containers``, ``container_ids``, ``pods``)."""
+
     source: str
-    version: str  # "v2" or "v1"
-    policy_name: str
+    version: str  # the format it was read and verified as: "v1", "v2", "v3" or "v4"
+    policy_name: str  # "none" or "static", as written
     default_cpu_set: str
-    # V2: pod uid -> container -> cpuset; None: "entries": null.
-    entries: dict[str, dict[str, str]] | None = None
-    # V1: container id -> cpuset.
+    # v2+: pod uid -> container name -> cpuset (None: "entries": null)
+    entries: dict[str, dict[str, str] | None] | None = None
+    # v1: container id -> cpuset
     container_entries: dict[str, str] | None = None
-    checksum: int = 0
+    # v3, v4: pod uid -> the pod's cpuset (None: "podEntries": null)
+    pod_entries: dict[str, str] | None = None
+    checksum: int = 0  # v4: the dataChecksum
     verified: bool = True  # False: a checksum of 0, accepted unverified as the kubelet does
+    data: str = ""  # v4: the data string verified
+    #: the shared pool (defaultCpuSet)
+    shared: list[int] = []
+    #: (pod uid, container name) -> the CPUs the CPU manager gave the container. Without a
+    #: ``pods`` entry for its pod these are its exclusive CPUs; with one, they lie within the
+    #: pod's, and may be the pod's shared pool, which several of its containers hold alike.
+    containers: dict[tuple[str, str], list[int]] = {}
+    #: v1 only: container id -> CPUs. A v1 file does not say which pod a container is in.
+    container_ids: dict[str, list[int]] = {}
+    #: pod uid -> the pod's exclusive CPUs (pod-level resources: v3, v4)
+    pods: dict[str, list[int]] = {}
+
+    @property
+    def pod_uids_known(self) -> bool:
+        """False for a v1 file: its entries name containers by their runtime id only."""
+        return self.version != "v1"
 
 
-def cpu_checksum_text(cp: CPUCheckpoint) -> str:
-    """``(*state.CPUManagerCheckpoint){...}`` with the checksum field set to 0 (V1 files:
-    ``CPUManagerCheckpointV1`` renamed to that name, entries typed ``map[string]string``)."""
+def cpu_checksum_text(cp: CPUCheckpoint, name: str = "CPUManagerCheckpoint") -> str:
+    """What the kubelet hashes for a v1, v2 or v3 file: ``(*state.NAME){...}`` with the checksum
+    field 0. v3's pod entries are Go ``cpuset.CPUSet`` values, rendered field by field."""
     if cp.version == "v1":
         entries = f"(map[string]string){_spew_map(cp.container_entries)}"
     else:
         rendered = None if cp.entries is None else {p: _spew_map(c) for p, c in cp.entries.items()}
         entries = f"(map[string]map[string]string){_spew_map(rendered)}"
+    pods = ""
+    if cp.version == "v3":
+        sets = None
+        if cp.pod_entries is not None:
+            sets = {
+                pod: "{CPUSet:(cpuset.CPUSet){elems:(map[int]struct {})"
+                + _spew_map(dict.fromkeys(CPUSet.parse(text).sorted_list(), "{}"))
+                + "}}"
+                for pod, text in cp.pod_entries.items()
+            }
+        pods = f" PodEntries:(state.PodCPUAssignments){_spew_map(sets)}"
     return (
-        f"(*state.CPUManagerCheckpoint){{PolicyName:(string){cp.policy_name} "
-        f"DefaultCPUSet:(string){cp.default_cpu_set} Entries:{entries} Checksum:(checksum.Checksum)0}}"
+        f"(*state.{name}){{PolicyName:(string){cp.policy_name} DefaultCPUSet:(string){cp.default_cpu_set} "
+        f"Entries:{entries}{pods} Checksum:(checksum.Checksum)0}}"
     )
 
 
-def _cpu_candidates(
-    raw: dict[str, Any] | None, policy: str, default: str, checksum: int, source: str
-) -> list[CPUCheckpoint]:
-    """The readings of ``entries`` that fit: V1 (container id to cpuset), V2 (pod to container
-    to cpuset), both when there are no entries, neither when they fit neither."""
-    candidates: list[CPUCheckpoint] = []
-    if raw is None or all(isinstance(v, str) for v in raw.values()):
-        candidates.append(
-            CPUCheckpoint(
-                source=source,
-                version="v1",
-                policy_name=policy,
-                default_cpu_set=default,
-                container_entries=None if raw is None else dict(raw),
-                checksum=checksum,
-            )
+def _pod_containers(raw: Any, what: str, source: str) -> dict[str, dict[str, str] | None] | None:
+    """v2+ entries: pod uid -> container name -> cpuset."""
+    if raw is None:
+        return None
+    out: dict[str, dict[str, str] | None] = {}
+    for pod, named in _object(raw, what, source).items():
+        where = f"{what}[{pod}]"
+        out[pod] = (
+            None
+            if named is None
+            else {n: _string(c, f"{where}[{n}]", source) for n, c in _object(named, where, source).items()}
         )
-    if raw is None or all(isinstance(v, dict) for v in raw.values()):
-        entries: dict[str, dict[str, str]] | None = None
-        if raw is not None:
-            entries = {}
-            for pod, containers in raw.items():
-                entries[pod] = {}
-                for name, cpus in containers.items():
-                    entries[pod][name] = _string(cpus, f"entries[{pod}][{name}]", source)
-        candidates.append(
-            CPUCheckpoint(
-                source=source,
-                version="v2",
-                policy_name=policy,
-                default_cpu_set=default,
-                entries=entries,
-                checksum=checksum,
-            )
-        )
-    return candidates
+    return out
 
 
-def _verified(candidates: list[CPUCheckpoint], checksum: int, source: str) -> CPUCheckpoint:
-    """The first candidate whose checksum matches, or the first unverified when the file's
-    checksum is 0; ChecksumMismatchError when none matches."""
-    if checksum == 0:
-        # "compatibility with old file backend": the kubelet does not verify a zero checksum.
-        return msgspec.structs.replace(candidates[0], verified=False)
-    computed = [fnv32a(cpu_checksum_text(c)) for c in candidates]
-    matching = [c for c, sum_ in zip(candidates, computed, strict=True) if sum_ == checksum]
-    if not matching:
-        scheme = f"spew-FNV-32a of the {candidates[-1].version.upper()} checkpoint"
-        if len(candidates) > 1:
-            scheme += f"; {computed[0]} read as {candidates[0].version.upper()}"
-        raise ChecksumMismatchError(source, checksum, computed[-1], scheme)
-    return matching[0]
+def _container_ids(raw: Any, what: str, source: str) -> dict[str, str] | None:
+    """v1 entries: container id -> cpuset."""
+    if raw is None:
+        return None
+    return {cid: _string(c, f"{what}[{cid}]", source) for cid, c in _object(raw, what, source).items()}
 
 
-def _check_cpusets(cp: CPUCheckpoint, source: str) -> None:
-    """Every cpuset in the checkpoint parses."""
-    _cpuset(cp.default_cpu_set, "the default cpu set", source)
-    for pod, containers in (cp.entries or {}).items():
-        for name, cpus in containers.items():
-            _cpuset(cpus, f"the cpuset of container {name!r} in pod {pod!r}", source)
-    for cid, cpus in (cp.container_entries or {}).items():
-        _cpuset(cpus, f"the cpuset of container id {cid!r}", source)
+def _pod_cpusets(raw: Any, what: str, source: str) -> dict[str, str] | None:
+    """v3+ podEntries: pod uid -> {"cpuSet": cpuset}, each of which must parse (the kubelet
+    parses it as it decodes the file)."""
+    if raw is None:
+        return None
+    out: dict[str, str] = {}
+    for pod, entry in _object(raw, what, source).items():
+        where = f"{what}[{pod}]"
+        out[pod] = _string(_field(_object(entry, where, source), "cpuSet", ""), f"{where}.cpuSet", source)
+        _cpuset(out[pod], f"the cpuset of pod {pod!r}", source)
+    return out
+
+
+def _cpu_fields(obj: dict[str, Any], where: str, source: str) -> dict[str, Any]:
+    return {
+        "source": source,
+        "policy_name": _string(_field(obj, "policyName", ""), f"{where}policyName", source),
+        "default_cpu_set": _string(_field(obj, "defaultCpuSet", ""), f"{where}defaultCpuSet", source),
+    }
+
+
+def _cpu_readings(top: dict[str, Any], checksum: int, source: str) -> list[CPUCheckpoint]:
+    """The readings of an older-format file that its shape allows, newest first."""
+    fields = _cpu_fields(top, "", source) | {"checksum": checksum}
+    # new*Checkpoint() starts with empty maps: a missing key keeps one, null makes it nil
+    raw = _field(top, "entries", {})
+    out: list[CPUCheckpoint] = []
+    with contextlib.suppress(CheckpointError):
+        entries = _pod_containers(raw, "entries", source)
+        with contextlib.suppress(CheckpointError):
+            pods = _pod_cpusets(_field(top, "podEntries", {}), "podEntries", source)
+            out.append(CPUCheckpoint(version="v3", entries=entries, pod_entries=pods, **fields))
+        out.append(CPUCheckpoint(version="v2", entries=entries, **fields))
+    with contextlib.suppress(CheckpointError):
+        out.append(CPUCheckpoint(version="v1", container_entries=_container_ids(raw, "entries", source), **fields))
+    return out
+
+
+def _cpu_answer(cp: CPUCheckpoint) -> CPUCheckpoint:
+    """``cp`` with its one answer; a cpuset that does not parse (or is beyond any machine) is refused."""
+    src = cp.source
+    containers = {
+        (pod, name): _cpuset(text, f"the cpuset of container {name!r} in pod {pod!r}", src).sorted_list()
+        for pod, named in (cp.entries or {}).items()
+        for name, text in (named or {}).items()
+    }
+    ids = {
+        cid: _cpuset(text, f"the cpuset of container id {cid!r}", src).sorted_list()
+        for cid, text in (cp.container_entries or {}).items()
+    }
+    pods = {
+        p: _cpuset(text, f"the cpuset of pod {p!r}", src).sorted_list() for p, text in (cp.pod_entries or {}).items()
+    }
+    shared = _cpuset(cp.default_cpu_set, "the default cpu set", src).sorted_list()
+    return msgspec.structs.replace(cp, shared=shared, containers=containers, container_ids=ids, pods=pods)
 
 
 def parse_cpu_state(data: bytes | str, source: str = CPU_STATE) -> CPUCheckpoint:
-    """Parse and verify ``cpu_manager_state`` (V2, or V1 keyed by container id).
-
-    As the kubelet does, V1 is tried first and V2 next: a file both can read (no entries)
-    is whichever its checksum matches."""
+    """Parse and verify ``cpu_manager_state`` in any format a kubelet from 1.20 to 1.37 writes
+    (v1 to v4, see above), and give its one answer."""
     top = _object(_decode_json(data, source), "the checkpoint", source)
-    if _has(top, "data") or _has(top, "podEntries"):
-        raise CheckpointError(
-            f"{source}: this is a newer CPU manager checkpoint format (with 'data' or 'podEntries', "
-            "written with the PodLevelResourceManagers feature); its checksum rules are not known to "
-            "eventsrc, so it cannot be verified and is not imported"
+    newest = _newest(top, source)
+    if newest is not None:
+        # the kubelet decodes the v3 keys beside data too; they are not verified (checksum 0)
+        _pod_containers(_field(top, "entries", {}), "entries", source)
+        _pod_cpusets(_field(top, "podEntries", {}), "podEntries", source)
+        text, stored, body = newest
+        cp = CPUCheckpoint(
+            version="v4",
+            entries=_pod_containers(_field(body, "entries", {}), "data.entries", source),
+            pod_entries=_pod_cpusets(_field(body, "podEntries", {}), "data.podEntries", source),
+            checksum=stored,
+            data=text,
+            **_cpu_fields(body, "data.", source),
         )
-    policy = _string(_field(top, "policyName", ""), "policyName", source)
-    default = _string(_field(top, "defaultCpuSet", ""), "defaultCpuSet", source)
-    checksum = _uint(_field(top, "checksum", 0), "checksum", source)
-    # new*Checkpoint() starts with an empty map: a missing key keeps it, null makes it nil.
-    raw = _field(top, "entries", {})
-    if raw is not None:
-        _object(raw, "entries", source)
-    candidates = _cpu_candidates(raw, policy, default, checksum, source)
-    if not candidates:
-        raise CheckpointError(
-            f"{source}: entries must map pod uids to containers (V2) or container ids to cpusets (V1)"
+        return _cpu_answer(cp)
+    stored = _uint(_field(top, "checksum", 0), "checksum", source)
+    readings = _cpu_readings(top, stored, source)
+    zero_ok = frozenset({"v1", "v2"})
+    cp, verified = _first_verified(
+        source, stored, readings, cpu_checksum_text, _CPU_NAMES, zero_ok, _has(top, "podEntries")
+    )
+    return _cpu_answer(msgspec.structs.replace(cp, verified=verified))
+
+
+# ----------------------------------------------------------------- memory manager
+
+
+class MemoryTable(Struct, frozen=True, kw_only=True):
+    """One resource (``memory``, ``hugepages-2Mi``...) on one NUMA node, in bytes."""
+
+    total: int
+    system_reserved: int
+    allocatable: int
+    reserved: int
+    free: int
+
+
+class NUMANodeState(Struct, frozen=True, kw_only=True):
+    number_of_assignments: int
+    memory_map: dict[str, MemoryTable] | None  # resource -> its table (None: "memoryMap": null)
+    cells: list[int] | None  # the NUMA nodes this one is grouped with (None: "cells": null)
+
+
+class MemoryBlock(Struct, frozen=True, kw_only=True):
+    """Memory of one type given to a container (or a pod), on these NUMA nodes."""
+
+    numa_affinity: list[int] | None
+    type: str  # "memory", "hugepages-1Gi"...
+    size: int  # bytes
+
+
+class MemoryCheckpoint(Struct, frozen=True, kw_only=True):
+    """``memory_manager_state``: the fields as written (which its checksum covers), then the one
+    answer it gives whatever its format (``containers``, ``pods``)."""
+
+    source: str
+    version: str  # the format it was read and verified as: "v1", "v2" or "v3"
+    policy_name: str  # "None" or "Static", as written
+    machine_state: dict[int, NUMANodeState]  # NUMA node -> its memory
+    # pod uid -> container name -> its blocks (None: "entries": null)
+    entries: dict[str, dict[str, list[MemoryBlock] | None] | None] | None = None
+    # v2, v3: pod uid -> the pod's blocks (None: "podEntries": null)
+    pod_entries: dict[str, list[MemoryBlock] | None] | None = None
+    checksum: int = 0  # v3: the dataChecksum
+    verified: bool = True  # False: a v1 checksum of 0, accepted unverified as the kubelet does
+    data: str = ""  # v3: the data string verified
+    #: (pod uid, container name) -> the container's memory blocks
+    containers: dict[tuple[str, str], list[MemoryBlock]] = {}
+    #: pod uid -> the pod's memory blocks (pod-level resources: v2, v3)
+    pods: dict[str, list[MemoryBlock]] = {}
+
+
+def _spew_blocks(blocks: list[MemoryBlock] | None) -> str:
+    if blocks is None:
+        return "<nil>"
+    rendered = (
+        f"{{NUMAAffinity:([]int){_spew_ints(b.numa_affinity)} Type:(v1.ResourceName){b.type} Size:(uint64){b.size}}}"
+        for b in blocks
+    )
+    return "[" + " ".join(rendered) + "]"
+
+
+def _spew_node(s: NUMANodeState) -> str:
+    tables = None
+    if s.memory_map is not None:
+        tables = {
+            kind: f"<*>{{TotalMemSize:(uint64){t.total} SystemReserved:(uint64){t.system_reserved} "
+            f"Allocatable:(uint64){t.allocatable} Reserved:(uint64){t.reserved} Free:(uint64){t.free}}}"
+            for kind, t in s.memory_map.items()
+        }
+    return (
+        f"<*>{{NumberOfAssignments:(int){s.number_of_assignments} "
+        f"MemoryMap:(map[v1.ResourceName]*state.MemoryTable){_spew_map(tables)} Cells:([]int){_spew_ints(s.cells)}}}"
+    )
+
+
+def memory_checksum_text(cp: MemoryCheckpoint, name: str = "MemoryManagerCheckpoint") -> str:
+    """What the kubelet hashes for a v1 or v2 file (and for v3's own v1 keys, as v1):
+    ``(*state.NAME){...}`` with the checksum field 0."""
+    entries = None
+    if cp.entries is not None:
+        entries = {
+            pod: _spew_map(None if named is None else {n: _spew_blocks(b) for n, b in named.items()})
+            for pod, named in cp.entries.items()
+        }
+    pods = ""
+    if cp.version == "v2":
+        rendered = None
+        if cp.pod_entries is not None:
+            rendered = {p: f"{{MemoryBlocks:([]state.Block){_spew_blocks(b)}}}" for p, b in cp.pod_entries.items()}
+        pods = f" PodEntries:(state.PodMemoryAssignments){_spew_map(rendered)}"
+    nodes = {node: _spew_node(s) for node, s in cp.machine_state.items()}
+    return (
+        f"(*state.{name}){{PolicyName:(string){cp.policy_name} MachineState:(state.NUMANodeMap){_spew_map(nodes)} "
+        f"Entries:(state.ContainerMemoryAssignments){_spew_map(entries)}{pods} Checksum:(checksum.Checksum)0}}"
+    )
+
+
+def _numa_id(value: Any, what: str, source: str) -> int:
+    """A NUMA node id: a JSON integer, or a map key in decimal (as Go's strconv.ParseInt reads it)."""
+    if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]{1,19}", value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_NUMA_NODES:
+        raise CheckpointError(f"{source}: {what} must be a NUMA node id from 0 to {MAX_NUMA_NODES - 1}, not {value!r}")
+    return value
+
+
+_T = TypeVar("_T")
+
+
+def _list(value: Any, what: str, source: str, item: Callable[[Any, str, str], _T]) -> list[_T] | None:
+    """A JSON list (None: null), each item read by ``item(value, where, source)``."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise CheckpointError(f"{source}: {what} must be a list, not {type(value).__name__}")
+    return [item(v, f"{what}[{n}]", source) for n, v in enumerate(value)]
+
+
+def _int64(value: Any, what: str, source: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not -(1 << 63) <= value < (1 << 63):
+        raise CheckpointError(f"{source}: {what} must be a 64-bit integer, not {value!r}")
+    return value
+
+
+def _block(raw: Any, where: str, source: str) -> MemoryBlock:
+    b = _object(raw, where, source)
+    return MemoryBlock(
+        numa_affinity=_list(_field(b, "numaAffinity", None), f"{where}.numaAffinity", source, _numa_id),
+        type=_string(_field(b, "type", ""), f"{where}.type", source),
+        size=_uint(_field(b, "size", 0), f"{where}.size", source),
+    )
+
+
+_TABLE_FIELDS = (
+    ("total", "total"),
+    ("system_reserved", "systemReserved"),
+    ("allocatable", "allocatable"),
+    ("reserved", "reserved"),
+    ("free", "free"),
+)
+
+
+def _machine_state(raw: Any, what: str, source: str) -> dict[int, NUMANodeState]:
+    out: dict[int, NUMANodeState] = {}
+    for key, value in _object({} if raw is None else raw, what, source).items():
+        node = _numa_id(key, f"a key of {what}", source)
+        if node in out:
+            raise CheckpointError(f"{source}: {what} names NUMA node {node} twice")
+        where = f"{what}[{key}]"
+        s = _object(value, where, source)
+        tables = _field(s, "memoryMap", None)
+        memory_map = None
+        if tables is not None:
+            memory_map = {}
+            for kind, t in _object(tables, f"{where}.memoryMap", source).items():
+                tw = f"{where}.memoryMap[{kind}]"
+                t = _object(t, tw, source)
+                memory_map[kind] = MemoryTable(
+                    **{f: _uint(_field(t, k, 0), f"{tw}.{k}", source) for f, k in _TABLE_FIELDS}
+                )
+        out[node] = NUMANodeState(
+            number_of_assignments=_int64(_field(s, "numberOfAssignments", 0), f"{where}.numberOfAssignments", source),
+            memory_map=memory_map,
+            cells=_list(_field(s, "cells", None), f"{where}.cells", source, _numa_id),
         )
-    cp = _verified(candidates, checksum, source)
-    _check_cpusets(cp, source)
-    return cp
+    return out
+
+
+def _memory_entries(raw: Any, what: str, source: str) -> dict[str, dict[str, list[MemoryBlock] | None] | None] | None:
+    if raw is None:
+        return None
+    out: dict[str, dict[str, list[MemoryBlock] | None] | None] = {}
+    for pod, named in _object(raw, what, source).items():
+        where = f"{what}[{pod}]"
+        out[pod] = (
+            None
+            if named is None
+            else {n: _list(b, f"{where}[{n}]", source, _block) for n, b in _object(named, where, source).items()}
+        )
+    return out
+
+
+def _memory_pods(raw: Any, what: str, source: str) -> dict[str, list[MemoryBlock] | None] | None:
+    if raw is None:
+        return None
+    out: dict[str, list[MemoryBlock] | None] = {}
+    for pod, entry in _object(raw, what, source).items():
+        where = f"{what}[{pod}]"
+        blocks = _field(_object(entry, where, source), "memoryBlocks", None)
+        out[pod] = _list(blocks, f"{where}.memoryBlocks", source, _block)
+    return out
+
+
+def _memory_fields(obj: dict[str, Any], where: str, source: str) -> dict[str, Any]:
+    """What every format has (v1's keys, and v3's data): newMemoryManagerCheckpoint*() start with
+    empty maps, so a missing key keeps one."""
+    return {
+        "source": source,
+        "policy_name": _string(_field(obj, "policyName", ""), f"{where}policyName", source),
+        "machine_state": _machine_state(_field(obj, "machineState", {}), f"{where}machineState", source),
+        "entries": _memory_entries(_field(obj, "entries", {}), f"{where}entries", source),
+    }
+
+
+def _memory_answer(cp: MemoryCheckpoint) -> MemoryCheckpoint:
+    containers = {
+        (pod, name): list(blocks or [])
+        for pod, named in (cp.entries or {}).items()
+        for name, blocks in (named or {}).items()
+    }
+    pods = {pod: list(blocks or []) for pod, blocks in (cp.pod_entries or {}).items()}
+    return msgspec.structs.replace(cp, containers=containers, pods=pods)
+
+
+def parse_memory_state(data: bytes | str, source: str = MEMORY_STATE) -> MemoryCheckpoint:
+    """Parse and verify ``memory_manager_state`` in any format a kubelet from 1.21 to 1.37 writes
+    (v1 to v3, see above), and give its one answer. NUMA node ids and sizes are range-checked."""
+    top = _object(_decode_json(data, source), "the checkpoint", source)
+    legacy = _memory_fields(top, "", source)  # the kubelet decodes these whatever the format
+    newest = _newest(top, source)
+    if newest is not None:
+        text, stored, body = newest
+        pods = _memory_pods(_field(body, "podEntries", {}), "data.podEntries", source)
+        fields = _memory_fields(body, "data.", source)
+        return _memory_answer(MemoryCheckpoint(version="v3", pod_entries=pods, checksum=stored, data=text, **fields))
+    stored = _uint(_field(top, "checksum", 0), "checksum", source)
+    readings = []
+    with contextlib.suppress(CheckpointError):
+        pods = _memory_pods(_field(top, "podEntries", {}), "podEntries", source)
+        readings.append(MemoryCheckpoint(version="v2", pod_entries=pods, checksum=stored, **legacy))
+    readings.append(MemoryCheckpoint(version="v1", checksum=stored, **legacy))
+    zero_ok = frozenset({"v1"})
+    cp, verified = _first_verified(
+        source, stored, readings, memory_checksum_text, _MEMORY_NAMES, zero_ok, _has(top, "podEntries")
+    )
+    return _memory_answer(msgspec.structs.replace(cp, verified=verified))
 
 
 # --------------------------------------------------------------------------- DRA manager
@@ -593,6 +978,10 @@ def read_cpu_state(path: Path) -> CPUCheckpoint:
     return parse_cpu_state(_read(path), str(path))
 
 
+def read_memory_state(path: Path) -> MemoryCheckpoint:
+    return parse_memory_state(_read(path), str(path))
+
+
 def read_dra_state(path: Path) -> DRACheckpoint:
     return parse_dra_state(_read(path), str(path))
 
@@ -678,8 +1067,7 @@ def events_from(
     out += allocations
     out += cpu_assignments
     if cpu is not None and cpu.policy_name == "static":
-        pool = _cpuset(cpu.default_cpu_set, "the default cpu set", cpu.source)
-        out.append(ev.SharedPoolChanged(cpus=pool.sorted_list(), reason=f"{IMPORT_REASON} ({cpu.source})"))
+        out.append(ev.SharedPoolChanged(cpus=list(cpu.shared), reason=f"{IMPORT_REASON} ({cpu.source})"))
     out += claims
     return out
 
@@ -698,15 +1086,13 @@ def _cpu_policy_changed(cpu: CPUCheckpoint, old_cpu_policy: Mapping[str, Any] | 
 def _cpu_assignments(cpu: CPUCheckpoint, pods: dict[str, _Pod]) -> list[ev.CPUsAssigned]:
     """One CPUsAssigned per container; the containers (and exclusive CPU requests) go to ``pods``."""
     out: list[ev.CPUsAssigned] = []
-    for uid, containers in sorted((cpu.entries or {}).items()):
+    for (uid, name), cpus in sorted(cpu.containers.items()):
         p = pods.setdefault(uid, _Pod())
-        for name, text in sorted(containers.items()):
-            cpus = _cpuset(text, f"the cpuset of container {name!r} in pod {uid!r}", cpu.source)
-            requests = p.containers.setdefault(name, {})
-            if cpu.policy_name == "static" and cpus.size() > 0:
-                requests["cpu"] = str(cpus.size())
-                p.exclusive_cpus = True
-            out.append(ev.CPUsAssigned(pod_uid=uid, container=name, cpus=cpus.sorted_list()))
+        requests = p.containers.setdefault(name, {})
+        if cpu.policy_name == "static" and cpus:
+            requests["cpu"] = str(len(cpus))
+            p.exclusive_cpus = True
+        out.append(ev.CPUsAssigned(pod_uid=uid, container=name, cpus=list(cpus)))
     return out
 
 

@@ -23,7 +23,6 @@ running, at its start.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -593,13 +592,7 @@ def _parse_checkpoint(name: str, path: Path, data: bytes) -> Any:
         return ki.parse_cpu_state(data, str(path))
     if name == ki.DRA_STATE:
         return ki.parse_dra_state(data, str(path))
-    try:  # the memory manager's: eventsrc has no reader of its own; it must be JSON with a checksum
-        parsed = json.loads(data)
-    except ValueError as exc:
-        raise ki.CheckpointError(f"{path}: not a readable JSON checkpoint: {exc}") from None
-    if not isinstance(parsed, dict) or "checksum" not in parsed:
-        raise ki.CheckpointError(f"{path}: not a memory manager checkpoint (no checksum)")
-    return parsed
+    return ki.parse_memory_state(data, str(path))
 
 
 class _Watch:

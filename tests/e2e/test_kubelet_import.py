@@ -231,7 +231,8 @@ def test_device_v1_and_boot_id() -> None:
 
 
 def test_unsupported_formats_are_refused_clearly() -> None:
-    with pytest.raises(ki.CheckpointError, match="newer CPU manager checkpoint format"):
+    # a data string without its dataChecksum: refused as 1.37 refuses it (no fallback to older formats)
+    with pytest.raises(ki.ChecksumMismatchError, match="checksum is 0 but its content gives 657950972"):
         ki.parse_cpu_state(
             '{"data":"{\\"policyName\\":\\"none\\",\\"defaultCPUSet\\":\\"4-6\\"}","checksum":657950972}', "cpu"
         )

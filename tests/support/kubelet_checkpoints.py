@@ -1,10 +1,10 @@
 """The kubelet's checkpoint files, written as the kubelet writes them (../shared/kubelet-api.md §5).
 
-Checksums come from eventsrc's own rules where it has them (``eventsrc.inputs.kubelet_checkpoints``:
-the device manager's and CPU manager's spew-FNV, DRA's CRC32), so a file written here is one
-that ``parse_device_checkpoint``, ``parse_cpu_state`` and ``parse_dra_state`` verify. eventsrc
-has no parser for the memory manager's file; its spew rendering is here
-(``memory_checksum_text``), checked against the facts file's worked example.
+Checksums come from eventsrc's own rules (``eventsrc.inputs.kubelet_checkpoints``: the device,
+CPU and memory managers' spew-FNV, the data strings' dataChecksum, DRA's CRC32), so a file written
+here is one that the ``parse_*`` functions verify; tests/unit/test_kubelet_state_formats.py pins
+those rules to the kubelet's own test literals. The CPU and memory files are written in each
+format a kubelet writes (``version``), so that a stand-in kubelet can play each era.
 
 The JSON is Go's ``encoding/json``: keys in struct order, map keys sorted as strings, no
 spaces, ``<``, ``>`` and ``&`` escaped. Files are replaced as the kubelet's FileStore does
@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from eventsrc.bench.scale import write_checkpoint
 from eventsrc.inputs import kubelet_checkpoints as ki
 
 DEVICE_CHECKPOINT = "device-plugins/" + ki.DEVICE_CHECKPOINT  # under the kubelet root
 CPU_STATE = ki.CPU_STATE
-MEMORY_STATE = "memory_manager_state"
+MEMORY_STATE = ki.MEMORY_STATE
 DRA_STATE = ki.DRA_STATE
 
 
@@ -81,21 +83,48 @@ def device_checkpoint(entries: Sequence[ki.PodDevicesEntry] | None, registered: 
 # --------------------------------------------------------------------------- CPU manager
 
 
-def cpu_state(policy: str, default_cpu_set: str, entries: Mapping[str, Mapping[str, str]]) -> bytes:
-    """``cpu_manager_state`` (V2): the policy, the shared pool and pod uid -> container ->
-    cpuset (``entries`` is left out when empty, as ``omitempty`` does)."""
+def _cpu_body(policy: str, default: str, entries: Mapping[str, Any], pods: Mapping[str, str] | None) -> dict[str, Any]:
+    """policyName, defaultCpuSet, then entries and podEntries, left out when empty (omitempty)."""
+    doc: dict[str, Any] = {"policyName": policy, "defaultCpuSet": default}
+    if entries:
+        doc["entries"] = _sorted_keys({k: _sorted_keys(v) if isinstance(v, Mapping) else v for k, v in entries.items()})
+    if pods:
+        doc["podEntries"] = _sorted_keys({pod: {"cpuSet": cpus} if cpus else {} for pod, cpus in pods.items()})
+    return doc
+
+
+def cpu_state(
+    policy: str,
+    default_cpu_set: str,
+    entries: Mapping[str, Any],
+    *,
+    version: str = "v2",
+    pod_entries: Mapping[str, str] | None = None,
+    type_name: str = "CPUManagerCheckpoint",
+) -> bytes:
+    """``cpu_manager_state`` as a kubelet writes it in ``version``:
+
+    * ``v1``: ``entries`` maps container ids to cpusets (kubelets before 1.18);
+    * ``v2``: pod uid -> container -> cpuset (1.18-1.36; 1.36 with PodLevelResourceManagers off
+      hashes it as ``CPUManagerCheckpointV2``: ``type_name``);
+    * ``v3``: v2 and ``pod_entries``, pod uid -> cpuset (1.36 with the gate on);
+    * ``v4``: the v3 keys with checksum 0, then ``data`` and its ``dataChecksum`` (1.37).
+    """
+    pods = dict(pod_entries or {})
+    body = _cpu_body(policy, default_cpu_set, entries, pods if version in ("v3", "v4") else None)
+    if version == "v4":
+        data = go_json(body).decode()
+        return go_json(body | {"checksum": 0, "data": data, "dataChecksum": ki.data_checksum(data)})
     cp = ki.CPUCheckpoint(
         source=ki.CPU_STATE,
-        version="v2",
+        version=version,
         policy_name=policy,
         default_cpu_set=default_cpu_set,
-        entries={pod: dict(containers) for pod, containers in entries.items()},
+        entries={pod: dict(c) for pod, c in entries.items()} if version != "v1" else None,
+        container_entries=dict(entries) if version == "v1" else None,
+        pod_entries=pods,
     )
-    doc: dict[str, Any] = {"policyName": policy, "defaultCpuSet": default_cpu_set}
-    if entries:
-        doc["entries"] = _sorted_keys({pod: _sorted_keys(c) for pod, c in entries.items()})
-    doc["checksum"] = ki.fnv32a(ki.cpu_checksum_text(cp))
-    return go_json(doc)
+    return go_json(body | {"checksum": ki.fnv32a(ki.cpu_checksum_text(cp, type_name))})
 
 
 # --------------------------------------------------------------------------- memory manager
@@ -141,87 +170,91 @@ class MemoryState:
     entries: Mapping[str, Mapping[str, Sequence[MemoryBlock]]] = field(default_factory=dict)
 
 
-def _spew_ints(items: Sequence[int]) -> str:
-    return "[" + " ".join(str(i) for i in items) + "]"
+def _memory(state: MemoryState, version: str, pods: Mapping[str, Sequence[MemoryBlock]]) -> ki.MemoryCheckpoint:
+    """``state`` as the module's MemoryCheckpoint (what its checksums render)."""
 
+    def blocks(items: Sequence[MemoryBlock]) -> list[ki.MemoryBlock]:
+        return [ki.MemoryBlock(numa_affinity=list(b.numa_affinity), type=b.type, size=b.size) for b in items]
 
-def memory_checksum_text(state: MemoryState) -> str:
-    """What the memory manager hashes: ``(*state.MemoryManagerCheckpoint){...}`` with the
-    checksum field 0 (the facts file's example gives 3810358120 with these rules)."""
-    nodes = {}
-    for node, s in state.machine_state.items():
-        tables = {
-            name: f"<*>{{TotalMemSize:(uint64){t.total} SystemReserved:(uint64){t.system_reserved} "
-            f"Allocatable:(uint64){t.allocatable} Reserved:(uint64){t.reserved} Free:(uint64){t.free}}}"
-            for name, t in s.memory_map.items()
-        }
-        nodes[node] = (
-            f"<*>{{NumberOfAssignments:(int){s.number_of_assignments} "
-            f"MemoryMap:(map[v1.ResourceName]*state.MemoryTable){ki._spew_map(tables)} "
-            f"Cells:([]int){_spew_ints(s.cells)}}}"
+    def table(t: MemoryTable) -> ki.MemoryTable:  # the same names, derived ones included
+        return ki.MemoryTable(**{name: getattr(t, name) for name in ki.MemoryTable.__struct_fields__})
+
+    machine = {
+        node: ki.NUMANodeState(
+            number_of_assignments=s.number_of_assignments,
+            memory_map={name: table(t) for name, t in s.memory_map.items()},
+            cells=list(s.cells),
         )
-    entries = {
-        pod: ki._spew_map(
-            {
-                name: "["
-                + " ".join(
-                    f"{{NUMAAffinity:([]int){_spew_ints(b.numa_affinity)} Type:(v1.ResourceName){b.type} "
-                    f"Size:(uint64){b.size}}}"
-                    for b in blocks
-                )
-                + "]"
-                for name, blocks in containers.items()
-            }
-        )
-        for pod, containers in state.entries.items()
+        for node, s in state.machine_state.items()
     }
-    return (
-        f"(*state.MemoryManagerCheckpoint){{PolicyName:(string){state.policy} "
-        f"MachineState:(state.NUMANodeMap){ki._spew_map(nodes)} "
-        f"Entries:(state.ContainerMemoryAssignments){ki._spew_map(entries)} Checksum:(checksum.Checksum)0}}"
+    return ki.MemoryCheckpoint(
+        source=ki.MEMORY_STATE,
+        version=version,
+        policy_name=state.policy,
+        machine_state=machine,
+        entries={pod: {n: blocks(b) for n, b in named.items()} for pod, named in state.entries.items()},
+        pod_entries={pod: blocks(b) for pod, b in pods.items()},
     )
 
 
-def memory_state(state: MemoryState) -> bytes:
-    """``memory_manager_state`` in its released form."""
-    doc: dict[str, Any] = {
-        "policyName": state.policy,
-        "machineState": _sorted_keys(
-            {
-                str(node): {
-                    "numberOfAssignments": s.number_of_assignments,
-                    "memoryMap": _sorted_keys(
-                        {
-                            name: {
-                                "total": t.total,
-                                "systemReserved": t.system_reserved,
-                                "allocatable": t.allocatable,
-                                "reserved": t.reserved,
-                                "free": t.free,
-                            }
-                            for name, t in s.memory_map.items()
-                        }
-                    ),
-                    "cells": list(s.cells),
-                }
-                for node, s in state.machine_state.items()
-            }
-        ),
+def _memory_body(cp: ki.MemoryCheckpoint, with_pods: bool) -> dict[str, Any]:
+    """policyName, machineState, then entries and podEntries, left out when empty (omitempty)."""
+
+    def blocks(items: list[ki.MemoryBlock] | None) -> list[dict[str, Any]]:
+        return [{"numaAffinity": b.numa_affinity, "type": b.type, "size": b.size} for b in items or []]
+
+    def table(t: ki.MemoryTable) -> dict[str, int]:
+        return {
+            "total": t.total,
+            "systemReserved": t.system_reserved,
+            "allocatable": t.allocatable,
+            "reserved": t.reserved,
+            "free": t.free,
+        }
+
+    nodes = {
+        str(node): {
+            "numberOfAssignments": s.number_of_assignments,
+            "memoryMap": _sorted_keys({name: table(t) for name, t in (s.memory_map or {}).items()}),
+            "cells": s.cells,
+        }
+        for node, s in sorted(cp.machine_state.items())
     }
-    if state.entries:
+    doc: dict[str, Any] = {"policyName": cp.policy_name, "machineState": _sorted_keys(nodes)}
+    if cp.entries:
         doc["entries"] = _sorted_keys(
-            {
-                pod: _sorted_keys(
-                    {
-                        name: [{"numaAffinity": list(b.numa_affinity), "type": b.type, "size": b.size} for b in blocks]
-                        for name, blocks in containers.items()
-                    }
-                )
-                for pod, containers in state.entries.items()
-            }
+            {pod: _sorted_keys({n: blocks(b) for n, b in (named or {}).items()}) for pod, named in cp.entries.items()}
         )
-    doc["checksum"] = ki.fnv32a(memory_checksum_text(state))
-    return go_json(doc)
+    if with_pods and cp.pod_entries:
+        doc["podEntries"] = _sorted_keys({pod: {"memoryBlocks": blocks(b)} for pod, b in cp.pod_entries.items()})
+    return doc
+
+
+def memory_state(
+    state: MemoryState,
+    *,
+    version: str = "v1",
+    pod_entries: Mapping[str, Sequence[MemoryBlock]] | None = None,
+    type_name: str = "MemoryManagerCheckpoint",
+) -> bytes:
+    """``memory_manager_state`` as a kubelet writes it in ``version``:
+
+    * ``v1``: policy, machine state and container entries (1.21-1.36; 1.36 with
+      PodLevelResourceManagers off hashes it as ``MemoryManagerCheckpointV1``: ``type_name``);
+    * ``v2``: v1 and ``pod_entries``, pod uid -> blocks (1.36 with the gate on);
+    * ``v3``: the v1 keys with their own v1 checksum, then ``data`` (pod entries too) and its
+      ``dataChecksum`` (1.37).
+    """
+    cp = _memory(state, version, pod_entries or {})
+    if version == "v3":
+        data = go_json(_memory_body(cp, with_pods=True)).decode()
+        legacy = msgspec.structs.replace(cp, version="v1")
+        newest = {"checksum": ki.fnv32a(ki.memory_checksum_text(legacy, type_name))}
+        return go_json(
+            _memory_body(cp, with_pods=False) | newest | {"data": data, "dataChecksum": ki.data_checksum(data)}
+        )
+    body = _memory_body(cp, with_pods=version == "v2")
+    return go_json(body | {"checksum": ki.fnv32a(ki.memory_checksum_text(cp, type_name))})
 
 
 # --------------------------------------------------------------------------- DRA manager
