@@ -630,7 +630,8 @@ class KubeletCPUsDisagreed(_Event, frozen=True):
     manager's state (``source``, the file) does not explain: the state gives the container
     ``checkpoint`` as its exclusive CPUs (empty: none), and what is listed is neither that nor
     exactly the shared pool. Only the CPUs both give are recorded as the container's exclusive
-    CPUs. Found at two looks in a row (the answer and the file are read at different moments)."""
+    CPUs. Recorded once it lasts 2 s of looks (the answer and the file are read at different
+    moments, and the kubelet writes its file within milliseconds of a change)."""
 
     pod: PodRef
     container: str

@@ -307,7 +307,7 @@ def cpu_disagreements(view: KubeletView, look: Look, ids: Identities) -> list[ev
     listed that are neither its exclusive CPUs nor (for a kubelet before 1.21, which lists the
     whole cpuset) exactly the shared pool, or exclusive CPUs of its that are not listed. The
     kubelet's answer and its file are read at different moments, so the shell records one only
-    when two looks in a row find it."""
+    when it lasts (``beside.DISAGREEMENT_LASTS``)."""
     if ids.cpus is None:
         return []
     out: list[ev.KubeletCPUsDisagreed] = []

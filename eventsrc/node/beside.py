@@ -73,6 +73,8 @@ CALL_TIMEOUT = 10.0
 CALL_RATE = 10.0  # calls a second at most: a tenth of the kubelet's limit, for the other readers
 CALL_BURST = 3
 RETRY_FIRST = 1.0
+#: how long the kubelet's answer and its CPU manager's file must disagree to be a fact
+DISAGREEMENT_LASTS = 2.0
 GET_DISABLED = "PodResources API Get method disabled"
 MEMORY_STATE = "memory_manager_state"
 RUNTIME_EVENTS = (
@@ -251,7 +253,7 @@ class Beside:
         self._missing: frozenset[str] = frozenset()  # observed pods the last complete look did not list
         self._allocatable_trouble = ""  # why GetAllocatableResources could not be had, as last said
         self._answered_ns = 0  # when the kubelet last answered a look (0: not in this run)
-        self._disagreed: set[bytes] = set()  # the CPU disagreements the last complete look found
+        self._disagreed: dict[bytes, float] = {}  # the CPU disagreements the last complete look found: since
         self._said_disagreed: set[bytes] = set()  # those recorded, while they last
 
     # ----------------------------------------------------------------- asked to look
@@ -437,20 +439,25 @@ class Beside:
         state = read.result if read is not None else None
         if not isinstance(state, ki.CPUCheckpoint):
             return None
-        exclusive = {
-            (pod, name): _cpu_set(cpus)
-            for pod, containers in (state.entries or {}).items()
-            for name, cpus in containers.items()
-        }
+        # whatever its format (1.20's to 1.37's): a container's CPUs, by pod uid and name (with
+        # pod-level resources, within its pod's exclusive CPUs, and so no other pod's)
+        exclusive = {key: frozenset(cpus) for key, cpus in state.containers.items()}
         source = str(self.options.checkpoints()[ki.CPU_STATE])
-        return CPUManager(exclusive=exclusive, shared=_cpu_set(state.default_cpu_set), source=source)
+        return CPUManager(exclusive=exclusive, shared=frozenset(state.shared), source=source)
 
     async def _record_disagreements(self, found: list[ev.KubeletCPUsDisagreed]) -> None:
-        """Those ``found`` at the previous complete look too, each once while it lasts."""
-        now = {msgspec.json.encode(d): d for d in found}
-        new = [d for key, d in now.items() if key in self._disagreed and key not in self._said_disagreed]
-        self._disagreed = set(now)
-        self._said_disagreed &= self._disagreed
+        """Those ``found`` at every complete look for ``DISAGREEMENT_LASTS`` seconds, each once
+        while it lasts. The kubelet writes its file as its state changes, within milliseconds;
+        eventsrc reads the file and asks for the answer at different moments."""
+        now = trio.current_time()
+        seen = {msgspec.json.encode(d): d for d in found}
+        self._disagreed = {key: self._disagreed.get(key, now) for key in seen}
+        self._said_disagreed &= self._disagreed.keys()
+        new = [
+            d
+            for key, d in seen.items()
+            if now - self._disagreed[key] >= DISAGREEMENT_LASTS and key not in self._said_disagreed
+        ]
         self._said_disagreed |= {msgspec.json.encode(d) for d in new}
         for d in new:
             log.warning("the kubelet lists cpus its CPU manager's state does not give", pod=d.pod.name, listed=d.listed)
@@ -521,7 +528,7 @@ class Beside:
                     (e.container_name, e.resource_name, i): e.pod_uid for e in entries for i in e.all_device_ids()
                 }
             elif isinstance(read, ki.CPUCheckpoint):
-                shared = sorted(_cpu_set(read.default_cpu_set))
+                shared = sorted(read.shared)
                 if shared != self.recorder.views.kubelet.shared:
                     events.append(ev.KubeletSharedPoolObserved(cpus=shared, policy=read.policy_name, source=str(path)))
         if events:
@@ -539,11 +546,6 @@ class Beside:
                     self.look_again()
         finally:
             await watched.aclose()
-
-
-def _cpu_set(text: str) -> frozenset[int]:
-    """A checkpoint's cpuset (verified when it was read), "" the empty set."""
-    return frozenset(ki.CPUSet.parse(text).sorted_list()) if text else frozenset()
 
 
 #: the gap while nothing shows what is allocatable (no GetAllocatableResources, no device checkpoint)

@@ -21,7 +21,7 @@ from tests.conftest import Daemon, run_cli
 from tests.e2e.test_metrics import metrics_address, scrape
 from tests.support.containerd import Containerd
 from tests.support.kubelet import Container, Device, StandInKubelet
-from tests.support.kubelet_checkpoints import write_garbage, write_torn
+from tests.support.kubelet_checkpoints import CPU_STATE, cpu_state, write, write_garbage, write_torn
 
 RESOURCE = "example.com/dev"
 MEM = 64 << 20
@@ -390,5 +390,33 @@ def test_the_shared_pool_a_120_kubelet_lists_is_not_taken_for_exclusive_cpus(
         assert observed == {("g", (1,))}  # be's cpu_ids (0, 2, 3: the shared pool) are not exclusive
         usage = json.loads(run_cli("audit", "usage", "--by", "pod", "-o", "json", root=root, check=True).stdout)
         assert {(row["name"], row["resource"]) for row in usage} == {("g", "cpu"), ("g", RESOURCE)}
+        daemon.stop()
+    check_holds(root)
+
+
+def test_cpus_the_kubelet_lists_and_its_cpu_manager_does_not_give_are_a_disagreement(
+    short_tmp: Path, root: Path, daemon_factory: type[Daemon]
+) -> None:
+    """Issue 35 item 1: a CPU counts as a container's exclusive CPU only when the CPU manager's
+    state gives it to the container. A kubelet that lists CPU 1 for a container its state gives
+    nothing: no exclusive CPU recorded, and, once it lasts, the disagreement as a fact."""
+    with StandInKubelet(short_tmp / "kubelet", minor=30) as k:
+        k.set_allocatable(devices=[Device(RESOURCE, "d-1", (0,))], cpus=[0, 1, 2, 3])
+        k.set_pod("default", "g", [Container("main", devices=[Device(RESOURCE, "d-1")], cpus=[1])], uid="uid-g")
+        k.write_checkpoints()
+        write(k.root, CPU_STATE, cpu_state("static", "0,2-3", {}))  # the state gives uid-g nothing
+        daemon = beside(daemon_factory, k, "--beside-kubelet-resync", "1s")
+        (found,) = daemon.eventually(lambda: of_type(root, "KubeletCPUsDisagreed"), "the disagreement")
+        assert (found["event"]["pod"]["uid"], found["event"]["listed"], found["event"]["checkpoint"]) == (
+            "uid-g",
+            [1],
+            [],
+        )
+        assert found["event"]["source"].endswith("cpu_manager_state")
+        assert of_type(root, "KubeletCPUsObserved") == []
+        assert (
+            "listed with cpus 1, its CPU manager's state gives it no exclusive cpus"
+            in run_cli("log", root=root, check=True).stdout
+        )
         daemon.stop()
     check_holds(root)

@@ -26,7 +26,7 @@ kubelet's checkpoint files under ``root``. It answers as the kubelet does
     kubelet = StandInKubelet(tmp_path)          # serving at once
     kubelet.set_allocatable(devices=[Device("example.com/gpu", "gpu-0", numa=(0,))], cpus=range(8))
     kubelet.set_pod("default", "web", [Container("app", devices=[...], cpus=[2, 3])])
-    kubelet.write_checkpoints()                 # the four files, from the same state
+    kubelet.write_checkpoints()                 # its files, from the same state
     with kubelet.restarting(): ...              # List empty, Get not found
     kubelet.stop(); kubelet.start()             # the socket gone, then back
     kubelet.calls["List"], kubelet.rejected["List"]
@@ -89,13 +89,17 @@ class Era:
     #: the empty ``device-plugins/DEPRECATION`` file the device manager's plugin handler makes,
     #: which sends device plugins to register through ``plugins_registry``
     deprecation_file: bool = True
+    #: the formats of ``cpu_manager_state`` and ``memory_manager_state`` it writes (docs/adr/0039;
+    #: "" for memory: no memory manager before 1.21); 1.36 as with ``PodLevelResourceManagers`` on
+    cpu_state: str = "v2"
+    memory_state: str = "v1"
 
 
 #: one entry per era a scenario runs against (the newest era with ``minor`` <= a release's is its)
 ERAS: dict[str, Era] = {
     "1.20": Era(
         20, allocatable=False, allocatable_on=False, get=False, whole_cpuset=True, memory=False, claims=False,
-        claim_devices=False, share_ids=False,
+        claim_devices=False, share_ids=False, memory_state="",
     ),
     "1.21": Era(21, allocatable_on=False, get=False, memory=False, claims=False, claim_devices=False, share_ids=False),
     "1.22": Era(22, allocatable_on=False, get=False, claims=False, claim_devices=False, share_ids=False),
@@ -103,6 +107,8 @@ ERAS: dict[str, Era] = {
     "1.27": Era(27, claim_devices=False, share_ids=False),
     "1.31": Era(31, share_ids=False),
     "1.35": Era(35),
+    "1.36": Era(36, cpu_state="v3", memory_state="v2"),
+    "1.37": Era(37, cpu_state="v4", memory_state="v3"),
 }  # fmt: skip
 
 
@@ -433,7 +439,8 @@ class StandInKubelet:
             if c.cpus:
                 entries.setdefault(pod.uid, {})[c.name] = str(CPUSet(c.cpus))
         default = CPUSet(self._shared_pool())
-        return kc.write(self.root, kc.CPU_STATE, kc.cpu_state(policy, str(default), entries))
+        content = kc.cpu_state(policy, str(default), entries, version=self.era.cpu_state)
+        return kc.write(self.root, kc.CPU_STATE, content)
 
     def _shared_pool(self) -> set[int]:
         """The allocatable CPUs no container holds exclusively."""
@@ -463,7 +470,8 @@ class StandInKubelet:
             for node in m.numa or (0,):
                 tables.setdefault(node, {})[m.type] = kc.MemoryTable(m.size, reserved=reserved[(node, m.type)])
         machine = {node: kc.NUMANodeState(assignments[node], t, [node]) for node, t in tables.items()}
-        return kc.write(self.root, kc.MEMORY_STATE, kc.memory_state(kc.MemoryState("Static", machine, entries)))
+        state = kc.MemoryState("Static", machine, entries)
+        return kc.write(self.root, kc.MEMORY_STATE, kc.memory_state(state, version=self.era.memory_state))
 
     def write_dra_state(self) -> Path:
         """``dra_manager_state``: every claim a container uses, with the pods that use it."""
@@ -496,13 +504,9 @@ class StandInKubelet:
         return kc.write(self.root, kc.DRA_STATE, kc.dra_state(out, share_ids=self.era.share_ids))
 
     def write_checkpoints(self) -> list[Path]:
-        """All four files, from the current state."""
-        return [
-            self.write_device_checkpoint(),
-            self.write_cpu_state(),
-            self.write_memory_state(),
-            self.write_dra_state(),
-        ]
+        """Every file its era writes, from the current state."""
+        memory = [self.write_memory_state()] if self.era.memory_state else []  # none before 1.21
+        return [self.write_device_checkpoint(), self.write_cpu_state(), *memory, self.write_dra_state()]
 
 
 class _Servicer(pr.PodResourcesListerServicer):  # type: ignore[misc,name-defined]
