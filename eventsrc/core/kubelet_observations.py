@@ -31,7 +31,7 @@ Pure: no clock, no I/O. The shell (``eventsrc.node.beside``) asks the kubelet an
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from eventsrc import events as ev
 from eventsrc.state.views import KubeletView, ObservedPodView, RuntimeView
@@ -125,10 +125,17 @@ class Identities:
     checkpoint: Mapping[tuple[str, str, str], str] = field(default_factory=dict)
     runtime_seen: bool = False
     cpus: CPUManager | None = None
+    #: the memory manager's state (``memory_manager_state``): each container's blocks by (pod
+    #: uid, container name), taken for a container the answer lists no memory for (a kubelet
+    #: before 1.22 lists none)
+    memory: Mapping[tuple[str, str], tuple[ev.ObservedMemory, ...]] = field(default_factory=dict)
 
 
 def identities(
-    runtime: RuntimeView | None, checkpoint: Mapping[tuple[str, str, str], str], cpus: CPUManager | None = None
+    runtime: RuntimeView | None,
+    checkpoint: Mapping[tuple[str, str, str], str],
+    cpus: CPUManager | None = None,
+    memory: Mapping[tuple[str, str], tuple[ev.ObservedMemory, ...]] | None = None,
 ) -> Identities:
     """The uids the runtime's view (None: not current), the device checkpoint and the CPU
     manager's state give (the newest sandbox of a name wins)."""
@@ -136,7 +143,9 @@ def identities(
     if runtime is not None:
         for s in sorted(runtime.sandboxes.values(), key=lambda s: s.since_seq):
             sandboxes[f"{s.namespace}/{s.name}"] = s.uid
-    return Identities(sandboxes=sandboxes, checkpoint=checkpoint, runtime_seen=runtime is not None, cpus=cpus)
+    return Identities(
+        sandboxes=sandboxes, checkpoint=checkpoint, runtime_seen=runtime is not None, cpus=cpus, memory=memory or {}
+    )
 
 
 def _uid(pod: SeenPod, ids: Identities, view: KubeletView, shared: frozenset[tuple[str, str, str]]) -> str | None:
@@ -290,6 +299,8 @@ def observe(view: KubeletView, look: Look, ids: Identities) -> list[ev._Event]:
             if name not in listed:
                 releases.extend(_container_changes(ref, SeenContainer(name=name), held))  # all it held goes
         for c in pod.containers:
+            if not c.memory and (ref.uid, c.name) in ids.memory:
+                c = replace(c, memory=ids.memory[(ref.uid, c.name)])
             for e in _container_changes(ref, c, held, exclusive_cpus(ref.uid, c, ids.cpus)):
                 (releases if isinstance(e, _RELEASES) else holds).append(e)
     return releases + holds

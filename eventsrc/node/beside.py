@@ -76,7 +76,6 @@ RETRY_FIRST = 1.0
 #: how long the kubelet's answer and its CPU manager's file must disagree to be a fact
 DISAGREEMENT_LASTS = 2.0
 GET_DISABLED = "PodResources API Get method disabled"
-MEMORY_STATE = "memory_manager_state"
 RUNTIME_EVENTS = (
     ev.PodSandboxStarted,
     ev.PodSandboxRemoved,
@@ -103,7 +102,7 @@ class BesideOptions:
         return {
             ki.DEVICE_CHECKPOINT: d / "device-plugins" / ki.DEVICE_CHECKPOINT,
             ki.CPU_STATE: d / ki.CPU_STATE,
-            MEMORY_STATE: d / MEMORY_STATE,
+            ki.MEMORY_STATE: d / ki.MEMORY_STATE,
             ki.DRA_STATE: d / ki.DRA_STATE,
         }
 
@@ -390,7 +389,7 @@ class Beside:
         if events:
             await self.recorder.record(events)
         if answer is not None:
-            ids: Identities = identities(runtime, self._device_uids, self._cpu_manager())
+            ids: Identities = identities(runtime, self._device_uids, self._cpu_manager(), self._memory_manager())
             events = observe(views.kubelet, answer, ids)
             if events:
                 await self.recorder.record(events)
@@ -444,6 +443,19 @@ class Beside:
         exclusive = {key: frozenset(cpus) for key, cpus in state.containers.items()}
         source = str(self.options.checkpoints()[ki.CPU_STATE])
         return CPUManager(exclusive=exclusive, shared=frozenset(state.shared), source=source)
+
+    def _memory_manager(self) -> dict[tuple[str, str], tuple[ev.ObservedMemory, ...]]:
+        """Each container's memory blocks as the memory manager's state last read gives them."""
+        read = self._files.get(ki.MEMORY_STATE)
+        state = read.result if read is not None else None
+        if not isinstance(state, ki.MemoryCheckpoint):
+            return {}
+        return {
+            key: tuple(
+                ev.ObservedMemory(memory_type=b.type, size=b.size, numa_nodes=b.numa_affinity or []) for b in blocks
+            )
+            for key, blocks in state.containers.items()
+        }
 
     async def _record_disagreements(self, found: list[ev.KubeletCPUsDisagreed]) -> None:
         """Those ``found`` at every complete look for ``DISAGREEMENT_LASTS`` seconds, each once
@@ -600,7 +612,7 @@ def _parse_checkpoint(name: str, path: Path, data: bytes) -> Any:
 class _Watch:
     """inotify on DIR, DIR/device-plugins and DIR/pod-resources: names that matter only."""
 
-    NAMES = frozenset({ki.DEVICE_CHECKPOINT, ki.CPU_STATE, MEMORY_STATE, ki.DRA_STATE, "kubelet.sock"})
+    NAMES = frozenset({ki.DEVICE_CHECKPOINT, ki.CPU_STATE, ki.MEMORY_STATE, ki.DRA_STATE, "kubelet.sock"})
     DIRS = frozenset({"device-plugins", "pod-resources"})
 
     def __init__(self, options: BesideOptions, inotify: Any, flags: Any) -> None:

@@ -3,6 +3,7 @@
 a BestEffort pod, a 200m pod with a device; the first removed; the kubelet restarted; eventsrc
 SIGKILLed while a pod goes. What the log then says must hold for every era:
 
+* the Guaranteed pod's memory, from PodResources (1.22 on) or the memory manager's file (1.21);
 * no exclusive CPU for the BestEffort or the 200m pod (a 1.20 kubelet lists their cpuset, the
   shared pool, in ``cpu_ids``), CPU 1 for the Guaranteed pod, and no disagreement recorded;
 * one usage row per pod and resource, under the pod's uid;
@@ -22,9 +23,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon, run_cli
-from tests.support.kubelet import ERAS, Container, Device, StandInKubelet
+from tests.support.kubelet import ERAS, Container, Device, Memory, StandInKubelet
 
 RESOURCE = "example.com/resource"
+MIB, GIB = 1 << 20, 1 << 30
 
 
 def records(root: Path, *types: str) -> list[dict[str, Any]]:
@@ -47,14 +49,16 @@ def gaps(root: Path, source: str) -> list[dict[str, Any]]:
     return [g["event"] for g in records(root, "ObservationGapFound") if g["event"]["source"] == source]
 
 
-@pytest.mark.parametrize("era", ["1.20", "1.22", "1.26", "1.30", "1.36", "1.37"])
+@pytest.mark.parametrize("era", ["1.20", "1.21", "1.26", "1.30", "1.36", "1.37"])
 def test_the_scenario_beside_a_kubelet_of_each_era(
     era: str, short_tmp: Path, root: Path, daemon_factory: type[Daemon]
 ) -> None:
     minor = int(era.split(".")[1])
     with StandInKubelet(short_tmp / "kubelet", minor=minor) as k:
         assert k.era in ERAS.values()
-        k.set_allocatable(devices=[Device(RESOURCE, d, (0,)) for d in ("Dev-1", "Dev-2")], cpus=[0, 1])
+        k.set_allocatable(
+            devices=[Device(RESOURCE, d, (0,)) for d in ("Dev-1", "Dev-2")], cpus=[0, 1], memory=[Memory("memory", GIB)]
+        )
         k.write_checkpoints()
         args = ("--beside-kubelet", str(k.root), "--beside-kubelet-resync", "1s")
         daemon = daemon_factory(*args)
@@ -64,13 +68,19 @@ def test_the_scenario_beside_a_kubelet_of_each_era(
         daemon.eventually(lambda: run_cli("audit", "device", RESOURCE, "Dev-1", root=root).returncode == 0, "Dev-1")
         assert audit_device(root, "Dev-1")["holders"] == []
 
-        k.set_pod("default", "guaranteed", [Container("main", devices=[Device(RESOURCE, "Dev-1", (0,))], cpus=[1])])
+        held = Container(
+            "main", devices=[Device(RESOURCE, "Dev-1", (0,))], cpus=[1], memory=[Memory("memory", MIB, (0,))]
+        )
+        k.set_pod("default", "guaranteed", [held])
         k.set_pod("default", "besteffort", [Container("main")])
         k.set_pod("default", "small", [Container("main", devices=[Device(RESOURCE, "Dev-2", (0,))])])
         k.write_checkpoints()
         daemon.eventually(lambda: holders(root, "Dev-2") == [("small", True)], "small's device")
         daemon.eventually(lambda: holders(root, "Dev-1") == [("guaranteed", True)], "guaranteed's device")
         daemon.eventually(lambda: records(root, "KubeletCPUsObserved"), "guaranteed's CPU")
+        if k.era.memory or k.era.memory_state:  # PodResources lists it (1.22), or its file says it (1.21)
+            (memory,) = daemon.eventually(lambda: records(root, "KubeletMemoryObserved"), "guaranteed's memory")
+            assert memory["event"]["memory"] == [{"memory_type": "memory", "size": MIB, "numa_nodes": [0]}]
 
         k.remove_pod("default", "guaranteed")
         k.write_checkpoints()
@@ -85,7 +95,7 @@ def test_the_scenario_beside_a_kubelet_of_each_era(
         stopped = time.time_ns()
         k.stop()
         (gap,) = daemon.eventually(lambda: gaps(root, "kubelet"), "the kubelet's gap")
-        assert asked <= gap["since_ns"] <= stopped
+        assert asked <= gap["since_ns"] <= stopped, (asked, stopped, gaps(root, "kubelet"), k.listed_at[-4:])
         k.start()
         daemon.eventually(lambda: any(g["until_ns"] for g in gaps(root, "kubelet")), "the kubelet's gap closed")
 

@@ -236,6 +236,7 @@ class StandInKubelet:
         self.limiter = TokenBucket(rate=qps, burst=burst, clock=clock)
         self.calls: Counter[str] = Counter()  # every call that reached the server, by method
         self.rejected: Counter[str] = Counter()  # those the rate limit refused
+        self.listed_at: list[int] = []  # when each List was answered (wall clock, ns)
         self._lock = threading.Lock()
         self._pods: dict[tuple[str, str], Pod] = {}
         self._allocatable = Allocatable()
@@ -519,7 +520,9 @@ class _Servicer(pr.PodResourcesListerServicer):  # type: ignore[misc,name-define
 
     def List(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._admit("List", context)
-        return self.k.list_answer()
+        answer = self.k.list_answer()
+        self.k.listed_at.append(time.time_ns())
+        return answer
 
     def GetAllocatableResources(self, request: Any, context: grpc.ServicerContext) -> Any:
         if not self.k.era.allocatable:
