@@ -92,8 +92,8 @@ def test_the_scenario_beside_a_kubelet_of_each_era(
         # two Lists after ``asked``: the first was answered (looks go one at a time), whatever
         # the stop does to the second
         daemon.eventually(lambda: k.calls["List"] >= answered + 2, "an answer")
-        stopped = time.time_ns()
         k.stop()
+        stopped = time.time_ns()  # an answer sent before the stop may be read after it began
         (gap,) = daemon.eventually(lambda: gaps(root, "kubelet"), "the kubelet's gap")
         assert asked <= gap["since_ns"] <= stopped, (asked, stopped, gaps(root, "kubelet"), k.listed_at[-4:])
         k.start()
