@@ -164,8 +164,8 @@ def test_a_restarting_kubelet_releases_nothing_and_its_absence_is_a_gap(
     daemon.eventually(lambda: kubelet.calls["List"] > answered, "an answer")  # a good answer, then it stops
     kubelet_gaps = lambda: [g for g in of_type(root, "ObservationGapFound") if g["event"]["source"] == "kubelet"]  # noqa: E731
     before = len(kubelet_gaps())
-    stopped_ns = time.time_ns()
     kubelet.stop()  # its socket gone
+    stopped_ns = time.time_ns()  # an answer sent before the stop may be read after it began
     gap = daemon.eventually(lambda: kubelet_gaps()[before:], "the gap")[0]
     assert gap["event"]["since_ns"] <= stopped_ns  # from its last good answer, not from the look that found it gone
     kubelet.start()
