@@ -5,11 +5,13 @@
       ├─ GroupCommitter.run          appends; applies each committed batch to the views
       ├─ serve_http(HealthApp)       --metrics-address only: /metrics, /healthz, /readyz (obs/metrics.py)
       │  (records DaemonStarted, ConfigurationChanged, what the last run left unfinished,
-      │   then this start's CPU manager configuration)
+      │   then this start's CPU manager configuration; beside a kubelet, the time it was not
+      │   running as a gap instead: node/beside.start_events)
       ├─ DeviceManager.run           device-plugins/kubelet.sock (Registration, through
       │                              rpc/bridge.serve_unix); one task per plugin endpoint
       ├─ DRAManager.run              finishes claim work (prepare, unprepare) when kicked, retries
       ├─ PluginWatcher.run           plugins_registry/: DRA drivers and device plugins register
+      │                              (these three and PodResources: not beside a kubelet)
       ├─ Turns.run, Stalls.run       give Watch streams their turns to read the history, after
       │                              the decisions; cut off those whose client reads nothing
       │                              (api/readers.py)
@@ -17,6 +19,13 @@
       │                              list pods, watch; admission is node/admitter.py asking
       │                              core/admission.py for its decisions
       ├─ serve_unix(PodResources)    pod-resources/kubelet.sock (api/podresources.py)
+      ├─ Beside.run                  --beside-kubelet only, in PodResources' place: asks the
+      │                              kubelet and reads its files; records what it decided as
+      │                              observed (node/beside.py, core/kubelet_observations.py)
+      ├─ NRIPlugin.run               --nri-socket only: containerd's NRI plugin over ttrpc,
+      │                              observe or enforce (node/nri.py, core/runtime_decisions.py)
+      ├─ Shipper.run                 --fleet-nats only: the log's records to NATS JetStream for the
+      │                              fleet; nothing waits for it (node/shipper.py, docs/fleet.md)
       ├─ Daemon.scrub                checks every record written before this start
       ├─ Daemon.snapshot_loop        writes a snapshot every ``snapshot_every`` records
       ├─ Retainer.run                finishes an interrupted retention cut; with logRetention,
