@@ -33,7 +33,7 @@ from eventsrc.obs.loop import LoopHolds
 from eventsrc.obs.text import escape
 from eventsrc.rpc.answer_cache import SeqCache, element
 from eventsrc.rpc.bridge import to_trio
-from eventsrc.rpc.limits import send_encoded
+from eventsrc.rpc.codec import send_encoded
 from eventsrc.state.lifecycles import ADMITTED
 from eventsrc.state.views import ClaimView, ObservedPodView, PodView, Views
 
@@ -327,9 +327,9 @@ class NodeService(NodeBase):
         self._history = history
         self._pods = PodsCache()
 
-    def _deciding(self) -> AbstractContextManager[None]:
+    def _readers_wait(self) -> AbstractContextManager[None]:
         """From a decision's request to its answer: readers of the history wait (api.readers)."""
-        return self._history.turns.deciding() if self._history is not None else nullcontext()
+        return self._history.turns.decision_runs() if self._history is not None else nullcontext()
 
     async def Watch(self, stream: Stream[pb.WatchRequest, pb.WatchEvent]) -> None:
         req = await stream.recv_message()
@@ -382,7 +382,7 @@ class NodeService(NodeBase):
         assert req is not None
         if self._read_only:
             raise GRPCError(Status.FAILED_PRECONDITION, self._read_only)
-        with self._deciding():
+        with self._readers_wait():
             try:
                 spec = pod_from_proto(req.pod, list(req.claims))
                 pod, cid = await to_trio(self._admitter.admit)(spec)
@@ -397,7 +397,7 @@ class NodeService(NodeBase):
         assert req is not None
         if self._read_only:
             raise GRPCError(Status.FAILED_PRECONDITION, self._read_only)
-        with self._deciding():
+        with self._readers_wait():
             try:
                 # a uid goes to the admitter as it is: it knows the pods whose admission runs
                 uid = req.pod.uid or find_pod(self._views(), req.pod).uid

@@ -15,7 +15,7 @@ from grpclib.server import Stream
 from eventsrc.gen.podresources.v1 import api_pb2 as pb
 from eventsrc.gen.podresources.v1.api_grpc import PodResourcesListerBase
 from eventsrc.rpc.answer_cache import SeqCache, element
-from eventsrc.rpc.limits import send_encoded
+from eventsrc.rpc.codec import send_encoded
 from eventsrc.rpc.ratelimit import TokenBucket
 from eventsrc.state.lifecycles import ADMITTED
 from eventsrc.state.views import DeviceView, PodView, Views

@@ -7,7 +7,7 @@ the history is read and sent in turns:
 - **one reader at a time**: a reader reads a chunk of records and sends them in its turn,
   and the others wait for theirs, parked (not runnable): the loop runs at most one reader's
   chunk between two steps of anything else;
-- **decisions first**: while an admission or a removal runs (``deciding``, from its
+- **decisions first**: while an admission or a removal runs (``decision_runs``, from its
   request's arrival to its answer), one turn is given every ``patience`` seconds at most (so
   a node that decides without pause still serves its readers, a chunk at a time), and
   between decisions, one after the other;
@@ -58,7 +58,7 @@ class Turns:
         self, lease: float = LEASE, patience: float = PATIENCE, clock: Callable[[], float] = trio.current_time
     ) -> None:
         self.lease, self.patience, self._clock = lease, patience, clock
-        self._deciding = 0
+        self._decisions = 0  # admissions and removals running now
         self._holder: object | None = None
         self._lease_end = 0.0
         self._last_given = -math.inf
@@ -83,7 +83,7 @@ class Turns:
         now = self._clock()
         at = max(
             self._lease_end if self._holder is not None else now,
-            self._last_given + self.patience if self._deciding else now,
+            self._last_given + self.patience if self._decisions else now,
         )
         if at > now:
             return at
@@ -95,15 +95,15 @@ class Turns:
         return now if self._asked else math.inf
 
     @contextmanager
-    def deciding(self) -> Iterator[None]:
+    def decision_runs(self) -> Iterator[None]:
         """Around a decision: turns wait (see the module's docstring). Usable on either side
         (trio, or an asyncio handler)."""
-        self._deciding += 1
+        self._decisions += 1
         try:
             yield
         finally:
-            self._deciding -= 1
-            if self._deciding == 0:
+            self._decisions -= 1
+            if self._decisions == 0:
                 self._token.run_sync_soon(self._changed_now)
 
     async def take(self, holder: Holder) -> object:

@@ -119,10 +119,10 @@ class Admission(Generic[D]):
         config: AdmissionConfig,
         devices: DevicePlugins,
         dra: ClaimDrivers[D],
-        deciding: Callable[[], AbstractContextManager[None]] = nullcontext,
+        readers_wait: Callable[[], AbstractContextManager[None]] = nullcontext,
     ) -> None:
         self.recorder = recorder
-        self.deciding = deciding  # around each admission and removal: readers of the history wait (api.readers)
+        self.readers_wait = readers_wait  # around each admission and removal: readers of the history wait (api.readers)
         self.config = config
         self.devices = devices
         self.dra = dra
@@ -131,7 +131,7 @@ class Admission(Generic[D]):
         # Held from computing events from the views to recording them, for every decision that
         # releases or takes (an intent, an outcome's undo, a removal): the views one decision
         # reads hold every record the others appended (SharedPoolChanged carries the whole set).
-        self._deciding = trio.Lock()
+        self._one_decision = trio.Lock()  # one admission or removal at a time
 
     async def admit(self, spec: PodSpec) -> tuple[PodView, str]:
         """Admit ``spec``; return the pod as admitted and the correlation id.
@@ -155,7 +155,7 @@ class Admission(Generic[D]):
         running = self._running[uid] = _Running(spec)
         try:
             with (
-                self.deciding(),
+                self.readers_wait(),
                 correlation(new_correlation_id()) as cid,
             ):  # on every line logged and record appended for this pod
                 running.answer = (await self._admit(spec), cid)
@@ -183,7 +183,7 @@ class Admission(Generic[D]):
             refused = await drive(core.find(), lambda asked: self._find(asked, found))
             if refused is not None:
                 raise await self._refuse(spec, refused)
-            async with self._deciding:
+            async with self._one_decision:
                 with metrics.topology_admission():
                     decision = await drive(core.plan(), lambda ask: self._preferred(found.endpoints[ask.resource], ask))
                     for failed in decision.cpu_pinning:
@@ -206,7 +206,7 @@ class Admission(Generic[D]):
                     for work in decision.claim_prepares:
                         outcome += await self.dra.prepare(found.drivers[work.driver], work.claims)
                 results.claims += outcome
-            async with self._deciding:
+            async with self._one_decision:
                 pod = await self._settle(spec, core, results)
         return pod
 
@@ -273,7 +273,7 @@ class Admission(Generic[D]):
     ) -> PodView:
         """Record the outcome the core gives for ``results`` (after ``intent``, in its first
         append, when the intent is not recorded yet); the pod, or AdmissionRefused. The caller
-        holds ``_deciding``."""
+        holds ``_one_decision``."""
         log_claim_outcomes(results.claims)
         first = list(intent)
 
@@ -312,10 +312,10 @@ class Admission(Generic[D]):
             raise AdmissionRefused(f"pod {uid} is being admitted; remove it once that ends")
         # One decision at a time, each from the views the one before left: two removals at once
         # would both release the pod's devices, the second after someone else got them.
-        async with self._deciding:
+        async with self._one_decision:
             events = removal(views, self.config.cpus, uid, reason)
             pod = _copy(views.pods.pods[uid])
-            with self.deciding(), correlation(new_correlation_id()) as cid, trio.CancelScope(shield=True):
+            with self.readers_wait(), correlation(new_correlation_id()) as cid, trio.CancelScope(shield=True):
                 records = await self.recorder.record(events)
         with correlation(cid):
             self.dra.kick()  # the claims left with no pod are to be unprepared

@@ -211,7 +211,7 @@ class Daemon:
             AdmissionConfig(self.cpus, self.topology, admission_wait),
             self.devices,
             self.dra,
-            deciding=self.turns.deciding,
+            readers_wait=self.turns.decision_runs,
         )
         self.nri = NRIPlugin(self, self.admission, self.cpus, nri) if nri is not None else None
         # serve --fleet-nats: beside the rest, nothing waits for it (docs/fleet.md); retention's

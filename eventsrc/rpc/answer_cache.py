@@ -1,6 +1,6 @@
 """A gRPC answer kept from call to call as its items' encodings (``SeqCache``): the
 listings of PodResources' List (``api.podresources.ListCache``) and the node API's ListPods
-(``api.node.PodsCache``), sent as they are (``rpc.limits.PreEncoded``, ``send_encoded``).
+(``api.node.PodsCache``), sent as they are (``rpc.codec.PreEncoded``, ``send_encoded``).
 
 An answer whose one field set is a repeated message is the concatenation of its elements'
 encodings (``element``), so each item is encoded once, when it changes, and the answer is a
@@ -16,7 +16,7 @@ from typing import Generic, TypeVar
 
 from google.protobuf.message import Message
 
-from eventsrc.rpc.limits import PreEncoded
+from eventsrc.rpc.codec import PreEncoded
 from eventsrc.state.views import Views
 
 M = TypeVar("M", bound=Message)
@@ -70,7 +70,7 @@ class SeqCache(Generic[M]):
     pass stay cached under their own keys: the next pass reuses those still current.
 
     The answer is ``PreEncoded``: the parts joined for each call and sent as they are
-    (``rpc.limits``), so no whole message is made or serialised. The joined bytes live only
+    (``rpc.codec``), so no whole message is made or serialised. The joined bytes live only
     while they are sent: kept, they would double what the cache holds (3.3 MB of ListPods
     at 10,000 pods), and the join costs about a millisecond."""
 

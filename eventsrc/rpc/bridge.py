@@ -5,7 +5,7 @@ grpclib is asyncio-only. The daemon opens one asyncio loop inside ``trio.run`` w
 (``serve_unix``), trio code calls a peer with ``to_aio`` on a channel from
 ``unix_channel``, and handlers (asyncio coroutines) reach trio code with ``to_trio``.
 Every channel and server made here bounds what it receives and what each connection
-remembers of its closed streams (``rpc.limits``). Everything else in eventsrc stays trio.
+remembers of its closed streams (``rpc.codec``). Everything else in eventsrc stays trio.
 
 The loop is trio-asyncio's own (``trio_asyncio.open_loop()``), used through its documented
 API only.
@@ -33,7 +33,7 @@ from grpclib.server import Server
 
 from eventsrc.errors import EventsrcError
 from eventsrc.obs.logger import get_logger
-from eventsrc.rpc.limits import MAX_MESSAGE_BYTES, BoundedCodec
+from eventsrc.rpc.codec import MAX_MESSAGE_BYTES, BoundedCodec
 
 T = TypeVar("T")
 
@@ -67,7 +67,7 @@ to_aio = trio_asyncio.aio_as_trio
 #: Everything a call to a peer can fail with: its status, a broken connection, a timeout, or
 #: what grpclib's reader lets escape from a malformed answer (AssertionError: the stream
 #: ended inside a message; NotImplementedError: a compressed message). Garbage and
-#: oversized messages are GRPCErrors (``rpc.limits.BoundedCodec``); DecodeError stays for a
+#: oversized messages are GRPCErrors (``rpc.codec.BoundedCodec``); DecodeError stays for a
 #: channel made without it.
 CALL_ERRORS: tuple[type[BaseException], ...] = (
     GRPCError,

@@ -27,7 +27,7 @@ from eventsrc.gen.deviceplugin.v1beta1 import api_pb2 as pb
 from eventsrc.gen.deviceplugin.v1beta1.api_grpc import DevicePluginStub
 from eventsrc.node.device_manager import Endpoint
 from eventsrc.rpc.bridge import CALL_ERRORS, unix_channel, why
-from eventsrc.rpc.limits import MAX_MESSAGE_BYTES
+from eventsrc.rpc.codec import MAX_MESSAGE_BYTES
 
 Behaviour = Callable[[Any, Any], Any]
 

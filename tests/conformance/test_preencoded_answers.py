@@ -1,5 +1,5 @@
 """PodResources List and the node API's ListPods, sent encoded beforehand (each pod's part
-kept, the answer joined: ``rpc.limits.PreEncoded``), as a grpcio client receives them: byte
+kept, the answer joined: ``rpc.codec.PreEncoded``), as a grpcio client receives them: byte
 for byte the whole answer serialised from the views rebuilt from the log, and one message of
 the reply type to grpcio's own stubs."""
 

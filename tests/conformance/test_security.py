@@ -49,7 +49,7 @@ from eventsrc.node.device_manager import RegistrationRejected, RegistryHandler
 from eventsrc.node.dra_manager import DRAManager, DRARejected
 from eventsrc.node.plugin_watcher import PluginWatcher
 from eventsrc.rpc.bridge import serve_unix
-from eventsrc.rpc.limits import MAX_MESSAGE_BYTES
+from eventsrc.rpc.codec import MAX_MESSAGE_BYTES
 from tests.conftest import Daemon, run_cli
 from tests.e2e.test_dra_e2e import claim_yaml
 from tests.e2e.test_dra_e2e import pod_yaml as claim_pod_yaml

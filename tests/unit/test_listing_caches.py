@@ -18,7 +18,7 @@ from eventsrc.events import Record
 from eventsrc.gen.node.v1 import node_pb2 as npb
 from eventsrc.gen.podresources.v1 import api_pb2 as pb
 from eventsrc.rpc.answer_cache import PACED_PASSES
-from eventsrc.rpc.limits import PreEncoded
+from eventsrc.rpc.codec import PreEncoded
 from eventsrc.state.apply import apply_all
 from eventsrc.state.lifecycles import ADMITTED
 from eventsrc.state.views import Views

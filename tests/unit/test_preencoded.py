@@ -1,4 +1,4 @@
-"""Answers sent encoded beforehand (``rpc.limits.PreEncoded``): the codec sends their bytes as
+"""Answers sent encoded beforehand (``rpc.codec.PreEncoded``): the codec sends their bytes as
 they are, for the method's own reply type only, and the listings joined from each pod's
 encoding (``rpc.answer_cache.element``) are byte for byte the whole answer serialised."""
 
@@ -16,7 +16,7 @@ from eventsrc.api.podresources import ListCache
 from eventsrc.gen.node.v1 import node_pb2 as npb
 from eventsrc.gen.podresources.v1 import api_pb2 as pb
 from eventsrc.rpc.answer_cache import element
-from eventsrc.rpc.limits import YIELD_BEFORE_BYTES, BoundedCodec, PreEncoded, send_encoded
+from eventsrc.rpc.codec import YIELD_BEFORE_BYTES, BoundedCodec, PreEncoded, send_encoded
 from tests.unit.test_listing_caches import DEV, Node, fresh_list, fresh_pods, node_with_devices, run_paced, same
 
 

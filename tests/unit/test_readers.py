@@ -62,7 +62,7 @@ async def test_one_reader_at_a_time_in_the_order_they_asked(nursery: trio.Nurser
 async def test_while_decisions_run_one_turn_per_patience(nursery: trio.Nursery, autojump_clock) -> None:  # type: ignore[no-untyped-def]
     turns = Turns(patience=0.1)
     nursery.start_soon(turns.run)
-    with turns.deciding():  # a decision that does not end
+    with turns.decision_runs():  # a decision that does not end
         start = trio.current_time()
         turns.done(await took(turns))  # the first turn: none was given in the last 0.1 s
         assert trio.current_time() == start
@@ -76,9 +76,9 @@ async def test_a_turn_waits_for_the_decisions_under_way_to_end(nursery: trio.Nur
     turns = Turns(patience=3600)
     nursery.start_soon(turns.run)
     turns.done(await took(turns))  # the patience counts from here
-    with turns.deciding():
+    with turns.decision_runs():
         got = await given(turns, nursery)
-        with turns.deciding():  # two at once: the turn waits for both
+        with turns.decision_runs():  # two at once: the turn waits for both
             pass
         await trio.testing.wait_all_tasks_blocked()
         assert got == []

@@ -1,4 +1,5 @@
-"""What the daemon takes from a gRPC peer: the received-message limit (docs/adr/0012).
+"""The codec of every gRPC channel and server the daemon makes: what it takes from a peer (the
+received-message limit, docs/adr/0012) and how it sends an answer encoded beforehand.
 
 grpclib has no message size option on its Channel or Server. Every message it receives
 goes through the codec it was given, whole, before anyone sees it; so the limit is a codec,
