@@ -64,8 +64,9 @@ from eventsrc.errors import EventsrcError
 from eventsrc.events import Record, decode_record
 from eventsrc.fleet.sink import DURABLE, INSERT_RECORD, RECORD_COLUMNS, migrate, record_row
 from eventsrc.log.store import EventLog, PendingAppend, key_seq
-from eventsrc.node.shipper import FAILURES, FleetOptions, Shipper, connect, ensure_stream
+from eventsrc.node.shipper import FleetOptions, Shipper
 from eventsrc.rpc.bridge import to_aio
+from eventsrc.rpc.jetstream import FAILURES, connect, ensure_stream
 
 CEILING_STREAM = "EVENTSRC_CEILING"
 CEILING_PREFIX = "eventsrc.ceiling"

@@ -144,8 +144,8 @@ def sink(args: argparse.Namespace) -> int:
     from eventsrc.errors import EventsrcError
     from eventsrc.fleet.sink import SinkMetrics, run_sink
     from eventsrc.inputs.config import parse_list
-    from eventsrc.node.shipper import NatsAuth
     from eventsrc.obs.metrics import HealthApp, check_address, serve_http
+    from eventsrc.rpc.jetstream import NatsAuth
 
     servers = parse_list(args.nats)
     if bool(args.nats_user) != (args.nats_password_file is not None):

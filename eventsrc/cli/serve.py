@@ -452,7 +452,8 @@ def _fleet(cfg: Configuration) -> FleetOptions | None:
 
     from eventsrc.core.fleet_names import node_name_error
     from eventsrc.errors import EventsrcError
-    from eventsrc.node.shipper import FleetOptions, NatsAuth
+    from eventsrc.node.shipper import FleetOptions
+    from eventsrc.rpc.jetstream import NatsAuth
 
     if not cfg.fleet.nats:
         return None

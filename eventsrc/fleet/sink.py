@@ -62,18 +62,10 @@ from eventsrc.events import (
     prev_hash_of,
 )
 from eventsrc.log.index import keys_for
-from eventsrc.node.shipper import (
-    BACKOFF_FIRST,
-    BACKOFF_MAX,
-    FAILURES,
-    NatsAuth,
-    connect,
-    ensure_stream,
-    said_refused,
-)
 from eventsrc.obs.logger import get_logger
 from eventsrc.offline.render import record_json
 from eventsrc.rpc.bridge import to_aio
+from eventsrc.rpc.jetstream import BACKOFF_FIRST, BACKOFF_MAX, FAILURES, NatsAuth, connect, ensure_stream, said_refused
 
 log = get_logger(__name__)
 

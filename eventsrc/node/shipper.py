@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +40,8 @@ from eventsrc.core.backoff import Backoff
 from eventsrc.core.fleet_names import (
     DEFAULT_PREFIX,
     DEFAULT_STREAM,
-    DUPLICATE_WINDOW_S,
     Node,
     acknowledged,
-    stream_subjects,
 )
 from eventsrc.core.shipping import (
     CONNECTED,
@@ -62,16 +59,23 @@ from eventsrc.core.shipping import (
 )
 from eventsrc.errors import EventsrcError, LogCutWhileReadingError
 from eventsrc.events import CorruptRecordError, Record, chain_hash, decode_record
-from eventsrc.inputs.secret_file import read_secret
 from eventsrc.log.history import History
 from eventsrc.log.store import EventLog, key_seq
 from eventsrc.obs.logger import get_logger
 from eventsrc.rpc.bridge import to_aio
+from eventsrc.rpc.jetstream import (
+    BACKOFF_FIRST,
+    BACKOFF_MAX,
+    CONNECT_TIMEOUT,
+    FAILURES,
+    PERMISSIONS_VIOLATION,
+    NatsAuth,
+    connect,
+    ensure_stream,
+)
 
 log = get_logger(__name__)
 
-BACKOFF_FIRST, BACKOFF_MAX = 0.25, 10.0
-CONNECT_TIMEOUT = 5.0
 PUBLISH_TIMEOUT = 10.0
 CHUNK = 256  # records read from the log (or the archive) at a time
 #: publishes in flight at once: JetStream acknowledges them in order on one connection, and a
@@ -79,32 +83,6 @@ CHUNK = 256  # records read from the log (or the archive) at a time
 WINDOW = 64
 #: s: how often, while shipping, the stream is asked for other logs under this node's name
 NAMESAKES_EVERY = 60.0
-
-#: what a NATS server or connection that went away raises; ValueError: the stream's last
-#: message on this node's subject is not this log's (``fleet_names.acknowledged``)
-FAILURES: tuple[type[BaseException], ...] = (
-    ValueError,
-    OSError,
-    asyncio.TimeoutError,
-    trio.TooSlowError,
-    nats.errors.Error,
-    nats.js.errors.Error,
-)
-
-
-@dataclass(frozen=True)
-class NatsAuth:
-    """A NATS user and its password (nats-py's ``user`` and ``password`` options), the password
-    read from a file (docs/fleet.md, "NATS permissions"; ADR 0036)."""
-
-    user: str
-    password: str = field(repr=False)
-
-    @classmethod
-    def read(cls, user: str, password_file: Path, what: str = "--fleet-nats-password-file") -> NatsAuth:
-        """The user with the password ``password_file`` holds; SecretFileError (one line) when
-        the file cannot be used."""
-        return cls(user, read_secret(password_file, what))
 
 
 @dataclass(frozen=True)
@@ -117,24 +95,6 @@ class FleetOptions:
     prefix: str = DEFAULT_PREFIX
     replicas: int = 1
     auth: NatsAuth | None = None  # None: no credentials
-
-
-async def ensure_stream(js: JetStreamContext, stream: str, prefix: str = DEFAULT_PREFIX, replicas: int = 1) -> None:
-    """The stream, created when missing (docs/fleet.md): every node's records, kept on disk in
-    ``replicas`` copies, a message id stored once within the duplicate window. An existing
-    stream is left as it is. An asyncio coroutine (``to_aio``)."""
-    try:
-        await js.stream_info(stream)
-    except nats.js.errors.NotFoundError:
-        config: dict[str, Any] = {
-            "name": stream,
-            "subjects": stream_subjects(prefix),
-            "storage": "file",
-            "duplicate_window": DUPLICATE_WINDOW_S,
-            "num_replicas": replicas,
-        }
-        await js.add_stream(**config)
-        log.info("fleet stream created", stream=stream, replicas=replicas)
 
 
 class DivergedError(Exception):
@@ -509,52 +469,3 @@ def _type_and_time(seq: int, value: bytes) -> tuple[str, int]:
     except CorruptRecordError:
         return "", 0
     return type(record.event).__name__, record.ts_ns
-
-
-#: how nats-py names the server's refusal of a publish or a subscription (``last_error``)
-PERMISSIONS_VIOLATION = "permissions violation"
-
-
-@contextmanager
-def said_refused(nc: nats.NATS) -> Iterator[None]:
-    """A timeout that follows the server's refusal of a publish (a permissions violation,
-    docs/fleet.md "NATS permissions": the server answers nothing to a request it refused, and
-    nats-py tells the error callback) is raised as that refusal, so that the reason said is
-    the server's and not a timeout. The sink's; the shipper ends its session at the refusal."""
-    try:
-        yield
-    except TimeoutError as exc:  # nats-py's and asyncio's are TimeoutError
-        refused = nc.last_error
-        if refused is not None and PERMISSIONS_VIOLATION in str(refused).lower():
-            raise ConnectionError(f"the server refused: {refused}") from exc
-        raise
-
-
-async def _quiet(exc: Exception) -> None:
-    """nats-py's error callback: what went wrong is said by whoever called, once."""
-
-
-async def connect(
-    servers: Sequence[str],
-    closed: Callable[[], Awaitable[None]] | None = None,
-    auth: NatsAuth | None = None,
-    error: Callable[[Exception], Awaitable[None]] | None = None,
-) -> nats.NATS:
-    """One connection to the first of ``servers`` that answers, or an error within the connect
-    timeout (nats-py alone would retry the servers for ever); it does not reconnect: the
-    caller connects again, and resumes from the stream. ``closed``: an asyncio coroutine
-    function, called when the connection closes (nats-py's ``closed_cb``). ``auth``: the user
-    and password to connect as (None: none). ``error``: an asyncio coroutine function called
-    with what the server says is wrong (nats-py's ``error_cb``; a permissions violation too)."""
-    credentials: dict[str, str] = {} if auth is None else {"user": auth.user, "password": auth.password}
-    with trio.fail_after(CONNECT_TIMEOUT * max(1, len(servers)) + 1):
-        nc: nats.NATS = await to_aio(nats.connect)(
-            servers=list(servers),
-            connect_timeout=CONNECT_TIMEOUT,
-            allow_reconnect=False,
-            max_reconnect_attempts=1,
-            error_cb=error or _quiet,
-            closed_cb=closed,
-            **credentials,
-        )
-    return nc

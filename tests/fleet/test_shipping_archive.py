@@ -19,7 +19,8 @@ from eventsrc.events import chain_hash, decode_record
 from eventsrc.log.archive import iter_records, segment_files
 from eventsrc.log.store import EventLog, key_seq
 from eventsrc.node.retainer import Retainer
-from eventsrc.node.shipper import FleetOptions, Shipper, ensure_stream
+from eventsrc.node.shipper import FleetOptions, Shipper
+from eventsrc.rpc.jetstream import ensure_stream
 from tests.node.test_log_retention import cut, filled, pods
 from tests.support.eventually import eventually_trio
 from tests.support.nats import NatsServer, stream_messages
