@@ -5,6 +5,7 @@ public API only."""
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -275,3 +276,10 @@ def test_no_private_attribute_of_another_library_is_read_or_written() -> None:
     own = own_private_names(list(sources.values()))
     offenders = [f"{p}:{use}" for p, source in sources.items() for use in foreign_private_uses(source, own)]
     assert offenders == []
+
+
+def test_the_adr_index_lists_every_adr() -> None:
+    """docs/adr/README.md names every decision record, and nothing that is not one."""
+    adrs = REPO / "docs" / "adr"
+    listed = set(re.findall(r"\]\((\d{4}-[a-z0-9-]+\.md)\)", (adrs / "README.md").read_text()))
+    assert listed == {p.name for p in adrs.glob("[0-9][0-9][0-9][0-9]-*.md")}
