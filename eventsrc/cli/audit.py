@@ -78,7 +78,7 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         "KubeletPodReleased; a DRA claim's devices count under their driver as pool/device). Holds are clipped "
         "to the window; one still open counts up to --until, or to now. Groups are always split by resource "
         "(the pseudo-resource of exclusive CPUs is 'cpu'). Answered from the usage index under "
-        "eventsrc/usage, built from the log on first use and brought up to date by each query.",
+        "eventsrc/usage, kept current by the daemon and brought up to date by each query.",
     )
     a.add_argument(
         "--resource",
@@ -129,9 +129,12 @@ def query(args: argparse.Namespace) -> int:
 
 def usage(args: argparse.Namespace) -> int:
     """audit usage: from the usage index, brought up to date first (docs/adr/0026)."""
+    from eventsrc.log.usage_index import reading
     from eventsrc.offline import usage as queries
 
-    return queries.run(args, open_history(args.layout, False), args.layout.usage)
+    # the log is opened (and closed) by the index's catch-up, a piece of the history at a time
+    log_dir = args.layout.require_log()
+    return queries.run(args, lambda: reading(log_dir, args.layout.archive), args.layout.usage)
 
 
 def _check_base_views(log: EventLog) -> list[ArchiveFinding]:

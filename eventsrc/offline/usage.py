@@ -23,7 +23,7 @@ from eventsrc.core.chargeback import FIELDS, Row, Window, hours_text, intervals,
 from eventsrc.errors import EventsrcError
 from eventsrc.events import CorruptRecordError
 from eventsrc.log.history import History
-from eventsrc.log.usage_index import UsageIndex
+from eventsrc.log.usage_index import Source, UsageIndex
 from eventsrc.obs.text import escape
 from eventsrc.offline.audit_queries import UsageError, iso, parse_point
 
@@ -65,23 +65,24 @@ def scan_totals(history: History, by: str, w: Window, resources: frozenset[str])
 
 
 def answer(
-    history: History, index_path: Any, by: str, w: Window, resources: frozenset[str], scan: bool = False
+    source: Source, index_path: Any, by: str, w: Window, resources: frozenset[str], scan: bool = False
 ) -> tuple[list[Row], list[int]]:
-    """The rows, from the index (brought up to date) or a scan, and the corrupt records' sequences."""
+    """The rows, from the index (brought up to date from ``source``) or a scan, and the
+    corrupt records' sequences."""
     if scan:
         note("answering from a scan of every record (--scan)")
-        return scan_totals(history, by, w, resources)
+        return _scan(source, by, w, resources)
     try:
         index = UsageIndex(index_path)
     except EventsrcError as err:
         note(f"{err}; answering from a scan of every record instead")
-        return scan_totals(history, by, w, resources)
+        return _scan(source, by, w, resources)
     with index:
         try:
-            update = index.catch_up(history, note)
+            update = index.catch_up(source, note)
         except (lmdb.Error, OSError) as err:
             note(f"cannot update the usage index at {index_path}: {err}; answering from a scan of every record instead")
-            return scan_totals(history, by, w, resources)
+            return _scan(source, by, w, resources)
         if update.how in ("built", "rebuilt"):
             why = f" ({update.why})" if update.how == "rebuilt" else " (first use)"
             note(
@@ -91,6 +92,13 @@ def answer(
         if gaps := index.gaps():
             note(f"warning: {gaps}")
         return index.totals(by, w, resources), update.corrupt
+
+
+def _scan(source: Source, by: str, w: Window, resources: frozenset[str]) -> tuple[list[Row], list[int]]:
+    with source() as history:
+        if missing := history.missing_note():
+            note(f"warning: {missing}")
+        return scan_totals(history, by, w, resources)
 
 
 # --------------------------------------------------------------------------- output
@@ -132,11 +140,11 @@ def table_lines(rows: list[Row], by: str, w: Window, fields: tuple[str, ...] | N
     return [head, *column_lines([f.upper() for f in fields or FIELDS[by]] + ["SECONDS", "HOURS"], body)]
 
 
-def run(args: Any, history: History, index_path: Any) -> int:
+def run(args: Any, source: Source, index_path: Any) -> int:
     """``eventsrc audit usage``: print the answer; 1 when records were corrupt."""
     w = parse_window(args.since, args.until, time.time_ns())
     resources = frozenset(args.resource or ())
-    rows, corrupt = answer(history, index_path, args.by, w, resources, scan=args.scan)
+    rows, corrupt = answer(source, index_path, args.by, w, resources, scan=args.scan)
     render(rows, args.by, w, args.output, sys.stdout)
     sys.stdout.flush()
     if corrupt:
