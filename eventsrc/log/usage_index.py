@@ -23,8 +23,13 @@ itself, namespace, name, uid and resource), so that a query reads little more th
 it counts; open holds are in the tracker's state. (A pod is not a group with an id: looking
 its id up by a digest touched a page anywhere in the file for every new pod.)
 
+What was not seen: the gaps that hide holds (``chargeback.Blind``: eventsrc, the kubelet or
+the runtime not seen) are kept whole in ``meta`` (``blind``: a few a restart). A group's
+nanoseconds inside them are the sum of F(b) - F(a) over the union of the gaps, [a, b] each
+clipped to the window; a pod's, each hold's overlap with that union (``Gaps.covered``).
+
 Databases: ``meta`` (format, log id, the last record fed and its chain hash, the tracker's
-state, counters), ``groups`` (``k<dim><digest>`` -> id; ``g<dim><id>`` -> the group; a pod's
+state, the gaps, counters), ``groups`` (``k<dim><digest>`` -> id; ``g<dim><id>`` -> the group; a pod's
 ended holds) and ``points`` (``<id><s|e><t><n>`` -> running count and sum).
 
 Each chunk of ``CHUNK`` records is fed in one write transaction, with the tracker's state
@@ -52,13 +57,24 @@ from typing import Any
 import lmdb
 import msgspec
 
-from eventsrc.core.chargeback import Change, Row, Tracker, UsageState, Window, overlap
+from eventsrc.core.chargeback import (
+    Blind,
+    Change,
+    Gaps,
+    Row,
+    Span,
+    Tracker,
+    UsageState,
+    Window,
+    merged,
+    overlap,
+)
 from eventsrc.errors import EventsrcError
 from eventsrc.events import CorruptRecordError, Record, chain_hash
 from eventsrc.log.history import History
 from eventsrc.log.store import EventLog, key_seq
 
-FORMAT = b"2"  # 2: a pod's ended hold names its pod itself, not a group id
+FORMAT = b"3"  # 2: a pod's ended hold names its pod itself, not a group id; 3: the gaps (blind)
 MAP_SIZE = 1 << 36  # address space only: the file grows as pages are written
 #: records fed per write transaction, each through a mapping of the log and the index of its
 #: own (``catch_up``)
@@ -70,6 +86,7 @@ _U64 = 8
 _SUM = 16
 _state_decoder = msgspec.msgpack.Decoder(UsageState)
 _group_decoder = msgspec.msgpack.Decoder(list[Any])
+_spans_decoder = msgspec.msgpack.Decoder(list[Span])
 
 
 #: what ``catch_up`` reads from: opens a history, and closes it when done
@@ -230,23 +247,31 @@ class UsageIndex:
     # ------------------------------------------------------------------ answering
 
     def totals(self, by: str, w: Window, resources: frozenset[str] = frozenset()) -> list[Row]:
-        """Nanoseconds per group inside ``w``, as ``core.chargeback.totals`` gives them."""
+        """Nanoseconds per group inside ``w``, and those inside the gaps that hide holds, as
+        ``core.chargeback.totals`` gives them."""
         if w.until_ns <= max(0, w.since_ns):
             return []
         w = Window(max(0, w.since_ns), w.until_ns)  # the index keeps no time before 1970
         with self.env.begin(buffers=True) as txn:
+            raw = txn.get(b"blind", db=self.meta)
+            gaps = merged(_spans_decoder.decode(raw) if raw else [], w)
             if by == "pod":
-                rows = self._pods(txn, w, resources)
+                rows = self._pods(txn, w, resources, gaps)
             else:
-                rows = self._step_groups(txn, _DIMS["namespace" if by == "namespace" else "device"], w, resources)
+                dim = _DIMS["namespace" if by == "namespace" else "device"]
+                rows = self._step_groups(txn, dim, w, resources, gaps)
         if by == "resource":
-            sums: dict[tuple[str, ...], int] = {}
+            sums: dict[tuple[str, ...], tuple[int, int]] = {}
             for row in rows:
-                sums[row.group[:1]] = sums.get(row.group[:1], 0) + row.ns
-            rows = [Row(k, n) for k, n in sums.items()]
+                ns, gap_ns = sums.get(row.group[:1], (0, 0))
+                sums[row.group[:1]] = (ns + row.ns, gap_ns + row.gap_ns)
+            rows = [Row(k, n, g) for k, (n, g) in sums.items()]
         return sorted(r for r in rows if r.ns)
 
-    def _step_groups(self, txn: lmdb.Transaction, dim: bytes, w: Window, resources: frozenset[str]) -> list[Row]:
+    def _step_groups(
+        self, txn: lmdb.Transaction, dim: bytes, w: Window, resources: frozenset[str], gaps: Gaps
+    ) -> list[Row]:
+        """F(U) - F(S) a group, and F(b) - F(a) over each gap [a, b] for what it did not see."""
         out = []
         pcur = txn.cursor(db=self.points)
         at = 1 if dim == b"n" else 0  # where the group names its resource
@@ -254,7 +279,8 @@ class UsageIndex:
             if resources and group[at] not in resources:
                 continue
             ns = _f(pcur, gid, w.until_ns) - _f(pcur, gid, w.since_ns)
-            out.append(Row(tuple(group), ns))
+            gap_ns = sum(_f(pcur, gid, b) - _f(pcur, gid, a) for a, b in gaps.pairs) if ns else 0
+            out.append(Row(tuple(group), ns, gap_ns))
         return out
 
     def _each_group(self, txn: lmdb.Transaction, dim: bytes) -> Iterator[tuple[bytes, list[Any]]]:
@@ -267,10 +293,16 @@ class UsageIndex:
                 return
             yield bytes(k[2:]), _group_decoder.decode(v)
 
-    def _pods(self, txn: lmdb.Transaction, w: Window, resources: frozenset[str]) -> list[Row]:
+    def _pods(self, txn: lmdb.Transaction, w: Window, resources: frozenset[str], gaps: Gaps) -> list[Row]:
         """The ended holds that may overlap ``w``, class by class (see ``_Writer._change``),
         then the open ones from the tracker's state."""
-        sums: dict[tuple[str, ...], int] = {}
+        sums: dict[tuple[str, ...], tuple[int, int]] = {}
+
+        def add(group: tuple[str, ...], start: int, n: int) -> None:
+            lo = max(start, w.since_ns)
+            ns, gap_ns = sums.get(group, (0, 0))
+            sums[group] = (ns + n, gap_ns + gaps.covered(lo, lo + n))
+
         cur = txn.cursor(db=self.groups)
         for c in range(1, 65):
             prefix, last = b"h" + bytes([c]), w.until_ns + (1 << c)
@@ -280,19 +312,18 @@ class UsageIndex:
                 end = int.from_bytes(k[2:10], "big")
                 if bytes(k[:2]) != prefix or end > last:
                     break
-                ns = overlap(int.from_bytes(v[:_U64], "big"), end, w)
-                if ns:
+                start = int.from_bytes(v[:_U64], "big")
+                if ns := overlap(start, end, w):
                     group = tuple(_group_decoder.decode(v[_U64:]))
                     if not resources or group[3] in resources:
-                        sums[group] = sums.get(group, 0) + ns
+                        add(group, start, ns)
         raw = txn.get(b"state", db=self.meta)
         for hold in Tracker(_state_decoder.decode(raw)).open_holds() if raw else []:
             if resources and hold.resource not in resources:
                 continue
             if ns := overlap(hold.start_ns, None, w):
-                key = hold.group("pod")
-                sums[key] = sums.get(key, 0) + ns
-        return [Row(k, n) for k, n in sums.items()]
+                add(hold.group("pod"), hold.start_ns, ns)
+        return [Row(k, n, g) for k, (n, g) in sums.items()]
 
 
 def _f(cur: lmdb.Cursor, gid: bytes, t: int) -> int:
@@ -329,6 +360,8 @@ class _Writer:
             self.ordinal = key_seq(txn.get(b"ordinal", db=index.meta) or bytes(8))
             corrupt = txn.get(b"corrupt", db=index.meta)
             self.corrupt: list[int] = msgspec.msgpack.decode(corrupt, type=list[int]) if corrupt else []
+            blind = txn.get(b"blind", db=index.meta)
+            self.blind = Blind(_spans_decoder.decode(blind) if blind else ())
         self.ids: dict[tuple[bytes, tuple[str, ...]], bytes] = {}
         self.last: dict[bytes, tuple[int, int, int]] = {}  # id + kind -> the last point's (t, count, sum)
 
@@ -346,6 +379,7 @@ class _Writer:
                 if isinstance(item, CorruptRecordError):
                     self.corrupt.append(item.seq)
                     continue
+                self.blind.feed(item.event)
                 for change in self.tracker.feed(item.ts_ns, item.event):
                     self._change(change)
             if not fed:
@@ -362,6 +396,7 @@ class _Writer:
                 b"ordinal": self.ordinal.to_bytes(_U64, "big"),
                 b"corrupt": msgspec.msgpack.encode(self.corrupt),
                 b"gaps": self.gaps.encode(),
+                b"blind": msgspec.msgpack.encode(self.blind.listed()),
             }
             for k, v in meta.items():
                 txn.put(k, v, db=index.meta)

@@ -1,7 +1,7 @@
 """The usage index (``eventsrc.log.usage_index``) gives the answer of a plain scan of every
-record, for random logs: clocks that step back, records cut into the archive by the real
-retention code, the index brought up to date in several steps of chunks of any size, and any
-window."""
+record, for random logs: gaps that hide holds (the nanoseconds inside them counted apart),
+clocks that step back, records cut into the archive by the real retention code, the index
+brought up to date in several steps of chunks of any size, and any window."""
 
 from __future__ import annotations
 
@@ -25,6 +25,15 @@ from eventsrc.offline.usage import scan_totals
 from tests.unit.test_usage import EVENTS, GPU, T0, H, S
 
 STEPS = st.integers(-15, 30).map(lambda m: m * 60 * S)  # minutes between records, a few backwards
+QUARTERS = st.integers(-2, 40).map(lambda q: T0 + q * H // 4)
+#: gaps opened and closed (a few since_ns, so that closing records find what they close), or
+#: recorded closed at once; of every source, one that hides nothing ("kubelet allocatable")
+GAPS = st.builds(
+    ev.ObservationGapFound,
+    source=st.sampled_from(["eventsrc", "kubelet", "runtime", "kubelet allocatable"]),
+    since_ns=QUARTERS,
+    until_ns=st.just(0) | QUARTERS,
+)
 
 
 @contextmanager
@@ -44,7 +53,7 @@ def cut(log: EventLog, archive: Path, seq: int) -> None:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    st.lists(st.tuples(EVENTS, STEPS), min_size=1, max_size=60),
+    st.lists(st.tuples(EVENTS | GAPS, STEPS), min_size=1, max_size=60),
     st.lists(st.floats(0, 1), max_size=3),
     st.floats(0, 0.8) | st.none(),
     st.lists(st.tuples(st.integers(-2, 40), st.integers(-2, 40)), min_size=1, max_size=4),
