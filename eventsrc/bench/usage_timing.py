@@ -2,11 +2,17 @@
 
 Nothing here is a test: it prints numbers. The log is a year of pods (eventsrc's own and some
 observed beside a kubelet) taking GPUs, NIC VFs, exclusive CPUs and DRA claim devices, written
-with the log's batch append (``EventLog.commit``); the oldest part is cut into the archive by
-the real retention steps (``log.cut_steps``). Then the usage index is built (its first use),
-and each query is timed as the command runs it (open the index, bring it up to date, answer,
-render), median of ``runs``. The ceilings: reading the index's group keys alone, and the same
-answer from a scan of every record (``--scan``).
+with the log's batch append (``EventLog.commit``) as the daemon writes it: its usage keeper's
+rule starts the feeder process (``eventsrc.log.usage_feeder``) every ``FEED_RECORDS`` records,
+so the index is as current as a daemon keeps it (docs/adr/0039). The oldest part is then cut
+into the archive by the real retention steps (``log.cut_steps``). The first query is the
+command in a new process, as a user runs it; then each query is timed in process (open the
+index, bring it up to date, answer, render), median of ``runs``, and once more in new
+processes. Peak RSS is each process's own (``wait4``): the feeders', the queries', and a
+build from scratch (the index deleted, as on a daemon's first start beside a log an older
+eventsrc wrote). The ceilings: reading the index's group keys alone, the same answer from a
+scan of every record (``--scan``), and the RSS of an interpreter that imports the command
+and does nothing.
 """
 
 from __future__ import annotations
@@ -16,12 +22,14 @@ import io
 import os
 import platform
 import random
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -31,9 +39,11 @@ from eventsrc import events as ev
 from eventsrc.core.chargeback import Window, window
 from eventsrc.layout import Layout
 from eventsrc.log import cut_steps as steps
+from eventsrc.log import usage_feeder
 from eventsrc.log.history import History
 from eventsrc.log.store import EventLog, PendingAppend
-from eventsrc.log.usage_index import UsageIndex
+from eventsrc.log.usage_index import UsageIndex, kept
+from eventsrc.node.usage_keeper import FEED_RECORDS
 from eventsrc.offline.audit_queries import iso
 from eventsrc.offline.usage import answer, render, scan_totals
 
@@ -46,6 +56,7 @@ YEAR = 365 * DAY
 T0 = 1_767_225_600 * SEC  # 2026-01-01T00:00:00Z
 NAMESPACES = [f"team-{i:02d}" for i in range(20)]
 GOAL_S = 1.0
+GOAL_RSS_MB = 100.0
 
 
 def pods(seed: int, start_ns: int, gap_s: float, prefix: str = "") -> Iterator[tuple[int, list[ev._Event]]]:
@@ -113,8 +124,54 @@ def _observed(
     return now, [ev.KubeletPodReleased(pod=seen, reason="gone")]
 
 
-def build(path: Path, records: int, seed: int = 1) -> tuple[EventLog, int]:
-    """A log of at least ``records`` records spanning about a year; its last record's time."""
+@dataclass
+class Run:
+    """A process run to its end: wall seconds and peak RSS (its own, from ``wait4``)."""
+
+    seconds: float
+    rss_mb: float
+    out: bytes = b""
+
+
+#: Runs a command and writes its peak RSS (kB) and exit status to a file. The bench's own
+#: process is large, and a child's ``ru_maxrss`` counts the pages it shared with the parent
+#: that forked it until its exec: so the command is started from this small interpreter.
+_PROBE = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(f"{usage.ru_maxrss} {os.waitstatus_to_exitcode(status)}")
+"""
+
+
+def run_process(argv: list[str]) -> Run:
+    """Run ``argv`` to its end, with its own peak RSS (``_PROBE``); raises RuntimeError when it
+    fails."""
+    with tempfile.NamedTemporaryFile() as said, tempfile.NamedTemporaryFile(mode="r") as probed:
+        t = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _PROBE, probed.name, *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=said,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
+        seconds = time.perf_counter() - t
+        rss_kb, status = (int(x) for x in probed.read().split())
+        said.seek(0)
+        out = said.read()
+    if status:
+        raise RuntimeError(f"{' '.join(argv[1:4])} failed ({status}): {out.decode(errors='replace')[-500:]}")
+    return Run(seconds, rss_kb / 1024, out)
+
+
+def build(path: Path, records: int, seed: int = 1, feed: Callable[[], None] | None = None) -> tuple[EventLog, int]:
+    """A log of at least ``records`` records spanning about a year; its last record's time.
+    ``feed`` is called each time the usage keeper would start its feeder (every
+    ``FEED_RECORDS`` records, as the daemon's ``UsageKeeper.maybe_due``)."""
     # how many records a pod makes: pods then arrive so that ``records`` span a year
     sample, arrived = 0, 0
     for _, events in pods(seed, T0, YEAR / SEC * 6 / records):
@@ -124,16 +181,19 @@ def build(path: Path, records: int, seed: int = 1) -> tuple[EventLog, int]:
             break
     log = EventLog(path)
     batch: list[PendingAppend] = []
-    done, last = 0, T0
+    done, last, fed = 0, T0, 0
     for t, events in pods(seed, T0, YEAR / SEC * (sample / arrived) / records):
         if done >= records:
             break
         last = t
         batch.append(PendingAppend(events, "bench", t))
         done += len(events)
-        if len(batch) >= 2000:
+        if len(batch) >= 200:  # the committer's batches are smaller still: a feed is due within one
             log.commit(batch)
             batch = []
+            if feed is not None and log.last_seq() - fed >= FEED_RECORDS:
+                fed = log.last_seq()
+                feed()
     if batch:
         log.commit(batch)
     return log, last
@@ -182,43 +242,66 @@ def run_usage_bench(*, records: int, runs: int, workdir: Path | None = None, out
         layout.state.mkdir()
         out.write(
             f"eventsrc bench usage: {os.cpu_count()} cpus, Python {platform.python_version()}, in {layout.root}\n"
-            f"every query figure is the median of {runs} runs\n\n"
+            f"every in-process query figure is the median of {runs} runs; peak RSS is each process's own\n\n"
         )
+        feeder = usage_feeder.argv(layout.log, layout.archive, layout.usage)
+        feeds: list[Run] = []
         t = time.perf_counter()
-        log, last_ns = build(layout.log, records)
+        log, last_ns = build(layout.log, records, feed=lambda: feeds.append(run_process(feeder)))
         n = log.last_seq()
         out.write(
             f"log: {n:,} records from {iso(T0)} to {iso(last_ns)}, written in {time.perf_counter() - t:.1f} s "
-            f"({(layout.log / 'data.mdb').stat().st_size / 1e6:,.0f} MB)\n"
+            f"({(layout.log / 'data.mdb').stat().st_size / 1e6:,.0f} MB) as the daemon writes it: "
+            f"its feeder run every {FEED_RECORDS:,} records\n"
         )
+        if feeds:
+            out.write(
+                f"  feeder: {len(feeds)} runs, median {statistics.median(f.seconds for f in feeds):.2f} s "
+                f"(interpreter start included), peak RSS {_rss(max(f.rss_mb for f in feeds))}\n"
+            )
         out.flush()
         t = time.perf_counter()
         segments = _cut(log, layout.archive, n // 2)
         took = time.perf_counter() - t
-        out.write(f"retention: records 1..{n // 2:,} cut into {segments} archive segments in {took:.1f} s\n")
+        out.write(f"retention: records 1..{n // 2:,} cut into {segments} archive segments in {took:.1f} s\n\n")
         out.flush()
         history = History(log, layout.archive)
         now = last_ns + SEC
         month = window(last_ns - 60 * DAY, last_ns - 30 * DAY, now)
         year = window(None, None, now)
-        t = time.perf_counter()
         with UsageIndex(layout.usage) as index:
-            update = index.catch_up(history)
-        took = time.perf_counter() - t
-        size = sum(f.stat().st_size for f in layout.usage.iterdir()) / 1e6
+            behind = n - index.fed_seq()
+        first = _command(layout.root, "namespace", month)
         out.write(
-            f"usage index: built from {update.records:,} records (archive included) in {took:.1f} s, {size:,.0f} MB\n\n"
+            f"first query, the index as the daemon left it ({behind:,} records behind): audit usage --by namespace, "
+            f"a month, new process: {first.seconds * 1000:.1f} ms {_verdict(first.seconds)}, "
+            f"peak RSS {_rss(first.rss_mb)}\n\n"
         )
         out.flush()
         _queries(history, layout, month, year, runs, out)
+        _new_processes(layout.root, month, year, out)
+        _from_scratch(layout, feeder, out)
         _ceilings(history, layout, month, year, runs, out)
-        _new_process(layout.root, month, out)
         log.close()
+
+
+def _verdict(seconds: float) -> str:
+    return f"(goal < {GOAL_S:g} s: {'ok' if seconds < GOAL_S else 'ABOVE GOAL'})"
+
+
+def _rss(mb: float) -> str:
+    return f"{mb:.1f} MB (goal < {GOAL_RSS_MB:g} MB: {'ok' if mb < GOAL_RSS_MB else 'ABOVE GOAL'})"
+
+
+def _command(root: Path, by: str, w: Window) -> Run:
+    """``eventsrc audit usage`` in a new process, as a user runs it."""
+    cmd = [sys.executable, "-m", "eventsrc", "--root-dir", str(root), "audit", "usage", "--by", by, "-o", "json"]
+    return run_process(cmd + ["--since", iso(w.since_ns), "--until", iso(w.until_ns)])
 
 
 def _query(history: History, layout: Layout, by: str, w: Window) -> Callable[[], Any]:
     def run() -> None:
-        rows, _ = answer(history, layout.usage, by, w, frozenset())
+        rows, _ = answer(kept(history), layout.usage, by, w, frozenset())
         render(rows, by, w, "json", io.StringIO())
 
     return run
@@ -226,18 +309,46 @@ def _query(history: History, layout: Layout, by: str, w: Window) -> Callable[[],
 
 def _queries(history: History, layout: Layout, month: Window, year: Window, runs: int, out: TextIO) -> None:
     out.write("audit usage, in process (open the index, bring it up to date, answer, JSON to a buffer)\n")
-    for label, by, w in (
+    for label, by, w in _asked(month, year):
+        rows, _ = answer(kept(history), layout.usage, by, w, frozenset())
+        med = timed(_query(history, layout, by, w), runs)
+        out.write(f"  {label:<34} {len(rows):>6} rows  median {med * 1000:9.1f} ms  {_verdict(med)}\n")
+        out.flush()
+
+
+def _asked(month: Window, year: Window) -> list[tuple[str, str, Window]]:
+    return [
         ("--by namespace, a month", "namespace", month),
         ("--by namespace, the whole year", "namespace", year),
         ("--by device, the whole year", "device", year),
         ("--by resource, the whole year", "resource", year),
         ("--by pod, a month", "pod", month),
-    ):
-        rows, _ = answer(history, layout.usage, by, w, frozenset())
-        med = timed(_query(history, layout, by, w), runs)
-        verdict = "ok" if med < GOAL_S else "ABOVE GOAL"
-        out.write(f"  {label:<34} {len(rows):>6} rows  median {med * 1000:9.1f} ms  (goal < 1 s: {verdict})\n")
+    ]
+
+
+def _new_processes(root: Path, month: Window, year: Window, out: TextIO) -> None:
+    """The whole command in a fresh interpreter (its start and imports included), 3 runs each."""
+    out.write("audit usage, new processes (median of 3 runs; interpreter start included; the highest peak RSS)\n")
+    for label, by, w in _asked(month, year):
+        got = [_command(root, by, w) for _ in range(3)]
+        med = statistics.median(g.seconds for g in got)
+        out.write(
+            f"  {label:<34} median {med * 1000:9.1f} ms {_verdict(med)}  peak RSS {_rss(max(g.rss_mb for g in got))}\n"
+        )
         out.flush()
+
+
+def _from_scratch(layout: Layout, feeder: list[str], out: TextIO) -> None:
+    """The index deleted and built again by the feeder: a daemon's first start beside a year
+    of history an older eventsrc wrote (or a deleted index)."""
+    shutil.rmtree(layout.usage)
+    done = run_process(feeder)
+    size = sum(f.stat().st_size for f in layout.usage.iterdir()) / 1e6
+    out.write(
+        f"usage index built from scratch by the feeder (archive included): {done.seconds:.1f} s, {size:,.0f} MB, "
+        f"peak RSS {_rss(done.rss_mb)}\n"
+    )
+    out.flush()
 
 
 def _ceilings(history: History, layout: Layout, month: Window, year: Window, runs: int, out: TextIO) -> None:
@@ -252,19 +363,6 @@ def _ceilings(history: History, layout: Layout, month: Window, year: Window, run
         f"  --scan (every record, archive included), --by namespace, the whole year: "
         f"{time.perf_counter() - t:.1f} s (1 run; the same answer as the index: {'yes' if same else 'NO'})\n"
     )
+    bare = run_process([sys.executable, "-c", "import eventsrc.cli.main, eventsrc.offline.usage"])
+    out.write(f"  an interpreter that imports the command and does nothing: peak RSS {bare.rss_mb:.1f} MB\n")
     out.flush()
-
-
-def _new_process(root: Path, month: Window, out: TextIO) -> None:
-    """For scale: the whole command in a fresh interpreter (its start and imports included)."""
-    cmd = [sys.executable, "-m", "eventsrc", "--root-dir", str(root), "audit", "usage", "-o", "json"]
-    cmd += ["--since", iso(month.since_ns), "--until", iso(month.until_ns)]
-    walls = []
-    for _ in range(3):
-        t = time.perf_counter()
-        subprocess.run(cmd, capture_output=True, check=True)
-        walls.append(time.perf_counter() - t)
-    out.write(
-        f"  eventsrc audit usage --by namespace, a month (new process)  median "
-        f"{statistics.median(walls) * 1000:9.1f} ms (3 runs; interpreter start included)\n"
-    )

@@ -77,8 +77,12 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         "CPUsReleased) and those observed beside a kubelet (Kubelet*Observed to Kubelet*Released or "
         "KubeletPodReleased; a DRA claim's devices count under their driver as pool/device). Holds are clipped "
         "to the window; one still open counts up to --until, or to now. Groups are always split by resource "
-        "(the pseudo-resource of exclusive CPUs is 'cpu'). Answered from the usage index under "
-        "eventsrc/usage, built from the log on first use and brought up to date by each query.",
+        "(the pseudo-resource of exclusive CPUs is 'cpu'). Exact covers what eventsrc saw: each row also "
+        "gives the seconds that fell inside a gap (ObservationGapFound: eventsrc not running, the kubelet or the "
+        "runtime not seen; their union, clipped to the window) as not seen, because a hold whose release was "
+        "recorded after such a gap may have ended at any moment of it (JSON seconds_seen and seconds_in_gaps; "
+        "the table's and CSV's SEEN says all, partly or none, IN_GAPS how much). Answered from the usage index "
+        "under eventsrc/usage, kept current by the daemon and brought up to date by each query.",
     )
     a.add_argument(
         "--resource",
@@ -129,9 +133,12 @@ def query(args: argparse.Namespace) -> int:
 
 def usage(args: argparse.Namespace) -> int:
     """audit usage: from the usage index, brought up to date first (docs/adr/0026)."""
+    from eventsrc.log.usage_index import reading
     from eventsrc.offline import usage as queries
 
-    return queries.run(args, open_history(args.layout, False), args.layout.usage)
+    # the log is opened (and closed) by the index's catch-up, a piece of the history at a time
+    log_dir = args.layout.require_log()
+    return queries.run(args, lambda: reading(log_dir, args.layout.archive), args.layout.usage)
 
 
 def _check_base_views(log: EventLog) -> list[ArchiveFinding]:

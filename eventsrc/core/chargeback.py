@@ -37,6 +37,7 @@ than its start (a clock stepped back) lasts 0 ns.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NamedTuple
@@ -395,32 +396,119 @@ def overlap(start_ns: int, end_ns: int | None, w: Window) -> int:
 
 
 class Row(NamedTuple):
-    """One group's total: its fields (as ``FIELDS[by]`` names them) and nanoseconds."""
+    """One group's total: its fields (as ``FIELDS[by]`` names them), its nanoseconds, and how
+    many of them fell inside a gap (``gap_ns``: not seen; the rest, ``ns - gap_ns``, seen)."""
 
     group: tuple[str, ...]
     ns: int
+    gap_ns: int = 0
+
+
+# --------------------------------------------------------------------------- what was not seen
+
+#: the sources of ``ObservationGapFound`` that hide holds: while eventsrc was not running, or
+#: could not ask the kubelet or hear the runtime, a hold may have ended at any moment, and its
+#: release is recorded only when eventsrc sees again. (A "kubelet allocatable" gap says only
+#: that what the node offered was not known: every hold was still seen.)
+HIDING: Final = frozenset({"eventsrc", "kubelet", "runtime"})
+
+#: a gap as the log told it: (source, since_ns, until_ns), until_ns 0 while open
+Span = tuple[str, int, int]
+
+
+class Blind:
+    """The gaps that hide holds, fed the log's records in order (``feed``): a gap is opened by
+    an ``ObservationGapFound`` with ``until_ns`` 0 and closed by a later one with the same
+    source and ``since_ns``; one recorded closed at once is both."""
+
+    def __init__(self, spans: Iterable[Span] = ()) -> None:
+        self.spans: dict[tuple[str, int], int] = {(src, since): until for src, since, until in spans}
+
+    def feed(self, e: ev._Event) -> None:
+        if isinstance(e, ev.ObservationGapFound) and e.source in HIDING:
+            key = (e.source, e.since_ns)
+            self.spans[key] = e.until_ns or self.spans.get(key, 0)
+
+    def listed(self) -> list[Span]:
+        return sorted((src, since, until) for (src, since), until in self.spans.items())
+
+
+@dataclass(frozen=True)
+class Gaps:
+    """The union of the gaps inside a window, as disjoint sorted intervals ``pairs``: what
+    ``covered`` counts. Build it with ``merged``."""
+
+    pairs: tuple[tuple[int, int], ...] = ()
+    _starts: tuple[int, ...] = ()
+    _before: tuple[int, ...] = ()  # the gaps' length before each one
+
+    def covered(self, lo: int, hi: int) -> int:
+        """Nanoseconds of [lo, hi] inside the gaps."""
+        return max(0, self._upto(hi) - self._upto(lo)) if self.pairs and hi > lo else 0
+
+    def _upto(self, t: int) -> int:
+        i = bisect.bisect_right(self._starts, t) - 1
+        if i < 0:
+            return 0
+        start, end = self.pairs[i]
+        return self._before[i] + min(t, end) - start
+
+
+def merged(spans: Iterable[Span], w: Window) -> Gaps:
+    """The union of ``spans`` clipped to ``w``; a gap still open runs to the window's end."""
+    clipped = sorted(
+        (max(since, w.since_ns), min(until or w.until_ns, w.until_ns))
+        for _, since, until in spans
+        if max(since, w.since_ns) < min(until or w.until_ns, w.until_ns)
+    )
+    pairs: list[tuple[int, int]] = []
+    for lo, hi in clipped:
+        if pairs and lo <= pairs[-1][1]:
+            pairs[-1] = (pairs[-1][0], max(pairs[-1][1], hi))
+        else:
+            pairs.append((lo, hi))
+    before, total = [], 0
+    for lo, hi in pairs:
+        before.append(total)
+        total += hi - lo
+    return Gaps(tuple(pairs), tuple(lo for lo, _ in pairs), tuple(before))
+
+
+# --------------------------------------------------------------------------- a scan's totals
+
+
+def observe(records: Iterable[tuple[int, ev._Event]]) -> tuple[list[Change], Blind]:
+    """Every hold in ``records`` ((ts_ns, event) in log order): each ended one with its end,
+    then each still open with end None; and the gaps that hide them."""
+    tracker, blind = Tracker(), Blind()
+    out: list[Change] = []
+    for ts, e in records:
+        blind.feed(e)
+        out += (c for c in tracker.feed(ts, e) if c.end_ns is not None)
+    return out + [Change(h, None) for h in tracker.open_holds()], blind
 
 
 def intervals(records: Iterable[tuple[int, ev._Event]]) -> list[Change]:
-    """Every hold in ``records`` ((ts_ns, event) in log order): each ended one with its end,
-    then each still open with end None."""
-    tracker = Tracker()
-    out = [c for ts, e in records for c in tracker.feed(ts, e) if c.end_ns is not None]
-    return out + [Change(h, None) for h in tracker.open_holds()]
+    """The holds of ``observe``."""
+    return observe(records)[0]
 
 
-def totals(holds: Iterable[Change], by: str, w: Window, resources: frozenset[str] = frozenset()) -> list[Row]:
-    """Nanoseconds per group inside the window, sorted by group; groups with none left out.
-    ``resources``: only these (empty: all)."""
-    sums: dict[tuple[str, ...], int] = {}
+def totals(
+    holds: Iterable[Change], by: str, w: Window, resources: frozenset[str] = frozenset(), gaps: Gaps = Gaps()
+) -> list[Row]:
+    """Nanoseconds per group inside the window, and those inside ``gaps``, sorted by group;
+    groups with none left out. ``resources``: only these (empty: all)."""
+    sums: dict[tuple[str, ...], tuple[int, int]] = {}
     for hold, end in holds:
         if resources and hold.resource not in resources:
             continue
+        lo = max(hold.start_ns, w.since_ns)
         n = overlap(hold.start_ns, end, w)
         if n:
             key = hold.group(by)
-            sums[key] = sums.get(key, 0) + n
-    return sorted(Row(k, n) for k, n in sums.items())
+            ns, gap_ns = sums.get(key, (0, 0))
+            sums[key] = (ns + n, gap_ns + gaps.covered(lo, lo + n))
+    return sorted(Row(k, n, g) for k, (n, g) in sums.items())
 
 
 def seconds_text(ns: int) -> str:

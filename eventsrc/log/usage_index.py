@@ -1,15 +1,15 @@
-"""The usage index: what ``eventsrc audit usage`` answers from (docs/adr/0026).
+"""The usage index: what ``eventsrc audit usage`` answers from (docs/adr/0026, 0039).
 
 A derived index, in an LMDB environment of its own beside the log (``ROOT/eventsrc/usage``),
 built from the whole history (archive segments and live log, ``History``) by the pure
-``core.chargeback.Tracker`` and brought up to date by each query before it answers. It never
-changes the log, so the daemon knows nothing of it, and deleting it only costs a rebuild.
+``core.chargeback.Tracker``. The daemon keeps it current through a process of its own
+(``log.usage_feeder``, started by ``node.usage_keeper``), and each query first brings it up
+to date with what that left. It never changes the log, and deleting it only costs a rebuild.
 
-Each hold counts in a group per dimension: ``n`` (namespace, resource), ``d`` (resource,
-device) and ``p`` (namespace, name, uid, resource). For the ``n`` and ``d`` groups it keeps
-two sorted lists of points, the starts and the ends of the group's holds, each point with
-the running count and sum of the times up to it. The nanoseconds a group's holds spent
-inside [S, U] are then F(U) - F(S), where
+Each hold counts in a group per dimension: ``n`` (namespace, resource) and ``d`` (resource,
+device). For each group it keeps two sorted lists of points, the starts and the ends of the
+group's holds, each point with the running count and sum of the times up to it. The
+nanoseconds a group's holds spent inside [S, U] are then F(U) - F(S), where
 
     F(T) = sum over starts s <= T of (T - s)  -  sum over ends e <= T of (T - e)
          = T * starts(T) - sum_starts(T) - T * ends(T) + sum_ends(T)
@@ -18,19 +18,29 @@ inside [S, U] are then F(U) - F(S), where
 long the history. A start is added when a hold starts and an end when it ends, so both lists
 grow at their end (a point older than the list's last, after a clock stepped back, rewrites
 the running sums after it). Pods are too many to visit each: a pod's ended holds are kept
-by the class of their length and their end (``h<class><end><n>`` -> the pod's id and the
-start), so that a query reads little more than the holds it counts; open holds are in the
-tracker's state.
+by the class of their length and their end (``h<class><end><n>`` -> the start and the pod
+itself, namespace, name, uid and resource), so that a query reads little more than the holds
+it counts; open holds are in the tracker's state. (A pod is not a group with an id: looking
+its id up by a digest touched a page anywhere in the file for every new pod.)
+
+What was not seen: the gaps that hide holds (``chargeback.Blind``: eventsrc, the kubelet or
+the runtime not seen) are kept whole in ``meta`` (``blind``: a few a restart). A group's
+nanoseconds inside them are the sum of F(b) - F(a) over the union of the gaps, [a, b] each
+clipped to the window; a pod's, each hold's overlap with that union (``Gaps.covered``).
 
 Databases: ``meta`` (format, log id, the last record fed and its chain hash, the tracker's
-state, counters), ``groups`` (``k<dim><digest>`` -> id; ``g<dim><id>`` -> the group; a pod's
+state, the gaps, counters), ``groups`` (``k<dim><digest>`` -> id; ``g<dim><id>`` -> the group; a pod's
 ended holds) and ``points`` (``<id><s|e><t><n>`` -> running count and sum).
 
-Each chunk of records is fed in one write transaction, with the tracker's state and the
-last record's sequence: a crash leaves the index at a chunk's end, and the next query goes
-on from there. An index whose log id differs, whose last record is past the log's end, or
-whose last record's chain hash is not the log's (a restored log went another way) is
-rebuilt from record 1. One process updates it at a time (a lock file).
+Each chunk of ``CHUNK`` records is fed in one write transaction, with the tracker's state
+and the last record's sequence: a crash leaves the index at a chunk's end, and the next feed
+goes on from there. Each chunk reads the log and writes the index through mappings of their
+own, closed after it: the pages a process touches in a mapping count in its resident set
+until it is closed, and LMDB writes each changed page anew, so one mapping over a year of
+records held hundreds of MB (docs/performance.md). An index whose log id differs, whose last
+record is past the log's end, or whose last record's chain hash is not the log's (a restored
+log went another way) is rebuilt from record 1. One process updates it at a time (a lock
+file).
 """
 
 from __future__ import annotations
@@ -38,7 +48,8 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,20 +57,57 @@ from typing import Any
 import lmdb
 import msgspec
 
-from eventsrc.core.chargeback import Change, Row, Tracker, UsageState, Window, overlap
+from eventsrc.core.chargeback import (
+    Blind,
+    Change,
+    Gaps,
+    Row,
+    Span,
+    Tracker,
+    UsageState,
+    Window,
+    merged,
+    overlap,
+)
 from eventsrc.errors import EventsrcError
-from eventsrc.events import CorruptRecordError, chain_hash
+from eventsrc.events import CorruptRecordError, Record, chain_hash
 from eventsrc.log.history import History
-from eventsrc.log.store import key_seq
+from eventsrc.log.store import EventLog, key_seq
 
-FORMAT = b"1"
+FORMAT = b"3"  # 2: a pod's ended hold names its pod itself, not a group id; 3: the gaps (blind)
 MAP_SIZE = 1 << 36  # address space only: the file grows as pages are written
-CHUNK = 50_000  # records fed per write transaction
-_DIMS = {"namespace": b"n", "device": b"d", "pod": b"p"}
+#: records fed per write transaction, each through a mapping of the log and the index of its
+#: own (``catch_up``)
+CHUNK = 10_000
+#: the groups whose ids a feed keeps in memory (a pod is a group: a year has 100,000s)
+KEEP_IDS = 10_000
+_DIMS = {"namespace": b"n", "device": b"d"}
 _U64 = 8
 _SUM = 16
 _state_decoder = msgspec.msgpack.Decoder(UsageState)
 _group_decoder = msgspec.msgpack.Decoder(list[Any])
+_spans_decoder = msgspec.msgpack.Decoder(list[Span])
+
+
+#: what ``catch_up`` reads from: opens a history, and closes it when done
+Source = Callable[[], AbstractContextManager[History]]
+
+
+@contextmanager
+def reading(log_dir: Path, archive: Path | None) -> Iterator[History]:
+    """The log at ``log_dir`` read-only, with its archive, closed on leaving (a ``Source``).
+    Not for a process that holds the log open already (LMDB: one environment per file and
+    process)."""
+    log = EventLog(log_dir, readonly=True)
+    try:
+        yield History(log, archive)
+    finally:
+        log.close()
+
+
+def kept(history: History) -> Source:
+    """A ``Source`` of a history its caller keeps open (and maps whole, for as long)."""
+    return lambda: nullcontext(history)
 
 
 @dataclass
@@ -92,12 +140,15 @@ class UsageIndex:
         self.path = path
         try:
             path.mkdir(mode=0o750, exist_ok=True)
-            self.env = lmdb.open(str(path), max_dbs=4, map_size=MAP_SIZE, metasync=False)
+            self.env = self._open()
         except (OSError, lmdb.Error) as exc:
             raise EventsrcError(f"cannot open the usage index at {path}: {exc}") from None
         self.meta = self.env.open_db(b"meta")
         self.groups = self.env.open_db(b"groups")
         self.points = self.env.open_db(b"points")
+
+    def _open(self) -> lmdb.Environment:
+        return lmdb.open(str(self.path), max_dbs=4, map_size=MAP_SIZE, metasync=False, readahead=False)
 
     def close(self) -> None:
         self.env.close()
@@ -110,28 +161,48 @@ class UsageIndex:
 
     # ------------------------------------------------------------------ updating
 
-    def catch_up(self, history: History, progress: Callable[[str], None] | None = None) -> Update:
-        """Feed the records the index has not seen yet (all of them on first use)."""
+    def catch_up(self, source: Source, progress: Callable[[str], None] | None = None) -> Update:
+        """Feed the records the index has not seen yet (all of them on first use).
+
+        ``source`` opens the history to read; it is opened again every ``CHUNK`` records, and
+        the index's environment too, so that the pages of either file this process mapped
+        while feeding are let go: a whole year read through one mapping keeps every page it
+        touched in the process's resident set (``reading`` opens and closes the log; a
+        caller that holds the log open itself passes ``kept(history)``)."""
         t0 = time.perf_counter()
         with open(self.path / "update.lock", "a+b") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            why = self._stale(history)
-            with self.env.begin() as txn:
-                last = key_seq(txn.get(b"seq", db=self.meta) or bytes(8)) if not why else 0
-            if why and why != "first use":
-                self._drop()
-            end = history.last_seq()
-            if last >= end:
-                return Update("current", corrupt=self.corrupt())
-            if progress is not None and why:
-                progress(f"building the usage index ({why}) from records 1..{end}, the archive included")
-            writer = _Writer(self, history)
-            fed = 0
-            for chunk in _chunks(history, last + 1, end):
-                writer.write(chunk)
-                fed += len(chunk)
+            with source() as history:
+                why = self._stale(history)
+                with self.env.begin() as txn:
+                    last = key_seq(txn.get(b"seq", db=self.meta) or bytes(8)) if not why else 0
+                if why and why != "first use":
+                    self._drop()
+                end = history.last_seq()
+                if last >= end:
+                    return Update("current", corrupt=self.corrupt())
+                if progress is not None and why:
+                    progress(f"building the usage index ({why}) from records 1..{end}, the archive included")
+                writer = _Writer(self, history)
+            fed, next_seq = 0, last + 1
+            while next_seq <= end:
+                upto = min(end, next_seq + CHUNK - 1)
+                with source() as history:
+                    writer.history = history
+                    fed += writer.write(history.records(next_seq, upto))
+                next_seq = upto + 1
+                self._remap()
             how = "built" if why == "first use" else ("rebuilt" if why else "updated")
             return Update(how, fed, time.perf_counter() - t0, why, self.corrupt())
+
+    def _remap(self) -> None:
+        """Close the environment and open it again: the pages this process touched in it
+        stop counting in its resident set (the file's pages stay in the page cache)."""
+        self.env.close()
+        self.env = self._open()
+        self.meta = self.env.open_db(b"meta")
+        self.groups = self.env.open_db(b"groups")
+        self.points = self.env.open_db(b"points")
 
     def _stale(self, history: History) -> str:
         """Why the index must be built from record 1 ("" when it can go on)."""
@@ -157,6 +228,11 @@ class UsageIndex:
             for db in (self.meta, self.groups, self.points):
                 txn.drop(db, delete=False)
 
+    def fed_seq(self) -> int:
+        """The last record fed (0: none)."""
+        with self.env.begin(db=self.meta) as txn:
+            return key_seq(txn.get(b"seq") or bytes(8))
+
     def corrupt(self) -> list[int]:
         with self.env.begin(db=self.meta) as txn:
             raw = txn.get(b"corrupt")
@@ -171,23 +247,31 @@ class UsageIndex:
     # ------------------------------------------------------------------ answering
 
     def totals(self, by: str, w: Window, resources: frozenset[str] = frozenset()) -> list[Row]:
-        """Nanoseconds per group inside ``w``, as ``core.chargeback.totals`` gives them."""
+        """Nanoseconds per group inside ``w``, and those inside the gaps that hide holds, as
+        ``core.chargeback.totals`` gives them."""
         if w.until_ns <= max(0, w.since_ns):
             return []
         w = Window(max(0, w.since_ns), w.until_ns)  # the index keeps no time before 1970
         with self.env.begin(buffers=True) as txn:
+            raw = txn.get(b"blind", db=self.meta)
+            gaps = merged(_spans_decoder.decode(raw) if raw else [], w)
             if by == "pod":
-                rows = self._pods(txn, w, resources)
+                rows = self._pods(txn, w, resources, gaps)
             else:
-                rows = self._step_groups(txn, _DIMS["namespace" if by == "namespace" else "device"], w, resources)
+                dim = _DIMS["namespace" if by == "namespace" else "device"]
+                rows = self._step_groups(txn, dim, w, resources, gaps)
         if by == "resource":
-            sums: dict[tuple[str, ...], int] = {}
+            sums: dict[tuple[str, ...], tuple[int, int]] = {}
             for row in rows:
-                sums[row.group[:1]] = sums.get(row.group[:1], 0) + row.ns
-            rows = [Row(k, n) for k, n in sums.items()]
+                ns, gap_ns = sums.get(row.group[:1], (0, 0))
+                sums[row.group[:1]] = (ns + row.ns, gap_ns + row.gap_ns)
+            rows = [Row(k, n, g) for k, (n, g) in sums.items()]
         return sorted(r for r in rows if r.ns)
 
-    def _step_groups(self, txn: lmdb.Transaction, dim: bytes, w: Window, resources: frozenset[str]) -> list[Row]:
+    def _step_groups(
+        self, txn: lmdb.Transaction, dim: bytes, w: Window, resources: frozenset[str], gaps: Gaps
+    ) -> list[Row]:
+        """F(U) - F(S) a group, and F(b) - F(a) over each gap [a, b] for what it did not see."""
         out = []
         pcur = txn.cursor(db=self.points)
         at = 1 if dim == b"n" else 0  # where the group names its resource
@@ -195,7 +279,8 @@ class UsageIndex:
             if resources and group[at] not in resources:
                 continue
             ns = _f(pcur, gid, w.until_ns) - _f(pcur, gid, w.since_ns)
-            out.append(Row(tuple(group), ns))
+            gap_ns = sum(_f(pcur, gid, b) - _f(pcur, gid, a) for a, b in gaps.pairs) if ns else 0
+            out.append(Row(tuple(group), ns, gap_ns))
         return out
 
     def _each_group(self, txn: lmdb.Transaction, dim: bytes) -> Iterator[tuple[bytes, list[Any]]]:
@@ -208,10 +293,16 @@ class UsageIndex:
                 return
             yield bytes(k[2:]), _group_decoder.decode(v)
 
-    def _pods(self, txn: lmdb.Transaction, w: Window, resources: frozenset[str]) -> list[Row]:
+    def _pods(self, txn: lmdb.Transaction, w: Window, resources: frozenset[str], gaps: Gaps) -> list[Row]:
         """The ended holds that may overlap ``w``, class by class (see ``_Writer._change``),
         then the open ones from the tracker's state."""
-        by_id: dict[bytes, int] = {}
+        sums: dict[tuple[str, ...], tuple[int, int]] = {}
+
+        def add(group: tuple[str, ...], start: int, n: int) -> None:
+            lo = max(start, w.since_ns)
+            ns, gap_ns = sums.get(group, (0, 0))
+            sums[group] = (ns + n, gap_ns + gaps.covered(lo, lo + n))
+
         cur = txn.cursor(db=self.groups)
         for c in range(1, 65):
             prefix, last = b"h" + bytes([c]), w.until_ns + (1 << c)
@@ -221,25 +312,18 @@ class UsageIndex:
                 end = int.from_bytes(k[2:10], "big")
                 if bytes(k[:2]) != prefix or end > last:
                     break
-                ns = overlap(int.from_bytes(v[4:], "big"), end, w)
-                if ns:
-                    gid = bytes(v[:4])
-                    by_id[gid] = by_id.get(gid, 0) + ns
-        sums: dict[tuple[str, ...], int] = {}
-        for gid, ns in by_id.items():
-            raw_group = txn.get(b"gp" + gid, db=self.groups)
-            assert raw_group is not None  # written with the id
-            group = tuple(_group_decoder.decode(raw_group))
-            if not resources or group[3] in resources:
-                sums[group] = sums.get(group, 0) + ns
+                start = int.from_bytes(v[:_U64], "big")
+                if ns := overlap(start, end, w):
+                    group = tuple(_group_decoder.decode(v[_U64:]))
+                    if not resources or group[3] in resources:
+                        add(group, start, ns)
         raw = txn.get(b"state", db=self.meta)
         for hold in Tracker(_state_decoder.decode(raw)).open_holds() if raw else []:
             if resources and hold.resource not in resources:
                 continue
             if ns := overlap(hold.start_ns, None, w):
-                key = hold.group("pod")
-                sums[key] = sums.get(key, 0) + ns
-        return [Row(k, n) for k, n in sums.items()]
+                add(hold.group("pod"), hold.start_ns, ns)
+        return [Row(k, n, g) for k, (n, g) in sums.items()]
 
 
 def _f(cur: lmdb.Cursor, gid: bytes, t: int) -> int:
@@ -260,18 +344,6 @@ def _running(cur: lmdb.Cursor, prefix: bytes, t: int) -> tuple[int, int]:
     return _parse(bytes(cur.value()))
 
 
-def _chunks(history: History, first: int, last: int) -> Iterator[list[tuple[int, Any]]]:
-    """(seq, Record or CorruptRecordError) in chunks of CHUNK."""
-    chunk: list[tuple[int, Any]] = []
-    for item in history.records(first, last):
-        chunk.append((item.seq, item))
-        if len(chunk) >= CHUNK:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 class _Writer:
     """Feeds records into the index, a chunk per write transaction; what it learns of the
     groups and their last points is kept between chunks."""
@@ -288,22 +360,30 @@ class _Writer:
             self.ordinal = key_seq(txn.get(b"ordinal", db=index.meta) or bytes(8))
             corrupt = txn.get(b"corrupt", db=index.meta)
             self.corrupt: list[int] = msgspec.msgpack.decode(corrupt, type=list[int]) if corrupt else []
+            blind = txn.get(b"blind", db=index.meta)
+            self.blind = Blind(_spans_decoder.decode(blind) if blind else ())
         self.ids: dict[tuple[bytes, tuple[str, ...]], bytes] = {}
         self.last: dict[bytes, tuple[int, int, int]] = {}  # id + kind -> the last point's (t, count, sum)
 
-    def write(self, chunk: list[tuple[int, Any]]) -> None:
+    def write(self, records: Iterable[Record | CorruptRecordError]) -> int:
+        """Feed ``records`` (up to a ``CHUNK``) in one write transaction, each record let go
+        once fed; how many there were."""
         index = self.index
+        fed, last_seq = 0, 0
         with index.env.begin(write=True) as txn:
             self.txn = txn
             self.gcur = txn.cursor(db=index.groups)
             self.pcur = txn.cursor(db=index.points)
-            for seq, item in chunk:
+            for item in records:
+                fed, last_seq = fed + 1, item.seq
                 if isinstance(item, CorruptRecordError):
-                    self.corrupt.append(seq)
+                    self.corrupt.append(item.seq)
                     continue
+                self.blind.feed(item.event)
                 for change in self.tracker.feed(item.ts_ns, item.event):
                     self._change(change)
-            last_seq = chunk[-1][0]
+            if not fed:
+                return 0
             stored = [v for c in self.history.log.raw_chunks(last_seq, last_seq) for _, v in c]
             last_value = stored[0] if stored else b""
             meta = {
@@ -316,9 +396,11 @@ class _Writer:
                 b"ordinal": self.ordinal.to_bytes(_U64, "big"),
                 b"corrupt": msgspec.msgpack.encode(self.corrupt),
                 b"gaps": self.gaps.encode(),
+                b"blind": msgspec.msgpack.encode(self.blind.listed()),
             }
             for k, v in meta.items():
                 txn.put(k, v, db=index.meta)
+        return fed
 
     def _change(self, change: Change) -> None:
         hold, end = change
@@ -337,7 +419,8 @@ class _Writer:
         if c:
             self.ordinal += 1
             key = b"h" + bytes([c]) + max(0, end).to_bytes(_U64, "big") + self.ordinal.to_bytes(_U64, "big")
-            self.gcur.put(key, self._id(b"p", hold.group("pod")) + max(0, hold.start_ns).to_bytes(_U64, "big"))
+            pod = msgspec.msgpack.encode(hold.group("pod"))
+            self.gcur.put(key, max(0, hold.start_ns).to_bytes(_U64, "big") + pod)
 
     def _id(self, dim: bytes, group: tuple[str, ...]) -> bytes:
         gid = self.ids.get((dim, group))
@@ -351,7 +434,7 @@ class _Writer:
             self.gcur.put(key, gid)
             self.gcur.put(b"g" + dim + gid, msgspec.msgpack.encode(group))
         gid = bytes(gid)
-        if len(self.ids) > 100_000:
+        if len(self.ids) > KEEP_IDS:
             self.ids.clear()
         self.ids[(dim, group)] = gid
         return gid

@@ -31,6 +31,8 @@
       ├─ Retainer.run                finishes an interrupted retention cut; with logRetention,
       │                              cuts the live log at piece boundaries, a failed cut again
       │                              after a pause of 1 s doubling to 60 s (node/retainer.py)
+      ├─ UsageKeeper.run             keeps the usage index current: its feeder, a process of
+      │                              its own, every 5,000 records or 5 minutes (node/usage_keeper.py)
       └─ (ready; waits for SIGTERM / SIGINT, records DaemonStopped, writes a snapshot, cancels)
 
 Every unix socket is served by grpclib through ``rpc/bridge.serve_unix``. State changes only
@@ -98,6 +100,7 @@ from eventsrc.node.nri import NRIOptions, NRIPlugin
 from eventsrc.node.plugin_watcher import PluginWatcher
 from eventsrc.node.retainer import Retainer
 from eventsrc.node.shipper import FleetOptions, Shipper
+from eventsrc.node.usage_keeper import UsageKeeper
 from eventsrc.obs import systemd
 from eventsrc.obs.logger import current_correlation_id, get_logger
 from eventsrc.obs.loop import LoopHolds
@@ -226,6 +229,7 @@ class Daemon:
             snapshot_every,
             shipped=(lambda: shipper.shipped) if shipper is not None else lambda: None,
         )
+        self.usage = UsageKeeper(layout, lambda: self.views.meta.last_seq)
         # Beside a kubelet: eventsrc records what the kubelet decided, and decides nothing.
         self.beside = Beside(self, beside, self._runtime_synchronized) if beside is not None else None
         if self.beside is not None and self.nri is not None:
@@ -297,6 +301,7 @@ class Daemon:
         if self.views.meta.last_seq - self._snapshot_seq >= self.snapshot_every:
             self._snapshot_due.set()
         self.retainer.maybe_due(self.views.meta.last_seq)
+        self.usage.maybe_due(self.views.meta.last_seq)
 
     async def record(self, events: Sequence[ev._Event], correlation_id: str | None = None) -> list[Record]:
         """Append ``events`` as one unit; they are in the views when this returns. Without
@@ -527,6 +532,7 @@ async def serve(
                 nursery.start_soon(daemon.scrub, start_seq)
                 nursery.start_soon(daemon.snapshot_loop)
                 nursery.start_soon(daemon.retainer.run)
+                nursery.start_soon(daemon.usage.run)
                 _announce_ready(daemon)
                 task_status.started(daemon)
                 reason = await _stop_signal(signals)

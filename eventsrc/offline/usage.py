@@ -19,11 +19,11 @@ from typing import Any, TextIO
 import lmdb
 import msgspec
 
-from eventsrc.core.chargeback import FIELDS, Row, Window, hours_text, intervals, seconds_text, totals, window
+from eventsrc.core.chargeback import FIELDS, Row, Window, hours_text, merged, observe, seconds_text, totals, window
 from eventsrc.errors import EventsrcError
 from eventsrc.events import CorruptRecordError
 from eventsrc.log.history import History
-from eventsrc.log.usage_index import UsageIndex
+from eventsrc.log.usage_index import Source, UsageIndex
 from eventsrc.obs.text import escape
 from eventsrc.offline.audit_queries import UsageError, iso, parse_point
 
@@ -61,27 +61,29 @@ def scan_totals(history: History, by: str, w: Window, resources: frozenset[str])
             else:
                 yield item.ts_ns, item.event
 
-    return totals(intervals(records()), by, w, resources), corrupt
+    holds, blind = observe(records())
+    return totals(holds, by, w, resources, merged(blind.listed(), w)), corrupt
 
 
 def answer(
-    history: History, index_path: Any, by: str, w: Window, resources: frozenset[str], scan: bool = False
+    source: Source, index_path: Any, by: str, w: Window, resources: frozenset[str], scan: bool = False
 ) -> tuple[list[Row], list[int]]:
-    """The rows, from the index (brought up to date) or a scan, and the corrupt records' sequences."""
+    """The rows, from the index (brought up to date from ``source``) or a scan, and the
+    corrupt records' sequences."""
     if scan:
         note("answering from a scan of every record (--scan)")
-        return scan_totals(history, by, w, resources)
+        return _scan(source, by, w, resources)
     try:
         index = UsageIndex(index_path)
     except EventsrcError as err:
         note(f"{err}; answering from a scan of every record instead")
-        return scan_totals(history, by, w, resources)
+        return _scan(source, by, w, resources)
     with index:
         try:
-            update = index.catch_up(history, note)
+            update = index.catch_up(source, note)
         except (lmdb.Error, OSError) as err:
             note(f"cannot update the usage index at {index_path}: {err}; answering from a scan of every record instead")
-            return scan_totals(history, by, w, resources)
+            return _scan(source, by, w, resources)
         if update.how in ("built", "rebuilt"):
             why = f" ({update.why})" if update.how == "rebuilt" else " (first use)"
             note(
@@ -93,13 +95,40 @@ def answer(
         return index.totals(by, w, resources), update.corrupt
 
 
+def _scan(source: Source, by: str, w: Window, resources: frozenset[str]) -> tuple[list[Row], list[int]]:
+    with source() as history:
+        if missing := history.missing_note():
+            note(f"warning: {missing}")
+        return scan_totals(history, by, w, resources)
+
+
 # --------------------------------------------------------------------------- output
 
 
+def seen(row: Row) -> str:
+    """Whether the row's seconds were all seen: "all", "partly" (some inside a gap) or "none"."""
+    return "all" if not row.gap_ns else "none" if row.gap_ns >= row.ns else "partly"
+
+
+#: what a row's seconds mean, said under a table with seconds inside gaps (and in --help, docs)
+GAPS_NOTE = (
+    "SEEN partly/none: some seconds (IN_GAPS) fell inside a gap, a time eventsrc was not running or could not "
+    "see the kubelet or the runtime; the hold may have ended at any moment of it"
+)
+
+
 def render(
-    rows: list[Row], by: str, w: Window, output: str, out: TextIO, fields: tuple[str, ...] | None = None
+    rows: list[Row],
+    by: str,
+    w: Window,
+    output: str,
+    out: TextIO,
+    fields: tuple[str, ...] | None = None,
+    gaps_known: bool = True,
 ) -> None:
-    """``rows`` as ``output``; ``fields`` name a row's group (default: ``audit usage --by``'s)."""
+    """``rows`` as ``output``; ``fields`` name a row's group (default: ``audit usage --by``'s).
+    Without ``gaps_known`` (``fleet usage``, which does not count gaps yet) no row claims to be
+    seen: the seen and in-gap fields are left out."""
     fields = fields or FIELDS[by]
     if output == "json":
         items = [
@@ -107,20 +136,31 @@ def render(
                 **dict(zip(fields, r.group, strict=True)),
                 "seconds": Decimal(seconds_text(r.ns)),
                 "hours": Decimal(hours_text(r.ns)),
+                **(
+                    {
+                        "seconds_seen": Decimal(seconds_text(r.ns - r.gap_ns)),
+                        "seconds_in_gaps": Decimal(seconds_text(r.gap_ns)),
+                    }
+                    if gaps_known
+                    else {}
+                ),
             }
             for r in rows
         ]
         out.write(_json.encode(items).decode() + "\n")
     elif output == "csv":
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow([*fields, "seconds", "hours"])
+        writer.writerow([*fields, "seconds", "hours", *(["seen", "seconds_in_gaps"] if gaps_known else [])])
         for r in rows:
-            writer.writerow([*(escape(x) for x in r.group), seconds_text(r.ns), hours_text(r.ns)])
+            marks = [seen(r), seconds_text(r.gap_ns)] if gaps_known else []
+            writer.writerow([*(escape(x) for x in r.group), seconds_text(r.ns), hours_text(r.ns), *marks])
     else:
-        out.write("\n".join(table_lines(rows, by, w, fields)) + "\n")
+        out.write("\n".join(table_lines(rows, by, w, fields, gaps_known)) + "\n")
 
 
-def table_lines(rows: list[Row], by: str, w: Window, fields: tuple[str, ...] | None = None) -> list[str]:
+def table_lines(
+    rows: list[Row], by: str, w: Window, fields: tuple[str, ...] | None = None, gaps_known: bool = True
+) -> list[str]:
     from eventsrc.offline.audit_render import column_lines
 
     head = (
@@ -128,15 +168,23 @@ def table_lines(rows: list[Row], by: str, w: Window, fields: tuple[str, ...] | N
     )
     if not rows:
         return [head]
-    body = [[escape(x) or "-" for x in r.group] + [seconds_text(r.ns), hours_text(r.ns)] for r in rows]
-    return [head, *column_lines([f.upper() for f in fields or FIELDS[by]] + ["SECONDS", "HOURS"], body)]
+    body = [
+        [escape(x) or "-" for x in r.group]
+        + [seconds_text(r.ns), hours_text(r.ns)]
+        + ([seen(r), seconds_text(r.gap_ns) if r.gap_ns else "-"] if gaps_known else [])
+        for r in rows
+    ]
+    columns = [f.upper() for f in fields or FIELDS[by]] + ["SECONDS", "HOURS"]
+    columns += ["SEEN", "IN_GAPS"] if gaps_known else []
+    note = [GAPS_NOTE] if any(r.gap_ns for r in rows) else []
+    return [head, *column_lines(columns, body), *note]
 
 
-def run(args: Any, history: History, index_path: Any) -> int:
+def run(args: Any, source: Source, index_path: Any) -> int:
     """``eventsrc audit usage``: print the answer; 1 when records were corrupt."""
     w = parse_window(args.since, args.until, time.time_ns())
     resources = frozenset(args.resource or ())
-    rows, corrupt = answer(history, index_path, args.by, w, resources, scan=args.scan)
+    rows, corrupt = answer(source, index_path, args.by, w, resources, scan=args.scan)
     render(rows, args.by, w, args.output, sys.stdout)
     sys.stdout.flush()
     if corrupt:

@@ -88,11 +88,11 @@ def test_json_totals_are_exact_and_the_index_is_built_on_first_use(root: Path) -
 def test_csv_by_namespace_with_a_resource_filter(root: Path) -> None:
     out, _ = usage(root, "--resource", GPU, "--resource", "cpu", "--until", UNTIL, "-o", "csv")
     assert list(csv.reader(io.StringIO(out))) == [
-        ["namespace", "resource", "seconds", "hours"],
-        ["ml", GPU, "3600.000000000", "1.000000"],
-        ["team-a", "cpu", "28800.000000000", "8.000000"],  # CPU 2 for 2 h, 3 for 4 h, 4 for 2 h
-        ["team-a", GPU, "7200.000000000", "2.000000"],
-        ["team-b\\x1b[2J", GPU, "25200.000000000", "7.000000"],
+        ["namespace", "resource", "seconds", "hours", "seen", "seconds_in_gaps"],
+        ["ml", GPU, "3600.000000000", "1.000000", "all", "0.000000000"],
+        ["team-a", "cpu", "28800.000000000", "8.000000", "all", "0.000000000"],  # CPU 2 for 2 h, 3 for 4 h, 4 for 2 h
+        ["team-a", GPU, "7200.000000000", "2.000000", "all", "0.000000000"],
+        ["team-b\\x1b[2J", GPU, "25200.000000000", "7.000000", "all", "0.000000000"],
     ]
 
 
@@ -100,11 +100,11 @@ def test_table_by_pod_is_escaped(root: Path) -> None:
     out, _ = usage(root, "--by", "pod", "--since", iso(T0 + 5 * H + 30 * 60 * S), "--until", UNTIL)
     lines = out.splitlines()
     assert lines[0] == f"usage by pod from {iso(T0 + 5 * H + 30 * 60 * S)} to {UNTIL}: 3 groups"
-    assert lines[1].split() == ["NAMESPACE", "NAME", "UID", "RESOURCE", "SECONDS", "HOURS"]
+    assert lines[1].split() == ["NAMESPACE", "NAME", "UID", "RESOURCE", "SECONDS", "HOURS", "SEEN", "IN_GAPS"]
     assert [line.split() for line in lines[2:]] == [
-        ["ml", "train", "-", "dra.example.com", "1800.000000000", "0.500000"],
-        ["ml", "train", "-", GPU, "1800.000000000", "0.500000"],
-        ["team-b\\x1b[2J", "pod-b", "b", GPU, "16200.000000000", "4.500000"],
+        ["ml", "train", "-", "dra.example.com", "1800.000000000", "0.500000", "all", "-"],
+        ["ml", "train", "-", GPU, "1800.000000000", "0.500000", "all", "-"],
+        ["team-b\\x1b[2J", "pod-b", "b", GPU, "16200.000000000", "4.500000", "all", "-"],
     ]
     assert "\x1b" not in out
 
@@ -127,3 +127,32 @@ def test_bench_usage_at_a_tiny_size() -> None:
     proc = run_cli("bench", "usage", "--records", "400", "--runs", "1", check=True)
     assert "the same answer as the index: yes" in proc.stdout
     assert "--by namespace, a month" in proc.stdout and "ABOVE GOAL" not in proc.stdout
+
+
+def test_seconds_inside_a_gap_are_given_apart_in_json_csv_and_the_table(tmp_path: Path) -> None:
+    """eventsrc killed (its last record at T0 + 10 s) while a pod held a device, back at T0 + 37 s:
+    27 of the hold's 38 s were not seen, and every output says so."""
+    root = tmp_path / "root"
+    layout = Layout(root)
+    layout.state.mkdir(parents=True)
+    log = EventLog(layout.log)
+    seen = ev.PodRef(uid="u1", namespace="ml", name="train")
+    for i, (t, e) in enumerate(
+        [
+            (T0, ev.KubeletDevicesObserved(pod=seen, container="c", resource=GPU, device_ids=["Dev-1"])),
+            (T0 + 10 * S, ev.KubeletPodObserved(pod=seen)),
+            (T0 + 37 * S, ev.ObservationGapFound(source="eventsrc", since_ns=T0 + 10 * S, until_ns=T0 + 37 * S)),
+            (T0 + 38 * S, ev.KubeletPodReleased(pod=seen)),
+        ]
+    ):
+        log.append([e], f"c{i}", t)
+    log.close()
+    out, _ = usage(root, "--by", "pod", "--until", UNTIL, "-o", "json")
+    assert [(r["seconds"], r["seconds_seen"], r["seconds_in_gaps"]) for r in json.loads(out, parse_float=Decimal)] == [
+        (Decimal("38.000000000"), Decimal("11.000000000"), Decimal("27.000000000"))
+    ]
+    out, _ = usage(root, "--by", "device", "--until", UNTIL, "-o", "csv")
+    assert list(csv.reader(io.StringIO(out)))[1] == [GPU, "Dev-1", "38.000000000", "0.010556", "partly", "27.000000000"]
+    out, _ = usage(root, "--by", "namespace", "--until", UNTIL, "--scan")
+    assert out.splitlines()[2].split() == ["ml", GPU, "38.000000000", "0.010556", "partly", "27.000000000"]
+    assert "SEEN partly/none: some seconds (IN_GAPS) fell inside a gap" in out

@@ -225,22 +225,55 @@ def test_a_sigkill_loses_nothing_and_the_restart_says_what_it_did_not_see(
 
 def usage_equals_the_recorded_holds(root: Path) -> None:
     """``audit usage --by pod`` in a window that clips pod a's hold and ends while pod b still
-    holds d-1 equals, to the nanosecond, what the records' times say."""
+    holds d-1 equals, to the nanosecond, what the records' times say; and the seconds eventsrc
+    was killed, pod a removed meanwhile, are given as inside a gap, not as seen (issue 35)."""
     (a_start,) = [r["ts_ns"] for r in of_type(root, "KubeletDevicesObserved") if r["event"]["pod"]["name"] == "a"]
     (a_end,) = [r["ts_ns"] for r in of_type(root, "KubeletDevicesReleased") if r["event"]["pod"]["name"] == "a"]
     (b_start,) = [r["ts_ns"] for r in of_type(root, "KubeletDevicesObserved") if r["event"]["pod"]["name"] == "b"]
-    since = (a_start + (a_end - a_start) // 2) // 1000 * 1000
-    until = of_type(root, "DaemonStopped")[-1]["ts_ns"] // 1000 * 1000
-    assert a_start < since < a_end <= b_start < until
-    out = run_cli(
-        "audit", "usage", "--by", "pod", "--resource", RESOURCE, "--since", iso(since), "--until", iso(until),
-        "-o", "json", root=root, check=True,
-    ).stdout  # fmt: skip
-    rows = {(r["name"], r["resource"]): r["seconds"] for r in json.loads(out, parse_float=Decimal)}
-    assert rows == {
-        ("a", RESOURCE): Decimal(a_end - since) / 10**9,  # clipped by --since
-        ("b", RESOURCE): Decimal(until - b_start) / 10**9,  # still held: counted up to --until
-    }
+    killed = [g["event"] for g in of_type(root, "ObservationGapFound") if g["event"]["source"] == "eventsrc"][0]
+    assert a_start <= killed["since_ns"] < killed["until_ns"] <= a_end  # the kill, inside a's hold
+    ms = 10**6  # iso() goes through a float: whole milliseconds print exactly
+    until = of_type(root, "DaemonStopped")[-1]["ts_ns"] // ms * ms
+    seconds = lambda ns: Decimal(ns) / 10**9  # noqa: E731
+    for since in ((a_start + (a_end - a_start) // 2) // ms * ms, a_start // ms * ms):
+        assert since < a_end <= b_start < until
+        out = run_cli(
+            "audit", "usage", "--by", "pod", "--resource", RESOURCE, "--since", iso(since), "--until", iso(until),
+            "-o", "json", root=root, check=True,
+        ).stdout  # fmt: skip
+        rows = {(r["name"], r["resource"]): r for r in json.loads(out, parse_float=Decimal)}
+        a_from = max(since, a_start)
+        a_gap, b_gap = in_gaps(root, a_from, a_end), in_gaps(root, b_start, until)
+        assert {k: (r["seconds"], r["seconds_in_gaps"], r["seconds_seen"]) for k, r in rows.items()} == {
+            # clipped by --since; the kill's seconds inside it not seen
+            ("a", RESOURCE): (seconds(a_end - a_from), seconds(a_gap), seconds(a_end - a_from - a_gap)),
+            # still held: counted up to --until
+            ("b", RESOURCE): (seconds(until - b_start), seconds(b_gap), seconds(until - b_start - b_gap)),
+        }
+    assert a_gap >= killed["until_ns"] - killed["since_ns"] > 0  # from a's start: the whole kill at least
+
+
+def in_gaps(root: Path, lo: int, hi: int) -> int:
+    """Nanoseconds of [lo, hi] inside any gap of eventsrc, the kubelet or the runtime the log
+    records (one still open: up to ``hi``), each counted once."""
+    ends: dict[tuple[str, int], int] = {}
+    for g in of_type(root, "ObservationGapFound"):
+        e = g["event"]
+        if e["source"] in ("eventsrc", "kubelet", "runtime"):
+            key = (e["source"], e["since_ns"])
+            ends[key] = e.get("until_ns") or ends.get(key, 0)
+    spans = [(max(lo, since), min(hi, until or hi)) for (_, since), until in ends.items()]
+    return _union(spans)
+
+
+def _union(spans: list[tuple[int, int]]) -> int:
+    total, reach = 0, None
+    for a, b in sorted(s for s in spans if s[0] < s[1]):
+        if reach is None or a > reach:
+            total, reach = total + b - a, b
+        elif b > reach:
+            total, reach = total + b - reach, b
+    return total
 
 
 def test_an_unreadable_checkpoint_is_recorded_and_never_stops_the_daemon(

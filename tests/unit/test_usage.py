@@ -9,10 +9,14 @@ from hypothesis import strategies as st
 
 from eventsrc import events as ev
 from eventsrc.core.chargeback import (
+    HIDING,
     Row,
     Tracker,
+    Window,
     hours_text,
     intervals,
+    merged,
+    observe,
     seconds_text,
     totals,
     window,
@@ -280,3 +284,64 @@ def test_the_open_holds_are_the_views_holds(events: list[ev._Event]) -> None:
     assert {(h.name, h.uid) for h in tracker.open_holds() if h.namespace == "ns"} <= {
         (p.name, p.uid) for p in views.kubelet.pods.values()
     }
+
+
+# --------------------------------------------------------------------------- what was not seen
+
+
+def gap(source: str, since: int, until: int = 0) -> ev._Event:
+    return ev.ObservationGapFound(source=source, since_ns=since, until_ns=until)
+
+
+def seen_totals(events: list[tuple[int, ev._Event]], by: str, w: Window) -> list[Row]:
+    holds, blind = observe(events)
+    return totals(holds, by, w, gaps=merged(blind.listed(), w))
+
+
+def test_the_seconds_eventsrc_was_killed_are_in_a_gap_not_seen() -> None:
+    """Issue 35: eventsrc SIGKILLed 10 s into a pod's hold, the pod removed 2 s later, eventsrc
+    back 25 s after that: its start records the gap from its last record, then the release."""
+    seen = ev.PodRef(uid="u1", namespace="ml", name="train")
+    log = [
+        (T0, ev.KubeletDevicesObserved(pod=seen, container="c", resource=GPU, device_ids=["Dev-1"])),
+        (T0 + 10 * S, ev.KubeletPodObserved(pod=seen)),  # its last record before the kill
+        (T0 + 37 * S, gap("eventsrc", T0 + 10 * S, T0 + 37 * S)),
+        (T0 + 38 * S, ev.KubeletPodReleased(pod=seen)),
+    ]
+    w = window(None, None, T0 + H)
+    assert seen_totals(log, "pod", w) == [Row(("ml", "train", "u1", GPU), 38 * S, 27 * S)]
+    assert seen_totals(log, "device", w) == [Row((GPU, "Dev-1"), 38 * S, 27 * S)]
+    # a window that ends inside the gap: only its part of the gap
+    assert seen_totals(log, "namespace", window(T0 + 5 * S, T0 + 20 * S, T0 + H)) == [Row(("ml", GPU), 15 * S, 10 * S)]
+
+
+def test_gaps_of_every_source_count_once_an_open_one_runs_to_the_window_and_allocatable_hides_nothing() -> None:
+    log = [
+        (T0, admitted("a")),
+        (T0, alloc("a", ["gpu-0"])),
+        (T0 + H, gap("kubelet", T0 + H, T0 + 3 * H)),
+        (T0 + H, gap("runtime", T0 + 2 * H, T0 + 4 * H)),  # overlaps the kubelet's: counted once
+        (T0 + 5 * H, gap("kubelet allocatable", T0 + 5 * H)),  # says nothing of holds
+        (T0 + 6 * H, gap("eventsrc", T0 + 6 * H)),  # still open (as a test plants it)
+    ]
+    w = window(None, T0 + 8 * H, T0 + 10 * H)
+    assert seen_totals(log, "device", w) == [Row((GPU, "gpu-0"), 8 * H, 3 * H + 2 * H)]
+    # a gap opened and closed by a later record with the same source and since_ns
+    closed = [*log[:2], (T0 + H, gap("kubelet", T0 + H)), (T0 + 2 * H, gap("kubelet", T0 + H, T0 + 2 * H))]
+    assert seen_totals(closed, "resource", w) == [Row((GPU,), 8 * H, H)]
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60), st.sampled_from(sorted(HIDING))), max_size=6),
+    st.integers(0, 60),
+    st.integers(0, 60),
+    st.integers(0, 60),
+    st.integers(0, 60),
+)
+def test_gaps_covered_is_the_count_of_nanoseconds_inside_any_gap(
+    spans: list[tuple[int, int, str]], lo: int, hi: int, since: int, until: int
+) -> None:
+    w = Window(since, until)
+    gaps = merged([(src, a, b) for a, b, src in spans], w)
+    inside = {t for a, b, _ in spans for t in range(max(a, since), min(b or until, until))}
+    assert gaps.covered(lo, hi) == len([t for t in range(lo, hi) if t in inside])
