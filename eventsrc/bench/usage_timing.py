@@ -4,7 +4,7 @@ Nothing here is a test: it prints numbers. The log is a year of pods (eventsrc's
 observed beside a kubelet) taking GPUs, NIC VFs, exclusive CPUs and DRA claim devices, written
 with the log's batch append (``EventLog.commit``) as the daemon writes it: its usage keeper's
 rule starts the feeder process (``eventsrc.log.usage_feeder``) every ``FEED_RECORDS`` records,
-so the index is as current as a daemon keeps it (docs/adr/0039). The oldest part is then cut
+so the index is as current as a daemon keeps it (docs/adr/0040). The oldest part is then cut
 into the archive by the real retention steps (``log.cut_steps``). The first query is the
 command in a new process, as a user runs it; then each query is timed in process (open the
 index, bring it up to date, answer, render), median of ``runs``, and once more in new

@@ -1,5 +1,5 @@
 """The usage index fed in a process of its own, which the daemon starts as its log grows
-(``eventsrc.node.usage_keeper``; docs/adr/0039), so that ``audit usage`` finds the index
+(``eventsrc.node.usage_keeper``; docs/adr/0040), so that ``audit usage`` finds the index
 current: the replay through the tracker holds the GIL for all of it, which a worker thread
 would take from the daemon's loop, and the pages it maps would count in the daemon's memory.
 

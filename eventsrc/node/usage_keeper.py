@@ -1,4 +1,4 @@
-"""The daemon keeps the usage index current (docs/adr/0039): when the log has grown by
+"""The daemon keeps the usage index current (docs/adr/0040): when the log has grown by
 ``FEED_RECORDS`` since the last feed (``maybe_due``, from the commit path), or
 ``FEED_SECONDS`` after it when anything was appended since, it starts the feeder
 (``eventsrc.log.usage_feeder``) in a process of its own and waits for it to end, in this
@@ -23,7 +23,7 @@ from eventsrc.layout import Layout
 from eventsrc.log import usage_feeder
 from eventsrc.obs.logger import get_logger
 
-log = get_logger("eventsrc.node.usage")
+log = get_logger(__name__)
 
 #: records appended since the last feed that start the next one: what a query catches up at
 #: most by itself (about 0.2 s of its time at 5,000; docs/performance.md)

@@ -9,7 +9,9 @@ SIGKILLed while a pod goes. What the log then says must hold for every era:
 * one usage row per pod and resource, under the pod's uid;
 * a registered device answered by ``audit device`` before any pod held it;
 * the kubelet's gap starting at its last good answer, not at the look that found it gone;
-* the time eventsrc was killed recorded as a gap that the killed pod's release follows.
+* the time eventsrc was killed recorded as a gap that the killed pod's release follows, and
+  its usage row giving the seconds of its hold inside the gaps (the kill, the kubelet's
+  restart) apart from those seen.
 """
 
 from __future__ import annotations
@@ -17,16 +19,24 @@ from __future__ import annotations
 import json
 import signal
 import time
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from eventsrc.offline.audit_queries import iso
 from tests.conftest import Daemon, run_cli
+from tests.e2e.test_beside_kubelet import in_gaps
 from tests.support.kubelet import ERAS, Container, Device, Memory, StandInKubelet
 
 RESOURCE = "example.com/resource"
 MIB, GIB = 1 << 20, 1 << 30
+MS = 10**6  # iso() goes through a float: whole milliseconds print exactly
+
+
+def seconds(ns: int) -> Decimal:
+    return Decimal(ns) / 10**9
 
 
 def records(root: Path, *types: str) -> list[dict[str, Any]]:
@@ -113,8 +123,16 @@ def test_the_scenario_beside_a_kubelet_of_each_era(
     cpus = {(r["event"]["pod"]["name"], tuple(r["event"]["cpus"])) for r in records(root, "KubeletCPUsObserved")}
     assert cpus == {("guaranteed", (1,))}
     assert records(root, "KubeletCPUsDisagreed") == []
-    usage = json.loads(run_cli("audit", "usage", "--by", "pod", "-o", "json", root=root, check=True).stdout)
+    until = records(root, "DaemonStopped")[-1]["ts_ns"] // MS * MS
+    out = run_cli("audit", "usage", "--by", "pod", "--until", iso(until), "-o", "json", root=root, check=True).stdout
+    usage = json.loads(out, parse_float=Decimal)
     rows = sorted((r["name"], r["uid"] != "", r["resource"]) for r in usage)
     assert rows == [("guaranteed", True, "cpu"), ("guaranteed", True, RESOURCE), ("small", True, RESOURCE)]
+    # small's hold: through the kubelet's restart and eventsrc's kill, both not seen
+    (held,) = [r["ts_ns"] for r in records(root, "KubeletDevicesObserved") if r["event"]["pod"]["name"] == "small"]
+    (row,) = [r for r in usage if r["name"] == "small"]
+    unseen = in_gaps(root, held, released["ts_ns"])
+    assert unseen >= killed["until_ns"] - killed["since_ns"] > 0
+    assert (row["seconds"], row["seconds_in_gaps"]) == (seconds(released["ts_ns"] - held), seconds(unseen))
     proc = run_cli("replay", "--check", root=root)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,4 +1,4 @@
-"""The daemon keeps the usage index current (``eventsrc.node.usage_keeper``, docs/adr/0039):
+"""The daemon keeps the usage index current (``eventsrc.node.usage_keeper``, docs/adr/0040):
 its feeder, a process of its own, brings the index up to the log's end; the keeper starts it
 every ``every_records`` records or ``every_seconds`` after the last feed when anything is new,
 and says a failure once and the recovery once. The clock is trio's MockClock: nothing sleeps."""
@@ -96,6 +96,6 @@ async def test_feeds_come_every_n_records_or_after_a_quiet_while_and_failures_ar
         await trio.testing.wait_all_tasks_blocked()
         assert keeper.fed == 12 and keeper.failing == ""
         nursery.cancel_scope.cancel()
-    said = [r.getMessage() for r in caplog.records if r.name == "eventsrc.node.usage"]
+    said = [r.getMessage() for r in caplog.records if r.name == "eventsrc.node.usage_keeper"]
     assert sum("cannot feed the usage index" in m for m in said) == 1
     assert sum("usage index fed again" in m for m in said) == 1
