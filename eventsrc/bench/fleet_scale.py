@@ -236,7 +236,7 @@ def _usage(db: str, by: str, w: Window, resources: frozenset[str]) -> Callable[[
     def run() -> int:
         with psycopg.connect(db, autocommit=True) as conn:
             rows = usage_totals(conn, by, w, resources)
-        render(rows, by, w, "json", io.StringIO(), FLEET_FIELDS.get(by), gaps_known=False)
+        render(rows, by, w, "json", io.StringIO(), FLEET_FIELDS.get(by))
         return len(rows)
 
     return run

@@ -187,8 +187,7 @@ def usage(args: argparse.Namespace) -> int:
             rows = usage_totals(conn, args.by, w, frozenset(args.resource or ()))
         except psycopg.errors.UndefinedTable:
             raise EventsrcError("this database has no fleet tables: 'eventsrc fleet sink' makes them") from None
-    # the fleet does not count the nodes' gaps yet (issue 35 item 5): no row claims to be seen
-    render(rows, args.by, w, args.output, sys.stdout, FLEET_FIELDS.get(args.by), gaps_known=False)
+    render(rows, args.by, w, args.output, sys.stdout, FLEET_FIELDS.get(args.by))
     return 0
 
 

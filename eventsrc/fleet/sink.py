@@ -38,7 +38,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from eventsrc.core.backoff import Backoff
-from eventsrc.core.chargeback import FIELDS, Hold, Row, Tracker, UsageState, Window
+from eventsrc.core.chargeback import FIELDS, HIDING, Hold, Row, Tracker, UsageState, Window
 from eventsrc.core.claim_preparations import PreparationChange, Preparations, PreparationsState
 from eventsrc.core.fleet_names import DEFAULT_PREFIX, DEFAULT_STREAM, FOLLOWS, SEQ, Node
 from eventsrc.core.shipped_records import (
@@ -56,6 +56,7 @@ from eventsrc.errors import EventsrcError, first_line
 from eventsrc.events import (
     CorruptRecordError,
     FutureRecordError,
+    ObservationGapFound,
     Record,
     chain_hash,
     decode_record,
@@ -205,9 +206,30 @@ DAMAGED_AFTER = (
     f"AND headers->>'{FOLLOWS}' = ANY(%s)"
 )
 
+#: Version 6: the times each node could not see (``ObservationGapFound``, by its source and its
+#: start; ``until_ns`` 0 while open), from the records already applied: ``fleet usage`` gives the
+#: seconds of holds inside them apart from those seen, as ``audit usage`` does (issue 35)
+_V6 = """
+    CREATE TABLE gaps (
+        node text NOT NULL,
+        log_id text NOT NULL,
+        source text NOT NULL,
+        since_ns bigint NOT NULL,
+        until_ns bigint NOT NULL DEFAULT 0,
+        PRIMARY KEY (node, log_id, source, since_ns)
+    );
+    INSERT INTO gaps (node, log_id, source, since_ns, until_ns)
+        SELECT r.node, r.log_id, r.record->'event'->>'source', (r.record->'event'->>'since_ns')::bigint,
+               coalesce((array_agg((r.record->'event'->>'until_ns')::bigint ORDER BY r.seq DESC)
+                   FILTER (WHERE (r.record->'event'->>'until_ns')::bigint <> 0))[1], 0)
+        FROM records r JOIN node_logs n ON n.node = r.node AND n.log_id = r.log_id
+        WHERE r.type = 'ObservationGapFound' AND r.seq <= n.applied_seq AND NOT r.record_escaped
+        GROUP BY 1, 2, 3, 4;
+    """
+
 #: MIGRATIONS[v] takes the schema from version v to v + 1 (docs/fleet.md): SQL, or a function
 #: that runs in the migration's transaction
-MIGRATIONS: tuple[str | Callable[[psycopg.Connection[Any]], None], ...] = (_V1, _to_v2, _V3, _V4, _V5)
+MIGRATIONS: tuple[str | Callable[[psycopg.Connection[Any]], None], ...] = (_V1, _to_v2, _V3, _V4, _V5, _V6)
 SCHEMA_VERSION = len(MIGRATIONS)
 MIGRATION_LOCK = 0x65766E74  # the advisory lock migrations take ("evnt")
 
@@ -534,7 +556,8 @@ def _feed(
     preparations: Preparations,
 ) -> None:
     """Feed ``chain`` to the node's own pure code: the index keys (``log.index.keys_for``), the
-    usage ``Tracker`` (holds; None: not these) and ``Preparations`` (claim preparations)."""
+    usage ``Tracker`` (holds and gaps; None: not these, whose tables a later migration makes)
+    and ``Preparations`` (claim preparations)."""
     keys: list[tuple[bytes, str, str, int]] = []
     for seq, data in chain:
         try:
@@ -548,6 +571,8 @@ def _feed(
             _rebind(conn, node, log_id, was, now)
         for change in preparations.feed(seq, record.ts_ns, record.event):
             _preparation(conn, node, log_id, change)
+        if tracker is not None and isinstance(record.event, ObservationGapFound):
+            _gap(conn, node, log_id, record.event)
     if keys:
         with conn.cursor() as cur:
             cur.executemany(
@@ -578,6 +603,16 @@ def _rebind(conn: psycopg.Connection[Any], node: str, log_id: str, was: Hold, no
         "UPDATE holds SET uid = %s WHERE id = (SELECT id FROM holds WHERE node = %s AND log_id = %s "
         "AND resource = %s AND device = %s AND uid = %s AND start_ns = %s AND end_ns IS NULL ORDER BY id LIMIT 1)",
         (pg_text(now.uid), node, log_id, pg_text(was.resource), pg_text(was.device), pg_text(was.uid), was.start_ns),
+    )
+
+
+def _gap(conn: psycopg.Connection[Any], node: str, log_id: str, e: ObservationGapFound) -> None:
+    """A gap opened, or closed (a later record of its source and start: ``chargeback.Blind``)."""
+    conn.execute(
+        "INSERT INTO gaps (node, log_id, source, since_ns, until_ns) VALUES (%s, %s, %s, %s, %s) "
+        "ON CONFLICT (node, log_id, source, since_ns) DO UPDATE SET until_ns = "
+        "CASE WHEN EXCLUDED.until_ns <> 0 THEN EXCLUDED.until_ns ELSE gaps.until_ns END",
+        (node, log_id, pg_text(e.source), e.since_ns, e.until_ns),
     )
 
 
@@ -941,26 +976,67 @@ OVERLAP = (
 )
 
 
+#: each node log's gaps that hide holds (``chargeback.HIDING``), clipped to the window (an open one
+#: runs to its end) and merged where they overlap, per (node, log_id): ``chargeback.merged``
+MERGED_GAPS = """
+    clipped AS (
+        SELECT node, log_id, greatest(since_ns, %(since)s::bigint) AS lo,
+               least(CASE WHEN until_ns = 0 THEN %(until)s::bigint ELSE until_ns END, %(until)s::bigint) AS hi
+        FROM gaps WHERE source = ANY(%(hiding)s)
+    ),
+    marked AS (
+        SELECT node, log_id, lo, hi,
+               CASE WHEN lo <= max(hi) OVER (PARTITION BY node, log_id ORDER BY lo, hi
+                                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                    THEN 0 ELSE 1 END AS starts
+        FROM clipped WHERE lo < hi
+    ),
+    islands AS (
+        SELECT node, log_id, lo, hi,
+               sum(starts) OVER (PARTITION BY node, log_id ORDER BY lo, hi ROWS UNBOUNDED PRECEDING) AS island
+        FROM marked
+    ),
+    merged AS (SELECT node, log_id, min(lo) AS lo, max(hi) AS hi FROM islands GROUP BY node, log_id, island)
+"""
+#: a hold's nanoseconds inside the window and inside its node log's merged gaps: ``Gaps.covered``
+IN_GAPS = (
+    "coalesce((SELECT sum(greatest(0, least(m.hi, coalesce(h.end_ns, %(until)s::bigint), %(until)s::bigint)"
+    " - greatest(m.lo, h.start_ns, %(since)s::bigint))) FROM merged m"
+    " WHERE m.node = h.node AND m.log_id = h.log_id), 0)"
+)
+
+
 def usage_totals(conn: psycopg.Connection[Any], by: str, w: Window, resources: frozenset[str]) -> list[Row]:
-    """``fleet usage``: nanoseconds per group inside the window, summed in SQL with the node's
-    own arithmetic (``OVERLAP``; the sum a numeric, exact), grouped by the group's columns
-    (``FLEET_FIELDS`` or ``chargeback.FIELDS``); groups with none left out, sorted as
-    ``chargeback.totals`` sorts (in Python, on the unescaped text: the rows after the aggregate
-    are few). The holds that can overlap the window are picked by ``holds_by_end`` (and
-    ``holds_by_device`` for ``--resource``). A property test holds it equal to
-    ``chargeback.totals`` (tests/fleet/test_fleet_usage_sql.py, ADR 0031)."""
-    group = sql.SQL(", ").join(sql.Identifier(c) for c in FLEET_FIELDS.get(by) or FIELDS[by])
-    where = f"start_ns < %(until)s::bigint AND {HOLD_END} > %(since)s::bigint"
-    params: dict[str, Any] = {"since": w.since_ns, "until": w.until_ns}
+    """``fleet usage``: nanoseconds per group inside the window, and those inside the node's
+    gaps, summed in SQL with the node's own arithmetic (``OVERLAP``, ``IN_GAPS``; the sums
+    numerics, exact), grouped by the group's columns (``FLEET_FIELDS`` or ``chargeback.FIELDS``);
+    groups with none left out, sorted as ``chargeback.totals`` sorts (in Python, on the
+    unescaped text: the rows after the aggregate are few). The holds that can overlap the
+    window are picked by ``holds_by_end`` (and ``holds_by_device`` for ``--resource``). A
+    property test holds it equal to ``chargeback.totals`` with each node's gaps
+    (tests/fleet/test_fleet_usage_sql.py, ADR 0031)."""
+    columns = FLEET_FIELDS.get(by) or FIELDS[by]
+    group = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+    where = f"h.start_ns < %(until)s::bigint AND {HOLD_END} > %(since)s::bigint"
+    params: dict[str, Any] = {"since": w.since_ns, "until": w.until_ns, "hiding": sorted(HIDING)}
     if resources:
-        where += " AND resource = ANY(%(resources)s)"
+        where += " AND h.resource = ANY(%(resources)s)"
         params["resources"] = sorted(pg_text(r) for r in resources)
     query = sql.SQL(
-        "SELECT {group}, sum({overlap}) FROM holds WHERE {where} GROUP BY {group} HAVING sum({overlap}) > 0"
-    ).format(group=group, overlap=sql.SQL(OVERLAP), where=sql.SQL(where))
+        "WITH {gaps} SELECT {group}, sum(ns), sum(gap_ns) FROM ("
+        "SELECT {held}, {overlap} AS ns, {in_gaps} AS gap_ns FROM holds h WHERE {where}"
+        ") held GROUP BY {group} HAVING sum(ns) > 0"
+    ).format(
+        gaps=sql.SQL(MERGED_GAPS),
+        group=group,
+        held=sql.SQL(", ").join(sql.SQL("h.{}").format(sql.Identifier(c)) for c in columns),
+        overlap=sql.SQL(OVERLAP),
+        in_gaps=sql.SQL(IN_GAPS),
+        where=sql.SQL(where),
+    )
     rows = conn.execute(query, params).fetchall()
     u = from_pg_text
-    return sorted(Row(tuple(u(v) for v in row[:-1]), int(row[-1])) for row in rows)
+    return sorted(Row(tuple(u(v) for v in row[:-2]), int(row[-2]), int(row[-1])) for row in rows)
 
 
 #: ``fleet usage --by`` groups that name the node first (two nodes' devices may share an id), and

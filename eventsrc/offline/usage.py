@@ -118,17 +118,9 @@ GAPS_NOTE = (
 
 
 def render(
-    rows: list[Row],
-    by: str,
-    w: Window,
-    output: str,
-    out: TextIO,
-    fields: tuple[str, ...] | None = None,
-    gaps_known: bool = True,
+    rows: list[Row], by: str, w: Window, output: str, out: TextIO, fields: tuple[str, ...] | None = None
 ) -> None:
-    """``rows`` as ``output``; ``fields`` name a row's group (default: ``audit usage --by``'s).
-    Without ``gaps_known`` (``fleet usage``, which does not count gaps yet) no row claims to be
-    seen: the seen and in-gap fields are left out."""
+    """``rows`` as ``output``; ``fields`` name a row's group (default: ``audit usage --by``'s)."""
     fields = fields or FIELDS[by]
     if output == "json":
         items = [
@@ -136,31 +128,23 @@ def render(
                 **dict(zip(fields, r.group, strict=True)),
                 "seconds": Decimal(seconds_text(r.ns)),
                 "hours": Decimal(hours_text(r.ns)),
-                **(
-                    {
-                        "seconds_seen": Decimal(seconds_text(r.ns - r.gap_ns)),
-                        "seconds_in_gaps": Decimal(seconds_text(r.gap_ns)),
-                    }
-                    if gaps_known
-                    else {}
-                ),
+                "seconds_seen": Decimal(seconds_text(r.ns - r.gap_ns)),
+                "seconds_in_gaps": Decimal(seconds_text(r.gap_ns)),
             }
             for r in rows
         ]
         out.write(_json.encode(items).decode() + "\n")
     elif output == "csv":
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow([*fields, "seconds", "hours", *(["seen", "seconds_in_gaps"] if gaps_known else [])])
+        writer.writerow([*fields, "seconds", "hours", "seen", "seconds_in_gaps"])
         for r in rows:
-            marks = [seen(r), seconds_text(r.gap_ns)] if gaps_known else []
+            marks = [seen(r), seconds_text(r.gap_ns)]
             writer.writerow([*(escape(x) for x in r.group), seconds_text(r.ns), hours_text(r.ns), *marks])
     else:
-        out.write("\n".join(table_lines(rows, by, w, fields, gaps_known)) + "\n")
+        out.write("\n".join(table_lines(rows, by, w, fields)) + "\n")
 
 
-def table_lines(
-    rows: list[Row], by: str, w: Window, fields: tuple[str, ...] | None = None, gaps_known: bool = True
-) -> list[str]:
+def table_lines(rows: list[Row], by: str, w: Window, fields: tuple[str, ...] | None = None) -> list[str]:
     from eventsrc.offline.audit_render import column_lines
 
     head = (
@@ -170,12 +154,10 @@ def table_lines(
         return [head]
     body = [
         [escape(x) or "-" for x in r.group]
-        + [seconds_text(r.ns), hours_text(r.ns)]
-        + ([seen(r), seconds_text(r.gap_ns) if r.gap_ns else "-"] if gaps_known else [])
+        + [seconds_text(r.ns), hours_text(r.ns), seen(r), seconds_text(r.gap_ns) if r.gap_ns else "-"]
         for r in rows
     ]
-    columns = [f.upper() for f in fields or FIELDS[by]] + ["SECONDS", "HOURS"]
-    columns += ["SEEN", "IN_GAPS"] if gaps_known else []
+    columns = [f.upper() for f in fields or FIELDS[by]] + ["SECONDS", "HOURS", "SEEN", "IN_GAPS"]
     note = [GAPS_NOTE] if any(r.gap_ns for r in rows) else []
     return [head, *column_lines(columns, body), *note]
 

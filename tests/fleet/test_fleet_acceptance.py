@@ -155,22 +155,34 @@ def exact(text: str) -> Any:
     return json.loads(text, parse_float=Decimal)
 
 
-def merged_usage(answers: dict[str, list[dict[str, Any]]], by: str) -> list[tuple[tuple[str, ...], Decimal]]:
+#: the fields of a usage row that are its figures, not its group
+FIGURES = ("seconds", "hours", "seconds_seen", "seconds_in_gaps")
+
+
+def merged_usage(
+    answers: dict[str, list[dict[str, Any]]], by: str
+) -> list[tuple[tuple[str, ...], tuple[Decimal, Decimal]]]:
     """The union of the nodes' own ``audit usage --by BY`` answers, as the fleet's should be: the
-    seconds of one group summed across nodes; by node and by device a group names its node first
-    (by node, that node's answer by resource; by device, as two nodes' devices may share an id)."""
-    sums: dict[tuple[str, ...], Decimal] = {}
+    seconds of one group, and those inside the nodes' gaps, summed across nodes; by node and by
+    device a group names its node first (by node, that node's answer by resource; by device, as
+    two nodes' devices may share an id)."""
+    sums: dict[tuple[str, ...], tuple[Decimal, Decimal]] = {}
     for node, rows in answers.items():
         for row in rows:
-            group = tuple(str(v) for k, v in row.items() if k not in ("seconds", "hours"))
+            group = tuple(str(v) for k, v in row.items() if k not in FIGURES)
             key = (node, *group) if by in ("node", "device") else group
-            sums[key] = sums.get(key, Decimal(0)) + Decimal(row["seconds"])
+            seconds, in_gaps = sums.get(key, (Decimal(0), Decimal(0)))
+            sums[key] = (seconds + Decimal(row["seconds"]), in_gaps + Decimal(row["seconds_in_gaps"]))
     return sorted(sums.items())
 
 
-def fleet_usage(rows: list[dict[str, Any]]) -> list[tuple[tuple[str, ...], Decimal]]:
+def fleet_usage(rows: list[dict[str, Any]]) -> list[tuple[tuple[str, ...], tuple[Decimal, Decimal]]]:
     return sorted(
-        (tuple(str(v) for k, v in r.items() if k not in ("seconds", "hours")), Decimal(r["seconds"])) for r in rows
+        (
+            tuple(str(v) for k, v in r.items() if k not in FIGURES),
+            (Decimal(r["seconds"]), Decimal(r["seconds_in_gaps"])),
+        )
+        for r in rows
     )
 
 

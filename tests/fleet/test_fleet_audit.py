@@ -17,12 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
 from eventsrc import events as ev
-from eventsrc.core.chargeback import Row, Tracker, Window, intervals, totals
+from eventsrc.core.chargeback import Row, Tracker, Window, intervals, merged, observe, totals
 from eventsrc.core.claim_preparations import preparations
 from eventsrc.events import decode_record
 from eventsrc.fleet.fleet_audit import answers
@@ -292,11 +293,16 @@ def test_nul_and_backslash_are_stored_and_answered_exactly(dsn: str, roots: dict
     assert row is not None and row[1] is True and plain == (3,)  # listed, reserved, allocated
     assert row[0] == escape_json(record_json(added)) and decode_record(added.seq, bytes(row[2])) == added
     assert row[0]["event"]["devices"][0]["id"] == "dev\\0x"  # the documented escape
-    node_usage = sorted(  # the nodes' union: each node's rows by device, naming the node
-        Row((name, *row.group), row.ns)
-        for name, rs in every.items()
-        for row in totals(intervals((r.ts_ns, r.event) for r in rs), "device", Window(0, until), frozenset({RES}))
-    )
+    w = Window(0, until)
+    node_usage = []  # the nodes' union: each node's rows by device (with its gaps), naming the node
+    for name, rs in every.items():
+        holds, blind = observe((r.ts_ns, r.event) for r in rs)
+        node_usage += [
+            Row((name, *row.group), row.ns, row.gap_ns)
+            for row in totals(holds, "device", w, frozenset({RES}), merged(blind.listed(), w))
+        ]
+    node_usage.sort()
+    assert any(r.gap_ns for r in node_usage)  # node b's gaps
     assert fleet == node_usage and {NUL_DEVICE, SLASH_DEVICE} <= {r.group[2] for r in fleet}
     for device in (NUL_DEVICE, SLASH_DEVICE):
         f = {"resource": RES, "device_id": device}
@@ -340,8 +346,13 @@ def v1_database(dsn: str, node: str, log_id: str, records: list[tuple[int, bytes
 
 def test_a_version_1_database_migrates_and_goes_on(tmp_path: Path, dsn: str) -> None:
     """A claim prepared before the migration is unprepared after it; a device id with a backslash
-    held before it keeps its name; the index covers the records of both sides."""
+    held before it keeps its name; the index covers the records of both sides; a gap opened
+    before it and closed after it, and one closed before it, count in ``fleet usage`` as the
+    node's own (schema 6 made them from the records applied)."""
+    opened = ev.ObservationGapFound(source="kubelet", since_ns=runtime_ts(0) + 5, reason="socket missing")
     held = [
+        ev.ObservationGapFound(source="eventsrc", since_ns=runtime_ts(0) - 10**9, until_ns=runtime_ts(0) + 2),
+        opened,
         ev.PodAdmissionStarted(pod=ref("d")),
         ev.DevicesAdded(resource=RES, devices=[ev.DeviceInfo(id=SLASH_DEVICE, health="Healthy")]),
         ev.DevicesReserved(pod_uid="uid-d", container="main", resource=RES, device_ids=[SLASH_DEVICE]),
@@ -349,6 +360,7 @@ def test_a_version_1_database_migrates_and_goes_on(tmp_path: Path, dsn: str) -> 
         ev.PodAdmitted(pod=ref("d")),
     ]
     batches = [(runtime_ts(0), held)] + [(runtime_ts(s), e) for s, e in own_steps()[1:9]]  # claim-1's story
+    batches.append((runtime_ts(20), [msgspec.structs.replace(opened, until_ns=runtime_ts(0) + 9)]))
     root = tmp_path / "node"
     write(root, batches)
     records = raw(root)
@@ -359,14 +371,20 @@ def test_a_version_1_database_migrates_and_goes_on(tmp_path: Path, dsn: str) -> 
         assert migrate(conn) == 1
         assert conn.execute("SELECT version FROM eventsrc_schema").fetchall() == [(len(MIGRATIONS),)]
         assert conn.execute("SELECT device FROM holds").fetchall() == [(pg_text(SLASH_DEVICE),)]
+        migrated = conn.execute("SELECT source, since_ns, until_ns FROM gaps ORDER BY 1").fetchall()
         for seq, value in reversed(records[len(before) :]):  # the rest, backwards
             store(conn, "node-v", "log-v", seq, seq - 1, value)
         applied = conn.execute("SELECT applied_seq FROM node_logs").fetchone()
+        gaps = conn.execute("SELECT source, since_ns, until_ns FROM gaps ORDER BY 1").fetchall()
         recs = [decode_record(s, v) for s, v in records]
         until = recs[-1].ts_ns + 1
         usage = usage_totals(conn, "pod", Window(0, until), frozenset())
     assert applied == (records[-1][0],)
-    assert usage == totals(intervals((r.ts_ns, r.event) for r in recs), "pod", Window(0, until))
+    assert migrated == [("eventsrc", runtime_ts(0) - 10**9, runtime_ts(0) + 2), ("kubelet", runtime_ts(0) + 5, 0)]
+    holds, blind = observe((r.ts_ns, r.event) for r in recs)
+    assert [tuple(g) for g in gaps] == blind.listed()
+    own = totals(holds, "pod", Window(0, until), gaps=merged(blind.listed(), Window(0, until)))
+    assert usage == own and own[0].gap_ns == 2 + (9 - 5)  # ns inside the two gaps while d held
     index, preps = fleet_rows(dsn, "node-v")
     assert index == node_index(root)
     assert sorted(tuple(r) for r in preps) == expected_preparations(root)

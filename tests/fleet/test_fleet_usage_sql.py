@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventsrc.core.chargeback import Change, Hold, Row, Window, totals
+from eventsrc.core.chargeback import HIDING, Change, Hold, Row, Span, Window, merged, totals
 from eventsrc.fleet.sink import NODE_GROUPS, migrate, pg_text, usage_totals
 from tests.support.postgres import PostgresServer
 
@@ -30,10 +30,19 @@ def holds(draw: st.DrawFn) -> tuple[str, Change]:
     start = T0 + draw(st.integers(0, 100))
     hold = Hold(draw(RESOURCES), draw(TEXT), draw(TEXT), draw(TEXT), draw(TEXT), start)
     length = draw(st.none() | st.integers(0, 60))
-    return draw(st.sampled_from(["node-a", "node-b", "node-c"])), Change(
-        hold, None if length is None else start + length
-    )
+    return draw(NODES), Change(hold, None if length is None else start + length)
 
+
+NODES = st.sampled_from(["node-a", "node-b", "node-c"])
+#: (node, a gap): of any source (the allocatable one hides nothing), open (until 0) or closed
+GAPS = st.tuples(
+    NODES,
+    st.tuples(
+        st.sampled_from(["eventsrc", "kubelet", "runtime", "kubelet allocatable"]),
+        st.integers(0, 150).map(lambda t: T0 + t),
+        st.none() | st.integers(0, 80),
+    ).map(lambda g: (g[0], g[1], 0 if g[2] is None else g[1] + g[2])),
+)
 
 #: windows from before the holds to after them, any of them inside, across or outside
 WINDOWS = st.tuples(st.integers(-20, 180), st.integers(-20, 180)).map(lambda w: Window(T0 + w[0], T0 + w[1]))
@@ -54,9 +63,15 @@ def conn(postgres_unavailable: str | None) -> Iterator[psycopg.Connection[Any]]:
         server.cleanup()
 
 
-def store(conn: psycopg.Connection[Any], stored: list[tuple[str, Change]]) -> None:
-    """The holds as the sink's ``_hold`` writes them: text through ``pg_text``."""
-    conn.execute("TRUNCATE holds")
+def store(conn: psycopg.Connection[Any], stored: list[tuple[str, Change]], gaps: list[tuple[str, Span]]) -> None:
+    """The holds as the sink's ``_hold`` writes them: text through ``pg_text``; the gaps as
+    ``_gap`` does (one row a node log's source and start)."""
+    conn.execute("TRUNCATE holds, gaps")
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO gaps (node, log_id, source, since_ns, until_ns) VALUES (%s, 'log', %s, %s, %s)",
+            [(node, *gap) for node, gap in gaps],
+        )
     with conn.cursor() as cur:
         cur.executemany(
             "INSERT INTO holds (node, log_id, resource, device, namespace, name, uid, start_ns, end_ns) "
@@ -68,42 +83,53 @@ def store(conn: psycopg.Connection[Any], stored: list[tuple[str, Change]]) -> No
         )
 
 
-def nodes_own(stored: list[tuple[str, Change]], by: str, w: Window, resources: frozenset[str]) -> list[Row]:
-    """The reference: ``chargeback.totals`` over the holds; ``--by node|device`` each node's own
-    ``audit usage`` rows, the node named first."""
-    if by not in NODE_GROUPS:
-        return totals([c for _, c in stored], by, w, resources)
+def nodes_own(
+    stored: list[tuple[str, Change]], gaps: list[tuple[str, Span]], by: str, w: Window, resources: frozenset[str]
+) -> list[Row]:
+    """The reference: each node's own ``audit usage`` rows (``chargeback.totals`` over its holds,
+    with its gaps); ``--by node|device`` the node named first, else summed across the nodes."""
     per_node: dict[str, list[Change]] = {}
     for node, c in stored:
         per_node.setdefault(node, []).append(c)
-    return sorted(
-        Row((node, *row.group), row.ns)
-        for node, changes in per_node.items()
-        for row in totals(changes, NODE_GROUPS[by], w, resources)
-    )
+    sums: dict[tuple[str, ...], tuple[int, int]] = {}
+    for node, changes in per_node.items():
+        hiding = merged([g for n, g in gaps if n == node and g[0] in HIDING], w)
+        for row in totals(changes, NODE_GROUPS.get(by, by), w, resources, hiding):
+            key = (node, *row.group) if by in NODE_GROUPS else row.group
+            ns, gap_ns = sums.get(key, (0, 0))
+            sums[key] = (ns + row.ns, gap_ns + row.gap_ns)
+    return sorted(Row(k, ns, gap_ns) for k, (ns, gap_ns) in sums.items())
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     stored=st.lists(holds(), max_size=25),
+    gaps=st.lists(GAPS, max_size=6, unique_by=lambda g: (g[0], g[1][0], g[1][1])),
     windows=st.lists(WINDOWS, min_size=1, max_size=3),
     resources=st.frozensets(RESOURCES, max_size=2),
 )
 def test_the_sql_totals_are_chargeback_totals(
-    conn: psycopg.Connection[Any], stored: list[tuple[str, Change]], windows: list[Window], resources: frozenset[str]
+    conn: psycopg.Connection[Any],
+    stored: list[tuple[str, Change]],
+    gaps: list[tuple[str, Span]],
+    windows: list[Window],
+    resources: frozenset[str],
 ) -> None:
-    store(conn, stored)
+    """With each node's gaps: the seconds inside them are the node's own (``Gaps.covered``)."""
+    store(conn, stored, gaps)
     for w in windows:
         for by in BYS:
             for only in (frozenset(), resources):
-                assert usage_totals(conn, by, w, only) == nodes_own(stored, by, w, only), (by, w, only)
+                assert usage_totals(conn, by, w, only) == nodes_own(stored, gaps, by, w, only), (by, w, only)
 
 
 def test_a_total_beyond_a_bigint_is_exact(conn: psycopg.Connection[Any]) -> None:
-    """Two holds of 2^62 ns each: their sum (2^63) is no bigint; it is summed exactly."""
+    """Two holds of 2^62 ns each, inside one open gap: their sums (2^63) are no bigint; they
+    are summed exactly."""
     long = 1 << 62
     stored = [("node-a", Change(Hold("cpu", str(i), "ns", "p", "u", 0), long)) for i in range(2)]
-    store(conn, stored)
+    gaps = [("node-a", ("eventsrc", 0, 0))]
+    store(conn, stored, gaps)
     w = Window(0, long)
-    assert usage_totals(conn, "resource", w, frozenset()) == [Row(("cpu",), 1 << 63)]
-    assert nodes_own(stored, "resource", w, frozenset()) == [Row(("cpu",), 1 << 63)]
+    assert usage_totals(conn, "resource", w, frozenset()) == [Row(("cpu",), 1 << 63, 1 << 63)]
+    assert nodes_own(stored, gaps, "resource", w, frozenset()) == [Row(("cpu",), 1 << 63, 1 << 63)]
