@@ -77,7 +77,10 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         "CPUsReleased) and those observed beside a kubelet (Kubelet*Observed to Kubelet*Released or "
         "KubeletPodReleased; a DRA claim's devices count under their driver as pool/device). Holds are clipped "
         "to the window; one still open counts up to --until, or to now. Groups are always split by resource "
-        "(the pseudo-resource of exclusive CPUs is 'cpu'). Exact covers what eventsrc saw: each row also "
+        "(the pseudo-resource of exclusive CPUs is 'cpu'). Memory and hugepages observed beside a kubelet "
+        "(resources 'memory', 'hugepages-2Mi', 'hugepages-1Gi'; the device is the NUMA nodes) count in "
+        "byte-seconds and byte-hours (measure byte-seconds): the bytes a container held times how long. "
+        "Exact covers what eventsrc saw: each row also "
         "gives the seconds that fell inside a gap (ObservationGapFound: eventsrc not running, the kubelet or the "
         "runtime not seen; their union, clipped to the window) as not seen, because a hold whose release was "
         "recorded after such a gap may have ended at any moment of it (JSON seconds_seen and seconds_in_gaps; "
@@ -88,7 +91,8 @@ def add_parser(sub: Subparsers, parents: Parents) -> None:
         "--resource",
         action="append",
         metavar="R",
-        help="only this resource (repeatable; default all; 'cpu' for exclusive CPUs)",
+        help="only this resource (repeatable; default all; 'cpu' for exclusive CPUs, 'memory' or "
+        "'hugepages-2Mi' for memory in byte-hours)",
     )
     a.add_argument(
         "--by",

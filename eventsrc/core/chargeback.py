@@ -23,7 +23,10 @@ What a hold is mirrors the views (``state.devices``, ``state.cpus``, ``state.kub
   ``KubeletDevicesObserved`` to ``KubeletDevicesReleased``; CPUs as the whole set of each
   ``KubeletCPUsObserved`` until ``KubeletCPUsReleased``; a claim's devices (resource: the
   driver, device: ``pool/device``) from ``KubeletClaimObserved`` (the claim's whole list)
-  to ``KubeletClaimReleased``; ``KubeletPodReleased`` ends everything the pod holds.
+  to ``KubeletClaimReleased``; memory and hugepages from ``KubeletMemoryObserved`` (the
+  container's whole set: resource the type, device its NUMA nodes, ``amount`` its bytes, so
+  that its rows are byte-nanoseconds, ``in_bytes``) until a set without that block;
+  ``KubeletPodReleased`` ends everything the pod holds.
 
 A hold is charged to the pod (namespace, name, uid) as known when it started: own pods by
 their ``PodAdmissionStarted``/``PodAdmitted`` (or ``PodQuarantined``), observed pods as the
@@ -61,7 +64,9 @@ FIELDS: Final[dict[str, tuple[str, ...]]] = {
 
 
 class Hold(Struct, frozen=True, array_like=True, gc=False):
-    """One held device or CPU, from ``start_ns``, charged to a pod."""
+    """One held device or CPU, from ``start_ns``, charged to a pod; or ``amount`` bytes of
+    memory of one type (``resource``: "memory", "hugepages-2Mi", ...) on the NUMA nodes
+    ``device`` names, charged in byte-nanoseconds (``in_bytes``)."""
 
     resource: str
     device: str
@@ -69,6 +74,7 @@ class Hold(Struct, frozen=True, array_like=True, gc=False):
     name: str
     uid: str
     start_ns: int
+    amount: int = 1
 
     def group(self, by: str) -> tuple[str, ...]:
         """The group this hold counts in, as ``FIELDS[by]`` names it."""
@@ -101,6 +107,7 @@ class ObservedContainer(Struct, gc=False):
     devices: dict[str, dict[str, Hold]] = field(default_factory=dict)  # resource -> id -> hold
     cpus: dict[int, Hold] = field(default_factory=dict)
     claims: dict[str, dict[str, Hold]] = field(default_factory=dict)  # claim -> "driver\0pool/device" -> hold
+    memory: dict[str, Hold] = field(default_factory=dict)  # "type\0numa nodes\0size" -> hold
 
 
 class ObservedPod(Struct, gc=False):
@@ -170,12 +177,13 @@ class Tracker:
                 out += [h for ids in c.devices.values() for h in ids.values()]
                 out += c.cpus.values()
                 out += [h for devices in c.claims.values() for h in devices.values()]
+                out += c.memory.values()
         return out
 
     # ------------------------------------------------------------------ helpers
 
-    def _open(self, resource: str, device: str, namespace: str, name: str, uid: str, ts: int) -> Hold:
-        hold = Hold(resource, device, namespace, name, uid, ts)
+    def _open(self, resource: str, device: str, namespace: str, name: str, uid: str, ts: int, amount: int = 1) -> Hold:
+        hold = Hold(resource, device, namespace, name, uid, ts, amount)
         self._out.append(Change(hold, None))
         return hold
 
@@ -277,7 +285,7 @@ class Tracker:
         elif ref.uid and not p.uid:
             p.uid = ref.uid
             for c in p.containers.values():
-                tables: list[dict[Any, Hold]] = [*c.devices.values(), c.cpus, *c.claims.values()]
+                tables: list[dict[Any, Hold]] = [*c.devices.values(), c.cpus, *c.claims.values(), c.memory]
                 for table in tables:
                     self._bind(table, ref.uid)
         return p
@@ -303,8 +311,21 @@ class Tracker:
         self._pod(e.pod)
 
     def _kubelet_memory(self, ts: int, e: ev._Event) -> None:
+        """The container's whole memory set: blocks gone or changed end, new ones start."""
         assert isinstance(e, ev.KubeletMemoryObserved)
-        self._container(e.pod, e.container)
+        p, c = self._container(e.pod, e.container)
+        new: dict[str, tuple[str, str, int]] = {}
+        for m in e.memory:
+            numa = ",".join(map(str, sorted(m.numa_nodes))) or "-"
+            key = f"{m.memory_type}\0{numa}\0{m.size}"
+            while key in new:  # the same block twice: held twice
+                key += "\0"
+            new[key] = (m.memory_type, numa, m.size)
+        for key in [k for k in c.memory if k not in new]:
+            self._close(c.memory.pop(key), ts)
+        for key, (kind, numa, size) in new.items():
+            if key not in c.memory and size > 0:
+                c.memory[key] = self._open(kind, numa, p.namespace, p.name, p.uid, ts, size)
 
     def _kubelet_pod_released(self, ts: int, e: ev._Event) -> None:
         assert isinstance(e, ev.KubeletPodReleased)
@@ -312,7 +333,11 @@ class Tracker:
         if p is None:
             return
         for c in p.containers.values():
-            for hold in [*(h for ids in c.devices.values() for h in ids.values()), *c.cpus.values()]:
+            for hold in [
+                *(h for ids in c.devices.values() for h in ids.values()),
+                *c.cpus.values(),
+                *c.memory.values(),
+            ]:
                 self._close(hold, ts)
             for devices in c.claims.values():
                 for hold in devices.values():
@@ -507,8 +532,13 @@ def totals(
         if n:
             key = hold.group(by)
             ns, gap_ns = sums.get(key, (0, 0))
-            sums[key] = (ns + n, gap_ns + gaps.covered(lo, lo + n))
+            sums[key] = (ns + n * hold.amount, gap_ns + gaps.covered(lo, lo + n) * hold.amount)
     return sorted(Row(k, n, g) for k, (n, g) in sums.items())
+
+
+def in_bytes(resource: str) -> bool:
+    """A resource charged in byte-nanoseconds (memory, hugepages), not in nanoseconds held."""
+    return resource == "memory" or resource.startswith("hugepages-")
 
 
 def seconds_text(ns: int) -> str:

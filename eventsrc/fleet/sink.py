@@ -208,8 +208,10 @@ DAMAGED_AFTER = (
 
 #: Version 6: the times each node could not see (``ObservationGapFound``, by its source and its
 #: start; ``until_ns`` 0 while open), from the records already applied: ``fleet usage`` gives the
-#: seconds of holds inside them apart from those seen, as ``audit usage`` does (issue 35)
+#: seconds of holds inside them apart from those seen, as ``audit usage`` does (issue 35); and a
+#: hold's amount (memory's bytes, ``Hold.amount``; 1 for a device or CPU)
 _V6 = """
+    ALTER TABLE holds ADD COLUMN amount bigint NOT NULL DEFAULT 1;
     CREATE TABLE gaps (
         node text NOT NULL,
         log_id text NOT NULL,
@@ -591,9 +593,9 @@ def _hold(conn: psycopg.Connection[Any], node: str, log_id: str, hold: Hold, end
         )
         return
     conn.execute(
-        "INSERT INTO holds (node, log_id, resource, device, namespace, name, uid, start_ns, end_ns) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, NULL)",
-        (node, log_id, resource, device, pg_text(hold.namespace), pg_text(hold.name), uid, hold.start_ns),
+        "INSERT INTO holds (node, log_id, resource, device, namespace, name, uid, start_ns, end_ns, amount) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, NULL, %s)",
+        (node, log_id, resource, device, pg_text(hold.namespace), pg_text(hold.name), uid, hold.start_ns, hold.amount),
     )
 
 
@@ -1024,7 +1026,7 @@ def usage_totals(conn: psycopg.Connection[Any], by: str, w: Window, resources: f
         params["resources"] = sorted(pg_text(r) for r in resources)
     query = sql.SQL(
         "WITH {gaps} SELECT {group}, sum(ns), sum(gap_ns) FROM ("
-        "SELECT {held}, {overlap} AS ns, {in_gaps} AS gap_ns FROM holds h WHERE {where}"
+        "SELECT {held}, {overlap} * amount AS ns, {in_gaps} * amount AS gap_ns FROM holds h WHERE {where}"
         ") held GROUP BY {group} HAVING sum(ns) > 0"
     ).format(
         gaps=sql.SQL(MERGED_GAPS),

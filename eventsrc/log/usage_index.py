@@ -74,7 +74,9 @@ from eventsrc.events import CorruptRecordError, Record, chain_hash
 from eventsrc.log.history import History
 from eventsrc.log.store import EventLog, key_seq
 
-FORMAT = b"3"  # 2: a pod's ended hold names its pod itself, not a group id; 3: the gaps (blind)
+#: 2: a pod's ended hold names its pod itself, not a group id; 3: the gaps (blind); 4: weighted
+#: points and holds (memory's bytes: ``Hold.amount``)
+FORMAT = b"4"
 MAP_SIZE = 1 << 36  # address space only: the file grows as pages are written
 #: records fed per write transaction, each through a mapping of the log and the index of its
 #: own (``catch_up``)
@@ -126,11 +128,11 @@ def _key_digest(dim: bytes, group: tuple[str, ...]) -> bytes:
 
 
 def _value(count: int, total: int) -> bytes:
-    return count.to_bytes(_U64, "big") + total.to_bytes(_SUM, "big")
+    return count.to_bytes(_SUM, "big") + total.to_bytes(_SUM, "big")  # counts of bytes, too
 
 
 def _parse(value: bytes) -> tuple[int, int]:
-    return int.from_bytes(value[:_U64], "big"), int.from_bytes(value[_U64:], "big")
+    return int.from_bytes(value[:_SUM], "big"), int.from_bytes(value[_SUM:], "big")
 
 
 class UsageIndex:
@@ -298,10 +300,10 @@ class UsageIndex:
         then the open ones from the tracker's state."""
         sums: dict[tuple[str, ...], tuple[int, int]] = {}
 
-        def add(group: tuple[str, ...], start: int, n: int) -> None:
+        def add(group: tuple[str, ...], start: int, n: int, amount: int) -> None:
             lo = max(start, w.since_ns)
             ns, gap_ns = sums.get(group, (0, 0))
-            sums[group] = (ns + n, gap_ns + gaps.covered(lo, lo + n))
+            sums[group] = (ns + n * amount, gap_ns + gaps.covered(lo, lo + n) * amount)
 
         cur = txn.cursor(db=self.groups)
         for c in range(1, 65):
@@ -312,17 +314,17 @@ class UsageIndex:
                 end = int.from_bytes(k[2:10], "big")
                 if bytes(k[:2]) != prefix or end > last:
                     break
-                start = int.from_bytes(v[:_U64], "big")
+                start, amount = int.from_bytes(v[:_U64], "big"), int.from_bytes(v[_U64 : 2 * _U64], "big")
                 if ns := overlap(start, end, w):
-                    group = tuple(_group_decoder.decode(v[_U64:]))
+                    group = tuple(_group_decoder.decode(v[2 * _U64 :]))
                     if not resources or group[3] in resources:
-                        add(group, start, ns)
+                        add(group, start, ns, amount)
         raw = txn.get(b"state", db=self.meta)
         for hold in Tracker(_state_decoder.decode(raw)).open_holds() if raw else []:
             if resources and hold.resource not in resources:
                 continue
             if ns := overlap(hold.start_ns, None, w):
-                add(hold.group("pod"), hold.start_ns, ns)
+                add(hold.group("pod"), hold.start_ns, ns, hold.amount)
         return [Row(k, n, g) for k, (n, g) in sums.items()]
 
 
@@ -407,11 +409,11 @@ class _Writer:
         n = self._id(b"n", (hold.namespace, hold.resource))
         d = self._id(b"d", (hold.resource, hold.device))
         if end is None:
-            self._point(n + b"s", hold.start_ns)
-            self._point(d + b"s", hold.start_ns)
+            self._point(n + b"s", hold.start_ns, hold.amount)
+            self._point(d + b"s", hold.start_ns, hold.amount)
             return
-        self._point(n + b"e", end)
-        self._point(d + b"e", end)
+        self._point(n + b"e", end, hold.amount)
+        self._point(d + b"e", end, hold.amount)
         # A pod's ended hold, by the class of its length (2**(c-1) <= length < 2**c ns) and its
         # end: one that overlaps [S, U] ends in [S, U + 2**c), so a query reads, class by
         # class, little more than the holds it counts. One of no length counts nowhere.
@@ -420,7 +422,8 @@ class _Writer:
             self.ordinal += 1
             key = b"h" + bytes([c]) + max(0, end).to_bytes(_U64, "big") + self.ordinal.to_bytes(_U64, "big")
             pod = msgspec.msgpack.encode(hold.group("pod"))
-            self.gcur.put(key, max(0, hold.start_ns).to_bytes(_U64, "big") + pod)
+            start, amount = max(0, hold.start_ns).to_bytes(_U64, "big"), hold.amount.to_bytes(_U64, "big")
+            self.gcur.put(key, start + amount + pod)
 
     def _id(self, dim: bytes, group: tuple[str, ...]) -> bytes:
         gid = self.ids.get((dim, group))
@@ -439,7 +442,9 @@ class _Writer:
         self.ids[(dim, group)] = gid
         return gid
 
-    def _point(self, prefix: bytes, t: int) -> None:
+    def _point(self, prefix: bytes, t: int, weight: int = 1) -> None:
+        """A start or end at ``t`` of ``weight`` (a hold's amount): the running count and sum of
+        its list grow by ``weight`` and ``weight * t``."""
         t = max(0, t)
         last = self.last.get(prefix)
         if last is None:
@@ -453,12 +458,12 @@ class _Writer:
         self.ordinal += 1
         key = prefix + t.to_bytes(_U64, "big") + self.ordinal.to_bytes(_U64, "big")
         if t >= last[0]:
-            self.pcur.put(key, _value(last[1] + 1, last[2] + t))
-            self.last[prefix] = (t, last[1] + 1, last[2] + t)
+            self.pcur.put(key, _value(last[1] + weight, last[2] + weight * t))
+            self.last[prefix] = (t, last[1] + weight, last[2] + weight * t)
             return
-        self._insert_before_last(prefix, key, t)
+        self._insert_before_last(prefix, key, t, weight)
 
-    def _insert_before_last(self, prefix: bytes, key: bytes, t: int) -> None:
+    def _insert_before_last(self, prefix: bytes, key: bytes, t: int, weight: int) -> None:
         """A point older than the list's last (a clock stepped back): it goes in its place,
         and every running sum after it grows by it."""
         cur = self.pcur
@@ -466,13 +471,13 @@ class _Writer:
         found = cur.prev() if cur.set_range(key) else cur.last()
         if found and bytes(cur.key()[: len(prefix)]) == prefix:
             before = _parse(bytes(cur.value()))
-        cur.put(key, _value(before[0] + 1, before[1] + t))
+        cur.put(key, _value(before[0] + weight, before[1] + weight * t))
         cur.set_key(key)
         later = []
         while cur.next() and bytes(cur.key()[: len(prefix)]) == prefix:
             count, total = _parse(bytes(cur.value()))
-            later.append((bytes(cur.key()), _value(count + 1, total + t)))
+            later.append((bytes(cur.key()), _value(count + weight, total + weight * t)))
         for k, v in later:
             cur.put(k, v)
         t_last, count, total = self.last[prefix]
-        self.last[prefix] = (t_last, count + 1, total + t)
+        self.last[prefix] = (t_last, count + weight, total + weight * t)

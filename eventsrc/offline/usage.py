@@ -19,7 +19,18 @@ from typing import Any, TextIO
 import lmdb
 import msgspec
 
-from eventsrc.core.chargeback import FIELDS, Row, Window, hours_text, merged, observe, seconds_text, totals, window
+from eventsrc.core.chargeback import (
+    FIELDS,
+    Row,
+    Window,
+    hours_text,
+    in_bytes,
+    merged,
+    observe,
+    seconds_text,
+    totals,
+    window,
+)
 from eventsrc.errors import EventsrcError
 from eventsrc.events import CorruptRecordError
 from eventsrc.log.history import History
@@ -111,6 +122,7 @@ def seen(row: Row) -> str:
 
 
 #: what a row's seconds mean, said under a table with seconds inside gaps (and in --help, docs)
+BYTES_NOTE = "memory and hugepages rows are byte-seconds and byte-hours: the bytes a container held, times how long"
 GAPS_NOTE = (
     "SEEN partly/none: some seconds (IN_GAPS) fell inside a gap, a time eventsrc was not running or could not "
     "see the kubelet or the runtime; the hold may have ended at any moment of it"
@@ -120,7 +132,8 @@ GAPS_NOTE = (
 def render(
     rows: list[Row], by: str, w: Window, output: str, out: TextIO, fields: tuple[str, ...] | None = None
 ) -> None:
-    """``rows`` as ``output``; ``fields`` name a row's group (default: ``audit usage --by``'s)."""
+    """``rows`` as ``output``; ``fields`` name a row's group (default: ``audit usage --by``'s).
+    A memory or hugepages row's figures are byte-seconds and byte-hours (``measure``)."""
     fields = fields or FIELDS[by]
     if output == "json":
         items = [
@@ -130,15 +143,16 @@ def render(
                 "hours": Decimal(hours_text(r.ns)),
                 "seconds_seen": Decimal(seconds_text(r.ns - r.gap_ns)),
                 "seconds_in_gaps": Decimal(seconds_text(r.gap_ns)),
+                "measure": measure(r, fields),
             }
             for r in rows
         ]
         out.write(_json.encode(items).decode() + "\n")
     elif output == "csv":
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow([*fields, "seconds", "hours", "seen", "seconds_in_gaps"])
+        writer.writerow([*fields, "seconds", "hours", "seen", "seconds_in_gaps", "measure"])
         for r in rows:
-            marks = [seen(r), seconds_text(r.gap_ns)]
+            marks = [seen(r), seconds_text(r.gap_ns), measure(r, fields)]
             writer.writerow([*(escape(x) for x in r.group), seconds_text(r.ns), hours_text(r.ns), *marks])
     else:
         out.write("\n".join(table_lines(rows, by, w, fields)) + "\n")
@@ -159,7 +173,16 @@ def table_lines(rows: list[Row], by: str, w: Window, fields: tuple[str, ...] | N
     ]
     columns = [f.upper() for f in fields or FIELDS[by]] + ["SECONDS", "HOURS", "SEEN", "IN_GAPS"]
     note = [GAPS_NOTE] if any(r.gap_ns for r in rows) else []
+    fields = fields or FIELDS[by]
+    note += [BYTES_NOTE] if any(measure(r, fields) == "byte-seconds" for r in rows) else []
     return [head, *column_lines(columns, body), *note]
+
+
+def measure(r: Row, fields: tuple[str, ...]) -> str:
+    """What a row's seconds count: "seconds" a device or CPU was held, or "byte-seconds" of
+    memory or hugepages (``chargeback.in_bytes``)."""
+    resource = dict(zip(fields, r.group, strict=True)).get("resource", "")
+    return "byte-seconds" if in_bytes(resource) else "seconds"
 
 
 def run(args: Any, source: Source, index_path: Any) -> int:

@@ -88,11 +88,12 @@ def test_json_totals_are_exact_and_the_index_is_built_on_first_use(root: Path) -
 def test_csv_by_namespace_with_a_resource_filter(root: Path) -> None:
     out, _ = usage(root, "--resource", GPU, "--resource", "cpu", "--until", UNTIL, "-o", "csv")
     assert list(csv.reader(io.StringIO(out))) == [
-        ["namespace", "resource", "seconds", "hours", "seen", "seconds_in_gaps"],
-        ["ml", GPU, "3600.000000000", "1.000000", "all", "0.000000000"],
-        ["team-a", "cpu", "28800.000000000", "8.000000", "all", "0.000000000"],  # CPU 2 for 2 h, 3 for 4 h, 4 for 2 h
-        ["team-a", GPU, "7200.000000000", "2.000000", "all", "0.000000000"],
-        ["team-b\\x1b[2J", GPU, "25200.000000000", "7.000000", "all", "0.000000000"],
+        ["namespace", "resource", "seconds", "hours", "seen", "seconds_in_gaps", "measure"],
+        ["ml", GPU, "3600.000000000", "1.000000", "all", "0.000000000", "seconds"],
+        # CPU 2 for 2 h, 3 for 4 h, 4 for 2 h
+        ["team-a", "cpu", "28800.000000000", "8.000000", "all", "0.000000000", "seconds"],
+        ["team-a", GPU, "7200.000000000", "2.000000", "all", "0.000000000", "seconds"],
+        ["team-b\\x1b[2J", GPU, "25200.000000000", "7.000000", "all", "0.000000000", "seconds"],
     ]
 
 
@@ -152,7 +153,9 @@ def test_seconds_inside_a_gap_are_given_apart_in_json_csv_and_the_table(tmp_path
         (Decimal("38.000000000"), Decimal("11.000000000"), Decimal("27.000000000"))
     ]
     out, _ = usage(root, "--by", "device", "--until", UNTIL, "-o", "csv")
-    assert list(csv.reader(io.StringIO(out)))[1] == [GPU, "Dev-1", "38.000000000", "0.010556", "partly", "27.000000000"]
+    assert list(csv.reader(io.StringIO(out)))[1] == [
+        GPU, "Dev-1", "38.000000000", "0.010556", "partly", "27.000000000", "seconds"
+    ]  # fmt: skip
     out, _ = usage(root, "--by", "namespace", "--until", UNTIL, "--scan")
     assert out.splitlines()[2].split() == ["ml", GPU, "38.000000000", "0.010556", "partly", "27.000000000"]
     assert "SEEN partly/none: some seconds (IN_GAPS) fell inside a gap" in out

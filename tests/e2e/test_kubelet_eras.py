@@ -88,7 +88,8 @@ def test_the_scenario_beside_a_kubelet_of_each_era(
         daemon.eventually(lambda: holders(root, "Dev-2") == [("small", True)], "small's device")
         daemon.eventually(lambda: holders(root, "Dev-1") == [("guaranteed", True)], "guaranteed's device")
         daemon.eventually(lambda: records(root, "KubeletCPUsObserved"), "guaranteed's CPU")
-        if k.era.memory or k.era.memory_state:  # PodResources lists it (1.22), or its file says it (1.21)
+        with_memory = bool(k.era.memory or k.era.memory_state)
+        if with_memory:  # PodResources lists it (1.22), or its file says it (1.21)
             (memory,) = daemon.eventually(lambda: records(root, "KubeletMemoryObserved"), "guaranteed's memory")
             assert memory["event"]["memory"] == [{"memory_type": "memory", "size": MIB, "numa_nodes": [0]}]
 
@@ -127,7 +128,13 @@ def test_the_scenario_beside_a_kubelet_of_each_era(
     out = run_cli("audit", "usage", "--by", "pod", "--until", iso(until), "-o", "json", root=root, check=True).stdout
     usage = json.loads(out, parse_float=Decimal)
     rows = sorted((r["name"], r["uid"] != "", r["resource"]) for r in usage)
-    assert rows == [("guaranteed", True, "cpu"), ("guaranteed", True, RESOURCE), ("small", True, RESOURCE)]
+    memory = [("guaranteed", True, "memory")] if with_memory else []
+    assert rows == [("guaranteed", True, "cpu"), ("guaranteed", True, RESOURCE), *memory, ("small", True, RESOURCE)]
+    if with_memory:  # byte-hours: its 1 MiB, from when it was seen until the pod was released
+        (seen,) = records(root, "KubeletMemoryObserved")
+        (gone,) = [r for r in records(root, "KubeletPodReleased") if r["event"]["pod"]["name"] == "guaranteed"]
+        (row,) = [r for r in usage if r["resource"] == "memory"]
+        assert (row["seconds"], row["measure"]) == (seconds(MIB * (gone["ts_ns"] - seen["ts_ns"])), "byte-seconds")
     # small's hold: through the kubelet's restart and eventsrc's kill, both not seen
     (held,) = [r["ts_ns"] for r in records(root, "KubeletDevicesObserved") if r["event"]["pod"]["name"] == "small"]
     (row,) = [r for r in usage if r["name"] == "small"]

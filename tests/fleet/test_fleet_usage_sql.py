@@ -26,9 +26,11 @@ RESOURCES = st.sampled_from(["cpu", "example.com/gpu", "r\\0", "r\0", "é"])
 
 @st.composite
 def holds(draw: st.DrawFn) -> tuple[str, Change]:
-    """(node, a hold): from T0 + 0..100 ns, open or lasting 0..60 ns."""
+    """(node, a hold): from T0 + 0..100 ns, open or lasting 0..60 ns; of 1 (a device, a CPU)
+    or of some bytes (memory)."""
     start = T0 + draw(st.integers(0, 100))
-    hold = Hold(draw(RESOURCES), draw(TEXT), draw(TEXT), draw(TEXT), draw(TEXT), start)
+    amount = draw(st.sampled_from([1, 1, 3 << 30]))
+    hold = Hold(draw(RESOURCES), draw(TEXT), draw(TEXT), draw(TEXT), draw(TEXT), start, amount)
     length = draw(st.none() | st.integers(0, 60))
     return draw(NODES), Change(hold, None if length is None else start + length)
 
@@ -74,10 +76,16 @@ def store(conn: psycopg.Connection[Any], stored: list[tuple[str, Change]], gaps:
         )
     with conn.cursor() as cur:
         cur.executemany(
-            "INSERT INTO holds (node, log_id, resource, device, namespace, name, uid, start_ns, end_ns) "
-            "VALUES (%s, 'log', %s, %s, %s, %s, %s, %s, %s)",
+            "INSERT INTO holds (node, log_id, resource, device, namespace, name, uid, start_ns, end_ns, amount) "
+            "VALUES (%s, 'log', %s, %s, %s, %s, %s, %s, %s, %s)",
             [
-                (node, *(pg_text(v) for v in (h.resource, h.device, h.namespace, h.name, h.uid)), h.start_ns, end)
+                (
+                    node,
+                    *(pg_text(v) for v in (h.resource, h.device, h.namespace, h.name, h.uid)),
+                    h.start_ns,
+                    end,
+                    h.amount,
+                )
                 for node, (h, end) in stored
             ],
         )

@@ -4,6 +4,10 @@ after any sequence of events (the views are the reference)."""
 
 from __future__ import annotations
 
+import io
+import json
+from decimal import Decimal
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +26,7 @@ from eventsrc.core.chargeback import (
     window,
 )
 from eventsrc.events import Record
+from eventsrc.offline.usage import BYTES_NOTE, render, table_lines
 from eventsrc.state.apply import apply_all
 from eventsrc.state.views import Views
 
@@ -165,6 +170,38 @@ def test_observed_beside_a_kubelet() -> None:
     ]
 
 
+def test_memory_and_hugepages_are_charged_in_byte_hours() -> None:
+    """Issue 35 item 9: a container's memory blocks as the kubelet lists them, charged by their
+    bytes: 1 GiB on NUMA node 0 for an hour is 2^30 byte-hours; a block that shrinks ends and a
+    smaller one starts; the pod's release ends them all. The rows say they are byte-seconds."""
+    p = ev.PodRef(uid="u1", namespace="ml", name="train")
+
+    def blocks(*mem: tuple[str, int, list[int]]) -> ev.KubeletMemoryObserved:
+        memory = [ev.ObservedMemory(memory_type=t, size=n, numa_nodes=numa) for t, n, numa in mem]
+        return ev.KubeletMemoryObserved(pod=p, container="c", memory=memory)
+
+    gib, huge = 1 << 30, 2 << 20
+    log = [
+        (T0, blocks(("memory", gib, [0]), ("hugepages-2Mi", 4 * huge, [0]))),
+        (T0 + H, blocks(("memory", gib // 2, [0]), ("hugepages-2Mi", 4 * huge, [0]))),  # memory shrank
+        (T0 + 3 * H, ev.KubeletPodReleased(pod=p)),
+    ]
+    assert total(log, "device") == [Row(("hugepages-2Mi", "0"), 3 * 4 * huge * H), Row(("memory", "0"), 2 * gib * H)]
+    assert total(log, "pod") == [
+        Row(("ml", "train", "u1", "hugepages-2Mi"), 12 * huge * H),
+        Row(("ml", "train", "u1", "memory"), 2 * gib * H),
+    ]
+    out = io.StringIO()
+    render(total(log, "resource"), "resource", Window(T0, T0 + 3 * H), "json", out)
+    rows = json.loads(out.getvalue(), parse_float=Decimal)
+    assert [(r["resource"], r["hours"], r["measure"]) for r in rows] == [
+        ("hugepages-2Mi", Decimal(12 * huge), "byte-seconds"),
+        ("memory", Decimal(2 * gib), "byte-seconds"),
+    ]
+    table = "\n".join(table_lines(total(log, "resource"), "resource", Window(T0, T0 + 3 * H)))
+    assert BYTES_NOTE in table
+
+
 def test_a_pod_first_seen_without_its_uid_is_one_row_once_the_uid_is_learned() -> None:
     """Issue 35: listed before its uid was known (no device, no NRI), then with it: one row,
     from the first hold's start, not one row with uid "" and one with the uid."""
@@ -250,6 +287,19 @@ EVENTS = st.one_of(
     st.builds(ev.KubeletCPUsReleased, cpus=cpus, **kubelet),
     st.builds(ev.KubeletClaimObserved, claim=st.sampled_from(CLAIMS), devices=claim_devices, **kubelet),
     st.builds(ev.KubeletClaimReleased, claim=st.sampled_from(CLAIMS), **kubelet),
+    st.builds(
+        ev.KubeletMemoryObserved,
+        memory=st.lists(
+            st.builds(
+                ev.ObservedMemory,
+                memory_type=st.sampled_from(["memory", "hugepages-2Mi"]),
+                size=st.sampled_from([0, 1, 3 << 30]),
+                numa_nodes=st.sampled_from([[], [0], [1, 0]]),
+            ),
+            max_size=3,
+        ),
+        **kubelet,
+    ),
 )
 
 
@@ -267,6 +317,7 @@ def views_holds(v: Views) -> set[tuple[str, str, str]]:
             out |= {(key, r, i) for r, devices in c.devices.items() for i in devices}
             out |= {(key, "cpu", str(cpu)) for cpu in c.cpus}
             out |= {(key, d.driver, f"{d.pool}/{d.device}") for ds in c.claims.values() for d in ds}
+            out |= {(key, m.memory_type, ",".join(map(str, sorted(m.numa_nodes))) or "-") for m in c.memory if m.size}
     return out
 
 

@@ -57,7 +57,7 @@ def cut(log: EventLog, archive: Path, seq: int) -> None:
     st.lists(st.floats(0, 1), max_size=3),
     st.floats(0, 0.8) | st.none(),
     st.lists(st.tuples(st.integers(-2, 40), st.integers(-2, 40)), min_size=1, max_size=4),
-    st.sets(st.sampled_from(["cpu", GPU, "dra1"]), max_size=2),
+    st.sets(st.sampled_from(["cpu", GPU, "dra1", "memory", "hugepages-2Mi"]), max_size=2),
     st.integers(1, 8) | st.just(usage_index.CHUNK),
 )
 @example(  # found in CI's run: a point older than the last one already in the index, in a later update
@@ -71,6 +71,23 @@ def cut(log: EventLog, archive: Path, seq: int) -> None:
     resources=set(),
     chunk=usage_index.CHUNK,
 )
+@example(  # memory: holds weighted by their bytes, one changed, one ended by its pod's release
+    records=[
+        (ev.KubeletMemoryObserved(pod=ev.PodRef(uid="u", namespace="ns", name="p"), container="m", memory=[
+            ev.ObservedMemory(memory_type="memory", size=3 << 30, numa_nodes=[0]),
+            ev.ObservedMemory(memory_type="hugepages-2Mi", size=1, numa_nodes=[]),
+        ]), 0),
+        (ev.KubeletMemoryObserved(pod=ev.PodRef(uid="u", namespace="ns", name="p"), container="m", memory=[
+            ev.ObservedMemory(memory_type="memory", size=1 << 30, numa_nodes=[0]),
+        ]), 15 * 60 * S),
+        (ev.KubeletPodReleased(pod=ev.PodRef(uid="u", namespace="ns", name="p")), 30 * 60 * S),
+    ],
+    splits=[0.5],
+    cut_at=None,
+    windows=[(-1, -1), (1, 2)],
+    resources=set(),
+    chunk=1,
+)  # fmt: skip
 def test_the_index_answers_as_a_scan_does(
     records: list[tuple[ev._Event, int]],
     splits: list[float],
