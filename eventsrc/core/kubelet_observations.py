@@ -97,6 +97,9 @@ class CPUManager:
     exclusive: Mapping[tuple[str, str], frozenset[int]] = field(default_factory=dict)
     shared: frozenset[int] = frozenset()
     source: str = ""
+    #: its policy: "none" gives no CPU exclusively (a kubelet before 1.21 then lists every CPU
+    #: for every container, and its file keeps no shared pool)
+    policy: str = "static"
 
     def of(self, uid: str, container: str, listed: Iterable[int]) -> tuple[str, frozenset[int]] | None:
         """(pod uid, exclusive CPUs) the state gives the container, or None. A pod whose uid is
@@ -319,7 +322,7 @@ def cpu_disagreements(view: KubeletView, look: Look, ids: Identities) -> list[ev
     whole cpuset) exactly the shared pool, or exclusive CPUs of its that are not listed. The
     kubelet's answer and its file are read at different moments, so the shell records one only
     when it lasts (``beside.DISAGREEMENT_LASTS``)."""
-    if ids.cpus is None:
+    if ids.cpus is None or ids.cpus.policy == "none":
         return []
     out: list[ev.KubeletCPUsDisagreed] = []
     for pod in sorted(look.pods, key=lambda p: p.key):

@@ -442,7 +442,7 @@ class Beside:
         # pod-level resources, within its pod's exclusive CPUs, and so no other pod's)
         exclusive = {key: frozenset(cpus) for key, cpus in state.containers.items()}
         source = str(self.options.checkpoints()[ki.CPU_STATE])
-        return CPUManager(exclusive=exclusive, shared=frozenset(state.shared), source=source)
+        return CPUManager(exclusive=exclusive, shared=frozenset(state.shared), source=source, policy=state.policy_name)
 
     def _memory_manager(self) -> dict[tuple[str, str], tuple[ev.ObservedMemory, ...]]:
         """Each container's memory blocks as the memory manager's state last read gives them."""

@@ -217,6 +217,9 @@ def test_exclusive_cpus_are_what_the_cpu_manager_s_state_gives_the_container() -
         ev.KubeletCPUsObserved(pod=ev.PodRef(uid="uid-g", namespace="default", name="g"), container="main", cpus=[1])
     ]
     assert [d.pod.name for d in cpu_disagreements(Views().kubelet, look, ids)] == ["be", "g", "small"]
+    # the none policy gives nothing exclusively: a 1.20 kubelet lists every CPU, its file no pool
+    none = CPUManager(policy="none", source="cpu_manager_state")
+    assert cpu_disagreements(Views().kubelet, look, Identities(cpus=none)) == []
 
 
 def test_a_new_pod_under_a_reused_name_releases_the_old_one_first() -> None:
