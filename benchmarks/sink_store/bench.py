@@ -17,7 +17,8 @@ import psycopg
 
 from eventsrc import events as ev
 from eventsrc.events import chain_hash, encode_payload
-from eventsrc.fleet.sink import Shipped, migrate, store_many
+from eventsrc.fleet.rows import Shipped, store_many
+from eventsrc.fleet.tables import migrate
 from tests.support.postgres import PostgresServer
 
 NODES, PER_NODE = 4, 64

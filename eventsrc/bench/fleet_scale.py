@@ -42,7 +42,9 @@ from eventsrc.bench.usage_timing import DAY, GPU, SEC, pods
 from eventsrc.core.chargeback import Change, Window, intervals, window
 from eventsrc.events import chain_hash, decode_record, encode_payload
 from eventsrc.fleet.fleet_audit import answers, answers_json
-from eventsrc.fleet.sink import FLEET_FIELDS, RECORD_COLUMNS, index_rows, migrate, record_row, usage_totals
+from eventsrc.fleet.queries import FLEET_FIELDS, usage_totals
+from eventsrc.fleet.rows import RECORD_COLUMNS, index_rows, record_row
+from eventsrc.fleet.tables import migrate
 from eventsrc.offline.render import iso
 from eventsrc.offline.usage import render
 

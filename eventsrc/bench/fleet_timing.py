@@ -62,7 +62,9 @@ from eventsrc.core.chargeback import intervals
 from eventsrc.core.fleet_names import DEFAULT_PREFIX, DEFAULT_STREAM, NODE, SEQ, Node
 from eventsrc.errors import EventsrcError
 from eventsrc.events import Record, decode_record
-from eventsrc.fleet.sink import DURABLE, INSERT_RECORD, RECORD_COLUMNS, migrate, record_row
+from eventsrc.fleet.rows import INSERT_RECORD, RECORD_COLUMNS, record_row
+from eventsrc.fleet.sink import DURABLE
+from eventsrc.fleet.tables import migrate
 from eventsrc.log.store import EventLog, PendingAppend, key_seq
 from eventsrc.node.shipper import FleetOptions, Shipper
 from eventsrc.rpc.bridge import to_aio

@@ -27,7 +27,10 @@ from eventsrc.core.chargeback import Row, Tracker, Window, intervals, merged, ob
 from eventsrc.core.claim_preparations import preparations
 from eventsrc.events import decode_record
 from eventsrc.fleet.fleet_audit import answers
-from eventsrc.fleet.sink import MIGRATIONS, escape_json, from_pg_text, migrate, pg_text, store, usage_totals
+from eventsrc.fleet.nul_escape import escape_json, from_pg_text, pg_text
+from eventsrc.fleet.queries import usage_totals
+from eventsrc.fleet.rows import store
+from eventsrc.fleet.tables import MIGRATIONS, migrate
 from eventsrc.layout import Layout
 from eventsrc.log.store import EventLog
 from eventsrc.offline import audit_queries
@@ -336,7 +339,7 @@ def v1_database(dsn: str, node: str, log_id: str, records: list[tuple[int, bytes
                         "UPDATE holds SET end_ns = %s WHERE resource = %s AND device = %s AND end_ns IS NULL",
                         (end, hold.resource, hold.device),
                     )
-        from eventsrc.fleet.sink import _state
+        from eventsrc.fleet.rows import _state
 
         conn.execute(
             "INSERT INTO node_logs VALUES (%s, %s, %s, %s)",

@@ -1,4 +1,4 @@
-"""The sink's writes (``eventsrc.fleet.sink.store``) against a real PostgreSQL: whatever the order
+"""The sink's writes (``eventsrc.fleet.rows.store``) against a real PostgreSQL: whatever the order
 the records come in, however often, the rows are each record once and the node's own intervals."""
 
 from __future__ import annotations
@@ -12,16 +12,9 @@ import trio
 from eventsrc import events as ev
 from eventsrc.core.chargeback import intervals
 from eventsrc.events import chain_hash, encode_payload
-from eventsrc.fleet.sink import (
-    SCHEMA_VERSION,
-    Shipped,
-    SinkMetrics,
-    _Consumer,
-    message_of,
-    migrate,
-    store,
-    store_many,
-)
+from eventsrc.fleet.rows import Shipped, message_of, store, store_many
+from eventsrc.fleet.sink import SinkMetrics, _Consumer
+from eventsrc.fleet.tables import SCHEMA_VERSION, migrate
 from tests.support.eventually import eventually_trio
 from tests.support.postgres import PostgresServer
 
