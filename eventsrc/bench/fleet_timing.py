@@ -88,7 +88,7 @@ class SimNode:
 
     name: str
     log: EventLog
-    more: Iterator[tuple[int, list[ev._Event]]]
+    more: Iterator[tuple[int, list[ev.EventBase]]]
     grew: trio.Event = field(default_factory=trio.Event)
     shipper: Shipper | None = None
     flowed: int = 0  # the last record of the flow phase; those after it were paced
@@ -99,7 +99,7 @@ class SimNode:
         while self.log.last_seq() < seq:
             await self.grew.wait()
 
-    def append(self, events: list[ev._Event]) -> None:
+    def append(self, events: list[ev.EventBase]) -> None:
         """Append one pod's events, stamped now, as the daemon's commit does (a worker thread)."""
         self.log.commit([PendingAppend(events, "bench")])
 

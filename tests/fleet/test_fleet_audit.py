@@ -55,7 +55,7 @@ def ref(name: str) -> ev.PodRef:
     return ev.PodRef(uid=f"uid-{name}", namespace="default", name=name)
 
 
-def own_steps() -> list[tuple[int, list[ev._Event]]]:
+def own_steps() -> list[tuple[int, list[ev.EventBase]]]:
     """Node a's own story after the runtime's: a health change, a claim prepared for one pod and
     shared by a second, then unprepared; a claim still prepared; devices whose ids hold U+0000
     and a backslash."""
@@ -99,21 +99,21 @@ def own_steps() -> list[tuple[int, list[ev._Event]]]:
     ]
 
 
-def write(root: Path, batches: list[tuple[int, list[ev._Event]]]) -> None:
+def write(root: Path, batches: list[tuple[int, list[ev.EventBase]]]) -> None:
     with EventLog(Layout(root).log) as log:
         for n, (ts_ns, events) in enumerate(batches):
             log.append(events, f"cid-{n}", ts_ns)
 
 
-def node_a() -> list[tuple[int, list[ev._Event]]]:
+def node_a() -> list[tuple[int, list[ev.EventBase]]]:
     return [(runtime_ts(s), events) for _, s, events in lifecycle()] + [(runtime_ts(s), e) for s, e in own_steps()]
 
 
-def node_b() -> list[tuple[int, list[ev._Event]]]:
+def node_b() -> list[tuple[int, list[ev.EventBase]]]:
     return [(kubelet_ts(n), events) for n, events in enumerate(KUBELET_STEPS)]
 
 
-def node_c() -> list[tuple[int, list[ev._Event]]]:
+def node_c() -> list[tuple[int, list[ev.EventBase]]]:
     return [(runtime_ts(s + 100), events) for _, s, events in lifecycle()]  # dev-0 again, on another node
 
 

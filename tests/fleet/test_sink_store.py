@@ -23,9 +23,9 @@ OTHER = ev.PodRef(uid="u2", namespace="web", name="api")
 THIRD = ev.PodRef(uid="u3", namespace="batch", name="job")
 
 
-def node_log() -> list[tuple[int, int, ev._Event]]:
+def node_log() -> list[tuple[int, int, ev.EventBase]]:
     """(seq, ts_ns, event): two pods hold CPUs and a device, one gives them back."""
-    events: list[ev._Event] = [
+    events: list[ev.EventBase] = [
         ev.PodAdmissionStarted(pod=POD),
         ev.CPUsAssigned(pod_uid="u1", container="main", cpus=[2, 3]),
         ev.DevicesReserved(pod_uid="u1", container="main", resource="gpu", device_ids=["g0"]),
@@ -246,7 +246,7 @@ async def test_a_record_too_large_for_an_index_is_quarantined_not_retried_for_ev
     dsn = postgres_server.dsn
     pod = ev.PodRef(uid="u1", namespace="n", name="p")
     big = "".join(f"{(i * 2654435761) % 2**32:08x}" for i in range(1200))  # 9,600 bytes, no compression
-    events: list[ev._Event] = [
+    events: list[ev.EventBase] = [
         ev.PodAdmissionStarted(pod=pod),
         ev.DevicesAllocated(pod_uid="u1", container="main", resource="gpu", device_ids=[big]),
         ev.PodAdmitted(pod=pod),
