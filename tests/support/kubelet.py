@@ -321,13 +321,15 @@ class StandInKubelet:
         server.start()
         self._server = server
 
-    def stop(self) -> None:
-        """Stop serving and remove the socket, as a stopped kubelet leaves it."""
+    def stop(self, remove_socket: bool = True) -> None:
+        """Stop serving and remove the socket; ``remove_socket=False``: leave it, as a kubelet
+        that stops or is killed leaves it (a connection is then refused)."""
         server, self._server = self._server, None
         if server is not None:
             server.stop(grace=None).wait()
             self._stopped.append(server)
-        self.socket.unlink(missing_ok=True)
+        if remove_socket:
+            self.socket.unlink(missing_ok=True)
 
     def close(self) -> None:
         self.stop()

@@ -154,6 +154,31 @@ async def test_the_run_loop_opens_a_gap_once_and_closes_it_at_the_next_answer(sh
     assert not log.views.kubelet.gaps
 
 
+async def test_a_kubelet_gap_starts_at_its_last_answer_not_at_the_look_that_found_it_gone(shell: Any) -> None:
+    """Issue 35 item 4: the kubelet answered List at 1 s (and then GetAllocatableResources, at 3
+    s); at 7 s a look finds it gone: the gap starts at 1 s, its last answer known, not at 7 s
+    (the look that found it gone), nor at 3 s (when a kubelet without that method answered
+    nothing: that call's failure is no answer about the pods)."""
+    beside, log, kubelet = shell
+    answer = kubelet.allocatable
+
+    async def allocatable_later() -> pr.AllocatableResourcesResponse:
+        log.now = 3_000
+        return await answer()
+
+    kubelet.allocatable = allocatable_later
+    await beside.look()  # List answered at 1_000
+    log.now, kubelet.fail = 7_000, "List"
+    beside.look_again()  # as the resync or a runtime event asks
+    async with trio.open_nursery() as nursery:
+        await nursery.start(beside.run)
+        while "ObservationGapFound" not in log.types():
+            await trio.sleep(0)
+        nursery.cancel_scope.cancel()
+    (opened,) = [e for batch in log.batches for e in batch if isinstance(e, ev.ObservationGapFound)]
+    assert (opened.source, opened.since_ns, opened.until_ns) == ("kubelet", 1_000, 0)
+
+
 async def test_a_get_answer_with_another_pods_device_asks_for_the_whole_list(shell: Any) -> None:
     beside, log, kubelet = shell
     kubelet.pods = [pod("a", "d-1")]
