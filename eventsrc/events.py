@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-class _Event(Struct, kw_only=True, frozen=True, gc=False):
+class EventBase(Struct, kw_only=True, frozen=True, gc=False):
     """Base of every event. ``VERSION`` is the version written by this code.
 
     Not a msgspec tagged union: the type name is stored once, in the envelope, and the
@@ -125,7 +125,7 @@ class PreparedDevice(Struct, frozen=True, kw_only=True, gc=False):
 # --------------------------------------------------------------------------- daemon
 
 
-class DaemonStarted(_Event, frozen=True):
+class DaemonStarted(EventBase, frozen=True):
     """``boot_id`` is the machine's (it changes on reboot); ``instance_id`` this run's."""
 
     boot_id: str
@@ -137,13 +137,13 @@ class DaemonStarted(_Event, frozen=True):
     fresh_start: str = ""
 
 
-class DaemonStopped(_Event, frozen=True):
+class DaemonStopped(EventBase, frozen=True):
     boot_id: str
     instance_id: str = ""
     reason: str = ""
 
 
-class LogTrimmed(_Event, frozen=True):
+class LogTrimmed(EventBase, frozen=True):
     """A retention cut (docs/adr/0018): records up to ``base_seq`` left the live log, into
     the archive segment ``segment`` ("" when the archive is off). Recorded after the cut."""
 
@@ -153,20 +153,20 @@ class LogTrimmed(_Event, frozen=True):
     reason: str = ""  # "maxSize" or "maxAge" and the figures that decided it
 
 
-class CorruptRecordFound(_Event, frozen=True):
+class CorruptRecordFound(EventBase, frozen=True):
     """A record whose checksum or encoding is wrong; it is left in place, never rewritten."""
 
     seq: int
     reason: str
 
 
-class PolicyConfigurationChanged(_Event, frozen=True):
+class PolicyConfigurationChanged(EventBase, frozen=True):
     manager: str  # "cpu", "topology", "device", "dra", "daemon"
     old: dict[str, Any] = {}
     new: dict[str, Any] = {}
 
 
-class ConfigurationChanged(_Event, frozen=True):
+class ConfigurationChanged(EventBase, frozen=True):
     """This start's effective configuration (the config file's fields, after flags and
     defaults: eventsrc.inputs.config) differs from the one the previous start recorded."""
 
@@ -178,7 +178,7 @@ class ConfigurationChanged(_Event, frozen=True):
 # --------------------------------------------------------------------------- plugins
 
 
-class PluginRegistered(_Event, frozen=True):
+class PluginRegistered(EventBase, frozen=True):
     resource: str
     endpoint: str
     api_version: str = "v1beta1"
@@ -186,7 +186,7 @@ class PluginRegistered(_Event, frozen=True):
     options: PluginOptions = PluginOptions()
 
 
-class PluginRegistrationRejected(_Event, frozen=True):
+class PluginRegistrationRejected(EventBase, frozen=True):
     resource: str
     endpoint: str
     api_version: str = ""
@@ -194,7 +194,7 @@ class PluginRegistrationRejected(_Event, frozen=True):
     reason: str = ""
 
 
-class PluginDisconnected(_Event, frozen=True):
+class PluginDisconnected(EventBase, frozen=True):
     resource: str
     endpoint: str = ""
     kind: str = "DevicePlugin"
@@ -204,18 +204,18 @@ class PluginDisconnected(_Event, frozen=True):
 # --------------------------------------------------------------------------- devices
 
 
-class DevicesAdded(_Event, frozen=True):
+class DevicesAdded(EventBase, frozen=True):
     resource: str
     devices: list[DeviceInfo]
 
 
-class DevicesRemoved(_Event, frozen=True):
+class DevicesRemoved(EventBase, frozen=True):
     resource: str
     device_ids: list[str]
     reason: str = ""
 
 
-class ResourceDropped(_Event, frozen=True):
+class ResourceDropped(EventBase, frozen=True):
     """The plugin of ``resource`` stayed away past the grace period: its free devices are
     gone, and new admissions are refused as unregistered while a pod holds its devices,
     then as a resource the node has none of."""
@@ -224,7 +224,7 @@ class ResourceDropped(_Event, frozen=True):
     reason: str = ""
 
 
-class DeviceHealthChanged(_Event, frozen=True):
+class DeviceHealthChanged(EventBase, frozen=True):
     """v1: ``healthy: bool``; v2: ``health`` string and a single ``numa_node`` (-1: none);
     v3: ``numa_nodes`` list, as the device plugin API reports topology.
 
@@ -248,7 +248,7 @@ class DeviceHealthChanged(_Event, frozen=True):
 FROM_RUNTIME: Final = "runtime"
 
 
-class PodAdmissionStarted(_Event, frozen=True):
+class PodAdmissionStarted(EventBase, frozen=True):
     """Intent: the pod is being admitted (recorded before any plugin is called).
 
     ``source`` is ``FROM_RUNTIME`` for a pod admitted from the container runtime's facts
@@ -260,7 +260,7 @@ class PodAdmissionStarted(_Event, frozen=True):
     source: str = ""
 
 
-class ContainerAdmissionStarted(_Event, frozen=True):
+class ContainerAdmissionStarted(EventBase, frozen=True):
     """Intent: one more container of a pod admitted from the runtime's facts, admitted at its
     own creation (the runtime tells of one container at a time); devices and CPUs follow as
     for a pod. ``finished``: earlier containers of the pod the runtime had seen exit before
@@ -272,7 +272,7 @@ class ContainerAdmissionStarted(_Event, frozen=True):
     finished: list[str] = []
 
 
-class ContainerAdmitted(_Event, frozen=True):
+class ContainerAdmitted(EventBase, frozen=True):
     """Outcome of a ContainerAdmissionStarted: the container holds what was reserved for it.
     A refusal is an AdmissionRejected naming the container; the pod keeps its other containers."""
 
@@ -281,7 +281,7 @@ class ContainerAdmitted(_Event, frozen=True):
     qos_class: str = ""  # the pod's, of the containers it has now
 
 
-class PodAdmitted(_Event, frozen=True):
+class PodAdmitted(EventBase, frozen=True):
     """v1: flat ``uid``/``namespace``/``name``; v2: ``pod`` reference and containers.
 
     ``containers`` is empty when the admission's PodAdmissionStarted holds them (every
@@ -294,7 +294,7 @@ class PodAdmitted(_Event, frozen=True):
     qos_class: str = ""
 
 
-class AdmissionRejected(_Event, frozen=True):
+class AdmissionRejected(EventBase, frozen=True):
     pod: PodRef
     reason: str
     container: str = ""
@@ -302,12 +302,12 @@ class AdmissionRejected(_Event, frozen=True):
     topology_hint: str = ""
 
 
-class PodRemoved(_Event, frozen=True):
+class PodRemoved(EventBase, frozen=True):
     pod_uid: str
     reason: str = ""
 
 
-class PodQuarantined(_Event, frozen=True):
+class PodQuarantined(EventBase, frozen=True):
     """A pod whose records are in doubt: one of the corrupt records ``corrupt_seqs`` may have
     been its admission's outcome, a release or its removal. It keeps everything it holds
     until an operator removes it; nothing is released on a guess (docs/adr/0005)."""
@@ -320,7 +320,7 @@ class PodQuarantined(_Event, frozen=True):
 # --------------------------------------------------------------------------- device allocation
 
 
-class DevicesReserved(_Event, frozen=True):
+class DevicesReserved(EventBase, frozen=True):
     """Intent, recorded before the plugin's Allocate call. ``choice`` says who chose the
     devices: "kept" (the container had them), "plugin" (GetPreferredAllocation) or
     "daemon"; ``note`` why (e.g. why the plugin's preference was not used)."""
@@ -333,7 +333,7 @@ class DevicesReserved(_Event, frozen=True):
     note: str = ""
 
 
-class DevicesAllocated(_Event, frozen=True):
+class DevicesAllocated(EventBase, frozen=True):
     """Outcome of Allocate: the devices are the container's, with the plugin's response."""
 
     pod_uid: str
@@ -343,7 +343,7 @@ class DevicesAllocated(_Event, frozen=True):
     response: ContainerAllocation = ContainerAllocation()
 
 
-class AllocationFailed(_Event, frozen=True):
+class AllocationFailed(EventBase, frozen=True):
     pod_uid: str
     container: str
     resource: str
@@ -351,7 +351,7 @@ class AllocationFailed(_Event, frozen=True):
     reason: str = ""
 
 
-class DevicesReleased(_Event, frozen=True):
+class DevicesReleased(EventBase, frozen=True):
     pod_uid: str
     container: str
     resource: str
@@ -362,20 +362,20 @@ class DevicesReleased(_Event, frozen=True):
 # --------------------------------------------------------------------------- cpus
 
 
-class CPUsAssigned(_Event, frozen=True):
+class CPUsAssigned(EventBase, frozen=True):
     pod_uid: str
     container: str
     cpus: list[int]
 
 
-class CPUsReleased(_Event, frozen=True):
+class CPUsReleased(EventBase, frozen=True):
     pod_uid: str
     container: str
     cpus: list[int]
     reason: str = ""
 
 
-class SharedPoolChanged(_Event, frozen=True):
+class SharedPoolChanged(EventBase, frozen=True):
     """The CPUs every container without exclusive CPUs may run on, after a change."""
 
     cpus: list[int]
@@ -385,7 +385,7 @@ class SharedPoolChanged(_Event, frozen=True):
 # --------------------------------------------------------------------------- claims
 
 
-class ClaimPrepareStarted(_Event, frozen=True):
+class ClaimPrepareStarted(EventBase, frozen=True):
     """Intent, recorded before NodePrepareResources."""
 
     claim: ClaimRef
@@ -393,40 +393,40 @@ class ClaimPrepareStarted(_Event, frozen=True):
     pod_uid: str = ""
 
 
-class ClaimPrepared(_Event, frozen=True):
+class ClaimPrepared(EventBase, frozen=True):
     claim: ClaimRef
     driver: str
     devices: list[PreparedDevice] = []
 
 
-class ClaimPrepareFailed(_Event, frozen=True):
+class ClaimPrepareFailed(EventBase, frozen=True):
     claim: ClaimRef
     driver: str
     reason: str = ""
 
 
-class ClaimUnprepareStarted(_Event, frozen=True):
+class ClaimUnprepareStarted(EventBase, frozen=True):
     claim: ClaimRef
     driver: str
 
 
-class ClaimUnprepared(_Event, frozen=True):
+class ClaimUnprepared(EventBase, frozen=True):
     claim: ClaimRef
     driver: str
 
 
-class ClaimUnprepareFailed(_Event, frozen=True):
+class ClaimUnprepareFailed(EventBase, frozen=True):
     claim: ClaimRef
     driver: str
     reason: str = ""
 
 
-class PodReferenceAdded(_Event, frozen=True):
+class PodReferenceAdded(EventBase, frozen=True):
     claim_uid: str
     pod_uid: str
 
 
-class PodReferenceRemoved(_Event, frozen=True):
+class PodReferenceRemoved(EventBase, frozen=True):
     claim_uid: str
     pod_uid: str
 
@@ -434,7 +434,7 @@ class PodReferenceRemoved(_Event, frozen=True):
 # --------------------------------------------------------------------------- the container runtime (NRI)
 
 
-class RuntimeConnected(_Event, frozen=True):
+class RuntimeConnected(EventBase, frozen=True):
     """eventsrc registered as an NRI plugin of the runtime; ``mode`` "enforce" or "observe"."""
 
     runtime: str = ""
@@ -443,24 +443,24 @@ class RuntimeConnected(_Event, frozen=True):
     mode: str = "enforce"
 
 
-class RuntimeDisconnected(_Event, frozen=True):
+class RuntimeDisconnected(EventBase, frozen=True):
     reason: str = ""
 
 
-class PodSandboxStarted(_Event, frozen=True):
+class PodSandboxStarted(EventBase, frozen=True):
     """The runtime ran (or, at Synchronize, had) this pod sandbox."""
 
     sandbox_id: str
     pod: PodRef
 
 
-class PodSandboxRemoved(_Event, frozen=True):
+class PodSandboxRemoved(EventBase, frozen=True):
     sandbox_id: str
     pod_uid: str
     reason: str = ""
 
 
-class ContainerCreated(_Event, frozen=True):
+class ContainerCreated(EventBase, frozen=True):
     """A container the runtime created, with what it got. ``adjusted``: eventsrc set it (enforce
     mode); otherwise it is what the runtime applied (observe mode, or created while eventsrc was
     away). ``cpus``/``mems`` empty: no cpuset was set. ``envs`` holds names only."""
@@ -479,12 +479,12 @@ class ContainerCreated(_Event, frozen=True):
     adjusted: bool = False
 
 
-class ContainerStarted(_Event, frozen=True):
+class ContainerStarted(EventBase, frozen=True):
     container_id: str
     pod_uid: str = ""
 
 
-class ContainerStopped(_Event, frozen=True):
+class ContainerStopped(EventBase, frozen=True):
     """``exit_code`` is -1 when the runtime did not say (NRI 0.8 carries none)."""
 
     container_id: str
@@ -492,13 +492,13 @@ class ContainerStopped(_Event, frozen=True):
     exit_code: int = -1
 
 
-class ContainerRemoved(_Event, frozen=True):
+class ContainerRemoved(EventBase, frozen=True):
     container_id: str
     pod_uid: str = ""
     reason: str = ""
 
 
-class ContainerCPUsUpdated(_Event, frozen=True):
+class ContainerCPUsUpdated(EventBase, frozen=True):
     """A running container's cpuset changed: eventsrc updated it (the shared pool followed an
     assignment or a release), or the runtime reported the change (observe mode)."""
 
@@ -530,21 +530,21 @@ class ObservedClaimDevice(Struct, frozen=True, kw_only=True, gc=False):
     share_id: str = ""
 
 
-class KubeletPodObserved(_Event, frozen=True):
+class KubeletPodObserved(EventBase, frozen=True):
     """The kubelet lists the pod (first seen, or its uid learned since)."""
 
     pod: PodRef
     source: str = ""  # "List", "Get", a checkpoint file's name
 
 
-class KubeletPodReleased(_Event, frozen=True):
+class KubeletPodReleased(EventBase, frozen=True):
     """The pod is known gone, and whatever it held with it (its per-resource releases come first)."""
 
     pod: PodRef
     reason: str = ""
 
 
-class KubeletDevicesObserved(_Event, frozen=True):
+class KubeletDevicesObserved(EventBase, frozen=True):
     """The kubelet gave the container these devices (only the ones it did not hold before)."""
 
     pod: PodRef
@@ -554,7 +554,7 @@ class KubeletDevicesObserved(_Event, frozen=True):
     numa_nodes: list[int] = []
 
 
-class KubeletDevicesReleased(_Event, frozen=True):
+class KubeletDevicesReleased(EventBase, frozen=True):
     pod: PodRef
     container: str
     resource: str
@@ -562,7 +562,7 @@ class KubeletDevicesReleased(_Event, frozen=True):
     reason: str = ""
 
 
-class KubeletCPUsObserved(_Event, frozen=True):
+class KubeletCPUsObserved(EventBase, frozen=True):
     """The container's exclusive CPUs, as the kubelet lists them now (the whole set)."""
 
     pod: PodRef
@@ -570,14 +570,14 @@ class KubeletCPUsObserved(_Event, frozen=True):
     cpus: list[int]
 
 
-class KubeletCPUsReleased(_Event, frozen=True):
+class KubeletCPUsReleased(EventBase, frozen=True):
     pod: PodRef
     container: str
     cpus: list[int]
     reason: str = ""
 
 
-class KubeletMemoryObserved(_Event, frozen=True):
+class KubeletMemoryObserved(EventBase, frozen=True):
     """The container's memory blocks as the kubelet's memory manager lists them (the whole set;
     empty once it lists none)."""
 
@@ -586,7 +586,7 @@ class KubeletMemoryObserved(_Event, frozen=True):
     memory: list[ObservedMemory] = []
 
 
-class KubeletClaimObserved(_Event, frozen=True):
+class KubeletClaimObserved(EventBase, frozen=True):
     """The container uses the DRA claim with these devices, as the kubelet lists it."""
 
     pod: PodRef
@@ -595,7 +595,7 @@ class KubeletClaimObserved(_Event, frozen=True):
     devices: list[ObservedClaimDevice] = []
 
 
-class KubeletClaimReleased(_Event, frozen=True):
+class KubeletClaimReleased(EventBase, frozen=True):
     pod: PodRef
     container: str
     claim: ClaimRef
@@ -603,7 +603,7 @@ class KubeletClaimReleased(_Event, frozen=True):
     reason: str = ""
 
 
-class KubeletAllocatableChanged(_Event, frozen=True):
+class KubeletAllocatableChanged(EventBase, frozen=True):
     """What ``GetAllocatableResources`` lists changed: devices appeared (``added``) or left
     (``removed``: unhealthy, or gone from their plugin), CPUs likewise."""
 
@@ -617,7 +617,7 @@ class KubeletAllocatableChanged(_Event, frozen=True):
     source: str = ""
 
 
-class KubeletSharedPoolObserved(_Event, frozen=True):
+class KubeletSharedPoolObserved(EventBase, frozen=True):
     """The CPU manager's shared pool, from its checkpoint file (PodResources does not list it)."""
 
     cpus: list[int]
@@ -625,7 +625,7 @@ class KubeletSharedPoolObserved(_Event, frozen=True):
     source: str = ""
 
 
-class KubeletCPUsDisagreed(_Event, frozen=True):
+class KubeletCPUsDisagreed(EventBase, frozen=True):
     """The kubelet's PodResources answer lists CPUs for a container (``listed``) that its CPU
     manager's state (``source``, the file) does not explain: the state gives the container
     ``checkpoint`` as its exclusive CPUs (empty: none), and what is listed is neither that nor
@@ -640,14 +640,14 @@ class KubeletCPUsDisagreed(_Event, frozen=True):
     source: str = ""
 
 
-class KubeletCheckpointReadFailed(_Event, frozen=True):
+class KubeletCheckpointReadFailed(EventBase, frozen=True):
     """A kubelet checkpoint file that could not be read or verified; nothing was taken from it."""
 
     path: str
     reason: str
 
 
-class KubeletDoubleAllocationFound(_Event, frozen=True):
+class KubeletDoubleAllocationFound(EventBase, frozen=True):
     """The kubelet lists one device (``resource`` a device plugin's resource name) or exclusive
     CPU (``resource`` "cpu") for containers of two or more pods at once (``holders``,
     "namespace/name/container" each). The kubelet's decision, observed: a finding about the
@@ -658,7 +658,7 @@ class KubeletDoubleAllocationFound(_Event, frozen=True):
     holders: list[str]
 
 
-class ObservationGapFound(_Event, frozen=True):
+class ObservationGapFound(EventBase, frozen=True):
     """A time eventsrc could not see something it records: ``source`` is "kubelet",
     "runtime" or "eventsrc" (itself not running). ``until_ns`` 0: the gap is still open (a
     later record with the same ``source`` and ``since_ns`` closes it)."""
@@ -733,7 +733,7 @@ Event = (
     | ObservationGapFound
 )
 
-EVENT_TYPES: Final[dict[str, type[_Event]]] = {t.__name__: t for t in _Event.__subclasses__()}
+EVENT_TYPES: Final[dict[str, type[EventBase]]] = {t.__name__: t for t in EventBase.__subclasses__()}
 
 
 class Record(Struct, frozen=True, gc=False):
@@ -877,7 +877,7 @@ _any_decoder = msgspec.msgpack.Decoder()
 _crc = zlib.crc32
 
 
-def encode_payload(event: _Event, ts_ns: int, correlation_id: str, prev_hash: bytes = b"") -> bytes:
+def encode_payload(event: EventBase, ts_ns: int, correlation_id: str, prev_hash: bytes = b"") -> bytes:
     """The stored value of one record: CRC32 then the msgpack envelope, which carries the
     hash of the previous record's value (the hash chain)."""
     # Encoded in one pass as the array the _Envelope decoder reads back.

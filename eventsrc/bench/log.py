@@ -30,7 +30,7 @@ GPU = "example.com/gpu"
 NIC = "example.com/nic"
 
 
-def workload(n_events: int, live_pods: int = 32) -> Iterator[ev._Event]:
+def workload(n_events: int, live_pods: int = 32) -> Iterator[ev.EventBase]:
     """A realistic stream: two plugins, then pods that come and go, each taking a device,
     CPUs and a claim and giving them back. Deterministic."""
     plugins = _plugin_events()
@@ -54,7 +54,7 @@ def workload(n_events: int, live_pods: int = 32) -> Iterator[ev._Event]:
 _LivePod = tuple[str, str, list[int], str]  # pod uid, its VF, its CPUs, its claim's uid
 
 
-def _plugin_events() -> list[ev._Event]:
+def _plugin_events() -> list[ev.EventBase]:
     """A GPU plugin (8 devices, with preferred allocations), a NIC plugin (64 VFs) and a DRA driver."""
     return [
         ev.PluginRegistered(
@@ -73,14 +73,14 @@ def _plugin_events() -> list[ev._Event]:
     ]
 
 
-def _pod_events(i: int) -> tuple[list[ev._Event], _LivePod]:
+def _pod_events(i: int) -> tuple[list[ev.EventBase], _LivePod]:
     """Pod ``i`` admitted with a VF, 2 CPUs and a prepared claim (every 50th pod, a GPU's
     health changes as well)."""
     uid = f"pod-{i:08d}"
     vf = f"vf-{i % 64}"
     cpus = [2 + (i % 30), 34 + (i % 30)]
     claim = ev.ClaimRef(uid=f"claim-{i:08d}", namespace="default", name=f"gpu-claim-{i}")
-    batch: list[ev._Event] = [
+    batch: list[ev.EventBase] = [
         ev.PodAdmitted(
             pod=ev.PodRef(uid=uid, namespace="default", name=f"job-{i}"),
             containers=[ev.ContainerSpec(name="main", requests={NIC: "1", "cpu": "2"}, limits={NIC: "1", "cpu": "2"})],
@@ -126,7 +126,7 @@ def _pod_events(i: int) -> tuple[list[ev._Event], _LivePod]:
     return batch, (uid, vf, cpus, claim.uid)
 
 
-def _removal_events(pod: _LivePod) -> list[ev._Event]:
+def _removal_events(pod: _LivePod) -> list[ev.EventBase]:
     """The pod's VF, CPUs and claim given back, then the pod removed."""
     uid, vf, cpus, claim_uid = pod
     ref = ev.ClaimRef(uid=claim_uid, namespace="default")
@@ -291,7 +291,7 @@ def prepare_cost(path: Path, writers: int, rounds: int = 200) -> float:
 
 def build_log(path: Path, n_events: int, progress: Callable[[int], None]) -> EventLog:
     log = EventLog(path)
-    batch: list[ev._Event] = []
+    batch: list[ev.EventBase] = []
     cid = new_correlation_id()
     done = 0
     for e in workload(n_events):

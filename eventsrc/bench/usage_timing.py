@@ -59,7 +59,7 @@ GOAL_S = 1.0
 GOAL_RSS_MB = 100.0
 
 
-def pods(seed: int, start_ns: int, gap_s: float, prefix: str = "") -> Iterator[tuple[int, list[ev._Event]]]:
+def pods(seed: int, start_ns: int, gap_s: float, prefix: str = "") -> Iterator[tuple[int, list[ev.EventBase]]]:
     """(time, events at that time), in time order, for ever: pods arrive about every ``gap_s``
     seconds and hold what they took for 10 minutes to 12 hours. Deterministic. ``prefix`` starts
     the pods' uids and names (one per node of a fleet: a pod's uid is the fleet's only one)."""
@@ -67,7 +67,7 @@ def pods(seed: int, start_ns: int, gap_s: float, prefix: str = "") -> Iterator[t
     free_gpus = [f"gpu-{i}" for i in range(64)]
     free_vfs = [f"vf-{i}" for i in range(256)]
     free_cpus = list(range(4, 256))
-    pending: list[tuple[int, int, list[ev._Event], list[Any]]] = []  # (end, n, releases, what returns)
+    pending: list[tuple[int, int, list[ev.EventBase], list[Any]]] = []  # (end, n, releases, what returns)
     t, n = start_ns, 0
     while True:
         t += int(rnd.expovariate(1 / gap_s) * SEC) + 1
@@ -92,10 +92,12 @@ def pods(seed: int, start_ns: int, gap_s: float, prefix: str = "") -> Iterator[t
         yield t, now
 
 
-def _own(ref: ev.PodRef, gpus: list[str], vf: list[str], cpus: list[int]) -> tuple[list[ev._Event], list[ev._Event]]:
+def _own(
+    ref: ev.PodRef, gpus: list[str], vf: list[str], cpus: list[int]
+) -> tuple[list[ev.EventBase], list[ev.EventBase]]:
     uid = ref.uid
-    now: list[ev._Event] = [ev.PodAdmissionStarted(pod=ref)]
-    later: list[ev._Event] = []
+    now: list[ev.EventBase] = [ev.PodAdmissionStarted(pod=ref)]
+    later: list[ev.EventBase] = []
     for resource, ids in ((GPU, gpus), (NIC, vf)):
         if ids:
             now.append(ev.DevicesAllocated(pod_uid=uid, container="main", resource=resource, device_ids=ids))
@@ -110,9 +112,9 @@ def _own(ref: ev.PodRef, gpus: list[str], vf: list[str], cpus: list[int]) -> tup
 
 def _observed(
     ref: ev.PodRef, gpus: list[str], vf: list[str], cpus: list[int], n: str
-) -> tuple[list[ev._Event], list[ev._Event]]:
+) -> tuple[list[ev.EventBase], list[ev.EventBase]]:
     seen = ev.PodRef(uid="", namespace=ref.namespace, name=ref.name)
-    now: list[ev._Event] = [ev.KubeletPodObserved(pod=seen)]
+    now: list[ev.EventBase] = [ev.KubeletPodObserved(pod=seen)]
     if vf:
         now.append(ev.KubeletDevicesObserved(pod=seen, container="main", resource=NIC, device_ids=vf))
     if cpus:

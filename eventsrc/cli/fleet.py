@@ -174,7 +174,7 @@ def sink(args: argparse.Namespace) -> int:
 
 
 def usage(args: argparse.Namespace) -> int:
-    from eventsrc.fleet.sink import FLEET_FIELDS, usage_totals
+    from eventsrc.fleet.queries import FLEET_FIELDS, usage_totals
     from eventsrc.offline.usage import parse_window, render
 
     w = parse_window(args.since, args.until, time.time_ns())

@@ -75,11 +75,11 @@ def import_kubelet(args: argparse.Namespace) -> int:
 
 def _append(
     layout: Layout,
-    events: list[ev._Event],
+    events: list[ev.EventBase],
     cid: str,
     force: bool,
     checkpoints: tuple[ki.DeviceCheckpoint | None, ki.CPUCheckpoint | None, ki.DRACheckpoint | None],
-) -> tuple[list[ev._Event], tuple[int, int]]:
+) -> tuple[list[ev.EventBase], tuple[int, int]]:
     """Append the events under ``layout`` with one correlation id, holding the root's lock;
     refused while a daemon runs there, or when the log has pods (unless ``force``). Returns
     the events appended and their first and last sequence."""
@@ -120,7 +120,7 @@ def _append(
 
 def _print_json(
     args: argparse.Namespace,
-    events: list[ev._Event],
+    events: list[ev.EventBase],
     sources: list[str],
     warnings: list[str],
     cid: str,
@@ -146,7 +146,7 @@ def _print_json(
 
 
 def _print_table(
-    args: argparse.Namespace, events: list[ev._Event], warnings: list[str], cid: str, seqs: tuple[int, int]
+    args: argparse.Namespace, events: list[ev.EventBase], warnings: list[str], cid: str, seqs: tuple[int, int]
 ) -> None:
     from eventsrc.events import Record
     from eventsrc.inputs import kubelet_checkpoints as ki

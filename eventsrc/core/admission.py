@@ -184,10 +184,10 @@ def handed_on(views: Views, pod: PodView, kinds: Mapping[str, str]) -> tuple[CPU
     return CPUSet(cpus), {r: ids for r, ids in reuse.items() if ids}
 
 
-def undo_growth(views: Views, cpus: CPUManagerConfig, uid: str, container: str, reason: str) -> list[ev._Event]:
+def undo_growth(views: Views, cpus: CPUManagerConfig, uid: str, container: str, reason: str) -> list[ev.EventBase]:
     """Release what ``container`` of pod ``uid`` holds (a growth that did not end: the pod
     keeps its other containers), and the shared pool without it."""
-    out: list[ev._Event] = list(release_events(views, uid, reason, container=container))
+    out: list[ev.EventBase] = list(release_events(views, uid, reason, container=container))
     held = views.cpus.assignments.get(uid, {})
     others = [c for name, cs in held.items() if name != container for c in cs]
     after = cpu_index_of(views.cpus).assigned(uid) | set(others)
@@ -262,7 +262,7 @@ class AllocateCall:
 class Intent:
     """The pod is admitted by the planner: record ``events`` (durably) before any call."""
 
-    events: list[ev._Event]
+    events: list[ev.EventBase]
     # In order, each once, until one fails (a step the container holds already is not called).
     allocations: list[AllocateCall]
     # After every Allocate succeeded: NodePrepareResources per driver (all of them outcome
@@ -278,7 +278,7 @@ class CallResults:
 
     allocated: list[tuple[AllocateCall, ev.ContainerAllocation]] = field(default_factory=list)
     failed: tuple[AllocateCall, str] | None = None  # the call that failed and why (its error)
-    claims: list[ev._Event] = field(default_factory=list)  # ClaimPrepared / ClaimPrepareFailed
+    claims: list[ev.EventBase] = field(default_factory=list)  # ClaimPrepared / ClaimPrepareFailed
 
 
 @dataclass(frozen=True)
@@ -562,7 +562,7 @@ class PodAdmission:
         pool without them, the claims' references and prepares; an Allocate per new step."""
         uid = self.uid
         growing = self.growing
-        intent: list[ev._Event] = [
+        intent: list[ev.EventBase] = [
             ev.PodAdmissionStarted(pod=self.pod.pod, containers=self.pod.containers, source=self.pod.source)
             if growing is None
             else ev.ContainerAdmissionStarted(pod=self.pod.pod, container=growing.container, finished=growing.finished)
@@ -588,12 +588,12 @@ class PodAdmission:
         ]
         return Intent(intent, allocations, claims.work() if self.pod.claims else None, tuple(cpus.pinning))
 
-    def _cpu_events(self, cpus: CPUPlanner) -> list[ev._Event]:
+    def _cpu_events(self, cpus: CPUPlanner) -> list[ev.EventBase]:
         """CPUsAssigned per container that got new exclusive CPUs, then the shared pool with
         this pod's CPUs as planned in place of any it had."""
         uid = self.uid
         new = [s for s in cpus.steps if s.new]
-        out: list[ev._Event] = [
+        out: list[ev.EventBase] = [
             ev.CPUsAssigned(pod_uid=uid, container=s.container, cpus=s.cpus.sorted_list()) for s in new
         ]
         if new:
@@ -622,12 +622,12 @@ class PodAdmission:
 
     # ------------------------------------------------------------------ settle
 
-    def settle(self, results: CallResults) -> Generator[list[ev._Event], object, Outcome]:
+    def settle(self, results: CallResults) -> Generator[list[ev.EventBase], object, Outcome]:
         """The outcome of the calls: PodAdmitted; or, when an Allocate failed, the failure and
         the undo; or, when a claim could not be prepared, the drivers' answers first and then
         the undo. Each batch yielded is to be recorded as one unit before resuming."""
         uid = self.uid
-        outcome: list[ev._Event] = [
+        outcome: list[ev.EventBase] = [
             ev.DevicesAllocated(
                 pod_uid=uid, container=c.container, resource=c.resource, device_ids=c.device_ids, response=r
             )
@@ -651,7 +651,7 @@ class PodAdmission:
             yield [*self._undo(), ev.AdmissionRejected(pod=self.pod.pod, reason=claim_failure.reason)]
             return Outcome(admitted=False, reason=claim_failure.reason)
         # Its containers are in this admission's PodAdmissionStarted: not written twice.
-        admitted: ev._Event = (
+        admitted: ev.EventBase = (
             ev.PodAdmitted(pod=self.pod.pod, qos_class=self._qos())
             if self.growing is None
             else ev.ContainerAdmitted(pod=self.pod.pod, container=self.growing.container.name, qos_class=self._qos())
@@ -659,14 +659,14 @@ class PodAdmission:
         yield [*outcome, admitted]
         return Outcome(admitted=True)
 
-    def _undo(self) -> list[ev._Event]:
+    def _undo(self) -> list[ev.EventBase]:
         """Release every device, every exclusive CPU and every claim reference of the pod, as
         the views hold them now; of a growth, what the new container holds."""
         if self.growing is not None:
             return undo_growth(self.views, self.config.cpus, self.uid, self.growing.container.name, UNDO_REASON)
         views = self.views
         uid = self.uid
-        out: list[ev._Event] = list(release_events(views, uid, UNDO_REASON))
+        out: list[ev.EventBase] = list(release_events(views, uid, UNDO_REASON))
         out += pool_change(self.config.cpus, views.cpus.shared, cpu_index_of(views.cpus).assigned(uid), UNDO_REASON)
         out += claim_release_events(views, uid)[0]
         return out
@@ -675,7 +675,7 @@ class PodAdmission:
 # --------------------------------------------------------------------------- removal
 
 
-def removal(views: Views, cpus: CPUManagerConfig, uid: str, reason: str) -> list[ev._Event]:
+def removal(views: Views, cpus: CPUManagerConfig, uid: str, reason: str) -> list[ev.EventBase]:
     """The events that release everything pod ``uid`` holds and forget it. Raises NotFound, or
     AdmissionRefused while its admission runs (neither is recorded).
 

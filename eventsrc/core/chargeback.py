@@ -135,7 +135,7 @@ class Tracker:
         #: the open holds the last ``feed`` gave their pod's uid, learned since they started:
         #: (as they were, as they are now); each keeps its start
         self.rebound: list[tuple[Hold, Hold]] = []
-        self._handlers: dict[type, Callable[[int, ev._Event], None]] = {
+        self._handlers: dict[type, Callable[[int, ev.EventBase], None]] = {
             ev.PodAdmissionStarted: self._named,
             ev.PodAdmitted: self._named,
             ev.PodQuarantined: self._named,
@@ -158,7 +158,7 @@ class Tracker:
             ev.KubeletClaimReleased: self._kubelet_claim_released,
         }
 
-    def feed(self, ts_ns: int, e: ev._Event) -> list[Change]:
+    def feed(self, ts_ns: int, e: ev.EventBase) -> list[Change]:
         handler = self._handlers.get(type(e))
         if handler is None:
             return []
@@ -196,26 +196,26 @@ class Tracker:
 
     # ------------------------------------------------------------------ eventsrc's own pods (state.pods)
 
-    def _named(self, ts: int, e: ev._Event) -> None:
+    def _named(self, ts: int, e: ev.EventBase) -> None:
         assert isinstance(e, (ev.PodAdmissionStarted, ev.PodAdmitted, ev.PodQuarantined))
         known = self.state.names.get(e.pod.uid)
         if isinstance(e, ev.PodAdmissionStarted) or known is None:  # the views' PodView is made anew
             known = (e.pod.namespace, e.pod.name, False)
         self.state.names[e.pod.uid] = (known[0], known[1], not isinstance(e, ev.PodAdmissionStarted))
 
-    def _rejected(self, ts: int, e: ev._Event) -> None:
+    def _rejected(self, ts: int, e: ev.EventBase) -> None:
         assert isinstance(e, ev.AdmissionRejected)
         known = self.state.names.get(e.pod.uid)
         if known is not None and not known[2]:  # admitting -> gone; admitted or quarantined stay
             del self.state.names[e.pod.uid]
 
-    def _removed(self, ts: int, e: ev._Event) -> None:
+    def _removed(self, ts: int, e: ev.EventBase) -> None:
         assert isinstance(e, ev.PodRemoved)
         self.state.names.pop(e.pod_uid, None)
 
     # ------------------------------------------------------------------ eventsrc's own devices (state.devices)
 
-    def _reserved(self, ts: int, e: ev._Event) -> None:
+    def _reserved(self, ts: int, e: ev.EventBase) -> None:
         assert isinstance(e, ev.DevicesReserved)
         table = self.state.devices.setdefault(e.resource, {})
         for i in dict.fromkeys(e.device_ids):
@@ -224,7 +224,7 @@ class Tracker:
                 self._close(d.hold, ts)
             table[i] = OwnDevice(e.pod_uid, e.container)
 
-    def _allocated(self, ts: int, e: ev._Event) -> None:
+    def _allocated(self, ts: int, e: ev.EventBase) -> None:
         assert isinstance(e, ev.DevicesAllocated)
         table = self.state.devices.setdefault(e.resource, {})
         for i in dict.fromkeys(e.device_ids):
@@ -235,7 +235,7 @@ class Tracker:
                 self._close(d.hold, ts)
             table[i] = OwnDevice(e.pod_uid, e.container, self._own(e.pod_uid, e.resource, i, ts))
 
-    def _released(self, ts: int, e: ev._Event) -> None:
+    def _released(self, ts: int, e: ev.EventBase) -> None:
         assert isinstance(e, (ev.DevicesReleased, ev.AllocationFailed))
         table = self.state.devices.get(e.resource)
         if table is None:
@@ -260,12 +260,12 @@ class Tracker:
         for cpu in sorted(new - held.keys()):
             held[cpu] = start(cpu)
 
-    def _cpus_assigned(self, ts: int, e: ev._Event) -> None:
+    def _cpus_assigned(self, ts: int, e: ev.EventBase) -> None:
         assert isinstance(e, ev.CPUsAssigned)
         held = self.state.cpus.setdefault(e.pod_uid, {}).setdefault(e.container, {})
         self._set_cpus(held, e.cpus, ts, lambda cpu: self._own(e.pod_uid, CPU, str(cpu), ts))
 
-    def _cpus_released(self, ts: int, e: ev._Event) -> None:
+    def _cpus_released(self, ts: int, e: ev.EventBase) -> None:
         assert isinstance(e, ev.CPUsReleased)
         pod = self.state.cpus.get(e.pod_uid)
         if pod is None or e.container not in pod:
@@ -306,11 +306,11 @@ class Tracker:
     def _observed(self, p: ObservedPod, resource: str, device: str, ts: int) -> Hold:
         return self._open(resource, device, p.namespace, p.name, p.uid, ts)
 
-    def _kubelet_pod(self, ts: int, e: ev._Event) -> None:
+    def _kubelet_pod(self, ts: int, e: ev.EventBase) -> None:
         assert isinstance(e, ev.KubeletPodObserved)
         self._pod(e.pod)
 
-    def _kubelet_memory(self, ts: int, e: ev._Event) -> None:
+    def _kubelet_memory(self, ts: int, e: ev.EventBase) -> None:
         """The container's whole memory set: blocks gone or changed end, new ones start."""
         assert isinstance(e, ev.KubeletMemoryObserved)
         p, c = self._container(e.pod, e.container)
@@ -327,7 +327,7 @@ class Tracker:
             if key not in c.memory and size > 0:
                 c.memory[key] = self._open(kind, numa, p.namespace, p.name, p.uid, ts, size)
 
-    def _kubelet_pod_released(self, ts: int, e: ev._Event) -> None:
+    def _kubelet_pod_released(self, ts: int, e: ev.EventBase) -> None:
         assert isinstance(e, ev.KubeletPodReleased)
         p = self.state.observed.pop(f"{e.pod.namespace}/{e.pod.name}", None)
         if p is None:
@@ -343,7 +343,7 @@ class Tracker:
                 for hold in devices.values():
                     self._close(hold, ts)
 
-    def _kubelet_devices(self, ts: int, e: ev._Event) -> None:
+    def _kubelet_devices(self, ts: int, e: ev.EventBase) -> None:
         assert isinstance(e, ev.KubeletDevicesObserved)
         p, c = self._container(e.pod, e.container)
         held = c.devices.setdefault(e.resource, {})
@@ -353,7 +353,7 @@ class Tracker:
         if not held:
             del c.devices[e.resource]
 
-    def _kubelet_devices_released(self, ts: int, e: ev._Event) -> None:
+    def _kubelet_devices_released(self, ts: int, e: ev.EventBase) -> None:
         assert isinstance(e, ev.KubeletDevicesReleased)
         c = self._held(e.pod, e.container)
         held = None if c is None else c.devices.get(e.resource)
@@ -365,12 +365,12 @@ class Tracker:
         if not held:
             del c.devices[e.resource]
 
-    def _kubelet_cpus(self, ts: int, e: ev._Event) -> None:
+    def _kubelet_cpus(self, ts: int, e: ev.EventBase) -> None:
         assert isinstance(e, ev.KubeletCPUsObserved)
         p, c = self._container(e.pod, e.container)
         self._set_cpus(c.cpus, e.cpus, ts, lambda cpu: self._observed(p, CPU, str(cpu), ts))
 
-    def _kubelet_cpus_released(self, ts: int, e: ev._Event) -> None:
+    def _kubelet_cpus_released(self, ts: int, e: ev.EventBase) -> None:
         assert isinstance(e, ev.KubeletCPUsReleased)
         c = self._held(e.pod, e.container)
         if c is not None:
@@ -378,7 +378,7 @@ class Tracker:
                 if cpu in c.cpus:
                     self._close(c.cpus.pop(cpu), ts)
 
-    def _kubelet_claim(self, ts: int, e: ev._Event) -> None:
+    def _kubelet_claim(self, ts: int, e: ev.EventBase) -> None:
         assert isinstance(e, ev.KubeletClaimObserved)
         p, c = self._container(e.pod, e.container)
         held = c.claims.setdefault(f"{e.claim.namespace}/{e.claim.name}", {})
@@ -389,7 +389,7 @@ class Tracker:
             if key not in held:
                 held[key] = self._observed(p, driver, device, ts)
 
-    def _kubelet_claim_released(self, ts: int, e: ev._Event) -> None:
+    def _kubelet_claim_released(self, ts: int, e: ev.EventBase) -> None:
         assert isinstance(e, ev.KubeletClaimReleased)
         c = self._held(e.pod, e.container)
         devices = None if c is None else c.claims.pop(f"{e.claim.namespace}/{e.claim.name}", None)
@@ -449,7 +449,7 @@ class Blind:
     def __init__(self, spans: Iterable[Span] = ()) -> None:
         self.spans: dict[tuple[str, int], int] = {(src, since): until for src, since, until in spans}
 
-    def feed(self, e: ev._Event) -> None:
+    def feed(self, e: ev.EventBase) -> None:
         if isinstance(e, ev.ObservationGapFound) and e.source in HIDING:
             key = (e.source, e.since_ns)
             self.spans[key] = e.until_ns or self.spans.get(key, 0)
@@ -502,7 +502,7 @@ def merged(spans: Iterable[Span], w: Window) -> Gaps:
 # --------------------------------------------------------------------------- a scan's totals
 
 
-def observe(records: Iterable[tuple[int, ev._Event]]) -> tuple[list[Change], Blind]:
+def observe(records: Iterable[tuple[int, ev.EventBase]]) -> tuple[list[Change], Blind]:
     """Every hold in ``records`` ((ts_ns, event) in log order): each ended one with its end,
     then each still open with end None; and the gaps that hide them."""
     tracker, blind = Tracker(), Blind()
@@ -513,7 +513,7 @@ def observe(records: Iterable[tuple[int, ev._Event]]) -> tuple[list[Change], Bli
     return out + [Change(h, None) for h in tracker.open_holds()], blind
 
 
-def intervals(records: Iterable[tuple[int, ev._Event]]) -> list[Change]:
+def intervals(records: Iterable[tuple[int, ev.EventBase]]) -> list[Change]:
     """The holds of ``observe``."""
     return observe(records)[0]
 

@@ -83,7 +83,7 @@ class Preparations:
     def __init__(self, state: PreparationsState | None = None) -> None:
         self.state = state if state is not None else PreparationsState()
 
-    def feed(self, seq: int, ts_ns: int, e: ev._Event) -> list[PreparationChange]:
+    def feed(self, seq: int, ts_ns: int, e: ev.EventBase) -> list[PreparationChange]:
         if isinstance(e, (ev.PodReferenceAdded, ev.PodReferenceRemoved)):
             return self._reference(seq, ts_ns, e)
         if isinstance(e, DRIVER_EVENTS):
@@ -106,7 +106,7 @@ class Preparations:
         self._leave(e.claim_uid, c)
         return out
 
-    def _driver(self, seq: int, ts_ns: int, e: ev._Event) -> list[PreparationChange]:
+    def _driver(self, seq: int, ts_ns: int, e: ev.EventBase) -> list[PreparationChange]:
         assert isinstance(e, DRIVER_EVENTS)
         uid = e.claim.uid
         c = self.state.claims.setdefault(uid, ClaimTrack())
@@ -143,7 +143,7 @@ def _preparation(uid: str, c: ClaimTrack) -> Preparation:
     return Preparation(uid, c.namespace, c.name, c.driver, tuple(c.pods), c.start_seq, c.start_ns)
 
 
-def preparations(records: list[tuple[int, int, ev._Event]]) -> list[PreparationChange]:
+def preparations(records: list[tuple[int, int, ev.EventBase]]) -> list[PreparationChange]:
     """Every preparation of ``records`` ((seq, ts_ns, event), in log order) as it last stood:
     ended, or still open."""
     tracker = Preparations()

@@ -29,7 +29,7 @@ class ClaimWork:
 
 @dataclass
 class ClaimPlan:
-    events: list[ev._Event] = field(default_factory=list)
+    events: list[ev.EventBase] = field(default_factory=list)
     prepare: dict[str, list[ev.ClaimRef]] = field(default_factory=dict)  # driver -> claims
 
     def work(self) -> list[ClaimWork]:
@@ -54,9 +54,9 @@ def admission_events(views: Views, pod_uid: str, claims: Iterable[tuple[ev.Claim
     return plan
 
 
-def release_events(views: Views, pod_uid: str) -> tuple[list[ev._Event], list[ClaimWork]]:
+def release_events(views: Views, pod_uid: str) -> tuple[list[ev.EventBase], list[ClaimWork]]:
     """The pod lets go of its claims; those left with no pod are to be unprepared (intent)."""
-    out: list[ev._Event] = []
+    out: list[ev.EventBase] = []
     unprepare: dict[str, list[ev.ClaimRef]] = {}
     for uid, c in sorted(views.claims.claims.items()):
         if pod_uid not in c.pods:
@@ -68,7 +68,7 @@ def release_events(views: Views, pod_uid: str) -> tuple[list[ev._Event], list[Cl
     return out, [ClaimWork(d, tuple(cs)) for d, cs in sorted(unprepare.items())]
 
 
-def pending_work(views: Views) -> tuple[list[ev._Event], list[ClaimWork], list[ClaimWork]]:
+def pending_work(views: Views) -> tuple[list[ev.EventBase], list[ClaimWork], list[ClaimWork]]:
     """What is unfinished in the views (after a restart, or after failures): the events to
     record first, then the prepares and the unprepares to (re)do.
 
@@ -79,7 +79,7 @@ def pending_work(views: Views) -> tuple[list[ev._Event], list[ClaimWork], list[C
       admission prepares them).
     """
     present = views.pods.pods
-    events: list[ev._Event] = []
+    events: list[ev.EventBase] = []
     prepare: dict[str, list[ev.ClaimRef]] = {}
     unprepare: dict[str, list[ev.ClaimRef]] = {}
     for uid, c in sorted(views.claims.claims.items()):

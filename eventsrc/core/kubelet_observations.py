@@ -183,10 +183,10 @@ def _ref(p: ObservedPodView) -> ev.PodRef:
     return ev.PodRef(uid=p.uid, namespace=p.namespace, name=p.name)
 
 
-def release_pod(p: ObservedPodView, reason: str) -> list[ev._Event]:
+def release_pod(p: ObservedPodView, reason: str) -> list[ev.EventBase]:
     """Everything ``p`` holds released, then the pod."""
     ref = _ref(p)
-    out: list[ev._Event] = []
+    out: list[ev.EventBase] = []
     for name, c in p.containers.items():
         for resource, ids in c.devices.items():
             if ids:
@@ -214,12 +214,12 @@ def release_pod(p: ObservedPodView, reason: str) -> list[ev._Event]:
 
 def _container_changes(
     ref: ev.PodRef, seen: SeenContainer, held: ObservedPodView, exclusive: Iterable[int] = ()
-) -> list[ev._Event]:
+) -> list[ev.EventBase]:
     """What the container's listing changes; ``exclusive``: its listed CPUs the CPU manager's
     state gives it (``exclusive_cpus``)."""
     old = held.containers.get(seen.name)
     old_devices = old.devices if old is not None else {}
-    out: list[ev._Event] = []
+    out: list[ev.EventBase] = []
     now: dict[str, set[str]] = {}
     for d in seen.devices:
         now.setdefault(d.resource, set()).update(d.device_ids)
@@ -271,12 +271,12 @@ def _container_changes(
     return out
 
 
-def observe(view: KubeletView, look: Look, ids: Identities) -> list[ev._Event]:
+def observe(view: KubeletView, look: Look, ids: Identities) -> list[ev.EventBase]:
     """The events that bring ``view`` to what ``look`` says, pod by pod (releases before the
     holds that may take the same devices). Pods ``look`` does not list are left to
     ``release_gone``."""
-    releases: list[ev._Event] = []
-    holds: list[ev._Event] = []
+    releases: list[ev.EventBase] = []
+    holds: list[ev.EventBase] = []
     pods_with: dict[tuple[str, str, str], int] = {}
     for pod in look.pods:
         for k in {(c.name, d.resource, i) for c in pod.containers for d in c.devices for i in d.device_ids}:
@@ -357,14 +357,14 @@ def release_gone(
     runtime: RuntimeView | None,
     removed_uids: Iterable[str] = (),
     missing_before: frozenset[str] = frozenset(),
-) -> list[ev._Event]:
+) -> list[ev.EventBase]:
     """The pods known gone: those whose uid is in ``removed_uids`` (the runtime removed their
     last sandbox) and, after a complete ``look``, those it does not list while the runtime
     (``runtime``: current) runs none of their containers. Without the runtime's view, a pod is
     released when this look lists some other pod and the previous complete look
     (``missing_before``) did not list it either, or lists one of its devices for another pod:
     one empty or partial answer is what a restarting kubelet gives."""
-    out: list[ev._Event] = []
+    out: list[ev.EventBase] = []
     removed = set(removed_uids)
     listed = {p.key for p in look.pods} if look is not None and look.complete else None
     for key, p in sorted(view.pods.items()):
@@ -454,7 +454,7 @@ def held_twice(view: KubeletView, wanted: Iterable[tuple[str, str]]) -> dict[tup
     return {k: pods for k, pods in holders.items() if len(pods) > 1}
 
 
-def newly_held(events: Iterable[ev._Event]) -> list[tuple[str, str]]:
+def newly_held(events: Iterable[ev.EventBase]) -> list[tuple[str, str]]:
     """What observed events say a container holds now: (resource, device id), (``CPUS``, cpu)."""
     out: list[tuple[str, str]] = []
     for e in events:
@@ -465,7 +465,7 @@ def newly_held(events: Iterable[ev._Event]) -> list[tuple[str, str]]:
     return out
 
 
-def double_allocations(view: KubeletView, events: Iterable[ev._Event]) -> list[ev.KubeletDoubleAllocationFound]:
+def double_allocations(view: KubeletView, events: Iterable[ev.EventBase]) -> list[ev.KubeletDoubleAllocationFound]:
     """The findings once ``events`` (observed) are applied to ``view``: each device or exclusive
     CPU they name that the kubelet now lists for two pods at once, one finding per resource and
     set of holders."""
@@ -480,7 +480,7 @@ def double_allocations(view: KubeletView, events: Iterable[ev._Event]) -> list[e
 
 def allocatable_changes(
     view: KubeletView, devices: Mapping[str, Mapping[str, tuple[int, ...]]], cpus: Iterable[int], source: str = ""
-) -> list[ev._Event]:
+) -> list[ev.EventBase]:
     """What the kubelet shows allocatable now against the view: one event, or none. ``source``:
     "" for ``GetAllocatableResources``, else the file the devices were read from."""
     added: dict[str, list[ev.DeviceInfo]] = {}

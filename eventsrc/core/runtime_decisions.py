@@ -241,7 +241,7 @@ class Reconciled(Struct, frozen=True, kw_only=True):
     was away, or the runtime's own change), and ``unadmitted`` the running containers whose pods
     are not admitted (to be admitted, in enforce mode), each with its sandbox."""
 
-    events: list[ev._Event] = []
+    events: list[ev.EventBase] = []
     unadmitted: list[tuple[SandboxFacts, ContainerFacts]] = []
 
 
@@ -256,7 +256,7 @@ def reconcile(views: Views, sandboxes: list[SandboxFacts], containers: list[Cont
     rt = views.runtime
     have_sandboxes = {s.id: s for s in sandboxes}
     have_containers = {c.id: c for c in containers}
-    events: list[ev._Event] = []
+    events: list[ev.EventBase] = []
     for cid, c in sorted(rt.containers.items()):
         if cid not in have_containers:
             events.append(ev.ContainerRemoved(container_id=cid, pod_uid=c.pod_uid, reason="gone from the runtime"))
@@ -267,7 +267,7 @@ def reconcile(views: Views, sandboxes: list[SandboxFacts], containers: list[Cont
         if sid not in rt.sandboxes:
             events.append(ev.PodSandboxStarted(sandbox_id=sid, pod=pod_ref(found)))
     unadmitted = []
-    started: list[ev._Event] = []  # after every stop: a device an init container handed on is not in two
+    started: list[ev.EventBase] = []  # after every stop: a device an init container handed on is not in two
     for cid, now in sorted(have_containers.items()):
         sandbox = have_sandboxes.get(now.sandbox_id)
         known = rt.containers.get(cid)
@@ -371,7 +371,9 @@ POST_CREATE_CONTAINER, START_CONTAINER = "POST_CREATE_CONTAINER", "START_CONTAIN
 POST_UPDATE_CONTAINER, REMOVE_CONTAINER = "POST_UPDATE_CONTAINER", "REMOVE_CONTAINER"
 
 
-def state_events(views: Views, event: str, sandbox: SandboxFacts, container: ContainerFacts | None) -> list[ev._Event]:
+def state_events(
+    views: Views, event: str, sandbox: SandboxFacts, container: ContainerFacts | None
+) -> list[ev.EventBase]:
     """What a runtime's StateChange (``event``, an NRI event name) says, as events, against the
     views as they are: a sandbox run or removed, a container created, started, updated (only
     when its cpuset changed) or removed. A sandbox is recorded as it is, even one whose uid

@@ -1019,7 +1019,7 @@ def events_from(
     dra: DRACheckpoint | None = None,
     *,
     old_cpu_policy: Mapping[str, Any] | None = None,
-) -> list[ev._Event]:
+) -> list[ev.EventBase]:
     """The events that reproduce the checkpoints' state, in the order a log would have them.
 
     What the checkpoints say, and what is assumed:
@@ -1053,7 +1053,7 @@ def events_from(
       driver per claim) and is refused.
     """
     pods: dict[str, _Pod] = {}
-    out: list[ev._Event] = []
+    out: list[ev.EventBase] = []
     cpu_assignments: list[ev.CPUsAssigned] = []
     if cpu is not None:  # the policy first: it frames the assignments
         out.append(_cpu_policy_changed(cpu, old_cpu_policy))
@@ -1096,13 +1096,13 @@ def _cpu_assignments(cpu: CPUCheckpoint, pods: dict[str, _Pod]) -> list[ev.CPUsA
     return out
 
 
-def _device_resources(device: DeviceCheckpoint) -> list[ev._Event]:
+def _device_resources(device: DeviceCheckpoint) -> list[ev.EventBase]:
     """Each registered resource: registered, its healthy devices added, then disconnected."""
     numa: dict[str, dict[str, list[int]]] = {}
     for e in device.entries or []:
         for i, nodes in e.numa_of().items():
             numa.setdefault(e.resource_name, {})[i] = nodes
-    out: list[ev._Event] = []
+    out: list[ev.EventBase] = []
     for resource, ids in sorted((device.registered_devices or {}).items()):
         out.append(ev.PluginRegistered(resource=resource, endpoint=""))
         listed = sorted(set(ids or []))
@@ -1143,9 +1143,9 @@ def _device_allocations(device: DeviceCheckpoint, pods: dict[str, _Pod]) -> list
     return out
 
 
-def _claim_events(dra: DRACheckpoint, pods: dict[str, _Pod]) -> list[ev._Event]:
+def _claim_events(dra: DRACheckpoint, pods: dict[str, _Pod]) -> list[ev.EventBase]:
     """PodReferenceAdded per (claim, pod) and ClaimPrepared per claim; the pods go to ``pods``."""
-    out: list[ev._Event] = []
+    out: list[ev.EventBase] = []
     for c in dra.entries:
         if len(c.driver_state) > 1:
             raise CheckpointError(
@@ -1171,8 +1171,8 @@ def _claim_events(dra: DRACheckpoint, pods: dict[str, _Pod]) -> list[ev._Event]:
     return out
 
 
-def _pods_admitted(pods: dict[str, _Pod]) -> list[ev._Event]:
-    out: list[ev._Event] = []
+def _pods_admitted(pods: dict[str, _Pod]) -> list[ev.EventBase]:
+    out: list[ev.EventBase] = []
     for uid, p in sorted(pods.items()):
         specs = [
             ev.ContainerSpec(name=name, kind="app", requests=dict(req), limits=dict(req))
@@ -1195,7 +1195,7 @@ class ImportSummary(Struct, kw_only=True):
     claims: int = 0
 
 
-def summarize(events: Iterable[ev._Event]) -> ImportSummary:
+def summarize(events: Iterable[ev.EventBase]) -> ImportSummary:
     s = ImportSummary()
     for e in events:
         s.events += 1

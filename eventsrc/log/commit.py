@@ -18,7 +18,7 @@ import trio
 from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
 
 from eventsrc.errors import ConcurrencyConflictError, LogClosedError, LogCutWhileReadingError, RecordsCutError
-from eventsrc.events import CorruptRecordError, Record, _Event
+from eventsrc.events import CorruptRecordError, EventBase, Record
 from eventsrc.log.history import Gap, History
 from eventsrc.log.store import EventLog, PendingAppend
 from eventsrc.obs.logger import get_logger
@@ -71,7 +71,7 @@ class GroupCommitter:
 
     async def append(
         self,
-        events: Sequence[_Event],
+        events: Sequence[EventBase],
         correlation_id: str | None = None,
         expect_last: int | None = None,
     ) -> list[Record]:
@@ -85,7 +85,7 @@ class GroupCommitter:
 
     def submit(
         self,
-        events: Sequence[_Event],
+        events: Sequence[EventBase],
         correlation_id: str | None = None,
         expect_last: int | None = None,
     ) -> PendingAppend:

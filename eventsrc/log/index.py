@@ -60,7 +60,7 @@ def observation_prefix() -> bytes:
     return b"o\0"
 
 
-def keys_for(e: ev._Event) -> list[bytes]:
+def keys_for(e: ev.EventBase) -> list[bytes]:
     """The index prefixes a record belongs under (the sequence is appended by the log)."""
     if isinstance(e, ev.DevicesAdded):
         return [device_prefix(e.resource, d.id) for d in e.devices]
@@ -114,7 +114,7 @@ def _observed_pod(pod: ev.PodRef) -> list[bytes]:
     return [pod_prefix(pod.uid), *named] if pod.uid else named
 
 
-def _observed_devices(e: ev._Event) -> list[bytes]:
+def _observed_devices(e: ev.EventBase) -> list[bytes]:
     if isinstance(e, (ev.KubeletDevicesObserved, ev.KubeletDevicesReleased)):
         return [device_prefix(e.resource, i) for i in dict.fromkeys(e.device_ids)]
     if isinstance(e, (ev.KubeletClaimObserved, ev.KubeletClaimReleased)):

@@ -44,8 +44,8 @@ from eventsrc.errors import (
 )
 from eventsrc.events import (
     CorruptRecordError,
+    EventBase,
     Record,
-    _Event,
     chain_hash,
     decode_record,
     encode_payload,
@@ -239,7 +239,7 @@ class PendingAppend:
 
     def __init__(
         self,
-        events: Sequence[_Event],
+        events: Sequence[EventBase],
         correlation_id: str,
         ts_ns: int = 0,  # 0: stamped by the log at commit
         expect_last: int | None = None,
@@ -712,7 +712,7 @@ class EventLog:
             raise
 
     def append(
-        self, events: Sequence[_Event], correlation_id: str, ts_ns: int, expect_last: int | None = None
+        self, events: Sequence[EventBase], correlation_id: str, ts_ns: int, expect_last: int | None = None
     ) -> list[Record]:
         """Synchronous single append (one transaction, one sync)."""
         req = PendingAppend(events, correlation_id, ts_ns, expect_last)

@@ -269,7 +269,7 @@ class Admission(Generic[D]):
             results.allocated.append((call, allocation))
 
     async def _settle(
-        self, spec: PodSpec, core: PodAdmission, results: CallResults, intent: Sequence[ev._Event] = ()
+        self, spec: PodSpec, core: PodAdmission, results: CallResults, intent: Sequence[ev.EventBase] = ()
     ) -> PodView:
         """Record the outcome the core gives for ``results`` (after ``intent``, in its first
         append, when the intent is not recorded yet); the pod, or AdmissionRefused. The caller
@@ -277,7 +277,7 @@ class Admission(Generic[D]):
         log_claim_outcomes(results.claims)
         first = list(intent)
 
-        async def record(events: list[ev._Event]) -> list[ev.Record]:
+        async def record(events: list[ev.EventBase]) -> list[ev.Record]:
             nonlocal first
             events, first = [*first, *events], []
             return await self.recorder.record(events)

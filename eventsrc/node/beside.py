@@ -248,7 +248,7 @@ class Beside:
         self._said: dict[str, str] = {}  # checkpoint path -> the reason last recorded
         self._files: dict[str, _Read] = {}  # checkpoint name -> as last read (read again only when changed)
         self._device_uids: dict[tuple[str, str, str], str] = {}
-        self._runtime_gaps: list[ev._Event] = []  # to record: the runtime (dis)connected
+        self._runtime_gaps: list[ev.EventBase] = []  # to record: the runtime (dis)connected
         self._missing: frozenset[str] = frozenset()  # observed pods the last complete look did not list
         self._allocatable_trouble = ""  # why GetAllocatableResources could not be had, as last said
         self._answered_ns = 0  # when the kubelet last answered a look (0: not in this run)
@@ -385,7 +385,7 @@ class Beside:
         before = self._missing
         if answer is not None and answer.complete:
             self._missing = missing(views.kubelet, answer)
-        events: list[ev._Event] = release_gone(views.kubelet, answer, runtime, removed, before)
+        events: list[ev.EventBase] = release_gone(views.kubelet, answer, runtime, removed, before)
         if events:
             await self.recorder.record(events)
         if answer is not None:
@@ -425,7 +425,7 @@ class Beside:
         events = allocatable_changes(views.kubelet, devices, views.kubelet.allocatable_cpus, source)
         await self._allocatable_seen(events)
 
-    async def _allocatable_seen(self, events: list[ev._Event]) -> None:
+    async def _allocatable_seen(self, events: list[ev.EventBase]) -> None:
         since = self.recorder.views.kubelet.gaps.get(ALLOCATABLE_GAP)
         if since is not None:
             events = [ev.ObservationGapFound(source=ALLOCATABLE_GAP, since_ns=since, until_ns=self.clock()), *events]
@@ -476,7 +476,7 @@ class Beside:
         if new:
             await self.recorder.record(list(new))
 
-    async def _record_findings(self, observed: list[ev._Event]) -> None:
+    async def _record_findings(self, observed: list[ev.EventBase]) -> None:
         """What the kubelet got wrong in what ``observed`` (just recorded) says: a device or an
         exclusive CPU listed for two pods at once. Said and recorded as the kubelet's fault."""
         found = double_allocations(self.recorder.views.kubelet, observed)
@@ -510,7 +510,7 @@ class Beside:
     async def _read_checkpoints(self) -> None:
         """Each checkpoint file read and verified: one that cannot be is recorded once per reason,
         and is a gap (source "checkpoint PATH") until it is read again."""
-        events: list[ev._Event] = []
+        events: list[ev.EventBase] = []
         gaps = self.recorder.views.kubelet.gaps
         paths = self.options.checkpoints()
         # one thread for all (small files, each opened without blocking); abandoned on cancel, so
@@ -656,12 +656,12 @@ class _Watch:
 
 def start_events(
     views: Views, last_ts_ns: int | None, now_ns: int, runtime: bool, stopped_cleanly: bool
-) -> list[ev._Event]:
+) -> list[ev.EventBase]:
     """What a start beside a kubelet records after DaemonStarted: the time eventsrc itself was
     not running (from its previous last record: when it stopped, or the last sign of life of a
     run that was killed), closing the gaps the previous run left open at that point; and, with
     NRI, the runtime not seen until it connects."""
-    out: list[ev._Event] = []
+    out: list[ev.EventBase] = []
     if last_ts_ns is not None:
         for source, since in sorted(views.kubelet.gaps.items()):
             out.append(ev.ObservationGapFound(source=source, since_ns=since, until_ns=max(since, last_ts_ns)))
@@ -679,10 +679,10 @@ def start_events(
     return out
 
 
-def runtime_gap_events(views: Views, items: Iterable[ev.Record | ev._Event]) -> list[ev._Event]:
+def runtime_gap_events(views: Views, items: Iterable[ev.Record | ev.EventBase]) -> list[ev.EventBase]:
     """The runtime's gap opened at a disconnection, closed at a connection (NRI's records),
     after the gap events not recorded yet (given first among ``items``, kept)."""
-    out: list[ev._Event] = []
+    out: list[ev.EventBase] = []
     open_since = views.kubelet.gaps.get("runtime")
     for item in items:
         if isinstance(item, ev.ObservationGapFound):

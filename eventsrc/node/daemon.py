@@ -303,7 +303,7 @@ class Daemon:
         self.retainer.maybe_due(self.views.meta.last_seq)
         self.usage.maybe_due(self.views.meta.last_seq)
 
-    async def record(self, events: Sequence[ev._Event], correlation_id: str | None = None) -> list[Record]:
+    async def record(self, events: Sequence[ev.EventBase], correlation_id: str | None = None) -> list[Record]:
         """Append ``events`` as one unit; they are in the views when this returns. Without
         ``correlation_id``, the records carry the current request's (``logs.correlation``)."""
         correlation_id = correlation_id or current_correlation_id() or None

@@ -252,7 +252,7 @@ async def _off_loop(devices: int, fn: Callable[..., T], *args: Any) -> T:
     return await trio.to_thread.run_sync(fn, *args)
 
 
-def list_appends(events: list[ev._Event]) -> Iterator[list[ev._Event]]:
+def list_appends(events: list[ev.EventBase]) -> Iterator[list[ev.EventBase]]:
     """A list pass's events as the appends to record them in, in order: each ``DevicesAdded``
     or ``DevicesRemoved`` (at most ``DEVICES_PER_RECORD`` devices) an append of its own, and
     the others ``DEVICES_PER_RECORD`` to an append. The daemon applies an append in one step
@@ -260,7 +260,7 @@ def list_appends(events: list[ev._Event]) -> Iterator[list[ev._Event]]:
     not one of 76 ms. Each device's change is whole in its append; a crash between two leaves
     the list partly recorded, as if the plugin had sent it in parts, and the plugin lists it
     again when it registers."""
-    group: list[ev._Event] = []
+    group: list[ev.EventBase] = []
     for e in events:
         if isinstance(e, (ev.DevicesAdded, ev.DevicesRemoved)):
             if group:
@@ -354,7 +354,7 @@ def _log_checked(ep: Endpoint, checked: DeviceList, machine_numa_nodes: Sequence
     ep.reported = frozenset(found)
 
 
-def _log_listed(events: list[ev._Event]) -> None:
+def _log_listed(events: list[ev.EventBase]) -> None:
     """What a plugin's ListAndWatch pass recorded: a line per health change (with the flaps
     the record stands for), past ``LOGGED_PER_KIND`` of them one line with how many more;
     one line for the devices added and one per reason for those removed, however many

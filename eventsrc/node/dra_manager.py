@@ -42,7 +42,7 @@ _CLAIM_OUTCOMES: dict[type, str] = {
 }
 
 
-def log_claim_outcomes(events: list[ev._Event]) -> None:
+def log_claim_outcomes(events: list[ev.EventBase]) -> None:
     """One line per claim a driver answered for (the request's cid comes with it)."""
     for e in events:
         if isinstance(e, (ev.ClaimPrepared, ev.ClaimPrepareFailed, ev.ClaimUnprepared, ev.ClaimUnprepareFailed)):
@@ -208,19 +208,19 @@ class DRAManager:
                 await self._changed.wait()
         return self.clients.get(driver)
 
-    async def prepare(self, client: DRAClient, claims: tuple[ev.ClaimRef, ...]) -> list[ev._Event]:
+    async def prepare(self, client: DRAClient, claims: tuple[ev.ClaimRef, ...]) -> list[ev.EventBase]:
         """Call NodePrepareResources; the outcome events (not recorded here)."""
         async with self._calls:
             return await self._prepare(client, claims)
 
-    async def _prepare(self, client: DRAClient, claims: tuple[ev.ClaimRef, ...]) -> list[ev._Event]:
+    async def _prepare(self, client: DRAClient, claims: tuple[ev.ClaimRef, ...]) -> list[ev.EventBase]:
         try:
             with self.recorder.metrics.dra_call(client.driver, client.stub.NodePrepareResources.name):
                 results = await client.prepare(claims)
         except CALL_ERRORS as exc:
             reason = f"NodePrepareResources of driver {client.driver} failed: {why(exc)}"
             return [ev.ClaimPrepareFailed(claim=c, driver=client.driver, reason=reason) for c in claims]
-        out: list[ev._Event] = []
+        out: list[ev.EventBase] = []
         for c in claims:
             r = results[c.uid]
             if isinstance(r, str):
@@ -229,11 +229,11 @@ class DRAManager:
                 out.append(ev.ClaimPrepared(claim=c, driver=client.driver, devices=r))
         return out
 
-    async def unprepare(self, client: DRAClient, claims: tuple[ev.ClaimRef, ...]) -> list[ev._Event]:
+    async def unprepare(self, client: DRAClient, claims: tuple[ev.ClaimRef, ...]) -> list[ev.EventBase]:
         async with self._calls:
             return await self._unprepare(client, claims)
 
-    async def _unprepare(self, client: DRAClient, claims: tuple[ev.ClaimRef, ...]) -> list[ev._Event]:
+    async def _unprepare(self, client: DRAClient, claims: tuple[ev.ClaimRef, ...]) -> list[ev.EventBase]:
         try:
             with self.recorder.metrics.dra_call(client.driver, client.stub.NodeUnprepareResources.name):
                 results = await client.unprepare(claims)

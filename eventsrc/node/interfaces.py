@@ -46,7 +46,7 @@ class Recorder(Protocol):
         """Where the parts count and time what they do."""
         ...
 
-    async def record(self, events: Sequence[ev._Event], correlation_id: str | None = None) -> list[Record]:
+    async def record(self, events: Sequence[ev.EventBase], correlation_id: str | None = None) -> list[Record]:
         """Append ``events`` as one unit, durably; they are in ``views`` when this returns.
         Without ``correlation_id`` the records carry the current request's."""
         ...
@@ -56,7 +56,7 @@ log = get_logger(__name__)
 
 
 async def record_or_log(
-    recorder: Recorder, events: Sequence[ev._Event], what: str, correlation_id: str | None = None
+    recorder: Recorder, events: Sequence[ev.EventBase], what: str, correlation_id: str | None = None
 ) -> list[Record] | None:
     """For the daemon's own background work, where no caller waits for the answer: append
     ``events``; an append that fails (a full disk, a log deleted under the daemon) is logged and
@@ -153,7 +153,7 @@ class ClaimDrivers(Handler, Protocol[D]):
         """``connected(driver)``, waiting up to ``timeout`` seconds for it to register."""
         ...
 
-    async def prepare(self, client: D, claims: tuple[ev.ClaimRef, ...]) -> list[ev._Event]:
+    async def prepare(self, client: D, claims: tuple[ev.ClaimRef, ...]) -> list[ev.EventBase]:
         """NodePrepareResources of ``claims`` with ``client``: one ClaimPrepared or
         ClaimPrepareFailed per claim, not recorded (the caller records them). Never raises for
         a driver's failure. Calls to drivers are made one at a time, in the order asked."""

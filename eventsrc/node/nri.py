@@ -269,7 +269,7 @@ def container_updates(updates: list[Update], ignore_failure: bool = True) -> lis
     ]
 
 
-def updated_events(updates: list[Update], reason: str) -> list[ev._Event]:
+def updated_events(updates: list[Update], reason: str) -> list[ev.EventBase]:
     return [
         ev.ContainerCPUsUpdated(container_id=u.container_id, pod_uid=u.pod_uid, cpus=u.cpus, mems=u.mems, reason=reason)
         for u in updates
@@ -279,7 +279,7 @@ def updated_events(updates: list[Update], reason: str) -> list[ev._Event]:
 # --------------------------------------------------------------------------- recorded after the answer
 
 
-Observation = Callable[[], list[ev._Event]]
+Observation = Callable[[], list[ev.EventBase]]
 
 
 class AfterTheAnswer:
@@ -658,7 +658,7 @@ class NRIPlugin:
             ttrpc.UNKNOWN, escape(f"eventsrc: pod {sandbox.namespace}/{sandbox.name} container {facts.name}: {reason}")
         )
 
-    def _adjust(self, sandbox: SandboxFacts, facts: ContainerFacts) -> tuple[bytes, list[ev._Event]]:
+    def _adjust(self, sandbox: SandboxFacts, facts: ContainerFacts) -> tuple[bytes, list[ev.EventBase]]:
         """The answer: what the container gets, and the shared pool's updates; and the records
         that say so, to append as one unit."""
         views = self.recorder.views
@@ -672,7 +672,7 @@ class NRIPlugin:
             )
         adjust, got = adjustment(got)  # device nodes missing on the host are neither sent nor recorded
         created = created_event(facts, sandbox.uid, adjusted=True, got=got)
-        records: list[ev._Event] = []
+        records: list[ev.EventBase] = []
         if sandbox.id not in views.runtime.sandboxes:
             records.append(ev.PodSandboxStarted(sandbox_id=sandbox.id, pod=pod_ref(sandbox)))
         records.append(created)
@@ -731,7 +731,7 @@ class NRIPlugin:
         if events:
             await self.recorder.record(events)
 
-    def _state_events(self, req: nri.StateChangeEvent, sandbox: SandboxFacts) -> list[ev._Event]:
+    def _state_events(self, req: nri.StateChangeEvent, sandbox: SandboxFacts) -> list[ev.EventBase]:
         """What a StateChange says, as events, from the views as they are (``state_events``)."""
         views = self.recorder.views
         pod = views.pods.pods.get(sandbox.uid)

@@ -321,13 +321,13 @@ class Metrics:
             )
 
     @contextmanager
-    def dra_operation(self, operation: str) -> Iterator[list[ev._Event]]:
+    def dra_operation(self, operation: str) -> Iterator[list[ev.EventBase]]:
         """PrepareResources (a pod's claims at admission) or UnprepareResources (claims
         released by the reconcile loop), timed as the kubelet's DRA manager times them.
         The block adds the drivers' outcome events to the list it gets: the operation
         failed if one of them is a failure (or if the block raised)."""
         start = time.perf_counter()
-        outcome: list[ev._Event] = []
+        outcome: list[ev.EventBase] = []
         failed = True
         try:
             yield outcome

@@ -1150,7 +1150,7 @@ def _fill_claim_use(log: Reader, use: ClaimUse, corrupt: list[int]) -> None:
 # --------------------------------------------------------------------------- claim
 
 #: the state each of the driver's events leaves a claim in (one, whatever the state before)
-_CLAIM_STATES: dict[type[ev._Event], str] = {t: CLAIM.target(t) for t in DRIVER_EVENTS}
+_CLAIM_STATES: dict[type[ev.EventBase], str] = {t: CLAIM.target(t) for t in DRIVER_EVENTS}
 
 
 def claim_history(log: Reader, uid: str) -> ClaimHistory:

@@ -65,7 +65,7 @@ HANDLERS: dict[type, tuple[Reducer, ...]] = _combine(
 )
 
 
-def lifecycle_steps(views: Views, event: ev._Event) -> list[Step]:
+def lifecycle_steps(views: Views, event: ev.EventBase) -> list[Step]:
     """The lifecycle steps (pod, device hold, claim) ``event`` makes in ``views``, each with
     the state it arrives in and whether that state's row of its table expects it."""
     return [*pods.steps(views, event), *devices.steps(views, event), *claim_lifecycle.steps(views, event)]

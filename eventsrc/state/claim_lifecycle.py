@@ -37,7 +37,7 @@ def _leave_if_unused(v: Views, c: ClaimView) -> None:
         del v.claims.claims[c.uid]
 
 
-def steps(v: Views, e: ev._Event) -> list[Step]:
+def steps(v: Views, e: ev.EventBase) -> list[Step]:
     """The claim lifecycle step ``e`` makes in ``v`` (none when it is not a claim's event)."""
     if isinstance(e, (ev.PodReferenceAdded, ev.PodReferenceRemoved)):
         return [step(CLAIM, _state(v, e.claim_uid), type(e), e.claim_uid)]

@@ -388,7 +388,7 @@ def _free(v: Views, seq: int, e: ev.AllocationFailed | ev.DevicesReleased) -> No
         del v.devices.devices[e.resource]
 
 
-def steps(v: Views, e: ev._Event) -> list[Step]:
+def steps(v: Views, e: ev.EventBase) -> list[Step]:
     """The device lifecycle steps ``e`` makes in ``v``, one per device it concerns."""
     if isinstance(e, (ev.DevicesAdded, ev.DevicesRemoved, ev.ResourceDropped, ev.DeviceHealthChanged)):
         table = v.devices.devices.get(e.resource, {})

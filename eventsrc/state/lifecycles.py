@@ -40,7 +40,7 @@ from typing import Final, Generic, Literal, NamedTuple, TypeVar
 from eventsrc import events as ev
 
 S = TypeVar("S", bound=str)
-EventType = type[ev._Event]
+EventType = type[ev.EventBase]
 
 
 @dataclass(frozen=True)

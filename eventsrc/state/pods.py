@@ -18,7 +18,7 @@ def _state(v: Views, uid: str) -> PodLifecycleState:
     return POD_ABSENT if pod is None else pod.state
 
 
-def steps(v: Views, e: ev._Event) -> list[Step]:
+def steps(v: Views, e: ev.EventBase) -> list[Step]:
     """The pod lifecycle step ``e`` makes in ``v`` (none when it is not a pod's event)."""
     if isinstance(e, ev.PodRemoved):
         return [step(POD, _state(v, e.pod_uid), type(e), e.pod_uid)]

@@ -42,7 +42,9 @@ from eventsrc.bench.usage_timing import DAY, GPU, SEC, pods
 from eventsrc.core.chargeback import Change, Window, intervals, window
 from eventsrc.events import chain_hash, decode_record, encode_payload
 from eventsrc.fleet.fleet_audit import answers, answers_json
-from eventsrc.fleet.sink import FLEET_FIELDS, RECORD_COLUMNS, index_rows, migrate, record_row, usage_totals
+from eventsrc.fleet.queries import FLEET_FIELDS, usage_totals
+from eventsrc.fleet.rows import RECORD_COLUMNS, index_rows, record_row
+from eventsrc.fleet.tables import migrate
 from eventsrc.offline.render import iso
 from eventsrc.offline.usage import render
 
@@ -143,11 +145,11 @@ def run(dsn: str, o: Options, out: TextIO) -> Scale:
     return scale
 
 
-def _node_records(i: int, o: Options, counts: list[int]) -> list[tuple[int, ev._Event]]:
+def _node_records(i: int, o: Options, counts: list[int]) -> list[tuple[int, ev.EventBase]]:
     """Node ``i``'s records (time, event) over the days before ``END_NS``, in log order."""
     start = END_NS - o.days * DAY
     arrivals = pods(10_000 + i, start, 86_400 / o.pods_per_day, prefix=f"{i:04d}-")
-    out: list[tuple[int, ev._Event]] = []
+    out: list[tuple[int, ev.EventBase]] = []
     for ts, events in takewhile(lambda te: te[0] < END_NS, arrivals):
         counts[0] += isinstance(events[0], (ev.PodAdmissionStarted, ev.KubeletPodObserved))
         out += [(ts, e) for e in events]
@@ -155,7 +157,7 @@ def _node_records(i: int, o: Options, counts: list[int]) -> list[tuple[int, ev._
     return out
 
 
-def stored_values(records: Iterable[tuple[int, ev._Event]]) -> Iterator[bytes]:
+def stored_values(records: Iterable[tuple[int, ev.EventBase]]) -> Iterator[bytes]:
     """Each record's value as the node's log stores it: CRC and envelope, carrying the hash of
     the value before it (``events.encode_payload``, as ``EventLog`` appends)."""
     prev = b""

@@ -60,7 +60,9 @@ from eventsrc.core.chargeback import intervals
 from eventsrc.core.fleet_names import DEFAULT_PREFIX, DEFAULT_STREAM, NODE, SEQ, Node
 from eventsrc.errors import EventsrcError
 from eventsrc.events import Record, decode_record
-from eventsrc.fleet.sink import DURABLE, INSERT_RECORD, RECORD_COLUMNS, migrate, record_row
+from eventsrc.fleet.rows import INSERT_RECORD, RECORD_COLUMNS, record_row
+from eventsrc.fleet.sink import DURABLE
+from eventsrc.fleet.tables import migrate
 from eventsrc.log.store import EventLog, PendingAppend, key_seq
 from eventsrc.node.shipper import FleetOptions, Shipper
 from eventsrc.rpc.bridge import to_aio
@@ -87,7 +89,7 @@ class SimNode:
 
     name: str
     log: EventLog
-    more: Iterator[tuple[int, list[ev._Event]]]
+    more: Iterator[tuple[int, list[ev.EventBase]]]
     grew: trio.Event = field(default_factory=trio.Event)
     shipper: Shipper | None = None
     flowed: int = 0  # the last record of the flow phase; those after it were paced
@@ -98,7 +100,7 @@ class SimNode:
         while self.log.last_seq() < seq:
             await self.grew.wait()
 
-    def append(self, events: list[ev._Event]) -> None:
+    def append(self, events: list[ev.EventBase]) -> None:
         """Append one pod's events, stamped now, as the daemon's commit does (a worker thread)."""
         self.log.commit([PendingAppend(events, "bench")])
 

@@ -17,7 +17,8 @@ import psycopg
 
 from eventsrc import events as ev
 from eventsrc.events import chain_hash, encode_payload
-from eventsrc.fleet.sink import Shipped, migrate, store_many
+from eventsrc.fleet.rows import Shipped, store_many
+from eventsrc.fleet.tables import migrate
 from testbed.servers.postgres_server import PostgresServer
 
 NODES, PER_NODE = 4, 64
@@ -27,7 +28,7 @@ def node_log(records: int) -> list[bytes]:
     """A log's records, each linked to the one before: pods admitted and removed in turn."""
     out, link = [], b""
     for seq in range(1, records + 1):
-        event: ev._Event = (
+        event: ev.EventBase = (
             ev.PodAdmitted(pod=ev.PodRef(uid=f"u{seq}", namespace="ns", name=f"p{seq}"))
             if seq % 2
             else ev.PodRemoved(pod_uid=f"u{seq - 1}")

@@ -61,7 +61,7 @@ def pod(uid: str, name: str) -> ev.PodRef:
     return ev.PodRef(uid=uid, namespace="default", name=name)
 
 
-STEPS: list[tuple[int, list[tuple[str, ev._Event]]]] = [
+STEPS: list[tuple[int, list[tuple[str, ev.EventBase]]]] = [
     (
         1,
         [

@@ -28,7 +28,7 @@ GPU = "example.com/gpu"
 UNTIL = iso(T0 + 10 * H)
 
 
-def own(uid: str, ns: str) -> ev._Event:
+def own(uid: str, ns: str) -> ev.EventBase:
     return ev.PodAdmitted(pod=ev.PodRef(uid=uid, namespace=ns, name=f"pod-{uid}"))
 
 
@@ -41,7 +41,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     seen = ev.PodRef(uid="", namespace="ml", name="train")
     claim = ev.ClaimRef(uid="c1", namespace="ml", name="gpus")
     dra = [ev.ObservedClaimDevice(driver="dra.example.com", pool="node-a", device="gpu-9")]
-    records: list[tuple[int, ev._Event]] = [
+    records: list[tuple[int, ev.EventBase]] = [
         (T0, own("a", "team-a")),
         (T0, ev.DevicesAllocated(pod_uid="a", container="m", resource=GPU, device_ids=["gpu-0"])),
         (T0, ev.CPUsAssigned(pod_uid="a", container="m", cpus=[2, 3])),

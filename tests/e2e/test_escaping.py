@@ -78,7 +78,7 @@ def test_a_plugin_health_string_cannot_forge_lines(daemon_factory: type[Daemon],
         plugin.stop()
 
 
-def hostile_pods() -> list[tuple[str, float, list[ev._Event]]]:
+def hostile_pods() -> list[tuple[str, float, list[ev.EventBase]]]:
     batches = []
     for i, name in enumerate(NAMES):
         ref = ev.PodRef(uid=f"uid-{i}", namespace="default", name=name)

@@ -18,7 +18,7 @@ from tests.support.eventually import eventually
 
 RES = "example.com/dev"
 T0 = dt.datetime(2026, 11, 21, 23, 0, tzinfo=dt.UTC)
-Batch = tuple[str, float, list[ev._Event]]  # correlation id, seconds after T0, events
+Batch = tuple[str, float, list[ev.EventBase]]  # correlation id, seconds after T0, events
 
 
 def ts(seconds: float) -> int:

@@ -27,7 +27,10 @@ from eventsrc.core.chargeback import Row, Tracker, Window, intervals, merged, ob
 from eventsrc.core.claim_preparations import preparations
 from eventsrc.events import decode_record
 from eventsrc.fleet.fleet_audit import answers
-from eventsrc.fleet.sink import MIGRATIONS, escape_json, from_pg_text, migrate, pg_text, store, usage_totals
+from eventsrc.fleet.nul_escape import escape_json, from_pg_text, pg_text
+from eventsrc.fleet.queries import usage_totals
+from eventsrc.fleet.rows import store
+from eventsrc.fleet.tables import MIGRATIONS, migrate
 from eventsrc.layout import Layout
 from eventsrc.log.store import EventLog
 from eventsrc.offline import audit_queries
@@ -52,7 +55,7 @@ def ref(name: str) -> ev.PodRef:
     return ev.PodRef(uid=f"uid-{name}", namespace="default", name=name)
 
 
-def own_steps() -> list[tuple[int, list[ev._Event]]]:
+def own_steps() -> list[tuple[int, list[ev.EventBase]]]:
     """Node a's own story after the runtime's: a health change, a claim prepared for one pod and
     shared by a second, then unprepared; a claim still prepared; devices whose ids hold U+0000
     and a backslash."""
@@ -96,21 +99,21 @@ def own_steps() -> list[tuple[int, list[ev._Event]]]:
     ]
 
 
-def write(root: Path, batches: list[tuple[int, list[ev._Event]]]) -> None:
+def write(root: Path, batches: list[tuple[int, list[ev.EventBase]]]) -> None:
     with EventLog(Layout(root).log) as log:
         for n, (ts_ns, events) in enumerate(batches):
             log.append(events, f"cid-{n}", ts_ns)
 
 
-def node_a() -> list[tuple[int, list[ev._Event]]]:
+def node_a() -> list[tuple[int, list[ev.EventBase]]]:
     return [(runtime_ts(s), events) for _, s, events in lifecycle()] + [(runtime_ts(s), e) for s, e in own_steps()]
 
 
-def node_b() -> list[tuple[int, list[ev._Event]]]:
+def node_b() -> list[tuple[int, list[ev.EventBase]]]:
     return [(kubelet_ts(n), events) for n, events in enumerate(KUBELET_STEPS)]
 
 
-def node_c() -> list[tuple[int, list[ev._Event]]]:
+def node_c() -> list[tuple[int, list[ev.EventBase]]]:
     return [(runtime_ts(s + 100), events) for _, s, events in lifecycle()]  # dev-0 again, on another node
 
 
@@ -336,7 +339,7 @@ def v1_database(dsn: str, node: str, log_id: str, records: list[tuple[int, bytes
                         "UPDATE holds SET end_ns = %s WHERE resource = %s AND device = %s AND end_ns IS NULL",
                         (end, hold.resource, hold.device),
                     )
-        from eventsrc.fleet.sink import _state
+        from eventsrc.fleet.rows import _state
 
         conn.execute(
             "INSERT INTO node_logs VALUES (%s, %s, %s, %s)",

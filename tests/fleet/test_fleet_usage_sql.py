@@ -15,7 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventsrc.core.chargeback import HIDING, Change, Hold, Row, Span, Window, merged, totals
-from eventsrc.fleet.sink import NODE_GROUPS, migrate, pg_text, usage_totals
+from eventsrc.fleet.nul_escape import pg_text
+from eventsrc.fleet.queries import NODE_GROUPS, usage_totals
+from eventsrc.fleet.tables import migrate
 from tests.support.postgres import PostgresServer
 
 T0 = 1_794_960_000_000_000_000  # 2026-11-18T00:00:00Z

@@ -1,4 +1,4 @@
-"""The sink's writes (``eventsrc.fleet.sink.store``) against a real PostgreSQL: whatever the order
+"""The sink's writes (``eventsrc.fleet.rows.store``) against a real PostgreSQL: whatever the order
 the records come in, however often, the rows are each record once and the node's own intervals."""
 
 from __future__ import annotations
@@ -12,16 +12,9 @@ import trio
 from eventsrc import events as ev
 from eventsrc.core.chargeback import intervals
 from eventsrc.events import chain_hash, encode_payload
-from eventsrc.fleet.sink import (
-    SCHEMA_VERSION,
-    Shipped,
-    SinkMetrics,
-    _Consumer,
-    message_of,
-    migrate,
-    store,
-    store_many,
-)
+from eventsrc.fleet.rows import Shipped, message_of, store, store_many
+from eventsrc.fleet.sink import SinkMetrics, _Consumer
+from eventsrc.fleet.tables import SCHEMA_VERSION, migrate
 from tests.support.eventually import eventually_trio
 from tests.support.postgres import PostgresServer
 
@@ -30,9 +23,9 @@ OTHER = ev.PodRef(uid="u2", namespace="web", name="api")
 THIRD = ev.PodRef(uid="u3", namespace="batch", name="job")
 
 
-def node_log() -> list[tuple[int, int, ev._Event]]:
+def node_log() -> list[tuple[int, int, ev.EventBase]]:
     """(seq, ts_ns, event): two pods hold CPUs and a device, one gives them back."""
-    events: list[ev._Event] = [
+    events: list[ev.EventBase] = [
         ev.PodAdmissionStarted(pod=POD),
         ev.CPUsAssigned(pod_uid="u1", container="main", cpus=[2, 3]),
         ev.DevicesReserved(pod_uid="u1", container="main", resource="gpu", device_ids=["g0"]),
@@ -253,7 +246,7 @@ async def test_a_record_too_large_for_an_index_is_quarantined_not_retried_for_ev
     dsn = postgres_server.dsn
     pod = ev.PodRef(uid="u1", namespace="n", name="p")
     big = "".join(f"{(i * 2654435761) % 2**32:08x}" for i in range(1200))  # 9,600 bytes, no compression
-    events: list[ev._Event] = [
+    events: list[ev.EventBase] = [
         ev.PodAdmissionStarted(pod=pod),
         ev.DevicesAllocated(pod_uid="u1", container="main", resource="gpu", device_ids=[big]),
         ev.PodAdmitted(pod=pod),

@@ -47,7 +47,7 @@ def created(cid: str, sandbox: str, uid: str) -> ev.ContainerCreated:
     return ev.ContainerCreated(container_id=cid, sandbox_id=sandbox, pod_uid=uid, name="main", cpus=[2, 3], mems=[0])
 
 
-STEPS: list[list[ev._Event]] = [
+STEPS: list[list[ev.EventBase]] = [
     # 0: the kubelet lists web (no uid yet) with dev-0
     [
         ev.KubeletPodObserved(pod=web(), source="List"),
@@ -158,7 +158,7 @@ def test_audit_pod_shows_what_the_kubelet_gave_and_its_release(log: EventLog) ->
 
 def test_log_and_step_lines_say_kubelet_and_escape() -> None:
     evil = ev.PodRef(uid="", namespace="default", name="x\x1b[31m")
-    events: list[ev._Event] = [e for batch in STEPS for e in batch] + [
+    events: list[ev.EventBase] = [e for batch in STEPS for e in batch] + [
         ev.KubeletDevicesObserved(pod=evil, container="c\n2", resource=RES, device_ids=["dev-\u202e1"]),
         ev.KubeletAllocatableChanged(added={RES: [ev.DeviceInfo(id="dev-9", health="Healthy")]}, cpus_removed=[5]),
         ev.KubeletSharedPoolObserved(cpus=[0, 1], policy="static", source="cpu_manager_state"),

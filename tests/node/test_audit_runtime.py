@@ -29,7 +29,7 @@ from tests.conftest import run_cli
 RES = "example.com/dev"
 CDI = "example.com/dev=dev-0"
 T0 = dt.datetime(2026, 11, 21, 23, 0, tzinfo=dt.UTC)
-Batch = tuple[str, int, list[ev._Event]]  # correlation id, seconds after T0, events
+Batch = tuple[str, int, list[ev.EventBase]]  # correlation id, seconds after T0, events
 
 SANDBOX = "5f0c1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f"
 CONTAINER = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"

@@ -35,7 +35,7 @@ def held_then_cut(path: Path, archive: Path | None, cuts: tuple[int, ...] = (10,
     log = EventLog(path)
     n = 0
 
-    def add(*events: ev._Event) -> None:
+    def add(*events: ev.EventBase) -> None:
         nonlocal n
         n += 1
         log.append(list(events), f"c{n}", T0 + n)

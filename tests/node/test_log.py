@@ -263,7 +263,7 @@ async def test_an_event_that_cannot_be_encoded_fails_its_own_append_only(tmp_pat
     committer = GroupCommitter(log)
     results: dict[str, object] = {}
 
-    async def append(name: str, event: ev._Event) -> None:
+    async def append(name: str, event: ev.EventBase) -> None:
         try:
             results[name] = [r.seq for r in await committer.append([removed(1), event])]
         except EventsrcError as err:

@@ -41,7 +41,7 @@ from tests.support.eventually import eventually_trio
 from tests.unit.test_projections import events
 
 
-def filled(path: Path, evs: list[ev._Event]) -> EventLog:
+def filled(path: Path, evs: list[ev.EventBase]) -> EventLog:
     log = EventLog(path)
     for i, e in enumerate(evs, start=1):
         log.append([e], f"c{i}", 1000 + i)
@@ -56,7 +56,7 @@ def cut(log: EventLog, archive: Path | None, seq: int, delete: bool = True) -> s
     return prepared
 
 
-def pods(n: int) -> list[ev._Event]:
+def pods(n: int) -> list[ev.EventBase]:
     return [ev.PodRemoved(pod_uid=f"pod-{i % 7}", reason=f"r{i}") for i in range(n)]
 
 
@@ -73,7 +73,9 @@ def check_whole(log: EventLog, archive: Path) -> None:
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
 @given(st.lists(events, min_size=1, max_size=40), st.data())
-def test_views_after_cuts_equal_the_full_rebuild(tmp_path_factory, evs: list[ev._Event], data: st.DataObject) -> None:  # type: ignore[no-untyped-def]
+def test_views_after_cuts_equal_the_full_rebuild(
+    tmp_path_factory, evs: list[ev.EventBase], data: st.DataObject
+) -> None:  # type: ignore[no-untyped-def]
     d = tmp_path_factory.mktemp("r")
     log = filled(d / "log", evs)
     full = rebuild(log.records())

@@ -81,10 +81,10 @@ def cpu_list(text: str) -> list[int]:
 # ------------------------------------------------------------------ the daemon's side, faked
 
 
-Decide = Callable[[PodSpec], list[ev._Event]]
+Decide = Callable[[PodSpec], list[ev.EventBase]]
 
 
-def admitted(spec: PodSpec) -> list[ev._Event]:
+def admitted(spec: PodSpec) -> list[ev.EventBase]:
     """A plain admission: nothing exclusive, no devices."""
     return [
         ev.PodAdmissionStarted(pod=spec.pod, containers=spec.containers),
@@ -313,7 +313,7 @@ def container(
     return nri.Container(id=cid, pod_sandbox_id=sid, name=name, state=state, linux=linux)
 
 
-def a_shared_container_recorded_earlier() -> list[ev._Event]:
+def a_shared_container_recorded_earlier() -> list[ev.EventBase]:
     """An admitted pod u0 whose container "shared" runs on the whole shared pool, CPUs 0-3."""
     u0 = ev.PodRef(uid="u0", namespace="default", name="u0")
     return [
@@ -474,7 +474,7 @@ async def test_a_refused_admission_is_answered_unknown_with_the_reason_and_nothi
         assert "k1" not in recorder.views.runtime.containers
 
 
-def admit_with_cpu_2_and_a_device(spec: PodSpec) -> list[ev._Event]:
+def admit_with_cpu_2_and_a_device(spec: PodSpec) -> list[ev.EventBase]:
     """What admission records for a Guaranteed 1-CPU container with one device: CPU 2 taken
     from the shared pool, dev-1 allocated with its env, node and CDI device."""
     (app,) = spec.containers

@@ -13,7 +13,7 @@ from eventsrc.obs.metrics import Metrics
 from eventsrc.state.apply import apply_all
 from eventsrc.state.views import Views
 
-T = TypeVar("T", bound=ev._Event)
+T = TypeVar("T", bound=ev.EventBase)
 
 
 class FakeRecorder:
@@ -21,10 +21,10 @@ class FakeRecorder:
     stands for the fsync: a record that came after an answer would show as missing when the
     fake runtime reads that answer."""
 
-    def __init__(self, *events: ev._Event, delay: float = 0.0) -> None:
+    def __init__(self, *events: ev.EventBase, delay: float = 0.0) -> None:
         self._views = Views()
         self.records: list[ev.Record] = []
-        self.appends: list[list[ev._Event]] = []  # each append's events, setup's excepted
+        self.appends: list[list[ev.EventBase]] = []  # each append's events, setup's excepted
         self.delay = delay
         self._metrics = Metrics()
         if events:
@@ -38,7 +38,7 @@ class FakeRecorder:
     def metrics(self) -> Metrics:
         return self._metrics
 
-    def _apply(self, events: Sequence[ev._Event], cid: str) -> list[ev.Record]:
+    def _apply(self, events: Sequence[ev.EventBase], cid: str) -> list[ev.Record]:
         start = len(self.records) + 1
         records = [
             ev.Record(seq=seq, ts_ns=seq, correlation_id=cid, version=1, event=e)  # type: ignore[arg-type]
@@ -48,7 +48,7 @@ class FakeRecorder:
         self.records += records
         return records
 
-    async def record(self, events: Sequence[ev._Event], correlation_id: str | None = None) -> list[ev.Record]:
+    async def record(self, events: Sequence[ev.EventBase], correlation_id: str | None = None) -> list[ev.Record]:
         if self.delay:
             await trio.sleep(self.delay)
         else:

@@ -75,9 +75,9 @@ class Log:
 
     def __init__(self) -> None:
         self.views = Views()
-        self.recorded: list[list[ev._Event]] = []
+        self.recorded: list[list[ev.EventBase]] = []
 
-    def record(self, events: list[ev._Event]) -> None:
+    def record(self, events: list[ev.EventBase]) -> None:
         self.recorded.append(list(events))
         for e in events:
             seq = self.views.meta.last_seq + 1
@@ -86,7 +86,7 @@ class Log:
 
 def node(options: ev.PluginOptions = PLAIN, driver: bool = True) -> Log:
     n = Log()
-    events: list[ev._Event] = [
+    events: list[ev.EventBase] = [
         ev.PluginRegistered(resource=GPU, endpoint="gpu.sock", options=options),
         ev.DevicesAdded(
             resource=GPU,
@@ -194,7 +194,7 @@ def admitted(n: Log, spec: PodSpec) -> None:
     assert settle(n, core, results).admitted
 
 
-def kinds(events: list[ev._Event]) -> list[str]:
+def kinds(events: list[ev.EventBase]) -> list[str]:
     return [type(e).__name__ for e in events]
 
 
@@ -376,7 +376,7 @@ def no_fit(resource: str, requested: int) -> str:
 
 # (id, a pod holds gpu-0 first, what follows, the new pod's limits, topology manager
 # policy/scope, the reason, the phase that refuses, the plugins waited for)
-GRACE: list[tuple[str, bool, list[ev._Event], dict[str, str], str, str, str, list[str]]] = [
+GRACE: list[tuple[str, bool, list[ev.EventBase], dict[str, str], str, str, str, list[str]]] = [
     ("within the grace period", True, GONE, {GPU: "1"}, "none/container", AWAY, "find", [GPU]),
     ("past it, a pod holds its devices", True, DROPPED, {GPU: "1"}, "none/container", UNREGISTERED, "plan", []),
     ("past it, held: topology first", True, DROPPED, {GPU: "1"}, "restricted/container", TOPOLOGY, "plan", []),
@@ -397,7 +397,7 @@ GRACE: list[tuple[str, bool, list[ev._Event], dict[str, str], str, str, str, lis
 )
 def test_a_resource_whose_plugin_went_away_is_refused_with_the_kubelets_words(
     held: bool,
-    then: list[ev._Event],
+    then: list[ev.EventBase],
     limits: dict[str, str],
     tm: str,
     reason: str,
@@ -806,7 +806,7 @@ def runtime_pod(c: ev.ContainerSpec, uid: str = "pod-1") -> PodSpec:
 def ran(n: Log, name: str, exited: bool, uid: str = "pod-1") -> None:
     """The runtime created ``name`` of pod ``uid`` (and it exited, when ``exited``)."""
     cid = f"{uid}-{name}"
-    events: list[ev._Event] = [ev.ContainerCreated(container_id=cid, sandbox_id="s1", pod_uid=uid, name=name)]
+    events: list[ev.EventBase] = [ev.ContainerCreated(container_id=cid, sandbox_id="s1", pod_uid=uid, name=name)]
     if exited:
         events.append(ev.ContainerStopped(container_id=cid, pod_uid=uid, exit_code=0))
     n.record(events)

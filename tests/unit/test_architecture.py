@@ -219,7 +219,7 @@ def test_nothing_assigns_to_a_grpclib_attribute() -> None:
 #: The private names eventsrc reaches into elsewhere, each for a reason: the base of its own
 #: event types, and argparse's type of an argument group (the standard library's, which
 #: ``add_argument_group`` returns and documents).
-FOREIGN_PRIVATE_ALLOWED = frozenset({"_Event", "_ArgumentGroup"})
+FOREIGN_PRIVATE_ALLOWED = frozenset({"EventBase", "_ArgumentGroup"})
 
 
 def own_private_names(sources: list[str]) -> set[str]:

@@ -43,7 +43,7 @@ def cpu_state(exclusive: dict[tuple[str, str], set[int]], shared: set[int] = fro
     )
 
 
-def fold(views: Views, events: list[ev._Event]) -> Views:
+def fold(views: Views, events: list[ev.EventBase]) -> Views:
     start = views.meta.last_seq
     return apply_all(views, [Record(start + i, i, "c", 1, e) for i, e in enumerate(events, 1)])  # type: ignore[arg-type]
 

@@ -21,10 +21,10 @@ GPU = "example.com/dev"
 class FakeLog:
     def __init__(self) -> None:
         self.views = Views()
-        self.batches: list[list[ev._Event]] = []
+        self.batches: list[list[ev.EventBase]] = []
         self.now = 1_000
 
-    async def record(self, events: list[ev._Event]) -> list[ev.Record]:
+    async def record(self, events: list[ev.EventBase]) -> list[ev.Record]:
         self.batches.append(list(events))
         start = self.views.meta.last_seq
         records = [ev.Record(start + i, self.now, "c", 1, e) for i, e in enumerate(events, 1)]  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ CLAIM = ev.ClaimRef(uid="c1", namespace="ns", name="gpu")
 D = "gpu.example.com"
 
 
-def numbered(*events: ev._Event) -> list[tuple[int, int, ev._Event]]:
+def numbered(*events: ev.EventBase) -> list[tuple[int, int, ev.EventBase]]:
     return [(seq, seq * 10, e) for seq, e in enumerate(events, 1)]
 
 

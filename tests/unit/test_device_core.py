@@ -389,11 +389,11 @@ RESTARTS: list[dict[str, Any]] = [
 # =========================================================================== helpers
 
 
-def as_records(evs: list[ev._Event], start: int = 1) -> list[Record]:
+def as_records(evs: list[ev.EventBase], start: int = 1) -> list[Record]:
     return [decode_record(i, encode_payload(e, 1000 + i, f"c{i // 3}")) for i, e in enumerate(evs, start=start)]
 
 
-def record(views: Views, evs: list[ev._Event]) -> Views:
+def record(views: Views, evs: list[ev.EventBase]) -> Views:
     for r in as_records(evs, start=views.meta.last_seq + 1):
         apply(views, r)
     return views
@@ -635,7 +635,7 @@ def test_a_list_pass_is_recorded_in_appends_of_bounded_size_in_its_order() -> No
     added = [ev.DevicesAdded(resource=GPU, devices=[ev.DeviceInfo(id=f"a{i}", health="Healthy")]) for i in range(2)]
     removed = ev.DevicesRemoved(resource=GPU, device_ids=["r0"], reason="not in the plugin's list")
     many = [health(i) for i in range(DEVICES_PER_RECORD + 1)]
-    events: list[ev._Event] = [health(-1), *added, removed, *many]
+    events: list[ev.EventBase] = [health(-1), *added, removed, *many]
     appends = list(list_appends(events))
     assert [e for a in appends for e in a] == events
     assert [len(a) for a in appends] == [1, 1, 1, 1, DEVICES_PER_RECORD, 1]

@@ -75,7 +75,7 @@ event_lists = st.lists(
 )
 
 
-def record(i: int, e: ev._Event) -> Record:
+def record(i: int, e: ev.EventBase) -> Record:
     return Record(i, 1000 + i, "c", e.VERSION, e)  # type: ignore[arg-type]
 
 
@@ -87,7 +87,7 @@ def assert_indexes_fresh(v: Views) -> None:
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(event_lists, st.data())
 def test_the_indexes_the_reducers_keep_equal_indexes_built_from_scratch(
-    evs: list[ev._Event], data: st.DataObject
+    evs: list[ev.EventBase], data: st.DataObject
 ) -> None:
     v = Views()
     # built on an empty table, or part way (as after a snapshot), then kept by the reducers
@@ -124,7 +124,7 @@ many_events = st.lists(
 )
 
 
-def indexed_views(evs: list[ev._Event], after_each: Callable[[Views], None] | None = None) -> Views:
+def indexed_views(evs: list[ev.EventBase], after_each: Callable[[Views], None] | None = None) -> Views:
     """The views of ``evs``, their device index built before the first and kept by the
     reducers; ``after_each`` called with them after each record."""
     v = Views()
@@ -138,13 +138,13 @@ def indexed_views(evs: list[ev._Event], after_each: Callable[[Views], None] | No
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(many_events)
-def test_records_of_many_devices_keep_the_index_fresh(evs: list[ev._Event]) -> None:
+def test_records_of_many_devices_keep_the_index_fresh(evs: list[ev.EventBase]) -> None:
     indexed_views(evs, after_each=assert_indexes_fresh)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(event_lists)
-def test_the_index_says_what_a_pass_over_the_table_says(evs: list[ev._Event]) -> None:
+def test_the_index_says_what_a_pass_over_the_table_says(evs: list[ev.EventBase]) -> None:
     v = indexed_views(evs)
     index = index_of(v.devices)
     for resource, table in v.devices.devices.items():
@@ -175,7 +175,7 @@ def test_the_index_says_what_a_pass_over_the_table_says(evs: list[ev._Event]) ->
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(device_events, max_size=40))
-def test_the_index_is_not_in_a_snapshot(evs: list[ev._Event]) -> None:
+def test_the_index_is_not_in_a_snapshot(evs: list[ev.EventBase]) -> None:
     records = as_records(evs)
     plain = rebuild(records)
     indexed = rebuild(records)
@@ -299,7 +299,7 @@ def drive(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(device_events, max_size=40), pod_shapes, machines, st.data())
 def test_a_plan_with_the_index_is_the_plan_from_the_table(
-    evs: list[ev._Event], shape: list[tuple[str, int, int]], machine: list[int], data: st.DataObject
+    evs: list[ev.EventBase], shape: list[tuple[str, int, int]], machine: list[int], data: st.DataObject
 ) -> None:
     v = Views()
     gpu = "example.com/gpu"

@@ -115,7 +115,7 @@ class Node:
         self.config = AdmissionConfig(cpus, replace(topology, policy=self.policy), 30.0)
         self.record([ev.PluginRegistered(resource=GPU, endpoint="gpu.sock")])
 
-    def record(self, events: list[ev._Event]) -> None:
+    def record(self, events: list[ev.EventBase]) -> None:
         """Through the log's encoding and the reducers, as the daemon's committer applies them."""
         for e in events:
             seq = self.views.meta.last_seq + 1

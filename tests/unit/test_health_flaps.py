@@ -44,7 +44,7 @@ def F(t: float, records: list[Shown]) -> P:  # noqa: N802 - a step's name in the
     return P(t, records, INF, final=True)
 
 
-def shown(e: ev._Event) -> Shown:
+def shown(e: ev.EventBase) -> Shown:
     if isinstance(e, ev.DeviceHealthChanged):
         numa = () if e.numa_nodes == [0] else (f"numa {e.numa_nodes}",)
         return (e.device_id, e.health, *numa, *((f"+{e.coalesced}",) if e.coalesced else ()))
@@ -74,7 +74,7 @@ class Plugin:
         self.newest = [ev.DeviceInfo(id=i, health=h, numa_nodes=n) for i, (h, n) in self.listing.items()]
         self.throttle.listed(self.newest)
 
-    def passes(self, now: float, final: bool = False) -> tuple[list[ev._Event], float]:
+    def passes(self, now: float, final: bool = False) -> tuple[list[ev.EventBase], float]:
         known = known_to_the_shell(self.views, GPU)
         changed = list_and_watch_events(GPU, known, self.newest)
         decision = self.throttle.decide(changed, known, now, final=final)

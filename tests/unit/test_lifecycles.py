@@ -134,7 +134,7 @@ def _records(events: list[Any]) -> list[Record]:
 
 def test_the_checker_reports_an_unexpected_transition_with_its_sequence() -> None:
     assert "unexpected-transition" in RULES
-    events: list[ev._Event] = [
+    events: list[ev.EventBase] = [
         ev.PodAdmissionStarted(pod=POD),
         ev.PodAdmitted(pod=POD),
         ev.PodAdmitted(pod=POD),  # admitted twice: seq 3
@@ -154,7 +154,7 @@ def test_the_checker_reports_an_unexpected_transition_with_its_sequence() -> Non
 
 def test_a_device_lifecycle_that_is_sound_has_no_report() -> None:
     res = "example.com/dev"
-    events: list[ev._Event] = [
+    events: list[ev.EventBase] = [
         ev.DevicesAdded(resource=res, devices=[ev.DeviceInfo(id="d0", health="Healthy")]),
         ev.PodAdmissionStarted(pod=POD, containers=[ev.ContainerSpec(name="setup", kind="init")]),
         ev.DevicesReserved(pod_uid="uid-a", container="setup", resource=res, device_ids=["d0"]),
@@ -207,7 +207,7 @@ def _running_pod(corrupt_at: set[int]) -> list[Record | ev.CorruptRecordError]:
     replaced by corrupt ones (as a reader yields them)."""
     ref = ev.PodRef(uid="p1", namespace="default", name="web")
     spec = ev.ContainerSpec(name="main", limits={"example.com/dev": "2"})
-    events: list[ev._Event] = [
+    events: list[ev.EventBase] = [
         ev.DevicesAdded(
             resource="example.com/dev", devices=[ev.DeviceInfo(id=f"d{i}", health="Healthy") for i in (0, 1)]
         ),
@@ -229,7 +229,7 @@ def _views(items: list[Record | ev.CorruptRecordError]) -> Views:
     return views
 
 
-def _finish(views: Views) -> list[ev._Event]:
+def _finish(views: Views) -> list[ev.EventBase]:
     from eventsrc.core.devices.holds import restart_events
 
     events = restart_events(views)

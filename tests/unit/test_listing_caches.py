@@ -42,7 +42,7 @@ class Node:
         self.views = Views()
         self.seq = 0
 
-    def record(self, *events: ev._Event) -> None:
+    def record(self, *events: ev.EventBase) -> None:
         records = []
         for e in events:
             self.seq += 1

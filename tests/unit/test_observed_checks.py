@@ -28,7 +28,7 @@ SPEC = [ev.ContainerSpec(name="main", requests={RES: "1", "cpu": "1"}, limits={R
 A = ev.PodRef(uid="uid-a", namespace="default", name="a")
 
 #: eventsrc's own decisions: a pod admitted with a device and a CPU, then removed
-OWN: list[tuple[str, ev._Event]] = [
+OWN: list[tuple[str, ev.EventBase]] = [
     ("boot", ev.DaemonStarted(boot_id="b", version="0.1.0", instance_id="i")),
     ("boot", ev.PluginRegistered(resource=RES, endpoint="dev.sock")),
     ("boot", ev.DevicesAdded(resource=RES, devices=[ev.DeviceInfo(id="dev-0", health="Healthy")])),
@@ -45,11 +45,11 @@ OBSERVED_TYPES = [t for t in STRATEGIES if t.__name__.startswith("Kubelet") or t
 observed = st.one_of(*(STRATEGIES[t] for t in OBSERVED_TYPES))
 
 
-def records(items: list[tuple[str, ev._Event]]) -> list[ev.Record]:
+def records(items: list[tuple[str, ev.EventBase]]) -> list[ev.Record]:
     return [ev.Record(seq=i, ts_ns=i, correlation_id=cid, version=1, event=e) for i, (cid, e) in enumerate(items, 1)]
 
 
-def check(items: list[tuple[str, ev._Event]]) -> tuple[list[str], Views]:
+def check(items: list[tuple[str, ev.EventBase]]) -> tuple[list[str], Views]:
     checker = Checker()
     found = [v.rule for r in records(items) for v in checker.feed(r)] + [v.rule for v in checker.finish()]
     return found, checker.views
@@ -57,7 +57,7 @@ def check(items: list[tuple[str, ev._Event]]) -> tuple[list[str], Views]:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, len(OWN)), observed), max_size=25))
-def test_observed_events_make_no_rule_misfire(mixed: list[tuple[int, ev._Event]]) -> None:
+def test_observed_events_make_no_rule_misfire(mixed: list[tuple[int, ev.EventBase]]) -> None:
     items = list(OWN)
     for at, e in sorted(mixed, key=lambda x: -x[0]):  # each observed event in a run of its own
         items.insert(at, (f"obs-{len(items)}", e))
@@ -84,7 +84,7 @@ def released(pod: str, container: str, ids: list[str]) -> ev.KubeletDevicesRelea
 
 
 def test_a_device_the_kubelet_gave_two_pods_is_its_own_finding() -> None:
-    cases: list[tuple[list[tuple[str, ev._Event]], list[str]]] = [
+    cases: list[tuple[list[tuple[str, ev.EventBase]], list[str]]] = [
         ([("1", seen("a", "main", ["dev-0"])), ("2", seen("b", "main", ["dev-0"]))], ["kubelet-device-in-two-pods"]),
         # init container's devices handed on within one pod: not a finding
         ([("1", seen("a", "init", ["dev-0"])), ("2", seen("a", "main", ["dev-0"]))], []),
@@ -176,7 +176,7 @@ def test_device_allocation_series_from_both_kinds_of_views() -> None:
     web = ev.PodRef(uid="", namespace="shop", name="web")
     gpu = ev.ObservedClaimDevice(driver="gpu.example.com", pool="node-a", device="gpu-0")
     claim = ev.ClaimRef(uid="c1", namespace="shop", name="gpu")
-    observed: list[ev._Event] = [
+    observed: list[ev.EventBase] = [
         ev.KubeletDevicesObserved(pod=web, container="app", resource=RES, device_ids=["dev-7"]),
         ev.KubeletClaimObserved(pod=web, container="app", claim=claim, devices=[gpu]),
     ]

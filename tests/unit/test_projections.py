@@ -241,7 +241,7 @@ def test_the_strategy_covers_every_event_type() -> None:
     assert {t.__name__ for t in STRATEGIES} == set(ev.EVENT_TYPES)
 
 
-def as_records(evs: list[ev._Event]) -> list[Record]:
+def as_records(evs: list[ev.EventBase]) -> list[Record]:
     return [decode_record(i, encode_payload(e, 1000 + i, f"c{i // 3}")) for i, e in enumerate(evs, start=1)]
 
 
@@ -252,7 +252,9 @@ def canonical(v: Views) -> bytes:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(events, max_size=60), st.data())
-def test_full_rebuild_equals_incremental_equals_snapshot_plus_tail(evs: list[ev._Event], data: st.DataObject) -> None:
+def test_full_rebuild_equals_incremental_equals_snapshot_plus_tail(
+    evs: list[ev.EventBase], data: st.DataObject
+) -> None:
     records = as_records(evs)
     full = rebuild(records)
 
@@ -273,7 +275,7 @@ def test_full_rebuild_equals_incremental_equals_snapshot_plus_tail(evs: list[ev.
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(events, max_size=40))
-def test_reducers_do_not_touch_their_event_or_depend_on_anything_else(evs: list[ev._Event]) -> None:
+def test_reducers_do_not_touch_their_event_or_depend_on_anything_else(evs: list[ev.EventBase]) -> None:
     records = as_records(evs)
     before = copy.deepcopy(records)
     a = rebuild(records)

@@ -56,7 +56,7 @@ NONE = CPUManagerConfig("none", MACHINE, CPUSet(), StaticPolicyOptions())
 DEV = "example.com/dev"
 
 
-def views_of(*events: ev._Event) -> Views:
+def views_of(*events: ev.EventBase) -> Views:
     return apply_all(
         Views(), [ev.Record(seq=i, ts_ns=i, correlation_id="c", version=1, event=e) for i, e in enumerate(events, 1)]
     )  # type: ignore[arg-type]
@@ -101,7 +101,7 @@ def test_other_cgroup_values_read_as_the_kubelet_would_class_them(kw: dict[str, 
     assert qos_class([container_spec(facts(**kw), {})]) == qos
 
 
-def admitted_pod() -> list[ev._Event]:
+def admitted_pod() -> list[ev.EventBase]:
     alloc = ev.ContainerAllocation(
         envs={"SAMPLE_DEVICES": "dev-1"},
         devices=[ev.DeviceSpec(container_path="/dev/dev-1", host_path="/dev/null")],
@@ -277,7 +277,7 @@ def test_the_annotation_is_refused_outside_the_namespaces_the_node_names() -> No
         device_requests({key: '{"app": {}, "app": {}}'}, "team-a", frozenset({"team-a"}))
 
 
-def real_pod() -> list[ev._Event]:
+def real_pod() -> list[ev.EventBase]:
     """Pod u1 is default/real, admitted with dev-1 and CPU 2 (``admitted_pod``)."""
     ref, app = ev.PodRef(uid="u1", namespace="default", name="real"), [ev.ContainerSpec(name="app")]
     first, _, *rest, _ = admitted_pod()

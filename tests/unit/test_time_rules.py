@@ -19,7 +19,7 @@ S = 1_000_000_000
 HOUR = 3600 * S
 
 
-def rec(seq: int, event: ev._Event, ts_ns: int, cid: str) -> ev.Record:
+def rec(seq: int, event: ev.EventBase, ts_ns: int, cid: str) -> ev.Record:
     return ev.Record(seq=seq, ts_ns=ts_ns, correlation_id=cid, version=1, event=event)
 
 
@@ -27,7 +27,7 @@ def ref(name: str) -> ev.PodRef:
     return ev.PodRef(uid=f"uid-{name}", namespace="default", name=name)
 
 
-def boot(instance: str) -> list[ev._Event]:
+def boot(instance: str) -> list[ev.EventBase]:
     return [
         ev.DaemonStarted(boot_id="b", version="0.1.0", instance_id=instance),
         ev.PluginRegistered(resource=RES, endpoint="sample.sock"),
@@ -35,21 +35,21 @@ def boot(instance: str) -> list[ev._Event]:
     ]
 
 
-def reserve(name: str, dev: str) -> list[ev._Event]:
+def reserve(name: str, dev: str) -> list[ev.EventBase]:
     return [
         ev.PodAdmissionStarted(pod=ref(name), containers=[ev.ContainerSpec(name="main")]),
         ev.DevicesReserved(pod_uid=f"uid-{name}", container="main", resource=RES, device_ids=[dev]),
     ]
 
 
-def finish(name: str, dev: str) -> list[ev._Event]:
+def finish(name: str, dev: str) -> list[ev.EventBase]:
     return [
         ev.DevicesAllocated(pod_uid=f"uid-{name}", container="main", resource=RES, device_ids=[dev]),
         ev.PodAdmitted(pod=ref(name)),
     ]
 
 
-def run(batches: list[tuple[str, int, list[ev._Event]]], window: int) -> list[Violation]:
+def run(batches: list[tuple[str, int, list[ev.EventBase]]], window: int) -> list[Violation]:
     """Feed the batches (correlation id, stamp, events) to a Checker; every violation."""
     checker = Checker(reservation_window=window)
     found: list[Violation] = []

@@ -40,20 +40,20 @@ def pod(uid: str, ns: str = "team-a", name: str = "") -> ev.PodRef:
     return ev.PodRef(uid=uid, namespace=ns, name=name or f"pod-{uid}")
 
 
-def admitted(uid: str, ns: str = "team-a") -> ev._Event:
+def admitted(uid: str, ns: str = "team-a") -> ev.EventBase:
     return ev.PodAdmitted(pod=pod(uid, ns))
 
 
-def alloc(uid: str, ids: list[str], container: str = "main", resource: str = GPU) -> ev._Event:
+def alloc(uid: str, ids: list[str], container: str = "main", resource: str = GPU) -> ev.EventBase:
     return ev.DevicesAllocated(pod_uid=uid, container=container, resource=resource, device_ids=ids)
 
 
-def release(uid: str, ids: list[str], container: str = "main", resource: str = GPU) -> ev._Event:
+def release(uid: str, ids: list[str], container: str = "main", resource: str = GPU) -> ev.EventBase:
     return ev.DevicesReleased(pod_uid=uid, container=container, resource=resource, device_ids=ids)
 
 
 def total(
-    events: list[tuple[int, ev._Event]],
+    events: list[tuple[int, ev.EventBase]],
     by: str,
     since: int | None = None,
     until: int | None = None,
@@ -323,7 +323,7 @@ def views_holds(v: Views) -> set[tuple[str, str, str]]:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(EVENTS, max_size=40))
-def test_the_open_holds_are_the_views_holds(events: list[ev._Event]) -> None:
+def test_the_open_holds_are_the_views_holds(events: list[ev.EventBase]) -> None:
     tracker = Tracker()
     for i, e in enumerate(events):
         tracker.feed(T0 + i * S, e)
@@ -340,11 +340,11 @@ def test_the_open_holds_are_the_views_holds(events: list[ev._Event]) -> None:
 # --------------------------------------------------------------------------- what was not seen
 
 
-def gap(source: str, since: int, until: int = 0) -> ev._Event:
+def gap(source: str, since: int, until: int = 0) -> ev.EventBase:
     return ev.ObservationGapFound(source=source, since_ns=since, until_ns=until)
 
 
-def seen_totals(events: list[tuple[int, ev._Event]], by: str, w: Window) -> list[Row]:
+def seen_totals(events: list[tuple[int, ev.EventBase]], by: str, w: Window) -> list[Row]:
     holds, blind = observe(events)
     return totals(holds, by, w, gaps=merged(blind.listed(), w))
 

@@ -89,7 +89,7 @@ def cut(log: EventLog, archive: Path, seq: int) -> None:
     chunk=1,
 )  # fmt: skip
 def test_the_index_answers_as_a_scan_does(
-    records: list[tuple[ev._Event, int]],
+    records: list[tuple[ev.EventBase, int]],
     splits: list[float],
     cut_at: float | None,
     windows: list[tuple[int, int]],

@@ -21,8 +21,8 @@ from tests.unit.test_projections import as_records, events
 RESOURCE = "example.com/gpu"
 
 
-def _pod_events(n: int) -> list[ev._Event]:
-    evs: list[ev._Event] = [
+def _pod_events(n: int) -> list[ev.EventBase]:
+    evs: list[ev.EventBase] = [
         ev.DevicesAdded(
             resource=RESOURCE, devices=[ev.DeviceInfo(id=f"d{i}", health="Healthy", numa_nodes=[0]) for i in range(n)]
         )
@@ -171,7 +171,7 @@ def test_the_views_hold_no_reference_cycle() -> None:
 
 @given(st.lists(events, max_size=60))
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_views_from_any_events_hold_no_cycle_and_their_many_parts_are_untracked(evs: list[ev._Event]) -> None:
+def test_views_from_any_events_hold_no_cycle_and_their_many_parts_are_untracked(evs: list[ev.EventBase]) -> None:
     """Every event type (claims, the runtime's sandboxes and containers, plugins included)."""
     views = rebuild(as_records(evs))
     _assert_no_cycle(views)

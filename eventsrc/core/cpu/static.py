@@ -36,9 +36,9 @@ from eventsrc.core.topology_manager import ProviderHints, TopologyHint
 from eventsrc.events import (
     ContainerSpec,
     CPUsReleased,
+    EventBase,
     PolicyConfigurationChanged,
     SharedPoolChanged,
-    _Event,
 )
 
 
@@ -214,7 +214,7 @@ def startup_events(
     cfg: CPUManagerConfig,
     recorded_policy: Mapping[str, object],
     assignments: Mapping[str, Mapping[str, Iterable[int]]],
-) -> list[_Event]:
+) -> list[EventBase]:
     """What a start with ``cfg`` changes, given the configuration and assignments the log
     holds. Never a reason to refuse to start (docs/adr/0007):
 
@@ -224,7 +224,7 @@ def startup_events(
     * reserved CPUs or vanished CPUs that running containers hold are reported in the
       event; those containers keep their CPUs until they end.
     """
-    out: list[_Event] = []
+    out: list[EventBase] = []
     new: dict[str, object] = dict(cfg.describe())
     everything = cfg.topology.cpu_details.cpus()
     if cfg.static:

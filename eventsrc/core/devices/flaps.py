@@ -61,7 +61,7 @@ class DeviceFlaps:
 
 @dataclass(frozen=True)
 class Decision:
-    events: list[ev._Event]  # to record now, in order
+    events: list[ev.EventBase]  # to record now, in order
     due: float = math.inf  # when a held change's window ends: decide again then, lists or not
 
 
@@ -90,13 +90,13 @@ class HealthThrottle:
             self.devices[device_id] = flaps
 
     def decide(
-        self, events: list[ev._Event], known: Mapping[str, DeviceView], now: float, *, final: bool = False
+        self, events: list[ev.EventBase], known: Mapping[str, DeviceView], now: float, *, final: bool = False
     ) -> Decision:
         """Which of ``events`` (what the newest list changed against ``known``, the recorded
         devices still listed: ``list_and_watch_events``) to record at ``now``, with the
         restatements whose window has ended. ``final``: the stream has ended, record all
         that is held."""
-        out: list[ev._Event] = []
+        out: list[ev.EventBase] = []
         due = math.inf
         touched: set[str] = set()
         for e in events:

@@ -78,7 +78,7 @@ def list_and_watch_events(
     known: dict[str, DeviceView],
     update: list[ev.DeviceInfo],
     machine_numa_nodes: Collection[int] | None = None,
-) -> list[ev._Event]:
+) -> list[ev.EventBase]:
     """The events that turn the known devices of ``resource`` into ``update`` (the whole list),
     as ``check_device_list`` takes it; devices added or removed go ``DEVICES_PER_RECORD`` to
     a record.
@@ -88,7 +88,7 @@ def list_and_watch_events(
     known device the list now lists in a way that is refused is removed with the reason.
     """
     checked = check_device_list(update, machine_numa_nodes)
-    out: list[ev._Event] = []
+    out: list[ev.EventBase] = []
     new = {d.id: d for d in checked.devices}
     added = [d for d in checked.devices if d.id not in known]
     for i in range(0, len(added), DEVICES_PER_RECORD):
@@ -121,9 +121,9 @@ def holdings(views: Views, pod_uid: str) -> dict[tuple[str, str], list[str]]:
     return index_of(views.devices).held_by(pod_uid)
 
 
-def release_events(views: Views, pod_uid: str, reason: str, container: str | None = None) -> list[ev._Event]:
+def release_events(views: Views, pod_uid: str, reason: str, container: str | None = None) -> list[ev.EventBase]:
     """Release every device and exclusive CPU ``pod_uid`` holds (``container``: that one holds)."""
-    out: list[ev._Event] = []
+    out: list[ev.EventBase] = []
     for (name, resource), ids in sorted(holdings(views, pod_uid).items()):
         if container is not None and name != container:
             continue
@@ -138,7 +138,7 @@ def release_events(views: Views, pod_uid: str, reason: str, container: str | Non
     return out
 
 
-def remove_pod_events(views: Views, pod_uid: str, reason: str) -> list[ev._Event]:
+def remove_pod_events(views: Views, pod_uid: str, reason: str) -> list[ev.EventBase]:
     return [*release_events(views, pod_uid, reason), ev.PodRemoved(pod_uid=pod_uid, reason=reason)]
 
 
@@ -166,7 +166,7 @@ def _holders(views: Views) -> set[str]:
     return set(index_of(views.devices).holders)
 
 
-def restart_events(views: Views) -> list[ev._Event]:
+def restart_events(views: Views) -> list[ev.EventBase]:
     """What a start must finish from the previous run, decided from the log alone.
 
     * a pod whose admission had started but not ended was never acknowledged: its
@@ -176,7 +176,7 @@ def restart_events(views: Views) -> list[ev._Event]:
       quarantined instead, and keeps what it holds until an operator removes it;
     * plugins that were connected are not any more: they must register again.
     """
-    out: list[ev._Event] = []
+    out: list[ev.EventBase] = []
     reason = "the daemon restarted during the admission"
     doubt = in_doubt(views)
     for uid, seqs in doubt.items():
