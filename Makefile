@@ -11,11 +11,13 @@ STAMP := $(VENV)/.installed
 # uv installs in a quarter of pip's time, bytecode compiled as pip does (the machine sets
 # PYTHONDONTWRITEBYTECODE: without it every interpreter would compile the packages again);
 # pip where uv cannot be had
-$(STAMP): pyproject.toml
+# testbed/ (the tests' servers, the developers' benches: docs/adr/0014) is a distribution of its
+# own, installed beside eventsrc with its test extra and never inside its package
+$(STAMP): pyproject.toml testbed/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check uv \
-	  && $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) -e '.[test]' \
-	  || $(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	  && $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) -e '.[test]' -e ./testbed \
+	  || $(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]' -e ./testbed
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -41,7 +43,7 @@ typecheck: $(STAMP)
 # Three workers on two cores: many tests wait on subprocesses, servers and syncs, and two
 # workers left a third of the CPU idle; worksteal evens out the tail.
 pytest: $(STAMP)
-	$(PY) -m compileall -q eventsrc tests
+	$(PY) -m compileall -q eventsrc testbed tests
 	$(PY) -m pytest -n 3 --dist worksteal --durations=25
 
 schemas: $(STAMP)

@@ -78,7 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # A developers' bench takes the rest of the line to parse itself (cli/bench.py); for any
+    # other command, an argument it does not know is an error, as parse_args makes it.
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "takes_the_rest", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.rest = rest
     # Where the root came from: serve takes a config file's rootDir only over the default.
     args.root_dir_from = (
         "flag" if hasattr(args, "root_dir") else "env" if "EVENTSRC_ROOT_DIR" in os.environ else "default"

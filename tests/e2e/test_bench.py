@@ -155,8 +155,9 @@ def test_bench_scale_needs_a_device_per_pod() -> None:
 def test_the_checkpoint_the_scale_bench_writes_is_one_the_kubelet_reads(tmp_path: Path) -> None:
     """Its per-change ceiling writes the device manager's own file: the checkpoint parser
     of `eventsrc import-kubelet` (which verifies the checksum as the kubelet does) reads it back."""
-    from eventsrc.bench.scale import CHECKPOINT, RESOURCE, Held, checkpoint_checksum, checkpoint_json, write_checkpoint
     from eventsrc.inputs.kubelet_checkpoints import parse_device_checkpoint
+    from testbed.benches.scale import CHECKPOINT, RESOURCE, Held, checkpoint_checksum, checkpoint_json
+    from testbed.servers.kubelet_checkpoints import write_checkpoint
 
     entries = [Held(f"uid-{i}", "main", f"dev-{i}", i % 2, bytes([10, 3, i, 255])) for i in range(3)]
     registered = [f"dev-{i}" for i in range(5)]

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from eventsrc.offline.audit_queries import iso
+from testbed.servers.kubelet_checkpoints import CPU_STATE, cpu_state, write, write_garbage, write_torn
 from tests.conftest import Daemon, run_cli
 from tests.e2e.test_metrics import metrics_address, scrape
 from tests.support.containerd import Containerd
 from tests.support.kubelet import Container, Device, StandInKubelet
-from tests.support.kubelet_checkpoints import CPU_STATE, cpu_state, write, write_garbage, write_torn
 
 RESOURCE = "example.com/dev"
 MEM = 64 << 20

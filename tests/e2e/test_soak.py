@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from eventsrc.bench.soak import RETENTION_FLAG, SoakOptions, SoakResult, plateau, run_soak, serve_has_retention
+from testbed.benches.soak import RETENTION_FLAG, SoakOptions, SoakResult, plateau, run_soak, serve_has_retention
 from tests.conftest import run_cli
 
 MINUTES = float(os.environ.get("EVENTSRC_SOAK_MINUTES", "1"))
@@ -103,7 +103,7 @@ def test_soak_options_are_checked_in_one_line() -> None:
 
 
 def test_trend_is_the_slope_after_the_warm_up_per_minute() -> None:
-    from eventsrc.bench.soak import Sample, trend
+    from testbed.benches.soak import Sample, trend
 
     def at(t: float, rss: int) -> Sample:
         return Sample(t, 0, 0, 0, rss, 0, 0.0, 0, 0, 0.0, 0, 0)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from eventsrc.bench.fleet_timing import Options, run_fleet_bench
+from testbed.benches.fleet_timing import Options, run_fleet_bench
 
 TINY = Options(
     nodes=2,

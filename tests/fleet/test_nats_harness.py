@@ -14,7 +14,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.api import PubAck, StorageType
 
-from eventsrc.bench import server_process
+from testbed.servers import server_process
 from tests.support.eventually import eventually
 from tests.support.nats import NatsCluster, NatsServer
 

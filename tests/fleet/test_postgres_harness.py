@@ -8,7 +8,7 @@ import os
 
 import psycopg
 
-from eventsrc.bench import server_process
+from testbed.servers import server_process
 from tests.support.postgres import PostgresServer
 
 

@@ -1,7 +1,7 @@
 """A real containerd (2.1, with NRI) for the tests: fetched once, started per test, cleaned up.
 
 Fetching into the cache, the image, starting and stopping containerd by pid and cleaning up its
-shims and cgroups are ``eventsrc.bench.containerd``'s (``eventsrc bench nri`` runs it too); this
+shims and cgroups are ``testbed.servers.containerd``'s (``eventsrc bench nri`` runs it too); this
 module adds the tests' own CRI client, with grpcio and the project's vendored CRI proto,
 independent of the daemon's grpclib. The cache is reused once complete, without network::
 
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from eventsrc.bench.containerd import (
+from testbed.servers.containerd import (
     ARCHIVE,
     CFS_PERIOD,
     IMAGE,

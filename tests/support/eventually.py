@@ -5,8 +5,8 @@ a plugin registering) polls a condition until it holds or a bound passes, and fa
 it waited for. It never sleeps a fixed time and assumes that something happened meanwhile.
 
 ``eventually`` blocks the thread (tests of subprocesses); ``eventually_up`` is ``eventually`` for
-a server a harness is starting (``eventsrc.bench.server_process.Server``); both are
-``eventsrc.bench.server_process``'s, where the benchmarks' harnesses use them too (their failure
+a server a harness is starting (``testbed.servers.server_process.Server``); both are
+``testbed.servers.server_process``'s, where the benchmarks' harnesses use them too (their failure
 is an AssertionError, a ``WaitedTooLong``); ``eventually_trio`` is
 the same for a trio test, where a condition the code can signal (an event, a counter it exposes,
 ``trio.testing.wait_all_tasks_blocked()``) is better still when there is one.
@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import trio
 
-from eventsrc.bench.server_process import eventually, eventually_up, timed_out
+from testbed.servers.server_process import eventually, eventually_up, timed_out
 
 __all__ = ["eventually", "eventually_trio", "eventually_up"]
 T = TypeVar("T")

@@ -50,7 +50,7 @@ import grpc
 from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.inputs import kubelet_checkpoints as ki
 from eventsrc.rpc.ratelimit import TokenBucket
-from tests.support import kubelet_checkpoints as kc
+from testbed.servers import kubelet_checkpoints as kc
 from tests.support.grpcio_stubs import pod_resources, unix_target
 
 pr = pod_resources()

@@ -1,4 +1,4 @@
-"""The tests' real nats-server with JetStream: ``eventsrc.bench.nats_server`` (``eventsrc bench fleet``
+"""The tests' real nats-server with JetStream: ``testbed.servers.nats_server`` (``eventsrc bench fleet``
 runs it too), named here for the tests. ``NatsServer(base)`` is one server on loopback ports,
 ``NatsCluster(base, 3)`` three routed as one JetStream cluster; each is ended by pid. The cache is
 filled ahead with::
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from eventsrc.bench.nats_server import ARCHIVE, NatsCluster, NatsServer, why_unavailable
+from testbed.servers.nats_server import ARCHIVE, NatsCluster, NatsServer, why_unavailable
 
 __all__ = ["NatsCluster", "NatsServer", "why_unavailable"]
 

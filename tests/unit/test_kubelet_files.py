@@ -13,7 +13,7 @@ import pytest
 from eventsrc.core.cpu.cpuset import MAX_CPUS, CPUSet, CPUSetParseError
 from eventsrc.inputs import kubelet_checkpoints as ki
 from eventsrc.node.beside import _read_checkpoints
-from tests.support.kubelet_checkpoints import cpu_state
+from testbed.servers.kubelet_checkpoints import cpu_state
 
 
 def refusal(path: Path) -> str:

@@ -14,7 +14,7 @@ import pytest
 
 from eventsrc.inputs import kubelet_checkpoints as ki
 from eventsrc.node.beside import _read_checkpoints
-from tests.support import kubelet_checkpoints as kc
+from testbed.servers import kubelet_checkpoints as kc
 
 _C = TypeVar("_C", ki.CPUCheckpoint, ki.MemoryCheckpoint)
 

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from eventsrc.inputs import kubelet_checkpoints as ki
-from tests.support import kubelet_checkpoints as kc
+from testbed.servers import kubelet_checkpoints as kc
 from tests.support.grpcio_stubs import pod_resources_client, unix_target
 from tests.support.kubelet import (
     GET_DISABLED,

@@ -2,11 +2,11 @@
 pid. ``eventsrc bench fleet`` runs it, and so do the tests (``tests/support/nats.py``).
 
 Nothing is installed system-wide. ``fetch()`` downloads Debian 12's ``nats-server`` (2.9.10, one
-binary) through the private apt configuration of ``eventsrc.bench.debian_packages`` and unpacks it
+binary) through the private apt configuration of ``testbed.servers.debian_packages`` and unpacks it
 with ``dpkg -x`` into the cache (env ``EVENTSRC_NATS_CACHE``, default
 ``/var/cache/eventsrc-tests/nats``), reused once complete, without network::
 
-    python -m eventsrc.bench.nats_server fetch [--cache DIR]
+    python -m testbed.servers.nats_server fetch [--cache DIR]
 
 ``NatsServer(base)`` runs one server on loopback ports with its configuration, log and JetStream
 storage under ``base/<name>``; ``NatsCluster(base, 3)`` runs three, routed to each other as one
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eventsrc.bench import debian_packages, server_process
-from eventsrc.bench.debian_packages import FetchError
-from eventsrc.bench.server_process import eventually, eventually_up
+from testbed.servers import debian_packages, server_process
+from testbed.servers.debian_packages import FetchError
+from testbed.servers.server_process import eventually, eventually_up
 
 DEFAULT_CACHE = Path("/var/cache/eventsrc-tests/nats")
 CACHE_ENV = "EVENTSRC_NATS_CACHE"
@@ -289,7 +289,7 @@ class NatsCluster:
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    return ARCHIVE.command("python -m eventsrc.bench.nats_server", argv)
+    return ARCHIVE.command("python -m testbed.servers.nats_server", argv)
 
 
 if __name__ == "__main__":

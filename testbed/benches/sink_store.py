@@ -3,7 +3,7 @@
 Each fetch is 256 chained records, 64 of each of 4 node logs, each following the one stored in
 the fetch before: the common path, where every record is checked against its stored
 predecessor (ADR 0034). Prints the median and p90 of a fetch's transaction and the records/s at
-the median. Run from a checkout: ``PYTHONPATH=. .venv/bin/python benchmarks/sink_store/bench.py
+the median. Run: ``.venv/bin/python -m testbed.benches.sink_store
 [FETCHES [WAITING]]`` (default 40, 0); WAITING: that many records waiting in ``pending`` for
 node-0 far ahead of its log (what a forger can publish), before the first fetch. The same script
 at an older commit gives the "before"."""
@@ -19,7 +19,7 @@ from eventsrc import events as ev
 from eventsrc.events import chain_hash, encode_payload
 from eventsrc.fleet.rows import Shipped, store_many
 from eventsrc.fleet.tables import migrate
-from tests.support.postgres import PostgresServer
+from testbed.servers.postgres_server import PostgresServer
 
 NODES, PER_NODE = 4, 64
 

@@ -116,7 +116,7 @@ class Watchers:
     """The watchers' process."""
 
     def __init__(self, api: Path, n: int, slow_ms: float) -> None:
-        code = "from eventsrc.bench.watch import watchers_main; watchers_main()"
+        code = "from testbed.benches.watch import watchers_main; watchers_main()"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code, str(api), str(n), str(slow_ms)],
             stdin=subprocess.PIPE,

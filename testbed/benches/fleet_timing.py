@@ -54,8 +54,6 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from eventsrc import events as ev
-from eventsrc.bench import fleet_scale, nats_server, postgres_server, server_process
-from eventsrc.bench.fleet_scale import Options
 from eventsrc.bench.harness import cpu_seconds, pct
 from eventsrc.bench.usage_timing import T0, pods
 from eventsrc.core.chargeback import intervals
@@ -69,6 +67,9 @@ from eventsrc.log.store import EventLog, PendingAppend, key_seq
 from eventsrc.node.shipper import FleetOptions, Shipper
 from eventsrc.rpc.bridge import to_aio
 from eventsrc.rpc.jetstream import FAILURES, connect, ensure_stream
+from testbed.benches import fleet_scale
+from testbed.benches.fleet_scale import Options
+from testbed.servers import nats_server, postgres_server, server_process
 
 CEILING_STREAM = "EVENTSRC_CEILING"
 CEILING_PREFIX = "eventsrc.ceiling"

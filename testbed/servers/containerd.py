@@ -37,8 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from eventsrc.bench.debian_packages import FetchError, Packages, Progress, Unpacked, one_line, run
-from eventsrc.bench.server_process import Server, all_pids
+from testbed.servers.debian_packages import FetchError, Packages, Progress, Unpacked, one_line, run
+from testbed.servers.server_process import Server, all_pids
 
 DEFAULT_CACHE = Path("/var/cache/eventsrc-tests/containerd")
 CACHE_ENV = "EVENTSRC_CONTAINERD_CACHE"

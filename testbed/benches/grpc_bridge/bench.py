@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python benchmarks/grpc_bridge/bench.py [--calls N] [--rounds R]
+    .venv/bin/python -m testbed.benches.grpc_bridge.bench [--calls N] [--rounds R]
 
 One run starts every server kind below in its own subprocess, each listening
 on a unix socket in a fresh temporary directory, and drives them all with the
@@ -29,7 +29,7 @@ Reported: calls/s (median over rounds), p50 and p99 latency in microseconds
 grpclib-asyncio and to grpcio.
 
 The generated stubs (echo_pb2.py, echo_grpc.py, echo_pb2_grpc.py) live next
-to this file; regenerate them with ``benchmarks/grpc_bridge/gen.sh``.
+to this file; regenerate them with ``testbed/benches/grpc_bridge/gen.sh``.
 """
 
 from __future__ import annotations

@@ -7,12 +7,12 @@ default ``/var/cache/eventsrc-tests/postgres``), else an installed ``postgresql-
 (``/usr/lib/postgresql/15/bin``), else fetched into the cache. Nothing is installed system-wide:
 ``fetch()`` downloads Debian 12's ``postgresql-15``, ``libpq5`` and the libraries
 ``postgresql-15`` depends on through the private apt configuration of
-``eventsrc.bench.debian_packages`` and unpacks them with ``dpkg -x``; they run from there with the
+``testbed.servers.debian_packages`` and unpacks them with ``dpkg -x``; they run from there with the
 unpacked libraries first on ``LD_LIBRARY_PATH`` (so a machine that lacks one, or has other
 versions, runs them all the same).
 LLVM, which only the JIT loads, is not fetched: the JIT is off. To fill the cache ahead::
 
-    python -m eventsrc.bench.postgres_server fetch [--cache DIR]
+    python -m testbed.servers.postgres_server fetch [--cache DIR]
 
 ``PostgresServer()`` runs ``initdb`` into a new directory under /tmp and ``postgres`` on it,
 listening on a unix socket in that directory only (no TCP). PostgreSQL refuses to run as root:
@@ -47,9 +47,9 @@ from typing import Any
 
 import psycopg
 
-from eventsrc.bench import debian_packages
-from eventsrc.bench.debian_packages import FetchError
-from eventsrc.bench.server_process import Server, alive, children, eventually, eventually_up
+from testbed.servers import debian_packages
+from testbed.servers.debian_packages import FetchError
+from testbed.servers.server_process import Server, alive, children, eventually, eventually_up
 
 DEFAULT_CACHE = Path("/var/cache/eventsrc-tests/postgres")
 CACHE_ENV = "EVENTSRC_POSTGRES_CACHE"
@@ -298,7 +298,7 @@ class PostgresServer(Server):
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    return ARCHIVE.command("python -m eventsrc.bench.postgres_server", argv)
+    return ARCHIVE.command("python -m testbed.servers.postgres_server", argv)
 
 
 if __name__ == "__main__":

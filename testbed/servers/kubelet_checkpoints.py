@@ -8,7 +8,7 @@ format a kubelet writes (``version``), so that a stand-in kubelet can play each 
 
 The JSON is Go's ``encoding/json``: keys in struct order, map keys sorted as strings, no
 spaces, ``<``, ``>`` and ``&`` escaped. Files are replaced as the kubelet's FileStore does
-(``eventsrc.bench.scale.write_checkpoint``: a dot-named temporary file, then a rename). The
+(``write_checkpoint``: a dot-named temporary file, then a rename). The
 damage helpers leave what a torn write, a stray writer or a crash mid-write would leave.
 """
 
@@ -24,13 +24,27 @@ from typing import Any
 
 import msgspec
 
-from eventsrc.bench.scale import write_checkpoint
 from eventsrc.inputs import kubelet_checkpoints as ki
 
 DEVICE_CHECKPOINT = "device-plugins/" + ki.DEVICE_CHECKPOINT  # under the kubelet root
 CPU_STATE = ki.CPU_STATE
 MEMORY_STATE = ki.MEMORY_STATE
 DRA_STATE = ki.DRA_STATE
+
+
+def write_checkpoint(directory: Path, content: bytes, name: str = ki.DEVICE_CHECKPOINT) -> None:
+    """The kubelet's FileStore write of ``directory/name``: a temporary file named with a
+    leading dot and the name in the same directory, written, fsynced, renamed over it."""
+    tmp = directory / f".{name}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(content)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, directory / name)
 
 
 def go_json(value: Any) -> bytes:
@@ -52,7 +66,7 @@ def device_checkpoint(entries: Sequence[ki.PodDevicesEntry] | None, registered: 
     """``kubelet_internal_checkpoint`` (V2) holding ``entries`` (None: the kubelet's
     ``"PodDeviceEntries":null`` when nothing is allocated) and the healthy devices of each
     resource."""
-    reg = {k: list(v) for k, v in registered.items()}
+    reg: dict[str, list[str] | None] = {k: list(v) for k, v in registered.items()}
     cp = ki.DeviceCheckpoint(
         source=ki.DEVICE_CHECKPOINT,
         version="v2",

@@ -2,7 +2,7 @@
 CPU (% of a core) and RSS over a run at a short resync (issue 34: the checkpoint used to be
 parsed again at every look). A developer's bench, not part of the product.
 
-    python benchmarks/kubelet_files/bench.py --devices 1000000 --seconds 60 --resync 5s
+    .venv/bin/python -m testbed.benches.kubelet_files --devices 1000000 --seconds 60 --resync 5s
 
 It writes the checkpoint with one pod holding each device (as a kubelet with that many devices
 would), starts ``python -m eventsrc serve --beside-kubelet DIR`` from the current directory's
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from eventsrc.inputs import kubelet_checkpoints as ki
-from tests.support.kubelet_checkpoints import device_checkpoint
+from testbed.servers.kubelet_checkpoints import device_checkpoint
 
 
 def rss_kib(pid: int) -> int:

@@ -1,6 +1,6 @@
 """``eventsrc bench nri``: what eventsrc, as the runtime's NRI plugin, adds to each container start.
 
-Three containerds of its own (``eventsrc.bench.containerd``: Debian's containerd 2.1 with runc
+Three containerds of its own (``testbed.servers.containerd``: Debian's containerd 2.1 with runc
 and a tiny busybox image, from the tests' cache), alike but for their NRI plugin:
 
 - none: the ceiling every other figure is set beside;
@@ -36,7 +36,13 @@ from typing import Any, TextIO, TypeVar
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
-from eventsrc.bench.containerd import (
+from eventsrc.bench.harness import pct, start_daemon, wait_ready
+from eventsrc.errors import EventsrcError, first_line
+from eventsrc.gen.cri.v1 import api_pb2 as cri
+from eventsrc.gen.cri.v1.api_grpc import ImageServiceStub, RuntimeServiceStub
+from eventsrc.gen.node.v1 import node_pb2 as node_pb
+from eventsrc.gen.node.v1.node_grpc import NodeStub
+from testbed.servers.containerd import (
     IMAGE,
     PAUSE,
     ContainerdProcess,
@@ -45,12 +51,6 @@ from eventsrc.bench.containerd import (
     kubelet_cpu,
     why_unavailable,
 )
-from eventsrc.bench.harness import pct, start_daemon, wait_ready
-from eventsrc.errors import EventsrcError, first_line
-from eventsrc.gen.cri.v1 import api_pb2 as cri
-from eventsrc.gen.cri.v1.api_grpc import ImageServiceStub, RuntimeServiceStub
-from eventsrc.gen.node.v1 import node_pb2 as node_pb
-from eventsrc.gen.node.v1.node_grpc import NodeStub
 
 #: what eventsrc may add to CreateContainer's median, in ms (issue 27, item 3)
 GOALS = {"observe": 1.0, "enforce": 3.0}

@@ -84,6 +84,7 @@ from eventsrc.gen.node.v1.node_grpc import NodeStub
 from eventsrc.gen.podresources.v1 import api_pb2 as pr
 from eventsrc.gen.podresources.v1.api_grpc import PodResourcesListerStub
 from eventsrc.inputs.kubelet_checkpoints import DeviceCheckpoint, PodDevicesEntry, device_checksum_text, fnv32a
+from testbed.servers.kubelet_checkpoints import write_checkpoint
 
 SIZES = (10, 100, 1_000, 10_000)
 PROBE_PERIOD = 0.010
@@ -171,21 +172,6 @@ def checkpoint_json(entries: Iterable[Held], registered: list[str], checksum: in
     return json.dumps({"Data": data, "Checksum": checksum}, separators=(",", ":")).encode()
 
 
-def write_checkpoint(directory: Path, content: bytes, name: str = CHECKPOINT) -> None:
-    """The kubelet's FileStore write of ``directory/name``: a temporary file named with a
-    leading dot and the name in the same directory, written, fsynced, renamed over it."""
-    tmp = directory / f".{name}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(content)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, directory / name)
-
-
 def checkpoint_per_change(
     directory: Path, entries: list[Held], registered: list[str], changes: int
 ) -> tuple[float, int]:
@@ -256,7 +242,7 @@ class Probe:
     """The stall probe's process."""
 
     def __init__(self, api: Path) -> None:
-        code = "from eventsrc.bench.scale import probe_main; probe_main()"
+        code = "from testbed.benches.scale import probe_main; probe_main()"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code, str(api), str(PROBE_PERIOD)],
             stdin=subprocess.PIPE,
