@@ -287,3 +287,9 @@ def test_the_adr_index_lists_every_adr() -> None:
     adrs = REPO / "docs" / "adr"
     listed = set(re.findall(r"\]\((\d{4}-[a-z0-9-]+\.md)\)", (adrs / "README.md").read_text()))
     assert listed == {p.name for p in adrs.glob("[0-9][0-9][0-9][0-9]-*.md")}
+
+
+def test_the_readme_reads_in_one_sitting() -> None:
+    """Issue 36: the README is under 300 lines of at most 100 characters; the rest is in docs/."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) < 300 and [n for n, line in enumerate(lines, 1) if len(line) > 100] == []
