@@ -94,6 +94,7 @@ def mount_points() -> list[str]:
         return [line.split()[4].encode().decode("unicode_escape") for line in f]
 
 
+@pytest.mark.slow  # about 40 s with the cache filled: podman builds the image from Debian and PyPI
 def test_the_image_runs_as_the_daemonset_runs_its_pod_and_audits_a_device_from_inside(
     podman: Podman, short_tmp: Path, tmp_path: Path
 ) -> None:
