@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.podman import pod_run
+
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -136,8 +138,11 @@ def test_the_serve_flags_other_than_beside_kubelet_exist() -> None:
 
 def test_the_image_recipe_builds_the_wheel_and_installs_it() -> None:
     text = CONTAINERFILE.read_text()
+    # any Debian 12 base: Debian's image by default, the test's from Debian's archive (test_image.py)
+    assert re.search(r"^ARG BASE=docker\.io/library/debian:bookworm-slim$", text, re.M)
     stages = re.findall(r"^FROM (\S+)", text, re.M)
-    assert stages == ["python:3.11-slim", "python:3.11-slim"]
+    assert stages == ["${BASE}", "python", "python"]
+    assert re.search(r"apt-get install -y --no-install-recommends python3 python3-venv", text)
     assert re.search(r"^RUN pip wheel --no-deps \. -w /dist$", text, re.M)
     assert re.search(r"^RUN pip install --no-input /tmp/dist/eventsrc-\*\.whl", text, re.M)
     assert "DEBIAN_FRONTEND=noninteractive" in text
@@ -169,3 +174,32 @@ def test_the_wheel_the_recipe_installs_builds(tmp_path: Path) -> None:
     assert "eventsrc/cli/main.py" in names and "eventsrc/gen/podresources/v1/api_pb2.py" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "eventsrc = eventsrc.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_the_pod_flags_say_what_the_manifest_says() -> None:
+    host = {"/var/lib/kubelet": Path("/k"), "/var/run/nri": Path("/n"), "/var/lib/eventsrc": Path("/s")}
+    pod = pod_run(daemonset(), host, Path("/p/seccomp.json"))
+    flags = pod.flags
+    assert {"--pid=private", "--ipc=private", "--network=none", "--user=0:0"} <= set(flags)
+    assert {"--security-opt=seccomp=/p/seccomp.json", "--security-opt=no-new-privileges", "--cap-drop=all"} <= set(
+        flags
+    )
+    assert {"--read-only", "--read-only-tmpfs=false", "--cpu-shares=51", "--cpus=1", f"--memory={1 << 30}b"} <= set(
+        flags
+    )
+    assert not [f for f in flags if f.startswith(("--cap-add", "--privileged"))]
+    mounts = [f for f in flags if f.startswith("--mount=")]
+    assert mounts == [
+        "--mount=type=bind,source=/k,destination=/var/lib/kubelet,ro",
+        "--mount=type=bind,source=/n,destination=/var/run/nri,ro",
+        "--mount=type=bind,source=/s,destination=/var/lib/eventsrc",
+        f"--mount=type=tmpfs,destination=/tmp,tmpfs-size={16 << 20}",
+    ]
+    assert pod.args[0] == "serve" and pod.grace_seconds == 60
+
+
+def test_a_manifest_field_the_flags_do_not_translate_is_an_error() -> None:
+    ds = daemonset()
+    ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["procMount"] = "Unmasked"
+    with pytest.raises(ValueError, match=re.escape("['procMount']")):
+        pod_run(ds, {}, Path("/p"))
