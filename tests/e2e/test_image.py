@@ -1,6 +1,6 @@
 """deploy/image built and run as deploy/kubernetes/daemonset.yaml runs its pod (issue 36 item 7).
 
-Debian 12's podman (``tests/support/podman.py``: fetched into a cache, nothing installed) imports
+Debian 12's podman (``testbed/servers/podman.py``: fetched into a cache, nothing installed) imports
 a Debian 12 base made from Debian's archive with mmdebstrap, builds the Containerfile on it (its
 RUN steps fetch from Debian and PyPI; no registry is asked for an image) and runs the image with
 the pod's namespaces, user, seccomp profile, capabilities, read-only root, resources and
@@ -22,12 +22,12 @@ import pytest
 import yaml
 
 from eventsrc.layout import Layout
+from testbed.servers.podman import ARCHIVE, BASE_IMAGE, Podman, pod_run, why_unavailable
 from tests.conftest import run_cli
 from tests.e2e.test_beside_kubelet import tree
 from tests.support.containerd import Containerd
 from tests.support.eventually import eventually
 from tests.support.kubelet import Container, Device, StandInKubelet
-from tests.support.podman import ARCHIVE, BASE_IMAGE, Podman, pod_run, why_unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 CONTAINERFILE = REPO / "deploy" / "image" / "Containerfile"

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.podman import pod_run
+from testbed.servers.podman import pod_run
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 

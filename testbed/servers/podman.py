@@ -11,7 +11,7 @@ documentation and locales, as Debian's own ``bookworm-slim`` image is, written a
 the cache. No registry is ever asked for an image. The cache (env ``EVENTSRC_PODMAN_CACHE``,
 default ``/var/cache/eventsrc-tests/podman``) is reused once complete, without network::
 
-    python -m tests.support.podman fetch [--cache DIR]
+    python -m testbed.servers.podman fetch [--cache DIR]
 
 ``Podman(base)`` is podman with its own containers.conf, storage.conf, signature policy (a
 ``HOME`` of its own), storage, run directory and runc state under ``base``; ``cleanup()`` removes
@@ -51,8 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eventsrc.bench.debian_packages import MIRROR, Packages, Progress, Unpacked, one_line, run
-from tests.support.containerd import cgroup_mounts
+from testbed.servers.containerd import cgroup_mounts
+from testbed.servers.debian_packages import MIRROR, Packages, Progress, Unpacked, one_line, run
 
 DEFAULT_CACHE = Path("/var/cache/eventsrc-tests/podman")
 CACHE_ENV = "EVENTSRC_PODMAN_CACHE"
@@ -520,7 +520,7 @@ def quantity(text: str | int) -> float:
 
 def _unknown(where: str, doc: Mapping[str, Any], known: set[str]) -> None:
     if extra := set(doc) - known:
-        raise ValueError(f"{where}: {sorted(extra)} not translated to podman (tests/support/podman.py)")
+        raise ValueError(f"{where}: {sorted(extra)} not translated to podman (testbed/servers/podman.py)")
 
 
 def pod_run(daemonset: Mapping[str, Any], host_paths: Mapping[str, Path], seccomp_profile: Path) -> PodRun:
@@ -608,11 +608,11 @@ def _mounts(volumes: list[dict[str, Any]], mounts: list[dict[str, Any]], host_pa
 
 
 # ---------------------------------------------------------------------------------------------
-# python -m tests.support.podman fetch
+# python -m testbed.servers.podman fetch
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    return ARCHIVE.command("python -m tests.support.podman", argv)
+    return ARCHIVE.command("python -m testbed.servers.podman", argv)
 
 
 if __name__ == "__main__":
