@@ -102,6 +102,15 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
         help="how long an admission waits for a known plugin that has not registered (again) yet (default 30s)",
     )
     p.add_argument(
+        "--observations-wait",
+        type=_duration,
+        default=None,
+        metavar="SECONDS|DURATION",
+        help="how long what eventsrc observes (the runtime's news, the kubelet's decisions) may wait in memory "
+        "to be written with others, when no decision takes it along sooner; what a power loss can take back "
+        "(default 5ms, at most 1s; 0 writes each at once, still after its answer; docs/adr/0042)",
+    )
+    p.add_argument(
         "--watch-stall-timeout",
         type=_duration,
         default=None,
@@ -414,6 +423,7 @@ def serve(args: argparse.Namespace) -> int:
             snapshot_every=cfg.snapshot_every,
             admission_wait=cfg.admission_wait.seconds,
             watch_stall=cfg.watch_stall_timeout.seconds,
+            observations_wait=cfg.observations_wait.seconds,
             grace=cfg.plugin_grace_period.seconds,
             cpus=cpus,
             topology=topology,

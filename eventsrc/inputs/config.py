@@ -55,6 +55,13 @@ _UNITS = {
 _DURATION = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 
+#: How long an observation may wait in memory to share its append with others (seconds), by
+#: default, and at most (``serve --observations-wait``, docs/adr/0042; the default's
+#: measurement: docs/performance.md).
+OBSERVATIONS_WAIT = 0.005
+MAX_OBSERVATIONS_WAIT = 1.0
+
+
 class Duration:
     """A Go duration ("30s", "5m", "1m30s", "500ms"), as the kubelet's config files hold
     them; whole nanoseconds. ``str()`` is Go's ``Duration.String()``."""
@@ -265,6 +272,8 @@ class Configuration(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     admission_wait: Duration = Duration.of_seconds(30)
     plugin_grace_period: Duration = Duration.of_seconds(300)
     watch_stall_timeout: Duration = Duration.of_seconds(30)
+    # How long an observation may wait to share its append with others (docs/adr/0042).
+    observations_wait: Duration = Duration.of_seconds(OBSERVATIONS_WAIT)
     metrics_address: str = ""  # host:port; "" serves no metrics
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -308,6 +317,7 @@ FLAGS: Mapping[str, str] = {
     "admissionWait": "--admission-wait",
     "pluginGracePeriod": "--plugin-grace",
     "watchStallTimeout": "--watch-stall-timeout",
+    "observationsWait": "--observations-wait",
     "metricsAddress": "--metrics-address",
     "logFormat": "--log-format",
     "logLevel": "--log-level",
@@ -545,6 +555,8 @@ def check(cfg: Configuration) -> None:
         )
     if cfg.watch_stall_timeout.seconds <= 0:
         raise wrap("watchStallTimeout", ValueError("must be more than 0"))
+    if cfg.observations_wait.seconds > MAX_OBSERVATIONS_WAIT:
+        raise wrap("observationsWait", ValueError(f"must be at most {Duration.of_seconds(MAX_OBSERVATIONS_WAIT)}"))
     if cfg.fleet.node_name and (why := node_name_error(cfg.fleet.node_name)):
         raise wrap("fleet.nodeName", ValueError(why))
     for url in cfg.fleet.nats:

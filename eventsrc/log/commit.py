@@ -36,6 +36,8 @@ def new_correlation_id() -> str:
     return f"{_cid_next():016x}"
 
 
+#: Past this many records of observations queued, they are appended without waiting.
+OBSERVATIONS_QUEUED = 1024
 #: A batch of at most this many records is applied in one go (most are a request's few).
 APPLY_WHOLE = 8
 #: Applying a longer batch lets the loop run others after this long (seconds).
@@ -48,15 +50,42 @@ def _no_abort(_: object) -> Abort:
     return Abort.FAILED
 
 
+class ViewsAheadError(LogClosedError):
+    """Observations were projected onto the views and their append failed: the views hold
+    records the log does not. The committer stops, and the daemon with it: its next start
+    rebuilds the views from the log (docs/adr/0042)."""
+
+
 class GroupCommitter:
+    """One queue of appends, committed in batches: one write transaction and one sync each.
+
+    Two kinds of append share it (docs/adr/0042):
+
+    - a **decision** (``append``): its appender waits until it is durable, and it is applied
+      to the views then; a batch holding a decision is committed at once;
+    - an **observation** (``observe``): what already happened, which nothing waits for. It is
+      projected onto the views at once, its sequence numbers given, and it waits in the queue
+      for the next decision's batch, or at most ``observations_wait`` seconds, to be written
+      with others. A decision's batch carries every observation queued before it.
+
+    The log's order is the queue's, and the views take the records in that order: an
+    observation that comes while a batch is being written, or behind a queued decision, is
+    projected once those are applied (its caller waits for that). A batch whose write fails
+    with observations projected in it leaves views ahead of the log: ``run`` raises
+    ``ViewsAheadError`` and the daemon stops, to be rebuilt from the log.
+    """
+
     def __init__(
         self,
         log: EventLog,
         on_commit: Callable[[list[Record]], None] | None = None,
         on_batch: Callable[[int], None] | None = None,
+        observations_wait: float = 0.0,
     ) -> None:
-        """``on_commit(records)``: what is durable, to apply (a batch's records, or one
-        append's at a time in a long batch); ``on_batch(n)``: a durable batch of n records."""
+        """``on_commit(records)``: records to apply to the views (a batch's decisions once
+        durable, or one append's at a time in a long batch; an observation when projected);
+        ``on_batch(n)``: a durable batch of n records; ``observations_wait``: how long an
+        observation may wait for others (0: each is written at once, still after its answer)."""
         self.event_log = log
         self._on_batch = on_batch
         self._queue: list[PendingAppend] = []
@@ -64,6 +93,13 @@ class GroupCommitter:
         self._appended = trio.Event()
         self._closed = False
         self._on_commit = on_commit
+        self.observations_wait = observations_wait
+        self._behind = 0  # appends queued that are not in the views (decisions, observations waiting)
+        self._writing = False  # a batch taken from the queue is being written or applied
+        self._observed = 0  # records of projected observations in the queue
+        self._observed_since = 0.0  # when the first of them was projected (trio's clock)
+        self._hurry = trio.Event()  # a decision queued, or too many observations: commit now
+        self._failure: BaseException | None = None  # applying a projection failed: stop
         #: Sizes of the last batches (for metrics and benchmarks).
         self.batches = 0
         self.appended = 0
@@ -91,17 +127,85 @@ class GroupCommitter:
     ) -> PendingAppend:
         """Queue ``events`` without waiting: they are ordered before anything submitted
         later. ``wait`` for them before acting on their being durable."""
-        if self._closed:
-            raise LogClosedError("the event log is closed")
+        self._check_open()
         req = PendingAppend(events, correlation_id or new_correlation_id(), 0, expect_last)
         self._queue.append(req)
+        self._behind += 1
+        self._hurry.set()
+        self._wake()
+        return req
+
+    async def observe(
+        self, observed: Callable[[], Sequence[EventBase]], correlation_id: str | None = None
+    ) -> list[Record]:
+        """Record an observation: ``observed()`` gives its events, from the views at its turn.
+
+        Returns its records once they are in the views, without waiting for them to be
+        durable: at once, unless a batch is being written or a decision is queued ahead (then
+        once those are applied). They are written with the next decision's batch, or within
+        ``observations_wait`` seconds. Raises what ``observed`` raised, or why its events
+        cannot be appended (nothing of it is then in the views).
+        """
+        self._check_open()
+        if self.event_log.lost:
+            raise LogClosedError(self.event_log.lost)
+        req = PendingAppend((), correlation_id or new_correlation_id(), 0)
+        req.observed = observed
+        if self._writing or self._behind:  # what is ahead is not in the views yet: after it
+            self._queue.append(req)
+            self._behind += 1
+            self._wake()
+            return await self.wait(req)
+        self._project(req)
+        if req.error is not None:
+            raise req.error
+        if req.records:
+            self._queue.append(req)
+            self._wake()
+        return req.records
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError("the event log is closed")
+
+    def _wake(self) -> None:
         if self._idle is not None:
             committer, self._idle = self._idle, None
             reschedule(committer)
-        return req
+
+    def _project(self, req: PendingAppend) -> None:
+        """Give observation ``req`` its events and sequence numbers and apply it to the views.
+        Only while nothing taken from the queue is unapplied and no decision is queued ahead
+        of it: the views take the records in the log's order."""
+        assert req.observed is not None
+        req.done = True
+        try:
+            events = req.observed()
+        except Exception as exc:  # the observation's own failure: nothing of it recorded
+            req.error = exc
+            req.prepared = ([], [])
+            return
+        req.events, req.ts_ns = events, time.time_ns()  # when it was seen, not when written
+        req.prepared = self.event_log.prepare([req]) if events else ([], [])
+        if not req.records:
+            return  # nothing, or an event that cannot be encoded (req.error)
+        if not self._observed:
+            self._observed_since = trio.current_time()
+        self._observed += len(req.records)
+        if self._observed >= OBSERVATIONS_QUEUED:
+            self._hurry.set()
+        if self._on_commit is not None:
+            try:
+                self._on_commit(req.records)
+            except BaseException as exc:  # the views are half applied: stop (run raises it)
+                self._failure = exc
+                self._hurry.set()
+                self._wake()
+                raise
 
     async def wait(self, req: PendingAppend) -> list[Record]:
-        """Until ``req`` is durable (and applied); its records, or its error raised."""
+        """Until ``req`` is durable (and applied), or an observation projected; its records,
+        or its error raised."""
         if not req.done:
             req.waiter = current_task()
             # Parked until the committer reschedules this task (the cheapest wake-up trio
@@ -115,9 +219,10 @@ class GroupCommitter:
         """Commit queued appends until cancelled; on cancel, commit what is queued, then stop.
 
         If committing or applying fails in a way no single append caused (a bug, the disk,
-        memory), every waiting appender gets that error and the exception ends ``run``:
-        the daemon stops and is rebuilt from the log, rather than going on with views that
-        may miss what the log holds. No appender is ever left parked."""
+        memory), or an append of projected observations fails, every waiting appender gets
+        that error and the exception ends ``run``: the daemon stops and is rebuilt from the
+        log, rather than going on with views that differ from what the log holds. No appender
+        is ever left parked."""
         task_status.started()
         failure: BaseException | None = None
         try:
@@ -125,6 +230,11 @@ class GroupCommitter:
                 if not self._queue:
                     self._idle = current_task()
                     await wait_task_rescheduled(self._abort_idle)
+                if not self._hurry.is_set() and not self._behind:
+                    # Only observations: wait for others to share their append, a decision
+                    # that takes them along, or their time.
+                    with trio.move_on_at(self._observed_since + self.observations_wait):
+                        await self._hurry.wait()
                 await self._commit_queued()
         except trio.Cancelled:
             raise  # a shutdown: what is queued is still committed, below
@@ -161,32 +271,68 @@ class GroupCommitter:
             if req.waiter is not None:
                 reschedule(req.waiter)  # type: ignore[arg-type]
 
+    def _project_waiting(self) -> None:
+        """Project the observations at the queue's head that waited for what was ahead of
+        them (nothing is being written now) and wake their callers."""
+        for req in self._queue:
+            if req.observed is None:
+                return  # a decision: the ones after it wait for it
+            if req.done:
+                continue
+            self._behind -= 1
+            self._project(req)
+            if req.waiter is not None:
+                reschedule(req.waiter)  # type: ignore[arg-type]
+
     async def _commit_queued(self) -> None:
-        while self._queue:
-            batch, self._queue = self._queue, []
+        while self._queue or self._failure is not None:
+            if self._failure is not None:
+                raise self._failure
+            self._project_waiting()
+            # Up to the first observation still waiting (behind a decision of this batch).
+            cut = next((i for i, r in enumerate(self._queue) if not r.done and r.observed is not None), None)
+            batch, self._queue = self._queue[:cut], self._queue[len(self._queue) if cut is None else cut :]
+            self._behind -= sum(1 for r in batch if r.observed is None)
+            self._observed, self._hurry = 0, trio.Event()
+            if self._behind:
+                self._hurry.set()
+            self._writing = True
             try:
-                # Shielded: once taken from the queue a batch is committed whatever happens
-                # to this task, and the thread cannot be abandoned (its appenders must learn
-                # the outcome).
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(self.event_log.commit, batch)
-                self.batches += 1
-                _log_failed(batch)
-                committed = sum(len(req.records) for req in batch)
-                self.appended += committed
-                if committed and self._on_batch is not None:
-                    self._on_batch(committed)
-                if committed and self._on_commit is not None:
-                    # Before any appender resumes: they see their events in the views.
-                    await self._apply([req.records for req in batch if req.records], committed, self._on_commit)
+                await self._write(batch)
+                self._project_waiting()  # before the batch's appenders see the views
             except BaseException as exc:
                 self._finish(
                     batch, LogClosedError(f"the event log failed while committing or applying this append: {exc!r}")
                 )
                 raise
+            finally:
+                self._writing = False
             self._finish(batch)
             appended, self._appended = self._appended, trio.Event()
             appended.set()
+
+    async def _write(self, batch: list[PendingAppend]) -> None:
+        """Commit ``batch`` (one transaction, one sync) and apply its decisions."""
+        # Shielded: once taken from the queue a batch is committed whatever happens to this
+        # task, and the thread cannot be abandoned (its appenders must learn the outcome).
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self.event_log.commit, batch)
+        self.batches += 1
+        _log_failed(batch)
+        projected = [r for r in batch if r.observed is not None and r.prepared and r.prepared[0]]
+        if projected and projected[0].error is not None:
+            raise ViewsAheadError(
+                f"an append of {len(projected)} observation(s) already in the views failed "
+                f"({projected[0].error}): the views are ahead of the log; stopping to rebuild them from it"
+            )
+        committed = sum(len(req.records) for req in batch)
+        self.appended += committed
+        if committed and self._on_batch is not None:
+            self._on_batch(committed)
+        decided = [req.records for req in batch if req.records and req.observed is None]
+        if decided and self._on_commit is not None:
+            # Before any appender resumes: they see their events in the views.
+            await self._apply(decided, sum(map(len, decided)), self._on_commit)
 
     async def _apply(
         self, appends: list[list[Record]], records: int, on_commit: Callable[[list[Record]], None]
@@ -258,7 +404,9 @@ async def follow(
         if started and next_seq < history.live_first_seq():
             history.refresh()  # cut since the last pass: look for them in the new segments
         try:
-            for item in history.records(next_seq):
+            # Up to what the log says synced (in the writing process, what its writer knows
+            # synced: a transaction under way is not served; docs/adr/0042).
+            for item in history.records(next_seq, history.log.last_seq()):
                 if started and item.seq != next_seq and not _passed_over(told, next_seq, item.seq - 1):
                     history.refresh()  # a cut between the look at the live log's start and the read
                     if history.covers(next_seq):

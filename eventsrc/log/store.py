@@ -235,7 +235,18 @@ class DirLock:
 class PendingAppend:
     """One caller's append inside a group commit. ``commit`` fills ``records`` or ``error``."""
 
-    __slots__ = ("events", "correlation_id", "ts_ns", "expect_last", "records", "error", "waiter", "done")
+    __slots__ = (
+        "events",
+        "correlation_id",
+        "ts_ns",
+        "expect_last",
+        "records",
+        "error",
+        "waiter",
+        "done",
+        "prepared",
+        "observed",
+    )
 
     def __init__(
         self,
@@ -252,6 +263,11 @@ class PendingAppend:
         self.error: BaseException | None = None
         self.waiter: object = None  # the trio task parked on this append, if any
         self.done = False  # committed (or failed) and applied
+        #: its records and index entries when prepared ahead of its batch (an observation
+        #: projected onto the views before its append: ``eventsrc.log.commit``)
+        self.prepared: Prepared | None = None
+        #: an observation: what computes its events, at its turn (``eventsrc.log.commit``)
+        self.observed: Callable[[], Sequence[EventBase]] | None = None
 
 
 #: A prepared batch: the (key, value) records and the (key, b"") index entries to write.
@@ -698,8 +714,19 @@ class EventLog:
         self._prev_hash = self._durable_hash
 
     def commit(self, batch: Sequence[PendingAppend]) -> None:
-        """Prepare and write ``batch``: one write transaction, one sync (synchronous)."""
-        items, index = self.prepare(batch)
+        """Prepare and write ``batch``: one write transaction, one sync (synchronous). The
+        requests prepared ahead (``prepared``) come first and are written as prepared."""
+        ahead = 0
+        items: list[tuple[bytes, bytes]] = []
+        index: list[tuple[bytes, bytes]] = []
+        while ahead < len(batch) and (done := batch[ahead].prepared) is not None:
+            items += done[0]
+            index += done[1]
+            ahead += 1
+        if ahead < len(batch):
+            more, more_index = self.prepare(batch[ahead:])
+            items += more
+            index += more_index
         try:
             self.write(items, index)
         except EventsrcError as err:

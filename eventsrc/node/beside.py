@@ -319,7 +319,7 @@ class Beside:
         self._wake = trio.Event()
         gaps, self._runtime_gaps = self._runtime_gaps, []
         if gaps:
-            await self.recorder.record(gaps)
+            await self._observe(gaps)
         await self._close_runtime_gap()
         full, pods, removed = self._full, self._pods, self._removed
         self._full, self._pods, self._removed = False, set(), set()
@@ -372,9 +372,7 @@ class Beside:
         views = self.recorder.views
         since = views.kubelet.gaps.get("runtime")
         if since is not None and views.runtime.connected and not self._runtime_gaps:
-            await self.recorder.record(
-                [ev.ObservationGapFound(source="runtime", since_ns=since, until_ns=self.clock())]
-            )
+            await self._observe([ev.ObservationGapFound(source="runtime", since_ns=since, until_ns=self.clock())])
 
     async def _record_look(
         self, answer: Look | None, allocatable: pr.AllocatableResourcesResponse | None, removed: set[str]
@@ -387,12 +385,12 @@ class Beside:
             self._missing = missing(views.kubelet, answer)
         events: list[ev.EventBase] = release_gone(views.kubelet, answer, runtime, removed, before)
         if events:
-            await self.recorder.record(events)
+            await self._observe(events)
         if answer is not None:
             ids: Identities = identities(runtime, self._device_uids, self._cpu_manager(), self._memory_manager())
             events = observe(views.kubelet, answer, ids)
             if events:
-                await self.recorder.record(events)
+                await self._observe(events)
                 await self._record_findings(events)
             if answer.complete:
                 await self._record_disagreements(cpu_disagreements(self.recorder.views.kubelet, answer, ids))
@@ -416,7 +414,7 @@ class Beside:
         if not isinstance(checkpoint, ki.DeviceCheckpoint):
             if ALLOCATABLE_GAP not in views.kubelet.gaps:
                 reason = f"{self._allocatable_trouble}; and no device checkpoint read"
-                await self.recorder.record(
+                await self._observe(
                     [ev.ObservationGapFound(source=ALLOCATABLE_GAP, since_ns=self.clock(), reason=reason)]
                 )
             return
@@ -430,7 +428,7 @@ class Beside:
         if since is not None:
             events = [ev.ObservationGapFound(source=ALLOCATABLE_GAP, since_ns=since, until_ns=self.clock()), *events]
         if events:
-            await self.recorder.record(events)
+            await self._observe(events)
 
     def _cpu_manager(self) -> CPUManager | None:
         """The CPU manager's state as last read (None: not read: no CPU is known exclusive)."""
@@ -474,7 +472,7 @@ class Beside:
         for d in new:
             log.warning("the kubelet lists cpus its CPU manager's state does not give", pod=d.pod.name, listed=d.listed)
         if new:
-            await self.recorder.record(list(new))
+            await self._observe(list(new))
 
     async def _record_findings(self, observed: list[ev.EventBase]) -> None:
         """What the kubelet got wrong in what ``observed`` (just recorded) says: a device or an
@@ -485,9 +483,14 @@ class Beside:
                 "the kubelet gave one resource to two pods at once", resource=f.resource, ids=f.ids, holders=f.holders
             )
         if found:
-            await self.recorder.record(found)
+            await self._observe(found)
 
     # ----------------------------------------------------------------- gaps
+
+    async def _observe(self, events: Sequence[ev.EventBase]) -> None:
+        """What the kubelet did, or what eventsrc could not see of it: an observation (in the
+        views now, in the log within the committer's wait; docs/adr/0042)."""
+        await self.recorder.observe(lambda: events)
 
     async def _gap_open(self, source: str, reason: str) -> None:
         if source in self.recorder.views.kubelet.gaps:
@@ -496,14 +499,14 @@ class Beside:
         # from the last good answer: nothing is known of the kubelet after it (a kubelet that stops
         # leaves its socket; the look that finds it gone comes up to a resync later)
         since = self._answered_ns or self.clock()
-        await self.recorder.record([ev.ObservationGapFound(source=source, since_ns=since, reason=reason)])
+        await self._observe([ev.ObservationGapFound(source=source, since_ns=since, reason=reason)])
 
     async def _gap_close(self, source: str) -> None:
         since = self.recorder.views.kubelet.gaps.get(source)
         if since is None:
             return
         log.info("the kubelet answers again", source=source)
-        await self.recorder.record([ev.ObservationGapFound(source=source, since_ns=since, until_ns=self.clock())])
+        await self._observe([ev.ObservationGapFound(source=source, since_ns=since, until_ns=self.clock())])
 
     # ----------------------------------------------------------------- checkpoint files
 
@@ -544,7 +547,7 @@ class Beside:
                 if shared != self.recorder.views.kubelet.shared:
                     events.append(ev.KubeletSharedPoolObserved(cpus=shared, policy=read.policy_name, source=str(path)))
         if events:
-            await self.recorder.record(events)
+            await self._observe(events)
 
     async def _watch_files(self) -> None:
         """Look again when a checkpoint file is replaced or the PodResources socket comes or

@@ -48,7 +48,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,7 @@ from eventsrc.core.topology_manager import TopologyManager, parse_topology_manag
 from eventsrc.errors import DamagedLogError, EventsrcError, NewerLogError
 from eventsrc.events import CorruptRecordError, FutureRecordError, Record, newer_unreadable
 from eventsrc.gen.node.v1 import node_pb2
-from eventsrc.inputs.config import Configuration, Duration
+from eventsrc.inputs.config import OBSERVATIONS_WAIT, Configuration, Duration
 from eventsrc.inputs.config import changes as configuration_changes
 from eventsrc.inputs.config import recorded as recorded_config
 from eventsrc.layout import Layout
@@ -171,6 +171,7 @@ class Daemon:
         beside: BesideOptions | None = None,
         watch_stall: float = WATCH_STALL,
         fleet: FleetOptions | None = None,
+        observations_wait: float = OBSERVATIONS_WAIT,
     ) -> None:
         self.layout = layout
         self.cpus = cpus or CPUManagerConfig("none", single_cpu_topology(), CPUSet(), StaticPolicyOptions())
@@ -182,7 +183,10 @@ class Daemon:
         self.snapshot_every = snapshot_every
         # (metrics are made below: looked up at each batch)
         self.committer = GroupCommitter(
-            log_, on_commit=self._applied, on_batch=lambda n: self.metrics.batch_committed(n)
+            log_,
+            on_commit=self._applied,
+            on_batch=lambda n: self.metrics.batch_committed(n),
+            observations_wait=observations_wait,
         )
         self.boot_id = machine_boot_id()
         self.instance_id = uuid.uuid4().hex
@@ -193,7 +197,7 @@ class Daemon:
         self.not_ready = "starting: the sockets are not served yet"  # /readyz's reason
         self.metrics = Metrics(
             log_bytes=log_.disk_bytes,
-            last_seq=lambda: self.views.meta.last_seq,
+            last_seq=log_.last_seq,
             corrupt_records=lambda: len(self.views.meta.corrupt),
             retention=lambda: self.retainer.health,
             views=lambda: self.views,
@@ -229,7 +233,7 @@ class Daemon:
             snapshot_every,
             shipped=(lambda: shipper.shipped) if shipper is not None else lambda: None,
         )
-        self.usage = UsageKeeper(layout, lambda: self.views.meta.last_seq)
+        self.usage = UsageKeeper(layout, log_.last_seq)
         # Beside a kubelet: eventsrc records what the kubelet decided, and decides nothing.
         self.beside = Beside(self, beside, self._runtime_synchronized) if beside is not None else None
         if self.beside is not None and self.nri is not None:
@@ -245,7 +249,7 @@ class Daemon:
             return status_response(
                 self.ready,
                 self.instance_id,
-                self.views.meta.last_seq,
+                self.event_log.last_seq(),
                 sockets,
                 os.getpid(),
                 self.loop_holds,
@@ -269,7 +273,9 @@ class Daemon:
         """Up to ``limit`` records from ``seq``, or from the live log's start when ``seq`` is
         before it (a retention cut took those: docs/adr/0018)."""
         start = max(seq, self.event_log.first_seq())
-        return list(self.event_log.records(start, start + limit - 1))
+        # Up to what this writer knows synced: a transaction LMDB shows while its sync is
+        # still under way is not served (docs/adr/0042).
+        return list(self.event_log.records(start, min(start + limit - 1, self.event_log.last_seq())))
 
     async def appended(self, seq: int) -> None:
         """Returns once the log holds ``seq``: a Watch stream with nothing to send waits on
@@ -300,8 +306,8 @@ class Daemon:
         self._last_commit = time.monotonic()
         if self.views.meta.last_seq - self._snapshot_seq >= self.snapshot_every:
             self._snapshot_due.set()
-        self.retainer.maybe_due(self.views.meta.last_seq)
-        self.usage.maybe_due(self.views.meta.last_seq)
+        self.retainer.maybe_due(self.event_log.last_seq())
+        self.usage.maybe_due(self.event_log.last_seq())
 
     async def record(self, events: Sequence[ev.EventBase], correlation_id: str | None = None) -> list[Record]:
         """Append ``events`` as one unit; they are in the views when this returns. Without
@@ -318,6 +324,22 @@ class Daemon:
             self._appending -= 1
         self.metrics.append_observed(time.monotonic() - start)
         return records
+
+    async def observe(
+        self, observed: Callable[[], Sequence[ev.EventBase]], correlation_id: str | None = None
+    ) -> list[Record]:
+        """Record an observation (docs/adr/0042): in the views when this returns, durable with
+        the next decision or within the committer's ``observations_wait``."""
+        await self.retainer.wait_for_room()
+        return await self.committer.observe(observed, correlation_id or current_correlation_id() or None)
+
+    async def synced(self) -> int:
+        """Until the views hold nothing the log has not synced (the observations projected so
+        far are written); the views' last sequence then. No await between this and a use of
+        the views that must match the log (a snapshot)."""
+        while self.views.meta.last_seq != self.event_log.last_seq():
+            await self.committer.append(())  # carries what is queued before it
+        return self.views.meta.last_seq
 
     def liveness(self) -> str:
         """/healthz: "" while alive, else why not. It answers from the trio loop, so an answer
@@ -359,7 +381,7 @@ class Daemon:
         once it is written. Snapshots are a cache: one that cannot be written (a full or
         failing disk) is logged, and the daemon goes on."""
         async with self._snapshot_lock:
-            seq = self.views.meta.last_seq
+            seq = await self.synced()  # a snapshot never holds what a power loss can take back
             if seq == self._snapshot_seq:
                 return  # taken at this sequence already (every start records events first)
             try:
@@ -412,7 +434,7 @@ class Daemon:
             "instance_id": self.instance_id,
             "version": __version__,
             "ready": ready,
-            "last_seq": self.views.meta.last_seq,
+            "last_seq": self.event_log.last_seq(),
         }
         if self.metrics_address is not None:
             status["metrics_address"] = self.metrics_address
@@ -438,6 +460,7 @@ async def serve(
     beside: BesideOptions | None = None,
     watch_stall: float = WATCH_STALL,
     fleet: FleetOptions | None = None,
+    observations_wait: float = OBSERVATIONS_WAIT,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT (or until cancelled).
@@ -488,10 +511,12 @@ async def serve(
             retention=retention,
             beside=beside,
             watch_stall=watch_stall,
+            observations_wait=observations_wait,
             fleet=fleet,
         )
         daemon.metrics.replayed(info.seconds, info.tail_records)
-        last_ts = _last_record_ts(event_log, views) if beside is not None else None
+        # Beside a kubelet, or with the runtime's NRI: what happened while eventsrc was away is a gap.
+        last_ts = _last_record_ts(event_log, views) if beside is not None or nri is not None else None
         stopped_cleanly = not views.meta.running
         start_seq = views.meta.last_seq
         if config is None:  # the CLI passes the whole configuration; a bare caller, what it set
@@ -507,6 +532,10 @@ async def serve(
                     daemon.write_status(ready=False)
                 await _record_start(daemon, config, fresh_start=lost)
                 if daemon.beside is None:
+                    if daemon.nri is not None:  # the runtime's news until its Synchronize: unseen
+                        begun = start_events(daemon.views, last_ts, time.time_ns(), False, stopped_cleanly)
+                        if begun:
+                            await daemon.record(begun)
                     await daemon.apply_cpu_config()
                     await nursery.start(daemon.devices.run)
                     await nursery.start(daemon.dra.run)
@@ -536,8 +565,6 @@ async def serve(
                 _announce_ready(daemon)
                 task_status.started(daemon)
                 reason = await _stop_signal(signals)
-                if daemon.nri is not None:
-                    await daemon.nri.drain()  # what it answered before recording it, recorded before the stop
                 await _record_stop(daemon, reason)
                 nursery.cancel_scope.cancel()
         log.info("stopped", last_seq=daemon.views.meta.last_seq)

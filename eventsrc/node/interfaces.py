@@ -15,7 +15,7 @@ and wires them together, and no part imports it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -51,6 +51,12 @@ class Recorder(Protocol):
         Without ``correlation_id`` the records carry the current request's."""
         ...
 
+    async def observe(self, observed: Callable[[], Sequence[ev.EventBase]]) -> list[Record]:
+        """Record an observation, what already happened and nothing waits for: ``observed()``
+        gives its events from ``views`` at its turn; they are in ``views`` when this returns,
+        and in the log with the next decision or within a bounded delay (docs/adr/0042)."""
+        ...
+
 
 log = get_logger(__name__)
 
@@ -64,6 +70,18 @@ async def record_or_log(
     failing /healthz, instead of ending on an exception nobody catches."""
     try:
         return await recorder.record(events, correlation_id)
+    except EventsrcError as exc:
+        log.warning("recording failed", what=what, reason=str(exc))
+        return None
+
+
+async def observe_or_log(
+    recorder: Recorder, observed: Callable[[], Sequence[ev.EventBase]], what: str
+) -> list[Record] | None:
+    """``record_or_log`` for an observation: one that cannot be recorded is logged (the
+    runtime's next Synchronize finds what it missed), and None returned."""
+    try:
+        return await recorder.observe(observed)
     except EventsrcError as exc:
         log.warning("recording failed", what=what, reason=str(exc))
         return None

@@ -9,16 +9,14 @@
                                 pods, unknown containers are recorded (and admitted, in enforce
                                 mode), cpusets corrected
       CreateContainer           enforce: admit the pod from CRI's facts when eventsrc has not
-                                seen it; record ContainerCreated with what it gets, then answer
-                                the adjustment (cpuset, devices, envs, mounts, annotations, CDI
-                                devices) and the shared-pool updates of the other containers
+                                seen it (a decision: synced before the answer); observe
+                                ContainerCreated with what it gets, then answer the adjustment
+                                (cpuset, devices, envs, mounts, annotations, CDI devices) and the
+                                shared-pool updates of the other containers
       StateChange               sandboxes run and removed (removal releases the pod), containers
                                 started and removed; observe mode: PostCreate/PostUpdate record
                                 what the runtime applied
       StopContainer             ContainerStopped
-    AfterTheAnswer.run()        what was answered before it was recorded (observe mode: every
-                                observation; enforce mode: the container a CreateContainer answer
-                                created), recorded one at a time in the order of the answers
     follow()                    the shared pool follows: when exclusive CPUs are taken or given
                                 back outside a CreateContainer (a node-API admission, a removal),
                                 UpdateContainers for the containers in the pool
@@ -29,11 +27,12 @@
 Handlers answer within the runtime's request timeout (Configure says it, 2 s by default):
 admissions run as tasks of their own and a slow one is answered DeadlineExceeded; releases
 and the admissions Synchronize finds owed run beside the handlers. In enforce mode the intent
-(the pod's admission) is recorded before the CreateContainer answer, and the container it
-created after; a SIGKILL before the answer makes containerd create the container unadjusted,
-and the next Synchronize records the cpusets the runtime reports and puts them right
-(docs/nri.md, docs/adr/0029). In observe mode nothing waits for the log: an observation lost
-to a crash is found again at the next Synchronize.
+(the pod's admission) is synced before the CreateContainer answer; a SIGKILL before the answer
+makes containerd create the container unadjusted, and the next Synchronize records the cpusets
+the runtime reports and puts them right (docs/nri.md, docs/adr/0029). Everything else the plugin
+records is an observation of what the runtime did (``Recorder.observe``, docs/adr/0042): in the
+views before the answer, in the log with the next decision or within a few milliseconds; one
+lost to a crash is found again at the next Synchronize, behind the gap the start records.
 """
 
 from __future__ import annotations
@@ -77,8 +76,8 @@ from eventsrc.inputs.manifest import ManifestError, PodSpec
 from eventsrc.inputs.runtime_annotations import device_requests
 from eventsrc.log.commit import new_correlation_id
 from eventsrc.node.cri import ListingFailed, SandboxLister, socket_path
-from eventsrc.node.interfaces import Recorder, record_or_log
-from eventsrc.obs.logger import correlation, current_correlation_id, get_logger
+from eventsrc.node.interfaces import Recorder, observe_or_log
+from eventsrc.obs.logger import correlation, get_logger
 from eventsrc.obs.text import escape
 from eventsrc.rpc import ttrpc
 from eventsrc.state.views import PodView
@@ -104,8 +103,6 @@ MAX_SYNC_OBJECTS = 200_000
 #: the runtime's sandbox listing is asked this soon after a container of a sandbox a
 #: Synchronize listed stops or goes (doubling while it still has it), and at least this often
 LISTING_FIRST, LISTING_EVERY = 0.05, 10.0
-#: what was answered and is not yet recorded (AfterTheAnswer); past it, handlers wait for room
-OBSERVATIONS_QUEUED = 1024
 
 E = nri.Event
 _ENFORCE_EVENTS = (
@@ -276,75 +273,7 @@ def updated_events(updates: list[Update], reason: str) -> list[ev.EventBase]:
     ]
 
 
-# --------------------------------------------------------------------------- recorded after the answer
-
-
 Observation = Callable[[], list[ev.EventBase]]
-
-
-class AfterTheAnswer:
-    """Records made after the runtime has its answer: what it did that nothing eventsrc
-    decides depends on (observe mode's observations; in enforce mode, the container a
-    CreateContainer answer created, and the shared pool's updates it carried). One lost to a
-    crash is found again at the next Synchronize (``reconcile`` records what the runtime has).
-    The handlers queue them; ``run``, one task in the plugin's nursery, records them one at a
-    time, in the order of the answers, each from the views every earlier one left. Once the
-    daemon stops (``drain``), each is recorded before its answer again, so a clean stop loses
-    nothing."""
-
-    def __init__(self, recorder: Recorder) -> None:
-        self._recorder = recorder
-        self._queue_in, self._queue_out = trio.open_memory_channel[
-            tuple[Observation, str, trio.Event, Callable[[], None] | None]
-        ](OBSERVATIONS_QUEUED)
-        self._queued = 0
-        self._empty = trio.Event()
-        self._empty.set()
-        self._answer_first = True
-
-    async def record(self, observation: Observation, then: Callable[[], None] | None = None) -> None:
-        """Queue ``observation`` (called at its turn: the events to record, from the views then),
-        and ``then`` to call once it is recorded. Returns once it is queued (waits for room when
-        the queue is full), or once it is recorded after ``drain``."""
-        recorded = trio.Event()
-        if not self._queued:
-            self._empty = trio.Event()
-        self._queued += 1
-        try:
-            await self._queue_in.send((observation, current_correlation_id(), recorded, then))
-        except BaseException:  # cancelled while waiting for room: never queued
-            self._done(then)
-            raise
-        if not self._answer_first:
-            await recorded.wait()
-
-    def _done(self, then: Callable[[], None] | None) -> None:
-        if then is not None:
-            then()
-        self._queued -= 1
-        if not self._queued:
-            self._empty.set()
-
-    async def run(self) -> None:
-        """Record what is queued, in order, until cancelled (a record under way is finished)."""
-        async for observation, cid, recorded, then in self._queue_out:
-            try:
-                with correlation(cid):
-                    events = observation()
-                    if events:
-                        await record_or_log(self._recorder, events, "runtime observation", cid or None)
-            finally:
-                recorded.set()
-                self._done(then)
-
-    async def recorded(self) -> None:
-        """Until every observation queued so far is recorded (or its record failed and was logged)."""
-        await self._empty.wait()
-
-    async def drain(self) -> None:
-        """Record what is queued, and from now on record each observation before its answer."""
-        self._answer_first = False
-        await self.recorded()
 
 
 # --------------------------------------------------------------------------- the plugin
@@ -379,7 +308,6 @@ class NRIPlugin:
         self._listing_kick = trio.Event()
         self._lister: SandboxLister | None = None
         self._listing_trouble = ""  # why the listing could not be had, as last said
-        self._observed = AfterTheAnswer(recorder)  # what is recorded after its answer
         self._methods: dict[str, Handler] = {
             "Configure": self._configure,
             "Synchronize": self._synchronize,
@@ -411,9 +339,7 @@ class NRIPlugin:
         """Stay connected to the runtime for as long as the daemon runs."""
         task_status.started()
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._observed.run)  # across connections: what one saw outlives it
-                await self._stay_connected()
+            await self._stay_connected()
         finally:
             if self._lister is not None:
                 self._lister.close()
@@ -432,10 +358,9 @@ class NRIPlugin:
                 log.warning("NRI connection ended", socket=str(self.options.socket), reason=first_line(exc))
             except Exception:  # a bug must not end the daemon: the runtime goes on without eventsrc, so must it
                 log.exception("NRI connection failed unexpectedly", socket=str(self.options.socket))
-            await self._observed.recorded()  # what the connection saw comes before its end
             if self.recorder.views.runtime.connected:  # the log says connected (since Configure): say it went
-                await record_or_log(
-                    self.recorder, [ev.RuntimeDisconnected(reason="connection closed")], "NRI disconnect"
+                await observe_or_log(
+                    self.recorder, lambda: [ev.RuntimeDisconnected(reason="connection closed")], "NRI disconnect"
                 )
             if self._synced:  # it was up: try again soon
                 backoff.reset()
@@ -471,16 +396,10 @@ class NRIPlugin:
         if req.request_timeout > 0:
             self.request_timeout = req.request_timeout / 1000
         self._sync_pods, self._sync_containers = [], []
-        await self.recorder.record(
-            [
-                ev.RuntimeConnected(
-                    runtime=req.runtime_name,
-                    runtime_version=req.runtime_version,
-                    plugin=self.plugin,
-                    mode=self.options.mode,
-                )
-            ]
+        connected = ev.RuntimeConnected(
+            runtime=req.runtime_name, runtime_version=req.runtime_version, plugin=self.plugin, mode=self.options.mode
         )
+        await self.recorder.observe(lambda: [connected])
         self.registrations += 1
         if self._lister is not None:
             self._lister.close()
@@ -516,11 +435,10 @@ class NRIPlugin:
         """Record what the runtime did meanwhile; the updates that put every cpuset right. The
         releases owed and the admissions of running containers go on in the background: the
         runtime gives the whole Synchronize one request timeout."""
-        await self._observed.recorded()  # the views hold every observation answered before
         views = self.recorder.views
         found = reconcile(views, sandboxes, containers)
         if found.events:
-            await self.recorder.record(found.events)
+            await self.recorder.observe(lambda: found.events)
         self._listed = {s.id for s in sandboxes}
         if not self.enforce:
             return []
@@ -528,7 +446,7 @@ class NRIPlugin:
             self._nursery.start_soon(self._settle, found.unadmitted)
         updates = pool_updates(views, self.cpus)
         if updates:
-            await self.recorder.record(updated_events(updates, "synchronized with the runtime"))
+            await self.recorder.observe(lambda: updated_events(updates, "synchronized with the runtime"))
         return updates
 
     async def _settle(self, unadmitted: Sequence[tuple[SandboxFacts, ContainerFacts]] = ()) -> None:
@@ -573,12 +491,15 @@ class NRIPlugin:
             self._created_one()
             raise
         # The intent, the pod's admission, is in the log already; what the runtime makes of the
-        # answer is recorded after it, in order with the runtime's other news (docs/adr/0029).
-        await self._observed.record(lambda: records, then=self._created_one)
+        # answer is an observation: in the views now, in the log soon (docs/adr/0042).
+        try:
+            await observe_or_log(self.recorder, lambda: records, "container created")
+        finally:
+            self._created_one()
         return answer
 
     def _created_one(self) -> None:
-        """A CreateContainer answered and recorded, or refused: the follower may go on once none is left."""
+        """A CreateContainer observed, or refused: the follower may go on once none is left."""
         self._creating -= 1
         if not self._creating:
             self._created.set()
@@ -650,7 +571,7 @@ class NRIPlugin:
             return
         stops = [ev.ContainerStopped(container_id=cid, pod_uid=pod.uid) for cid in sorted(unsure & exited)]
         if stops:
-            await self.recorder.record(stops)
+            await self.recorder.observe(lambda: stops)
 
     def _refusal(self, sandbox: SandboxFacts, facts: ContainerFacts, reason: str) -> ttrpc.TtrpcError:
         log.info("container refused", pod=_pod_name(sandbox), container=facts.name, reason=reason)
@@ -721,15 +642,9 @@ class NRIPlugin:
         return nri.Empty().SerializeToString()
 
     async def _saw(self, observation: Observation) -> None:
-        """Record what the runtime says it did: in enforce mode before the answer (what eventsrc
-        decides next reads it), after the containers created before; in observe mode after it."""
-        if not self.enforce:
-            await self._observed.record(observation)
-            return
-        await self._observed.recorded()
-        events = observation()
-        if events:
-            await self.recorder.record(events)
+        """Observe what the runtime says it did: in the views before the answer (what eventsrc
+        decides next reads it), in the log with the next decision or soon after."""
+        await observe_or_log(self.recorder, observation, "runtime observation")
 
     def _state_events(self, req: nri.StateChangeEvent, sandbox: SandboxFacts) -> list[ev.EventBase]:
         """What a StateChange says, as events, from the views as they are (``state_events``)."""
@@ -740,11 +655,6 @@ class NRIPlugin:
             log.warning("pod sandbox is not the pod its uid names", pod=_pod_name(sandbox), reason=why_not)
         container = container_facts(req.container) if req.HasField("container") else None
         return state_events(views, E.Name(req.event), sandbox, container)
-
-    async def drain(self) -> None:
-        """Before the daemon records its stop: every observation answered so far is recorded, and
-        each one after is recorded before its answer."""
-        await self._observed.drain()
 
     async def _release(self, uid: str, reason: str) -> None:
         if uid not in self.recorder.views.pods.pods:
@@ -782,7 +692,6 @@ class NRIPlugin:
 
     async def _check_listing(self) -> None:
         assert self._lister is not None  # made at Configure, before Synchronize
-        await self._observed.recorded()  # a removal answered, not yet recorded, is not gone unsaid
         try:
             present = await self._lister.sandbox_ids()
         except ListingFailed as exc:
@@ -799,7 +708,8 @@ class NRIPlugin:
             self._listing_trouble = ""
             log.info("listing the runtime's sandboxes again", endpoint=self._lister.path)
         gone = vanished(self.recorder.views, self._listed, present)
-        if gone and await record_or_log(self.recorder, gone, "sandboxes gone from the runtime's listing") is None:
+        what = "sandboxes gone from the runtime's listing"
+        if gone and await observe_or_log(self.recorder, lambda: gone, what) is None:
             return  # looked at again at the next check
         self._listed &= present
         if not gone:
@@ -845,7 +755,8 @@ class NRIPlugin:
             if failed:
                 log.warning("the runtime could not update containers", containers=sorted(failed))
             if done:
-                await record_or_log(self.recorder, updated_events(done, "the shared pool followed"), "pool update")
+                followed = updated_events(done, "the shared pool followed")
+                await observe_or_log(self.recorder, lambda: followed, "pool update")
 
 
 def runtime_pod(sandbox: SandboxFacts, facts: ContainerFacts, annotation_namespaces: frozenset[str]) -> PodSpec:

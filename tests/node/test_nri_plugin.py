@@ -495,7 +495,7 @@ def admit_with_cpu_2_and_a_device(spec: PodSpec) -> list[ev.EventBase]:
     ]
 
 
-async def test_a_container_is_answered_once_its_admission_is_recorded_and_recorded_after_the_answer(
+async def test_a_container_is_answered_once_its_admission_is_recorded_and_observed_before_the_answer(
     autojump_clock: trio.testing.MockClock, socket_path: Path
 ) -> None:
     recorder = FakeRecorder(*a_shared_container_recorded_earlier(), delay=0.1)
@@ -514,12 +514,16 @@ async def test_a_container_is_answered_once_its_admission_is_recorded_and_record
         created = container("k1", "s1", "app", cpus="0-3", whole_cpus=1)
         resp = await conn.create(pod, created)
 
-        # the fake runtime looks at the log the moment the answer arrives: the intent came first,
-        # what the runtime makes of the answer comes after it
+        # the fake runtime looks at the views the moment the answer arrives: the intent is a
+        # decision (appended, durable first); what the runtime makes of the answer is an
+        # observation, in the views before the answer and appended with the next decision
         views = recorder.views
         assert views.pods.pods["u1"].state == "admitted" and views.cpus.assignments["u1"]["app"] == [2]
-        assert "k1" not in views.runtime.containers
-        # the runtime's next news of the container is recorded after it, before its own answer
+        assert "k1" in views.runtime.containers
+        observed = [type(e).__name__ for e in recorder.observations[-1]]
+        assert observed[-2:] == ["ContainerCreated", "ContainerCPUsUpdated"]
+        assert not any(isinstance(e, ev.ContainerCreated) for append in recorder.appends for e in append)
+        # the runtime's next news of the container is observed after it, before its own answer
         await conn.state_change(E.START_CONTAINER, pod, created)
         assert recorder.kinds()[-3:] == ["ContainerCreated", "ContainerCPUsUpdated", "ContainerStarted"]
         k1 = views.runtime.containers.get("k1")
@@ -588,15 +592,14 @@ async def test_state_changes_are_recorded_and_a_removed_sandbox_releases_its_pod
         assert "u1" not in recorder.views.pods.pods
 
 
-async def test_observe_mode_answers_first_records_after_in_order_and_before_the_answer_once_drained(
+async def test_observe_mode_observes_each_event_before_its_answer_and_waits_for_no_append(
     autojump_clock: trio.testing.MockClock, socket_path: Path
 ) -> None:
-    """Observe mode: nothing the runtime waits for depends on the log, so each StateChange and
-    StopContainer is answered at once and recorded after, one at a time in the order of the
-    answers, each from the views the earlier ones left (a PostUpdate that changed nothing
-    records nothing). Once the daemon stops (``drain``), what was queued is recorded, and each
-    observation after is recorded before its answer."""
-    recorder = FakeRecorder(delay=0.1)  # each record takes 0.1 s of mock time
+    """Observe mode: nothing the runtime waits for depends on the log being synced, so each
+    StateChange and StopContainer is an observation: in the views before its answer, in the
+    order of the answers, each from the views the earlier ones left (a PostUpdate that changed
+    nothing records nothing), and no answer waits for an append (docs/adr/0042)."""
+    recorder = FakeRecorder(delay=0.1)  # a decision's append would take 0.1 s of mock time
     plugin = NRIPlugin(recorder, FakeAdmission(recorder), STATIC, NRIOptions(socket=socket_path, mode="observe"))
     runtime = Runtime(socket_path)
     async with running(plugin, runtime):
@@ -607,15 +610,14 @@ async def test_observe_mode_answers_first_records_after_in_order_and_before_the_
         k1 = container("k1", "s1", "app", cpus="0-3", mems="0-1")
         sent = trio.current_time()
         await conn.state_change(E.RUN_POD_SANDBOX, pod)
+        assert recorder.kinds()[-1] == "PodSandboxStarted"  # in the views when the answer came
         await conn.state_change(E.POST_CREATE_CONTAINER, pod, k1)
         await conn.state_change(E.START_CONTAINER, pod, k1)
         await conn.state_change(E.POST_UPDATE_CONTAINER, pod, k1)  # the cpuset it was created with
         stop = await conn.call("StopContainer", nri.StopContainerRequest(pod=pod, container=k1))
         assert stop.status.code == 0, stop.status
-        assert trio.current_time() - sent < 0.1  # five answers before the first record could land
-        assert recorder.kinds() == ["RuntimeConnected"]
-
-        await trio.sleep(1)  # mock time: the records land one after another
+        assert trio.current_time() - sent < 0.1  # five answers, no append waited for
+        assert recorder.appends == []
         assert recorder.kinds() == [
             "RuntimeConnected",
             "PodSandboxStarted",
@@ -628,11 +630,9 @@ async def test_observe_mode_answers_first_records_after_in_order_and_before_the_
         assert len(set(cids)) == 4 and "test" not in cids  # each its request's
 
         await conn.state_change(E.REMOVE_CONTAINER, pod, k1)
-        assert recorder.kinds()[-1] == "ContainerStopped"
-        await plugin.drain()  # the daemon stops: what is queued is recorded first
         assert recorder.kinds()[-1] == "ContainerRemoved"
         await conn.state_change(E.REMOVE_POD_SANDBOX, pod)
-        assert recorder.kinds()[-1] == "PodSandboxRemoved"  # recorded before the answer now
+        assert recorder.kinds()[-1] == "PodSandboxRemoved"
         assert "s1" not in recorder.views.runtime.sandboxes
 
 

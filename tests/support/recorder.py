@@ -3,12 +3,13 @@ views, each append applied to them as the daemon's committer does, no log."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import trio
 
 from eventsrc import events as ev
+from eventsrc.obs.logger import current_correlation_id
 from eventsrc.obs.metrics import Metrics
 from eventsrc.state.apply import apply_all
 from eventsrc.state.views import Views
@@ -24,7 +25,8 @@ class FakeRecorder:
     def __init__(self, *events: ev.EventBase, delay: float = 0.0) -> None:
         self._views = Views()
         self.records: list[ev.Record] = []
-        self.appends: list[list[ev.EventBase]] = []  # each append's events, setup's excepted
+        self.appends: list[list[ev.EventBase]] = []  # each decision's events, setup's excepted
+        self.observations: list[list[ev.EventBase]] = []  # each observation's events
         self.delay = delay
         self._metrics = Metrics()
         if events:
@@ -55,6 +57,14 @@ class FakeRecorder:
             await trio.lowlevel.checkpoint()
         self.appends.append(list(events))
         return self._apply(events, correlation_id or "test")
+
+    async def observe(self, observed: Callable[[], Sequence[ev.EventBase]]) -> list[ev.Record]:
+        """As the committer's: in the views at once, nothing waited for."""
+        events = observed()
+        if not events:
+            return []
+        self.observations.append(list(events))
+        return self._apply(events, current_correlation_id() or "test")
 
     def of(self, kind: type[T]) -> list[T]:
         return [r.event for r in self.records if isinstance(r.event, kind)]

@@ -3,6 +3,7 @@ look asks, what it records, what it keeps for the next look when a call fails, t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,10 @@ class FakeLog:
         records = [ev.Record(start + i, self.now, "c", 1, e) for i, e in enumerate(events, 1)]  # type: ignore[arg-type]
         apply_all(self.views, records)
         return records
+
+    async def observe(self, observed: Callable[[], list[ev.EventBase]]) -> list[ev.Record]:
+        events = observed()
+        return await self.record(events) if events else []
 
     def types(self) -> list[str]:
         return [type(e).__name__ for batch in self.batches for e in batch]

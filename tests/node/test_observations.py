@@ -1,0 +1,232 @@
+"""Observations in the group committer (docs/adr/0042): projected onto the views at once, written
+in a group with the next decision or within ``observations_wait``, the views always in the log's
+order, and no reader that keeps a position served a record before its sync."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from eventsrc import events as ev
+from eventsrc.errors import EventsrcError
+from eventsrc.log.commit import GroupCommitter, ViewsAheadError, follow
+from eventsrc.log.history import History
+from eventsrc.log.store import EventLog
+from eventsrc.state.apply import apply_all
+from eventsrc.state.views import Views
+
+
+def started(i: int) -> ev.PodSandboxStarted:
+    return ev.PodSandboxStarted(sandbox_id=f"s{i}", pod=ev.PodRef(uid=f"u{i}", namespace="default", name=f"p{i}"))
+
+
+def removed(i: int) -> ev.PodRemoved:
+    return ev.PodRemoved(pod_uid=f"pod-{i}", reason="test")
+
+
+class HeldWrites:
+    """``EventLog.write`` that, once ``hold()`` is called, waits in its worker thread until
+    ``release()``: a sync that takes as long as the test wants."""
+
+    def __init__(self, log: EventLog) -> None:
+        self._write = log.write
+        self._go = threading.Event()
+        self._go.set()
+        self.writing = threading.Event()  # a held write has begun
+        log.write = self  # type: ignore[method-assign]
+
+    def hold(self) -> None:
+        self._go.clear()
+
+    def release(self) -> None:
+        self._go.set()
+
+    def __call__(self, items: list, index: list | None = None) -> None:  # type: ignore[type-arg]
+        if not self._go.is_set():
+            self.writing.set()
+            self._go.wait(30)
+        self._write(items, index)
+
+
+def applied_to(views: Views) -> Callable[[list[ev.Record]], None]:
+    return lambda records: apply_all(views, records)
+
+
+def from_the_log(log: EventLog) -> Views:
+    views = Views()
+    apply_all(views, [r for r in log.records() if isinstance(r, ev.Record)])
+    return views
+
+
+@asynccontextmanager
+async def committing(path: Path, wait: float) -> AsyncIterator[tuple[EventLog, Views, GroupCommitter]]:
+    """A committer running, its log at ``path`` and its views; on leaving, what is queued is
+    written and the views are checked against the log's."""
+    log = EventLog(path)
+    views = Views()
+    committer = GroupCommitter(log, on_commit=applied_to(views), observations_wait=wait)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(committer.run)
+        yield log, views, committer
+        nursery.cancel_scope.cancel()
+    assert from_the_log(log) == views
+
+
+async def test_an_observation_is_in_the_views_at_once_and_in_the_log_within_its_wait(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with committing(tmp_path / "log", 0.5) as (log, views, committer):
+        t0 = trio.current_time()
+        records = await committer.observe(lambda: [started(1)])
+        assert trio.current_time() == t0  # nothing waited for
+        assert [r.seq for r in records] == [1] and "s1" in views.runtime.sandboxes
+        assert log.last_seq() == 0  # not written yet: gathering others
+        await committer.observe(lambda: [started(2)])
+        await committer.wait_appended()
+        assert trio.current_time() - t0 == pytest.approx(0.5)  # the first one's wait, no more
+        assert log.last_seq() == 2 and committer.batches == 1  # the two in one append
+
+
+async def test_a_decision_carries_the_observations_queued_before_it_in_its_append(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with committing(tmp_path / "log", 60) as (log, _, committer):
+        t0 = trio.current_time()
+        await committer.observe(lambda: [started(1)])
+        await committer.observe(lambda: [started(2)])
+        decided = await committer.append([removed(3)])
+        assert trio.current_time() - t0 < 1  # not the observations' wait: the decision's sync
+        assert [r.seq for r in decided] == [3] and log.last_seq() == 3 and committer.batches == 1
+    assert [type(r.event).__name__ for r in log.records()] == ["PodSandboxStarted"] * 2 + ["PodRemoved"]
+
+
+async def test_an_observation_behind_a_write_waits_for_it_so_the_views_follow_the_logs_order(
+    tmp_path: Path,
+) -> None:
+    """A decision is applied once synced; an observation that comes meanwhile is projected
+    after it, not before: the views take records in the log's order."""
+    log = EventLog(tmp_path / "log")
+    held = HeldWrites(log)
+    views = Views()
+    order: list[str] = []
+
+    def apply(records: list[ev.Record]) -> None:
+        order.extend(type(r.event).__name__ for r in records)
+        apply_all(views, records)
+
+    committer = GroupCommitter(log, on_commit=apply, observations_wait=60)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(committer.run)
+        held.hold()
+        nursery.start_soon(committer.append, [removed(1)])
+        await trio.to_thread.run_sync(held.writing.wait)
+        seen: list[list[ev.Record]] = []
+
+        async def observe() -> None:
+            seen.append(await committer.observe(lambda: [started(2)]))
+
+        nursery.start_soon(observe)
+        await trio.testing.wait_all_tasks_blocked()
+        assert seen == [] and order == []  # behind the write: not projected before it
+        held.release()
+        with trio.fail_after(10):
+            while not seen:
+                await committer.wait_appended()
+        assert [r.seq for r in seen[0]] == [2] and order == ["PodRemoved", "PodSandboxStarted"]
+        nursery.cancel_scope.cancel()
+    assert from_the_log(log) == views and log.last_seq() == 2  # written at the stop
+
+
+async def test_watch_and_follow_never_deliver_a_record_before_its_sync(tmp_path: Path) -> None:
+    """With a sync held, the observation is in the views but no reader that keeps a position
+    gets it: ``follow`` in the writing process, and the daemon's Watch (which reads through
+    ``Daemon.records_from``: up to ``EventLog.last_seq``, what this writer knows synced)."""
+    log = EventLog(tmp_path / "log")
+    held = HeldWrites(log)
+    views = Views()
+    committer = GroupCommitter(log, on_commit=applied_to(views), observations_wait=0.01)
+    got: list[int] = []
+
+    async def read() -> None:
+        history = History(log, None)
+        async for item in follow(history, 1, committer, poll_interval=0.01):
+            assert isinstance(item, ev.Record)
+            got.append(item.seq)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(committer.run)
+        await committer.append([removed(1)])
+        nursery.start_soon(read)
+        with trio.fail_after(10):
+            while got != [1]:
+                await trio.sleep(0.01)
+        held.hold()
+        await committer.observe(lambda: [started(2)])
+        assert "s2" in views.runtime.sandboxes
+        await trio.to_thread.run_sync(held.writing.wait)  # its write has begun and is held
+        for _ in range(5):  # the follower polls meanwhile, and is never served it
+            await trio.sleep(0.02)
+        assert got == [1] and log.last_seq() == 1
+        assert list(log.records(1, log.last_seq())) == list(log.records(1, 1))
+        held.release()
+        with trio.fail_after(10):
+            while got != [1, 2]:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_failed_append_of_projected_observations_stops_the_committer(tmp_path: Path) -> None:
+    """The views hold what the log does not: the committer stops (the daemon with it, to be
+    rebuilt from the log), and every appender learns it."""
+    log = EventLog(tmp_path / "log")
+
+    def full(items: list, index: list | None = None) -> None:  # type: ignore[type-arg]
+        raise EventsrcError("cannot append to the event log: No space left on device")
+
+    log.write = full  # type: ignore[method-assign]
+    committer = GroupCommitter(log, on_commit=applied_to(Views()), observations_wait=60)
+    told: list[BaseException] = []
+
+    async def decide() -> None:
+        try:
+            await committer.append([removed(2)])
+        except EventsrcError as exc:
+            told.append(exc)
+
+    with trio.fail_after(10), pytest.raises(BaseExceptionGroup) as raised:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(committer.run)
+            await committer.observe(lambda: [started(1)])
+            nursery.start_soon(decide)
+    assert raised.group_contains(ViewsAheadError)
+    assert len(told) == 1 and "No space left" in str(told[0])
+    assert log.last_seq() == 0
+
+
+async def test_a_failed_append_of_decisions_alone_is_their_appenders_error(tmp_path: Path) -> None:
+    """Without observations in it, a failed batch leaves the views as the log: the committer
+    goes on (a full disk is told to the appenders; the daemon stays up, failing /healthz)."""
+    log = EventLog(tmp_path / "log")
+    write = log.write
+
+    def full(items: list, index: list | None = None) -> None:  # type: ignore[type-arg]
+        raise EventsrcError("cannot append to the event log: No space left on device")
+
+    log.write = full  # type: ignore[method-assign]
+    views = Views()
+    committer = GroupCommitter(log, on_commit=applied_to(views), observations_wait=60)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(committer.run)
+        with pytest.raises(EventsrcError, match="No space left"):
+            await committer.append([removed(1)])
+        log.write = write  # type: ignore[method-assign]
+        await committer.observe(lambda: [started(2)])
+        assert [r.seq for r in await committer.append([removed(3)])] == [2]
+        nursery.cancel_scope.cancel()
+    assert from_the_log(log) == views and log.last_seq() == 2
