@@ -15,6 +15,7 @@ from eventsrc.layout import BESIDE_ROOT, DEFAULT_ROOT, Layout
 
 if TYPE_CHECKING:
     from eventsrc.inputs.config import Configuration
+    from eventsrc.log.commit import ViewsAheadError
     from eventsrc.node.shipper import FleetOptions
 
 
@@ -394,6 +395,7 @@ def serve(args: argparse.Namespace) -> int:
     from eventsrc.core.topology_manager import parse_topology_manager
     from eventsrc.inputs import config
     from eventsrc.inputs.cpu_config import load_cpu_config, load_topology
+    from eventsrc.log.commit import ViewsAheadError
     from eventsrc.node.beside import BesideOptions
     from eventsrc.node.daemon import serve as run
     from eventsrc.node.nri import NRIOptions
@@ -417,42 +419,52 @@ def serve(args: argparse.Namespace) -> int:
         machine.cpu_details.numa_nodes().sorted_list(),
     )
     logs.setup(cfg.log_level, cfg.log_format)
-    trio.run(
-        lambda: run(
-            args.layout,
-            snapshot_every=cfg.snapshot_every,
-            admission_wait=cfg.admission_wait.seconds,
-            watch_stall=cfg.watch_stall_timeout.seconds,
-            observations_wait=cfg.observations_wait.seconds,
-            grace=cfg.plugin_grace_period.seconds,
-            cpus=cpus,
-            topology=topology,
-            config=config.recorded(cfg),
-            metrics_address=cfg.metrics_address or None,  # "": no metrics server
-            accept_empty_log=cfg.accept_empty_log,
-            nri=NRIOptions(
-                Path(cfg.nri_socket),
-                cfg.nri_plugin_index,
-                cfg.nri_mode,
-                annotation_namespaces=frozenset(cfg.nri_annotation_namespaces),
-                runtime_endpoint=cfg.container_runtime_endpoint,
+    try:
+        trio.run(
+            lambda: run(
+                args.layout,
+                snapshot_every=cfg.snapshot_every,
+                admission_wait=cfg.admission_wait.seconds,
+                watch_stall=cfg.watch_stall_timeout.seconds,
+                observations_wait=cfg.observations_wait.seconds,
+                grace=cfg.plugin_grace_period.seconds,
+                cpus=cpus,
+                topology=topology,
+                config=config.recorded(cfg),
+                metrics_address=cfg.metrics_address or None,  # "": no metrics server
+                accept_empty_log=cfg.accept_empty_log,
+                nri=NRIOptions(
+                    Path(cfg.nri_socket),
+                    cfg.nri_plugin_index,
+                    cfg.nri_mode,
+                    annotation_namespaces=frozenset(cfg.nri_annotation_namespaces),
+                    runtime_endpoint=cfg.container_runtime_endpoint,
+                )
+                if cfg.nri_socket
+                else None,
+                retention=Retention(
+                    max_age_ns=cfg.log_retention.max_age.ns,
+                    max_size=cfg.log_retention.max_size.n,
+                    archive=cfg.log_retention.archive,
+                ),
+                beside=BesideOptions(
+                    Path(cfg.beside_kubelet), cfg.beside_kubelet_resync.seconds, runtime=bool(cfg.nri_socket)
+                )
+                if cfg.beside_kubelet
+                else None,
+                fleet=_fleet(cfg),
             )
-            if cfg.nri_socket
-            else None,
-            retention=Retention(
-                max_age_ns=cfg.log_retention.max_age.ns,
-                max_size=cfg.log_retention.max_size.n,
-                archive=cfg.log_retention.archive,
-            ),
-            beside=BesideOptions(
-                Path(cfg.beside_kubelet), cfg.beside_kubelet_resync.seconds, runtime=bool(cfg.nri_socket)
-            )
-            if cfg.beside_kubelet
-            else None,
-            fleet=_fleet(cfg),
         )
-    )
+    except BaseExceptionGroup as group:  # the log failed under the views: one line, exit 1
+        if (stopped := group.subgroup(ViewsAheadError)) is None:
+            raise
+        raise _first(stopped) from None
     return 0
+
+
+def _first(group: BaseExceptionGroup[ViewsAheadError]) -> ViewsAheadError:
+    inner = group.exceptions[0]
+    return _first(inner) if isinstance(inner, BaseExceptionGroup) else inner
 
 
 def _fleet(cfg: Configuration) -> FleetOptions | None:

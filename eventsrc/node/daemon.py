@@ -185,7 +185,7 @@ class Daemon:
         self.committer = GroupCommitter(
             log_,
             on_commit=self._applied,
-            on_batch=lambda n: self.metrics.batch_committed(n),
+            on_batch=self._written,
             observations_wait=observations_wait,
         )
         self.boot_id = machine_boot_id()
@@ -303,11 +303,16 @@ class Daemon:
         if self.nri is not None and any(isinstance(r.event, _CPU_CHANGES) for r in records):
             self.nri.kick()  # the shared pool's containers follow
         self.metrics.committed(records)
-        self._last_commit = time.monotonic()
         if self.views.meta.last_seq - self._snapshot_seq >= self.snapshot_every:
             self._snapshot_due.set()
         self.retainer.maybe_due(self.event_log.last_seq())
         self.usage.maybe_due(self.event_log.last_seq())
+
+    def _written(self, records: int) -> None:
+        """A batch of ``records`` records is durable (a projection is not: /healthz's stall
+        watch counts only writes)."""
+        self.metrics.batch_committed(records)
+        self._last_commit = time.monotonic()
 
     async def record(self, events: Sequence[ev.EventBase], correlation_id: str | None = None) -> list[Record]:
         """Append ``events`` as one unit; they are in the views when this returns. Without
