@@ -109,7 +109,7 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS|DURATION",
         help="how long what eventsrc observes (the runtime's news, the kubelet's decisions) may wait in memory "
         "to be written with others, when no decision takes it along sooner; what a power loss can take back "
-        "(default 5ms, at most 1s; 0 writes each at once, still after its answer; docs/adr/0042)",
+        "(default 100ms, at most 1s; 0 writes each at once, still after its answer; docs/adr/0042)",
     )
     p.add_argument(
         "--watch-stall-timeout",

@@ -58,7 +58,7 @@ _DURATION = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 #: How long an observation may wait in memory to share its append with others (seconds), by
 #: default, and at most (``serve --observations-wait``, docs/adr/0042; the default's
 #: measurement: docs/performance.md).
-OBSERVATIONS_WAIT = 0.005
+OBSERVATIONS_WAIT = 0.1
 MAX_OBSERVATIONS_WAIT = 1.0
 
 
