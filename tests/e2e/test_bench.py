@@ -228,20 +228,33 @@ def test_bench_watch_prints_its_figures() -> None:
 
 
 def test_bench_nri_prints_its_figures(containerd_unavailable: str | None) -> None:
-    """A tiny `eventsrc bench nri` against real containerds: a row per mode with every figure,
-    what each mode adds over no plugin, and the goals beside observe's and enforce's."""
+    """A tiny `eventsrc bench nri` against real containerds: a row per mode with every figure and
+    what each adds over no plugin; the two references (the minimal plugin, one synced append);
+    and each eventsrc mode's distance from them, with its goals."""
     if containerd_unavailable is not None:
         pytest.skip(containerd_unavailable)
-    proc = run_cli("bench", "nri", "--pods", "3", "--rounds", "1", timeout=240)
+    proc = run_cli("bench", "nri", "--pods", "3", "--rounds", "1", timeout=300)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "3 pods of one container per mode in 1 round(s)" in out, out
     figure = rf"\s+{NUMBER}"
     six = rf"\s+3{figure * 6}"
-    assert re.search(rf"^no plugin \(ceiling\){six}\s+-\s+-$", out, re.M), out
-    for mode, goal in (("observe", 1), ("enforce, BestEffort", 3), ("enforce, Guaranteed", 3)):
-        row = rf"^{re.escape(mode)}{six}\s+[+-]{NUMBER}\s+[+-]{NUMBER}\s+\(goal <= {goal} ms: (ok|ABOVE THE GOAL)\)$"
-        assert re.search(row, out, re.M), (mode, out)
+    assert re.search(rf"^no plugin \(ceiling\){six}\s+-\s+-\s+-$", out, re.M), out
+    added = rf"\s+[+-]{NUMBER}" * 3
+    for mode in ("minimal NRI plugin", "observe", "enforce, BestEffort", "enforce, Guaranteed"):
+        assert re.search(rf"^{re.escape(mode)}{six}{added}$", out, re.M), (mode, out)
+    sync = rf"^one synced append of an admission \(\d+ events, 200 times\): p50 {NUMBER}, p90 {NUMBER}$"
+    assert re.search(sync, out, re.M), out
+    assert re.search(rf"^the minimal plugin adds [+-]{NUMBER} to CreateContainer's median$", out, re.M), out
+    verdict = "(ok|ABOVE THE GOAL)"
+    goals = {
+        "observe": r"the minimal plugin's \+ 0\.5",
+        "enforce, BestEffort": r"the minimal plugin's \+ one synced append \+ 1",
+        "enforce, Guaranteed": r"the minimal plugin's \+ one synced append \+ 1",
+    }
+    for mode, goal in goals.items():
+        row = rf"^{re.escape(mode)}\s+\+create p50 [+-]{NUMBER}: .*; goal <= {goal} = [+-]?{NUMBER}: {verdict}; "
+        assert re.search(rf"{row}\+create p90 [+-]{NUMBER} <= 2 x p50: {verdict}$", out, re.M), (mode, out)
     assert proc.stderr == "", proc.stderr  # nothing left behind to warn about
 
 
