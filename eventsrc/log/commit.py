@@ -235,6 +235,7 @@ class GroupCommitter:
                     # that takes them along, or their time.
                     with trio.move_on_at(self._observed_since + self.observations_wait):
                         await self._hurry.wait()
+                    self._hurry.set()  # their time is up
                 await self._commit_queued()
         except trio.Cancelled:
             raise  # a shutdown: what is queued is still committed, below
@@ -246,7 +247,7 @@ class GroupCommitter:
             try:
                 if failure is None:
                     with trio.CancelScope(shield=True):
-                        await self._commit_queued()
+                        await self._commit_queued(everything=True)
             finally:
                 self._fail_queued(failure)  # whatever could not be committed
 
@@ -284,11 +285,16 @@ class GroupCommitter:
             if req.waiter is not None:
                 reschedule(req.waiter)  # type: ignore[arg-type]
 
-    async def _commit_queued(self) -> None:
+    async def _commit_queued(self, everything: bool = False) -> None:
+        """Write batches while a decision is queued or the observations' time is up (or, with
+        ``everything``, until the queue is empty); observations projected meanwhile are left
+        for ``run`` to gather others."""
         while self._queue or self._failure is not None:
             if self._failure is not None:
                 raise self._failure
             self._project_waiting()
+            if not (everything or self._behind or self._hurry.is_set()):
+                return
             # Up to the first observation still waiting (behind a decision of this batch).
             cut = next((i for i, r in enumerate(self._queue) if not r.done and r.observed is not None), None)
             batch, self._queue = self._queue[:cut], self._queue[len(self._queue) if cut is None else cut :]
