@@ -298,4 +298,6 @@ def test_three_nodes_two_sinks_kills_and_restarts_the_fleet_holds_the_union_exac
 def restart_all(cluster: NatsCluster) -> None:
     for server in cluster.servers:
         server.stop()
-    cluster.start()
+    # A JetStream cluster restarted whole elects its metadata leader again; under the suite's
+    # load (three workers on two cores) that once took a member over 30 s.
+    cluster.start(timeout=90)
