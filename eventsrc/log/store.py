@@ -171,6 +171,44 @@ def _newer(stored: bytes | None, ours: bytes) -> bool:
     return stored is not None and not (stored.isdigit() and int(stored) <= int(ours))
 
 
+#: In the log's directory, the writer's last synced sequence (8 bytes, big-endian), under an
+#: exclusive ``flock`` held while the writer has the log open (docs/adr/0042).
+SYNCED_FILE = "synced"
+
+
+def _open_synced(path: Path) -> int:
+    """The writer's ``SYNCED_FILE``, locked for as long as it is open. A reader's probe holds a
+    shared lock for an instant: a few tries (a second writer is kept out by ``DirLock``)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    for _ in range(50):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            time.sleep(0.01)
+    os.close(fd)
+    raise EventsrcError(f"another writer holds {path}: one writer per event log")
+
+
+def read_synced(path: Path) -> int | None:
+    """What a writer running now has published as synced; None when no writer runs (its lock
+    is free: the log is what it shows) or the file cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:  # a writer has it: its word
+            raw = os.pread(fd, 8, 0)
+            return int.from_bytes(raw, "big") if len(raw) == 8 else None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 class DirLock:
     """One writer per state directory: an exclusive ``flock`` on ``path``.
 
@@ -347,6 +385,8 @@ class EventLog:
         self._last_seq = self._read_last_seq()  # durable
         self._assigned = self._last_seq  # given to prepared batches, durable or not yet
         self._prev_hash = self._last_value_hash()  # the chain's link to the newest record
+        self._synced_fd = None if readonly else _open_synced(self.path / SYNCED_FILE)
+        self._publish()
 
     # ------------------------------------------------------------------ reading
 
@@ -419,10 +459,20 @@ class EventLog:
         return out
 
     def last_seq(self) -> int:
-        """The newest sequence: this writer's own count, or re-read for a reader."""
+        """The newest sequence synced: this writer's own count, or re-read for a reader, up to
+        what a writer running meanwhile has published as synced (``SYNCED_FILE``): LMDB shows
+        a transaction to readers while its commit's sync is still under way (docs/adr/0042)."""
         if self.readonly:
-            self._last_seq = self._read_last_seq()
+            last = self._read_last_seq()
+            synced = read_synced(self.path / SYNCED_FILE)
+            self._last_seq = last if synced is None else min(last, synced)
         return self._last_seq
+
+    def _publish(self) -> None:
+        """Say the last synced sequence to readers in other processes (no sync of its own:
+        after a crash the writer is gone, and readers then take the log as it is)."""
+        if self._synced_fd is not None:
+            os.pwrite(self._synced_fd, self._last_seq.to_bytes(8, "big"), 0)
 
     def _last_value_hash(self) -> bytes:
         base = self._base.seq if self._base else 0
@@ -531,6 +581,8 @@ class EventLog:
         Only the live log: records up to the base, which a cut may not have deleted yet, are
         never read. ``strict``: raise LogCutWhileReadingError when a cut has moved the base
         to or past the next record wanted (``from_seq`` first), instead of going on after it."""
+        if until_seq is None and self.readonly:
+            until_seq = self.last_seq()  # not a transaction whose sync is under way
         start = seq_key(max(from_seq, self.first_seq()))
         while True:
             # no more than asked for is read (a reader of a few records pays for a few)
@@ -689,6 +741,7 @@ class EventLog:
         if items:
             self._last_seq = key_seq(items[-1][0])
             self._durable_hash = chain_hash(items[-1][1])
+            self._publish()
 
     def _in_write_txn(self, what: str, db: Any, body: Callable[[lmdb.Transaction], T]) -> T:
         """``body`` in one write transaction on ``db``, under the writer lock; when the map is
@@ -786,6 +839,7 @@ class EventLog:
         self._base = base
         if self._last_seq < base.seq:  # cannot happen: a cut stops at a record the log holds
             self._last_seq = self._assigned = base.seq
+            self._publish()
 
     def delete_through(self, seq: int, limit: int = 256) -> int:
         """Delete up to ``limit`` of the oldest records at or before ``seq`` (which must not
@@ -855,6 +909,9 @@ class EventLog:
         return (self.path / "data.mdb").stat().st_size
 
     def close(self) -> None:
+        if self._synced_fd is not None:
+            os.close(self._synced_fd)  # the lock goes with it: readers no longer stop there
+            self._synced_fd = None
         self.env.close()
 
     def __enter__(self) -> EventLog:

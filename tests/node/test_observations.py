@@ -4,6 +4,9 @@ order, and no reader that keeps a position served a record before its sync."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -231,3 +234,40 @@ async def test_a_failed_append_of_decisions_alone_is_their_appenders_error(tmp_p
         assert [r.seq for r in await committer.append([removed(3)])] == [2]
         nursery.cancel_scope.cancel()
     assert from_the_log(log) == views and log.last_seq() == 2
+
+
+def test_a_reader_in_another_process_stops_where_the_writer_says_it_synced(tmp_path: Path) -> None:
+    """``export --follow`` and ``log --follow`` read the log from another process: LMDB shows
+    them a transaction while its commit's sync is still under way. The writer publishes what
+    it knows synced (``synced``, locked while it writes), and readers stop there (``follow``
+    reads up to ``last_seq``); with no writer, the log is what it shows."""
+    path = tmp_path / "log"
+
+    def read() -> tuple[int, list[int]]:
+        """(last_seq, the records' seqs) as a reader in another process has them."""
+        script = (
+            "import json, sys\n"
+            "from eventsrc.log.store import EventLog\n"
+            "log = EventLog(sys.argv[1], readonly=True)\n"
+            "print(json.dumps([log.last_seq(), [r.seq for r in log.records()]]))\n"
+        )
+        out = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=True)
+        last, seqs = json.loads(out.stdout)
+        return last, seqs
+
+    writer = EventLog(path)
+    writer.append([removed(1)], "c", 1)
+    assert read() == (1, [1])
+    publish = writer._publish
+    writer._publish = lambda: None  # type: ignore[method-assign]  # the sync of the next is under way
+    writer.append([removed(2)], "c", 2)
+    assert read() == (1, [1])  # LMDB shows record 2 already; the reader stops at 1
+    publish()
+    assert read() == (2, [1, 2])
+    writer._publish = publish  # type: ignore[method-assign]
+    writer.append([removed(3)], "c", 3)
+    assert read() == (3, [1, 2, 3])
+    writer._publish = lambda: None  # type: ignore[method-assign]
+    writer.append([removed(4)], "c", 4)
+    writer.close()  # no writer: the log is what LMDB shows
+    assert read() == (4, [1, 2, 3, 4])
