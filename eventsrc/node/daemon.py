@@ -570,6 +570,8 @@ async def serve(
                 _announce_ready(daemon)
                 task_status.started(daemon)
                 reason = await _stop_signal(signals)
+                if daemon.nri is not None:
+                    await daemon.nri.drain()  # what it answered before observing it, before the stop
                 await _record_stop(daemon, reason)
                 nursery.cancel_scope.cancel()
         log.info("stopped", last_seq=daemon.views.meta.last_seq)

@@ -17,6 +17,8 @@
                                 started and removed; observe mode: PostCreate/PostUpdate record
                                 what the runtime applied
       StopContainer             ContainerStopped
+    AfterTheAnswer.run()        observe mode: what was answered before it was observed, observed
+                                one at a time in the order of the answers
     follow()                    the shared pool follows: when exclusive CPUs are taken or given
                                 back outside a CreateContainer (a node-API admission, a removal),
                                 UpdateContainers for the containers in the pool
@@ -31,8 +33,9 @@ and the admissions Synchronize finds owed run beside the handlers. In enforce mo
 makes containerd create the container unadjusted, and the next Synchronize records the cpusets
 the runtime reports and puts them right (docs/nri.md, docs/adr/0029). Everything else the plugin
 records is an observation of what the runtime did (``Recorder.observe``, docs/adr/0042): in the
-views before the answer, in the log with the next decision or within a few milliseconds; one
-lost to a crash is found again at the next Synchronize, behind the gap the start records.
+views before the answer in enforce mode (after it in observe mode, where eventsrc decides
+nothing), in the log with the next decision or within ``observationsWait``; one lost to a crash
+is found again at the next Synchronize, behind the gap the start records.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ from eventsrc.inputs.runtime_annotations import device_requests
 from eventsrc.log.commit import new_correlation_id
 from eventsrc.node.cri import ListingFailed, SandboxLister, socket_path
 from eventsrc.node.interfaces import Recorder, observe_or_log
-from eventsrc.obs.logger import correlation, get_logger
+from eventsrc.obs.logger import correlation, current_correlation_id, get_logger
 from eventsrc.obs.text import escape
 from eventsrc.rpc import ttrpc
 from eventsrc.state.views import PodView
@@ -103,6 +106,8 @@ MAX_SYNC_OBJECTS = 200_000
 #: the runtime's sandbox listing is asked this soon after a container of a sandbox a
 #: Synchronize listed stops or goes (doubling while it still has it), and at least this often
 LISTING_FIRST, LISTING_EVERY = 0.05, 10.0
+#: observe mode's observations answered and not yet observed (AfterTheAnswer); past it, handlers wait for room
+ANSWERED_QUEUED = 1024
 
 E = nri.Event
 _ENFORCE_EVENTS = (
@@ -276,6 +281,67 @@ def updated_events(updates: list[Update], reason: str) -> list[ev.EventBase]:
 Observation = Callable[[], list[ev.EventBase]]
 
 
+class AfterTheAnswer:
+    """Observe mode's observations, made after the runtime has its answer: eventsrc decides
+    nothing there, so no answer waits even for their projection (docs/adr/0042). The handlers
+    queue them; ``run``, one task in the plugin's nursery, observes them one at a time
+    (``Recorder.observe``), in the order of the answers, each from the views every earlier one
+    left. Once the daemon stops (``drain``), each is observed before its answer again, so the
+    stop's record carries them all."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+        self._queue_in, self._queue_out = trio.open_memory_channel[
+            tuple[Observation, str, trio.Event, Callable[[], None] | None]
+        ](ANSWERED_QUEUED)
+        self._queued = 0
+        self._empty = trio.Event()
+        self._empty.set()
+        self._answer_first = True
+
+    async def record(self, observation: Observation, then: Callable[[], None] | None = None) -> None:
+        """Queue ``observation`` (called at its turn: the events to record, from the views then),
+        and ``then`` to call once it is recorded. Returns once it is queued (waits for room when
+        the queue is full), or once it is recorded after ``drain``."""
+        recorded = trio.Event()
+        if not self._queued:
+            self._empty = trio.Event()
+        self._queued += 1
+        try:
+            await self._queue_in.send((observation, current_correlation_id(), recorded, then))
+        except BaseException:  # cancelled while waiting for room: never queued
+            self._done(then)
+            raise
+        if not self._answer_first:
+            await recorded.wait()
+
+    def _done(self, then: Callable[[], None] | None) -> None:
+        if then is not None:
+            then()
+        self._queued -= 1
+        if not self._queued:
+            self._empty.set()
+
+    async def run(self) -> None:
+        """Record what is queued, in order, until cancelled (a record under way is finished)."""
+        async for observation, cid, recorded, then in self._queue_out:
+            try:
+                with correlation(cid):
+                    await observe_or_log(self._recorder, observation, "runtime observation")
+            finally:
+                recorded.set()
+                self._done(then)
+
+    async def recorded(self) -> None:
+        """Until every observation queued so far is in the views (or failed and was logged)."""
+        await self._empty.wait()
+
+    async def drain(self) -> None:
+        """Observe what is queued, and from now on each observation before its answer."""
+        self._answer_first = False
+        await self.recorded()
+
+
 # --------------------------------------------------------------------------- the plugin
 
 
@@ -308,6 +374,7 @@ class NRIPlugin:
         self._listing_kick = trio.Event()
         self._lister: SandboxLister | None = None
         self._listing_trouble = ""  # why the listing could not be had, as last said
+        self._answered = AfterTheAnswer(recorder)  # observe mode: observed after its answer
         self._methods: dict[str, Handler] = {
             "Configure": self._configure,
             "Synchronize": self._synchronize,
@@ -339,7 +406,9 @@ class NRIPlugin:
         """Stay connected to the runtime for as long as the daemon runs."""
         task_status.started()
         try:
-            await self._stay_connected()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._answered.run)  # across connections: what one saw outlives it
+                await self._stay_connected()
         finally:
             if self._lister is not None:
                 self._lister.close()
@@ -358,6 +427,7 @@ class NRIPlugin:
                 log.warning("NRI connection ended", socket=str(self.options.socket), reason=first_line(exc))
             except Exception:  # a bug must not end the daemon: the runtime goes on without eventsrc, so must it
                 log.exception("NRI connection failed unexpectedly", socket=str(self.options.socket))
+            await self._answered.recorded()  # what the connection saw comes before its end
             if self.recorder.views.runtime.connected:  # the log says connected (since Configure): say it went
                 await observe_or_log(
                     self.recorder, lambda: [ev.RuntimeDisconnected(reason="connection closed")], "NRI disconnect"
@@ -435,6 +505,7 @@ class NRIPlugin:
         """Record what the runtime did meanwhile; the updates that put every cpuset right. The
         releases owed and the admissions of running containers go on in the background: the
         runtime gives the whole Synchronize one request timeout."""
+        await self._answered.recorded()  # the views hold every observation answered before
         views = self.recorder.views
         found = reconcile(views, sandboxes, containers)
         if found.events:
@@ -642,9 +713,18 @@ class NRIPlugin:
         return nri.Empty().SerializeToString()
 
     async def _saw(self, observation: Observation) -> None:
-        """Observe what the runtime says it did: in the views before the answer (what eventsrc
-        decides next reads it), in the log with the next decision or soon after."""
+        """Observe what the runtime says it did: in enforce mode in the views before the answer
+        (what eventsrc decides next reads it); in observe mode after it. In the log with the
+        next decision or soon after."""
+        if not self.enforce:
+            await self._answered.record(observation)
+            return
         await observe_or_log(self.recorder, observation, "runtime observation")
+
+    async def drain(self) -> None:
+        """Before the daemon records its stop: every observation answered so far is observed,
+        and each one after before its answer."""
+        await self._answered.drain()
 
     def _state_events(self, req: nri.StateChangeEvent, sandbox: SandboxFacts) -> list[ev.EventBase]:
         """What a StateChange says, as events, from the views as they are (``state_events``)."""
@@ -692,6 +772,7 @@ class NRIPlugin:
 
     async def _check_listing(self) -> None:
         assert self._lister is not None  # made at Configure, before Synchronize
+        await self._answered.recorded()  # a removal answered, not yet observed, is not gone unsaid
         try:
             present = await self._lister.sandbox_ids()
         except ListingFailed as exc:

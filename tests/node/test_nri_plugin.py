@@ -592,14 +592,15 @@ async def test_state_changes_are_recorded_and_a_removed_sandbox_releases_its_pod
         assert "u1" not in recorder.views.pods.pods
 
 
-async def test_observe_mode_observes_each_event_before_its_answer_and_waits_for_no_append(
+async def test_observe_mode_answers_first_observes_after_in_order_and_before_the_answer_once_drained(
     autojump_clock: trio.testing.MockClock, socket_path: Path
 ) -> None:
-    """Observe mode: nothing the runtime waits for depends on the log being synced, so each
-    StateChange and StopContainer is an observation: in the views before its answer, in the
+    """Observe mode: eventsrc decides nothing, so each StateChange and StopContainer is answered
+    at once and observed after (projected onto the views, docs/adr/0042), one at a time in the
     order of the answers, each from the views the earlier ones left (a PostUpdate that changed
-    nothing records nothing), and no answer waits for an append (docs/adr/0042)."""
-    recorder = FakeRecorder(delay=0.1)  # a decision's append would take 0.1 s of mock time
+    nothing records nothing); no answer waits for an append. Once the daemon stops (``drain``),
+    what was queued is observed, and each observation after is observed before its answer."""
+    recorder = FakeRecorder(delay=0.1, observe_delay=0.1)  # mock seconds an append, a projection take
     plugin = NRIPlugin(recorder, FakeAdmission(recorder), STATIC, NRIOptions(socket=socket_path, mode="observe"))
     runtime = Runtime(socket_path)
     async with running(plugin, runtime):
@@ -610,14 +611,16 @@ async def test_observe_mode_observes_each_event_before_its_answer_and_waits_for_
         k1 = container("k1", "s1", "app", cpus="0-3", mems="0-1")
         sent = trio.current_time()
         await conn.state_change(E.RUN_POD_SANDBOX, pod)
-        assert recorder.kinds()[-1] == "PodSandboxStarted"  # in the views when the answer came
         await conn.state_change(E.POST_CREATE_CONTAINER, pod, k1)
         await conn.state_change(E.START_CONTAINER, pod, k1)
         await conn.state_change(E.POST_UPDATE_CONTAINER, pod, k1)  # the cpuset it was created with
         stop = await conn.call("StopContainer", nri.StopContainerRequest(pod=pod, container=k1))
         assert stop.status.code == 0, stop.status
-        assert trio.current_time() - sent < 0.1  # five answers, no append waited for
-        assert recorder.appends == []
+        assert trio.current_time() - sent < 0.1  # five answers before the first projection could land
+        assert recorder.kinds() == ["RuntimeConnected"]
+
+        await trio.sleep(1)  # mock time: they land one after another
+        assert recorder.appends == []  # observations: no decision's append
         assert recorder.kinds() == [
             "RuntimeConnected",
             "PodSandboxStarted",
@@ -630,9 +633,11 @@ async def test_observe_mode_observes_each_event_before_its_answer_and_waits_for_
         assert len(set(cids)) == 4 and "test" not in cids  # each its request's
 
         await conn.state_change(E.REMOVE_CONTAINER, pod, k1)
+        assert recorder.kinds()[-1] == "ContainerStopped"
+        await plugin.drain()  # the daemon stops: what is queued is observed first
         assert recorder.kinds()[-1] == "ContainerRemoved"
         await conn.state_change(E.REMOVE_POD_SANDBOX, pod)
-        assert recorder.kinds()[-1] == "PodSandboxRemoved"
+        assert recorder.kinds()[-1] == "PodSandboxRemoved"  # observed before the answer now
         assert "s1" not in recorder.views.runtime.sandboxes
 
 

@@ -22,12 +22,13 @@ class FakeRecorder:
     stands for the fsync: a record that came after an answer would show as missing when the
     fake runtime reads that answer."""
 
-    def __init__(self, *events: ev.EventBase, delay: float = 0.0) -> None:
+    def __init__(self, *events: ev.EventBase, delay: float = 0.0, observe_delay: float = 0.0) -> None:
         self._views = Views()
         self.records: list[ev.Record] = []
         self.appends: list[list[ev.EventBase]] = []  # each decision's events, setup's excepted
         self.observations: list[list[ev.EventBase]] = []  # each observation's events
         self.delay = delay
+        self.observe_delay = observe_delay  # mock seconds an observation's projection takes
         self._metrics = Metrics()
         if events:
             self._apply(events, "setup")
@@ -59,7 +60,9 @@ class FakeRecorder:
         return self._apply(events, correlation_id or "test")
 
     async def observe(self, observed: Callable[[], Sequence[ev.EventBase]]) -> list[ev.Record]:
-        """As the committer's: in the views at once, nothing waited for."""
+        """As the committer's: in the views at once, nothing waited for (but ``observe_delay``)."""
+        if self.observe_delay:
+            await trio.sleep(self.observe_delay)
         events = observed()
         if not events:
             return []
