@@ -386,7 +386,11 @@ class Daemon:
         once it is written. Snapshots are a cache: one that cannot be written (a full or
         failing disk) is logged, and the daemon goes on."""
         async with self._snapshot_lock:
-            seq = await self.synced()  # a snapshot never holds what a power loss can take back
+            try:
+                seq = await self.synced()  # a snapshot never holds what a power loss can take back
+            except EventsrcError as exc:  # the log failed: nothing to vouch for
+                log.warning("snapshot not written: the log did not sync", error=str(exc))
+                return
             if seq == self._snapshot_seq:
                 return  # taken at this sequence already (every start records events first)
             try:

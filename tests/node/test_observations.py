@@ -18,9 +18,12 @@ import trio.testing
 
 from eventsrc import events as ev
 from eventsrc.errors import EventsrcError
+from eventsrc.layout import Layout
 from eventsrc.log.commit import GroupCommitter, ViewsAheadError, follow
 from eventsrc.log.history import History
+from eventsrc.log.snapshots import snapshot_path
 from eventsrc.log.store import EventLog
+from eventsrc.node.daemon import Daemon
 from eventsrc.state.apply import apply_all
 from eventsrc.state.views import Views
 
@@ -271,3 +274,21 @@ def test_a_reader_in_another_process_stops_where_the_writer_says_it_synced(tmp_p
     writer.append([removed(4)], "c", 4)
     writer.close()  # no writer: the log is what LMDB shows
     assert read() == (4, [1, 2, 3, 4])
+
+
+async def test_a_snapshot_is_taken_only_at_a_synced_position(tmp_path: Path) -> None:
+    """The views hold an observation the log has not synced: the snapshot writes it first, so
+    no snapshot holds what a power loss could take back (a start would find its seq beyond
+    the log)."""
+    layout = Layout(tmp_path / "root")
+    layout.snapshots.mkdir(parents=True)
+    log = EventLog(layout.log)
+    daemon = Daemon(layout, log, Views(), snapshot_every=1_000_000, observations_wait=60)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(daemon.committer.run)
+        await daemon.observe(lambda: [started(1)])
+        assert (daemon.views.meta.last_seq, log.last_seq()) == (1, 0)
+        await daemon.write_snapshot()
+        assert log.last_seq() == 1 and snapshot_path(layout.snapshots, 1).exists()
+        nursery.cancel_scope.cancel()
+    log.close()
