@@ -63,9 +63,15 @@ def audit_device(root: Path, device: str) -> dict[str, Any]:
 
 
 def holds(root: Path, device: str) -> list[tuple[str, str, str, bool]]:
+    """Who held ``device``, as ``audit device`` says; none while the log has not the device yet
+    (what eventsrc observes is written within ``observationsWait``: docs/adr/0042)."""
+    proc = run_cli("audit", "device", RESOURCE, device, "-o", "json", root=root)
+    if proc.returncode != 0 and f"no device {device} of {RESOURCE} in the log" in proc.stderr:
+        return []
+    assert proc.returncode == 0, proc.stderr
     return [
         (f"{h['pod']['namespace']}/{h['pod']['name']}", h["container"], h["decided_by"], h["still_held"])
-        for h in audit_device(root, device)["holders"]
+        for h in json.loads(proc.stdout)["holders"]
     ]
 
 

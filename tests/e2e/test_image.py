@@ -83,9 +83,15 @@ def audit_device(pm: Podman, name: str, device: str) -> dict[str, Any]:
 
 
 def holds(pm: Podman, name: str, device: str) -> list[tuple[str, str, str, bool]]:
+    """Who held ``device``; none while the log has not the device yet (what eventsrc observes
+    is written within ``observationsWait``: docs/adr/0042)."""
+    proc = pm.exec(name, "eventsrc", "audit", "device", RESOURCE, device, "-o", "json", "--root-dir", STATE)
+    if proc.returncode != 0 and f"no device {device} of {RESOURCE} in the log" in proc.stderr:
+        return []
+    assert proc.returncode == 0, f"audit device in the pod exited {proc.returncode}: {proc.stderr.strip()}"
     return [
         (f"{h['pod']['namespace']}/{h['pod']['name']}", h["container"], h["decided_by"], h["still_held"])
-        for h in audit_device(pm, name, device)["holders"]
+        for h in json.loads(proc.stdout)["holders"]
     ]
 
 
