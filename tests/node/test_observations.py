@@ -5,6 +5,7 @@ order, and no reader that keeps a position served a record before its sync."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import threading
@@ -292,3 +293,41 @@ async def test_a_snapshot_is_taken_only_at_a_synced_position(tmp_path: Path) -> 
         assert log.last_seq() == 1 and snapshot_path(layout.snapshots, 1).exists()
         nursery.cancel_scope.cancel()
     log.close()
+
+
+@pytest.mark.parametrize("seed", range(12))
+async def test_decisions_and_observations_interleaved_leave_the_views_the_log_gives(tmp_path: Path, seed: int) -> None:
+    """Tasks append decisions (sandboxes started) and observe (the newest sandbox the views
+    hold, removed: an event that depends on the views at its turn) at random moments, while
+    batches are being written. Rebuilt from the log, the views are the live ones: every record
+    reached them in the log's order, and each observation saw what came before it in the log."""
+    rng = random.Random(seed)
+    log = EventLog(tmp_path / "log")
+    views = Views()
+    committer = GroupCommitter(log, on_commit=applied_to(views), observations_wait=rng.choice([0.0, 0.001, 0.01]))
+    counter = iter(range(10_000))
+
+    def newest_gone() -> list[ev.EventBase]:
+        if not views.runtime.sandboxes:
+            return []
+        newest = max(views.runtime.sandboxes, key=lambda s: int(s[1:]))
+        return [ev.PodSandboxRemoved(sandbox_id=newest, pod_uid=views.runtime.sandboxes[newest].uid)]
+
+    async def actor(n: int) -> None:
+        for _ in range(n):
+            for _ in range(rng.randrange(3)):
+                await trio.lowlevel.checkpoint()
+            if rng.random() < 0.5:
+                await committer.append([started(next(counter))])
+            else:
+                await committer.observe(newest_gone)
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(committer.run)
+            async with trio.open_nursery() as actors:
+                for _ in range(4):
+                    actors.start_soon(actor, 15)
+            nursery.cancel_scope.cancel()
+    assert from_the_log(log) == views
+    assert log.last_seq() == views.meta.last_seq and committer.batches < log.last_seq()
