@@ -295,8 +295,8 @@ def test_bench_nri_stopped_by_sigterm_leaves_nothing(containerd_unavailable: str
     )
     started: list[int] = []
     try:
-        # its three containerds and two daemons, then a pod or two under way
-        started = eventually(lambda: [] if len(kids := _children(bench.pid)) < 5 else kids, "the bench's nodes")
+        # its four containerds and three NRI plugins (the minimal one, two daemons), then a pod or two under way
+        started = eventually(lambda: [] if len(kids := _children(bench.pid)) < 7 else kids, "the bench's nodes")
         config = Path(f"/proc/{started[0]}/cmdline").read_bytes().split(b"\0")
         workdir = Path(next(a.decode() for a in config if a.endswith(b".toml"))).parent.parent
         eventually(lambda: any(workdir.name in line for line in Path("/proc/mounts").read_text().splitlines()), "a pod")
