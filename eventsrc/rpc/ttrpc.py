@@ -21,9 +21,11 @@ is what containerd reports, so a refusal's reason goes there. Streaming (data me
 request that keeps its stream open) is refused as ttrpc refuses what it has no stream for.
 
 ``Demux`` turns bytes into messages and never touches a socket; ``Session`` is the shell: one
-reader task, one writer task (the only one that writes, so frames never interleave and a
-caller's cancellation never cuts one), and a task per request served, all in the session's
-own nursery.
+reader task, one writer task for the calls' requests (so a caller's cancellation never cuts a
+frame), and a task per request served, all in the session's own nursery. A served request's
+task writes its answer itself, in the step its handler returns (no trip through the writer,
+and no task its handler woke runs first); only the session's end cancels it. Whoever writes
+holds the send lock, so frames never interleave.
 """
 
 from __future__ import annotations
@@ -243,6 +245,7 @@ class Session:
         self._handler = handler
         self._max_in_flight = max_in_flight
         self._outbox_in, self._outbox = trio.open_memory_channel[bytes](_OUTBOX)
+        self._send_lock = trio.StrictFIFOLock()  # held while a frame is written: none interleave
         self._nursery: trio.Nursery | None = None
         self._id_lock = trio.Lock()  # a stream id is taken and queued under it: ids reach the wire in order
         self._next_id = 1
@@ -370,7 +373,7 @@ class Session:
             if len(answer) > MAX_MESSAGE:
                 why = f"response length {len(answer)} exceeds maximum message size of {MAX_MESSAGE}"
                 answer = _status_only(RESOURCE_EXHAUSTED, why)
-            await self._queue(encode(PLUGIN_CONN, stream_id, RESPONSE, 0, answer))
+            await self._send(encode(PLUGIN_CONN, stream_id, RESPONSE, 0, answer))
         except ConnectionLost:
             return  # the reader or the writer says so
         finally:
@@ -406,6 +409,21 @@ class Session:
             self._raise_if_gone()
             raise ConnectionLost("the connection is gone") from None
 
+    async def _send(self, frame: bytes) -> None:
+        """Write a whole frame from this task, under the send lock. Taken at once when free: an
+        awaited acquire would let every task ready to run go first."""
+        self._raise_if_gone()
+        if self._send_lock.locked():
+            await self._send_lock.acquire()
+        else:
+            self._send_lock.acquire_nowait()
+        try:
+            await self._stream.send_all(frame)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise self._lose(f"cannot write to the peer: {exc.__cause__ or exc}") from None
+        finally:
+            self._send_lock.release()
+
     async def _read(self) -> None:
         """The only reader of the socket: until it ends, feed its bytes through the demux; conn 1's
         requests to the server side, conn 2's answers to the calls waiting for them."""
@@ -425,16 +443,14 @@ class Session:
                     self._answered(item)
 
     async def _write(self) -> None:
-        """The only writer of the socket: whole frames, in the order they were queued."""
+        """The writer of the frames queued (the calls' requests, the refusals): whole frames, in
+        the order they were queued."""
         while True:
             try:
                 frame = await self._outbox.receive()
             except (trio.ClosedResourceError, trio.EndOfChannel):
                 return  # the session is over; whoever ended it says why
-            try:
-                await self._stream.send_all(frame)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                raise self._lose(f"cannot write to the peer: {exc.__cause__ or exc}") from None
+            await self._send(frame)
 
     def _lose(self, reason: str) -> ConnectionLost:
         """The connection is gone (the first reason given stays): wake every call waiting on it
