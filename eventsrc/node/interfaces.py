@@ -15,7 +15,7 @@ and wires them together, and no part imports it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -68,11 +68,7 @@ async def record_or_log(
     ``events``; an append that fails (a full disk, a log deleted under the daemon) is logged and
     None returned, so the task goes on and the daemon stays up, refusing what needs the log and
     failing /healthz, instead of ending on an exception nobody catches."""
-    try:
-        return await recorder.record(events, correlation_id)
-    except EventsrcError as exc:
-        log.warning("recording failed", what=what, reason=str(exc))
-        return None
+    return await _or_log(recorder.record(events, correlation_id), what)
 
 
 async def observe_or_log(
@@ -80,8 +76,12 @@ async def observe_or_log(
 ) -> list[Record] | None:
     """``record_or_log`` for an observation: one that cannot be recorded is logged (the
     runtime's next Synchronize finds what it missed), and None returned."""
+    return await _or_log(recorder.observe(observed), what)
+
+
+async def _or_log(recording: Awaitable[list[Record]], what: str) -> list[Record] | None:
     try:
-        return await recorder.observe(observed)
+        return await recording
     except EventsrcError as exc:
         log.warning("recording failed", what=what, reason=str(exc))
         return None
