@@ -300,6 +300,9 @@ class AdmissionRejected(EventBase, frozen=True):
     container: str = ""
     # When the topology manager refused: the merged hint, as the kubelet prints it ("{01 false}").
     topology_hint: str = ""
+    # The kubelet's reason word where it has its own, as a pod's status shows it ("OutOfcpu",
+    # "OutOfmemory": the resource fit, docs/adr/0043); "" where the reason is the message only.
+    kubelet_reason: str = ""
 
 
 class PodRemoved(EventBase, frozen=True):
@@ -380,6 +383,47 @@ class SharedPoolChanged(EventBase, frozen=True):
 
     cpus: list[int]
     reason: str = ""
+
+
+# --------------------------------------------------------------------------- memory
+# The memory manager's decisions (policy Static, docs/adr/0044): no checkpoint, the log.
+
+
+class MemoryBlock(Struct, frozen=True, kw_only=True, gc=False):
+    """A container's memory of one type on a group of NUMA nodes, as PodResources lists it;
+    ``taken`` is how many of the bytes came from each node of ``numa_affinity``, in order
+    (the policy fills the nodes one after another)."""
+
+    numa_affinity: list[int]
+    type: str  # "memory", "hugepages-2Mi", "hugepages-1Gi"
+    size: int  # bytes
+    taken: list[int] = []
+
+
+class MemoryAssigned(EventBase, frozen=True):
+    """The container's memory blocks, the whole set (an init container's shrink as the
+    containers after it reuse its memory is a new set)."""
+
+    pod_uid: str
+    container: str
+    blocks: list[MemoryBlock]
+
+
+class MemoryReleased(EventBase, frozen=True):
+    pod_uid: str
+    container: str
+    reason: str = ""
+
+
+class MemoryMachineChanged(EventBase, frozen=True):
+    """At a start: the memory and hugepages per NUMA node (bytes; node id -> resource -> size)
+    differ from what the log last recorded ({} for the first). The assignments stay where the
+    new machine still holds them; ``no_longer_fit`` says, one line per container, those it does
+    not (docs/adr/0044)."""
+
+    old: dict[str, dict[str, int]]
+    new: dict[str, dict[str, int]]
+    no_longer_fit: list[str] = []
 
 
 # --------------------------------------------------------------------------- claims
@@ -699,6 +743,9 @@ Event = (
     | CPUsAssigned
     | CPUsReleased
     | SharedPoolChanged
+    | MemoryAssigned
+    | MemoryReleased
+    | MemoryMachineChanged
     | ClaimPrepareStarted
     | ClaimPrepared
     | ClaimPrepareFailed

@@ -71,6 +71,7 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
     _daemon_flags(p)
     cpu = _cpu_manager_flags(p)
     _topology_manager_flags(p)
+    _allocatable_flags(p)
     _nri_flags(p)
     _fleet_flags(p)
     _retention_flags(p)
@@ -349,6 +350,32 @@ def _topology_manager_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _allocatable_flags(p: argparse.ArgumentParser) -> None:
+    node = p.add_argument_group(
+        "node allocatable (the kubelet's flags): a pod whose requests do not fit what is left is refused, "
+        "OutOfcpu, OutOfmemory, ..."
+    )
+    node.add_argument(
+        "--system-reserved",
+        default=None,
+        metavar="R=Q,...",
+        help="kept back for the system, e.g. cpu=500m,memory=1Gi,ephemeral-storage=1Gi (default none)",
+    )
+    node.add_argument(
+        "--kube-reserved", default=None, metavar="R=Q,...", help="kept back for Kubernetes, as --system-reserved"
+    )
+    node.add_argument(
+        "--eviction-hard",
+        default=None,
+        metavar="SIGNAL<Q,...",
+        help="hard eviction thresholds, also kept back: memory.available (from memory) and nodefs.available "
+        "(from ephemeral-storage, a quantity or a percentage); default memory.available<100Mi,nodefs.available<10%%",
+    )
+    node.add_argument(
+        "--max-pods", type=int, default=None, metavar="N", help="pods the node runs at most (default 110)"
+    )
+
+
 def effective_config(args: argparse.Namespace) -> Configuration:
     """The configuration serve runs with: --config FILE, then the flags given, then the
     defaults; its values checked (short of the machine). Sets ``args.layout`` to its root."""
@@ -360,8 +387,10 @@ def effective_config(args: argparse.Namespace) -> Configuration:
         value = getattr(args, flag[2:].replace("-", "_"), None)
         if value is None or (name == "rootDir" and args.root_dir_from == "default"):
             continue  # --root-dir, else EVENTSRC_ROOT_DIR, else the file's rootDir, else the default
-        if name in ("cpuManagerPolicyOptions", "topologyManagerPolicyOptions"):
+        if name in ("cpuManagerPolicyOptions", "topologyManagerPolicyOptions", "systemReserved", "kubeReserved"):
             value = config.parse_map(value, flag)
+        elif name == "evictionHard":
+            value = config.parse_thresholds(value, flag)
         elif name == "featureGates":
             value = config.parse_feature_gates(value, flag)
         elif name in ("nriAnnotationNamespaces", "fleet.nats"):
@@ -391,10 +420,12 @@ def effective_config(args: argparse.Namespace) -> Configuration:
 def serve(args: argparse.Namespace) -> int:
     import trio
 
+    from eventsrc.core.cpu.cpuset import CPUSet
     from eventsrc.core.retention_policy import Retention
     from eventsrc.core.topology_manager import parse_topology_manager
     from eventsrc.inputs import config
     from eventsrc.inputs.cpu_config import load_cpu_config, load_topology
+    from eventsrc.inputs.node_allocatable import filesystem_bytes, load_allocatable
     from eventsrc.log.commit import ViewsAheadError
     from eventsrc.node.beside import BesideOptions
     from eventsrc.node.daemon import serve as run
@@ -417,6 +448,17 @@ def serve(args: argparse.Namespace) -> int:
         cfg.topology_manager_scope,
         cfg.topology_manager_policy_options,
         machine.cpu_details.numa_nodes().sorted_list(),
+    )
+    allocatable = load_allocatable(
+        topology=machine,
+        reserved_cpus=CPUSet.parse(cfg.reserved_system_cpus) if cfg.reserved_system_cpus else CPUSet(),
+        reserved_cpu_count=cfg.reserved_cpu_count,
+        system_reserved=cfg.system_reserved,
+        kube_reserved=cfg.kube_reserved,
+        eviction_hard=cfg.eviction_hard,
+        max_pods=cfg.max_pods,
+        memory=None,
+        storage=filesystem_bytes(args.layout.root) if not cfg.beside_kubelet else None,
     )
     logs.setup(cfg.log_level, cfg.log_format)
     try:
@@ -453,6 +495,7 @@ def serve(args: argparse.Namespace) -> int:
                 if cfg.beside_kubelet
                 else None,
                 fleet=_fleet(cfg),
+                allocatable=allocatable,
             )
         )
     except BaseExceptionGroup as group:  # the log failed under the views: one line, exit 1

@@ -63,6 +63,7 @@ from eventsrc.core.devices.choice import (
 )
 from eventsrc.core.devices.holds import holdings, release_events, remove_pod_events
 from eventsrc.core.devices.names import is_extended_resource_name
+from eventsrc.core.fit import fits_request, node_usage, pod_requests
 from eventsrc.core.resources import qos_class
 from eventsrc.core.runtime_decisions import running_before
 from eventsrc.core.topology_manager import HintProvider, TopologyAffinityError, TopologyManager, admit_and_allocate
@@ -202,6 +203,9 @@ class AdmissionConfig:
     cpus: CPUManagerConfig
     topology: TopologyManager
     wait: float  # seconds the shell waits for a plugin or driver that is away (refusals name it)
+    # The node's allocatable, as the resource fit counts it (``core.fit``); a resource it does
+    # not name is not checked (memory of a machine not described), and None checks none.
+    allocatable: Mapping[str, int] | None = None
 
 
 def device_requests(container: ContainerSpec) -> dict[str, int]:
@@ -409,11 +413,17 @@ class PodAdmission:
         # Only the new container is planned: the others keep what they hold, untouched.
         return cls(views, config, _Grown(pod=pod.pod, containers=[new]), growth)
 
-    def _refused(self, reason: str, container: str = "", hint: str = "", pinning: Sequence[bool] = ()) -> Refused:
+    def _refused(
+        self, reason: str, container: str = "", hint: str = "", pinning: Sequence[bool] = (), kubelet_reason: str = ""
+    ) -> Refused:
+        """The refusal: ``reason`` is the kubelet's message; ``kubelet_reason`` its reason
+        word where it has one of its own (``OutOfcpu``), put before the message answered."""
         if self.growing is not None:
             container = self.growing.container.name
-        event = ev.AdmissionRejected(pod=self.pod.pod, reason=reason, container=container, topology_hint=hint)
-        return Refused(reason, event, tuple(pinning))
+        event = ev.AdmissionRejected(
+            pod=self.pod.pod, reason=reason, container=container, topology_hint=hint, kubelet_reason=kubelet_reason
+        )
+        return Refused(f"{kubelet_reason}: {reason}" if kubelet_reason else reason, event, tuple(pinning))
 
     # ------------------------------------------------------------------ known
 
@@ -618,7 +628,26 @@ class PodAdmission:
                 return self._refused(
                     f"Node didn't have enough resource: {resource}, requested: {needed}, used: 0, capacity: 0"
                 )
-        return None
+        return self._fit()
+
+    def _fit(self) -> Refused | None:
+        """The resource fit (``core.fit``): the pod's requests (of all its containers, a
+        growth's too) against the node's allocatable less what the other pods request; the
+        first resource short refuses, with the kubelet's reason and words. A device plugin's
+        resource always fits once its devices are planned: the kubelet raises its allocatable
+        to the devices allocated, this pod's counted (``sanitizeNodeAllocatable``)."""
+        allocatable = self.config.allocatable
+        if allocatable is None:
+            return None
+        before = self.growing.before if self.growing is not None else []
+        wants = pod_requests([*before, *self.pod.containers])
+        checked = {r: n for r, n in wants.items() if r in allocatable and r not in self._planned}
+        pods, used = node_usage(self.views.pods, self.uid)
+        short = fits_request(checked, pods, used, allocatable)
+        if not short:
+            return None
+        first = short[0]
+        return self._refused(first.message(), kubelet_reason=first.reason())
 
     # ------------------------------------------------------------------ settle
 

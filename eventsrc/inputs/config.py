@@ -250,6 +250,10 @@ class Fleet(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tru
     password_file: str = ""
 
 
+#: The kubelet's default hard eviction thresholds that keep back what a pod can request.
+EVICTION_HARD = {"memory.available": "100Mi", "nodefs.available": "10%"}
+
+
 class Configuration(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, rename="camel"):
     """The configuration file's fields; a missing one has the default shown here."""
 
@@ -264,6 +268,12 @@ class Configuration(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     topology_manager_policy: str = "none"
     topology_manager_scope: str = "container"
     topology_manager_policy_options: dict[str, str] = {}
+    # What the node keeps back from pods (the resource fit, docs/adr/0043): resource -> quantity.
+    system_reserved: dict[str, str] = {}
+    kube_reserved: dict[str, str] = {}
+    # signal -> threshold ("100Mi" or "10%"); memory.available and nodefs.available count
+    eviction_hard: dict[str, str] = msgspec.field(default_factory=lambda: dict(EVICTION_HARD))
+    max_pods: Annotated[int, msgspec.Meta(ge=1)] = 110
     # eventsrc's own.
     reserved_cpu_count: Annotated[int, msgspec.Meta(ge=0)] = msgspec.field(default=0, name="reservedCPUCount")
     topology_file: str = ""  # "" reads the topology from sysfs
@@ -310,6 +320,10 @@ FLAGS: Mapping[str, str] = {
     "topologyManagerPolicy": "--topology-manager-policy",
     "topologyManagerScope": "--topology-manager-scope",
     "topologyManagerPolicyOptions": "--topology-manager-policy-options",
+    "systemReserved": "--system-reserved",
+    "kubeReserved": "--kube-reserved",
+    "evictionHard": "--eviction-hard",
+    "maxPods": "--max-pods",
     "reservedCPUCount": "--reserved-cpu-count",
     "topologyFile": "--topology-file",
     "sysfsRoot": "--sysfs-root",
@@ -503,6 +517,17 @@ def parse_map(text: str, flag: str) -> dict[str, str]:
         key, sep, value = part.partition("=")
         if not sep or not key:
             raise ConfigError(f"{flag}: {part!r} is not KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def parse_thresholds(text: str, flag: str) -> dict[str, str]:
+    """``signal<quantity,...``, as the kubelet's ``--eviction-hard`` takes it."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("<")
+        if not sep or not key or not value:
+            raise ConfigError(f"{flag}: {part!r} is not SIGNAL<QUANTITY")
         out[key.strip()] = value.strip()
     return out
 

@@ -48,7 +48,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +172,7 @@ class Daemon:
         watch_stall: float = WATCH_STALL,
         fleet: FleetOptions | None = None,
         observations_wait: float = OBSERVATIONS_WAIT,
+        allocatable: Mapping[str, int] | None = None,
     ) -> None:
         self.layout = layout
         self.cpus = cpus or CPUManagerConfig("none", single_cpu_topology(), CPUSet(), StaticPolicyOptions())
@@ -215,7 +216,7 @@ class Daemon:
         self.turns, self.stalls = Turns(), Stalls(watch_stall)
         self.admission = Admission(
             self,
-            AdmissionConfig(self.cpus, self.topology, admission_wait),
+            AdmissionConfig(self.cpus, self.topology, admission_wait, allocatable),
             self.devices,
             self.dra,
             readers_wait=self.turns.decision_runs,
@@ -470,6 +471,7 @@ async def serve(
     watch_stall: float = WATCH_STALL,
     fleet: FleetOptions | None = None,
     observations_wait: float = OBSERVATIONS_WAIT,
+    allocatable: Mapping[str, int] | None = None,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT (or until cancelled).
@@ -522,6 +524,7 @@ async def serve(
             watch_stall=watch_stall,
             observations_wait=observations_wait,
             fleet=fleet,
+            allocatable=allocatable,
         )
         daemon.metrics.replayed(info.seconds, info.tail_records)
         # Beside a kubelet, or with the runtime's NRI: what happened while eventsrc was away is a gap.

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from eventsrc import events as ev
 from eventsrc.events import CorruptRecordError, Record, ignorable
-from eventsrc.state import claim_lifecycle, cpus, devices, kubelet, pods, runtime
+from eventsrc.state import claim_lifecycle, cpus, devices, kubelet, memory, pods, runtime
 from eventsrc.state.lifecycles import Step
 from eventsrc.state.types import Handlers, Reducer
 from eventsrc.state.views import Views
@@ -61,7 +61,14 @@ _META: Handlers = {
 }
 
 HANDLERS: dict[type, tuple[Reducer, ...]] = _combine(
-    _META, devices.HANDLERS, pods.HANDLERS, cpus.HANDLERS, claim_lifecycle.HANDLERS, runtime.HANDLERS, kubelet.HANDLERS
+    _META,
+    devices.HANDLERS,
+    pods.HANDLERS,
+    cpus.HANDLERS,
+    memory.HANDLERS,
+    claim_lifecycle.HANDLERS,
+    runtime.HANDLERS,
+    kubelet.HANDLERS,
 )
 
 

@@ -3,14 +3,38 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 
 from eventsrc import events as ev
 from eventsrc.state.lifecycles import POD, POD_ABSENT, PodLifecycleState, PodState, Step, pod_state, step
 from eventsrc.state.types import Handlers
-from eventsrc.state.views import ContainerView, PodView, Views, shared_allocation
+from eventsrc.state.views import ContainerView, PodView, Views, index_built, shared_allocation
 
 #: Rejections are kept for the newest pods only, so the view stays bounded.
 MAX_REJECTED = 1024
+
+
+@dataclass
+class RequestsIndex:
+    """What each pod requests, summed (the resource fit's ``used``), kept beside the pods.
+    The reducers only say which pods' containers changed (``changed``); the fit
+    (``core.fit.node_usage``) counts those again before it reads the sums."""
+
+    source: dict[str, PodView] = field(compare=False, repr=False)
+    changed: set[str] = field(default_factory=set)
+    per_pod: dict[str, dict[str, int]] = field(default_factory=dict)
+    total: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, pods: dict[str, PodView]) -> RequestsIndex:
+        return cls(pods, changed=set(pods))
+
+
+def _touched(v: Views, uid: str) -> None:
+    """Pod ``uid`` was added, removed, or its containers changed."""
+    index: RequestsIndex | None = index_built(v.pods, v.pods.pods)
+    if index is not None:
+        index.changed.add(uid)
 
 
 def _state(v: Views, uid: str) -> PodLifecycleState:
@@ -35,6 +59,7 @@ def admission_started(v: Views, seq: int, e: ev.PodAdmissionStarted) -> None:
     if pod.source:  # admitted from the runtime's facts: its container may be recorded already
         _mark_ran(v, pod)
     v.pods.rejected.pop(e.pod.uid, None)
+    _touched(v, e.pod.uid)
 
 
 def _mark_ran(v: Views, pod: PodView) -> None:
@@ -58,6 +83,7 @@ def container_admission_started(v: Views, seq: int, e: ev.ContainerAdmissionStar
     _mark_ran(v, pod)
     pod.growing, pod.growing_seq = e.container.name, seq
     pod.changed_seq = seq
+    _touched(v, e.pod.uid)
 
 
 def container_admitted(v: Views, seq: int, e: ev.ContainerAdmitted) -> None:
@@ -81,6 +107,7 @@ def pod_admitted(v: Views, seq: int, e: ev.PodAdmitted) -> None:
         if c.name not in pod.containers:
             pod.containers[c.name] = _container_view(c)
     v.pods.rejected.pop(e.pod.uid, None)
+    _touched(v, e.pod.uid)
 
 
 def _container_view(c: ev.ContainerSpec) -> ContainerView:
@@ -106,6 +133,7 @@ def admission_rejected(v: Views, seq: int, e: ev.AdmissionRejected) -> None:
         del pod.containers[pod.growing]
         pod.growing, pod.growing_seq = "", 0
         pod.changed_seq = seq
+    _touched(v, e.pod.uid)
     rejected = v.pods.rejected
     rejected.pop(e.pod.uid, None)
     rejected[e.pod.uid] = e.reason
@@ -121,11 +149,13 @@ def pod_quarantined(v: Views, seq: int, e: ev.PodQuarantined) -> None:
     pod.state = after
     pod.in_doubt = sorted(set(pod.in_doubt) | set(e.corrupt_seqs))
     pod.quarantined_seq = seq
+    _touched(v, e.pod.uid)
 
 
 def pod_removed(v: Views, seq: int, e: ev.PodRemoved) -> None:
     if POD.next(_state(v, e.pod_uid), type(e)) == POD_ABSENT:
         v.pods.pods.pop(e.pod_uid, None)
+        _touched(v, e.pod_uid)
 
 
 def _container(v: Views, seq: int, pod_uid: str, name: str) -> ContainerView | None:

@@ -25,6 +25,7 @@ from msgspec import Struct, field
 from eventsrc.events import (
     ContainerAllocation,
     DeviceSpec,
+    MemoryBlock,
     Mount,
     ObservedClaimDevice,
     ObservedMemory,
@@ -226,7 +227,8 @@ class PodView(Struct, kw_only=True, gc=False):
         self.in_doubt = self.in_doubt or _NO_NUMBERS
 
 
-class PodsView(Struct, kw_only=True):
+# ``dict=True``: room for the derived index beside the fields (``core.fit.node_usage``).
+class PodsView(Struct, kw_only=True, dict=True):
     pods: dict[str, PodView] = field(default_factory=dict)
     # pod uid -> last admission rejection reason (bounded by pods that were refused)
     rejected: dict[str, str] = field(default_factory=dict)
@@ -244,6 +246,20 @@ class CPUsView(Struct, kw_only=True, dict=True):
     shared: list[int] = []
     # pod uid -> container -> exclusive cpus
     assignments: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+
+
+class MemoryView(Struct, kw_only=True):
+    """The memory manager's state, rebuilt from the log: each container's blocks, what they
+    take of each NUMA node, and the machine they were given on (docs/adr/0044)."""
+
+    # pod uid -> container -> blocks
+    assignments: dict[str, dict[str, list[MemoryBlock]]] = field(default_factory=dict)
+    # NUMA node id (as a string) -> resource -> bytes the blocks take there
+    reserved: dict[str, dict[str, int]] = field(default_factory=dict)
+    # NUMA node id (as a string) -> blocks whose group holds it (the kubelet's NumberOfAssignments)
+    blocks_on: dict[str, int] = field(default_factory=dict)
+    # the machine as last recorded (MemoryMachineChanged): node id -> resource -> bytes
+    machine: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class ClaimView(Struct, kw_only=True, gc=False):
@@ -360,6 +376,7 @@ class Views(Struct, kw_only=True):
     devices: DevicesView = field(default_factory=DevicesView)
     pods: PodsView = field(default_factory=PodsView)
     cpus: CPUsView = field(default_factory=CPUsView)
+    memory: MemoryView = field(default_factory=MemoryView)
     claims: ClaimsView = field(default_factory=ClaimsView)
     runtime: RuntimeView = field(default_factory=RuntimeView)
     kubelet: KubeletView = field(default_factory=KubeletView)

@@ -24,7 +24,7 @@ NODE = "/eventsrc.node.v1.Node/"
 
 @pytest.fixture
 def channel(root: Path, daemon_factory) -> grpc.Channel:  # type: ignore[no-untyped-def]
-    daemon_factory()
+    daemon_factory("--max-pods", "2000")  # 1,500 pods below: more than a kubelet's 110
     ch = grpc.insecure_channel(unix_target(root / "eventsrc" / "api.sock"))
     yield ch
     ch.close()
