@@ -52,12 +52,13 @@ def is_hugepages(name: str) -> bool:
 
 
 def is_scalar_resource(name: str) -> bool:
-    """``schedutil.IsScalarResourceName``: extended resources, hugepages, native resources
-    with a ``kubernetes.io/`` prefix, attachable volumes."""
+    """``schedutil.IsScalarResourceName``: extended resources, hugepages, prefixed native
+    resources (``IsPrefixedNativeResource``: the name contains ``kubernetes.io/``, as
+    ``subdomain.kubernetes.io/something`` does too), attachable volumes."""
     return (
         is_extended_resource_name(name)
         or is_hugepages(name)
-        or (name.startswith("kubernetes.io/") and "/" in name)
+        or "kubernetes.io/" in name
         or name.startswith("attachable-volumes-")
     )
 
