@@ -6,7 +6,7 @@ pods it runs already, and refuses with the first failure only: ``OutOfcpu``,
 ``OutOfmemory``, ``OutOfephemeral-storage``, ``OutOfpods`` or ``OutOf<resource>``, worded
 ``Node didn't have enough resource: cpu, requested: 1000, used: 200, capacity: 1000``.
 
-Three pure steps, in the kubelet's terms:
+Pure steps, in the kubelet's terms:
 
 * ``pod_requests``: ``resource.PodRequests`` (component-helpers): app containers and
   restartable (sidecar) init containers add up; each plain init container needs its own
@@ -16,6 +16,9 @@ Three pure steps, in the kubelet's terms:
 * ``node_allocatable``: capacity minus ``--kube-reserved``, ``--system-reserved`` and the
   hard eviction thresholds, never below 0; pre-allocated hugepages taken off memory (the
   kubelet's node status setter).
+* ``remove_missing_extended_resources``: the predicate handler's
+  ``removeMissingExtendedResources``, before the fit: an extended resource the node's
+  allocatable does not list (a cluster-level resource) is not checked.
 * ``fits_request``: ``noderesources.fitsRequest``, in its order: pods, cpu, memory,
   ephemeral-storage, then the scalar resources (hugepages, extended resources). Go walks
   the scalar resources in map order; here they go by name, so that the first reason is
@@ -147,6 +150,13 @@ def node_allocatable(
             if is_hugepages(name):
                 out[MEMORY] = max(0, out[MEMORY] - have)
     return out
+
+
+def remove_missing_extended_resources(request: Mapping[str, int], allocatable: Mapping[str, int]) -> dict[str, int]:
+    """The kubelet's ``removeMissingExtendedResources``, run before the fit: an extended
+    resource the node's allocatable does not list at all (a cluster-level resource, unknown
+    to the node) is taken out of the request; one listed, even with 0, stays."""
+    return {name: q for name, q in request.items() if not is_extended_resource_name(name) or name in allocatable}
 
 
 @dataclass(frozen=True)
