@@ -390,40 +390,49 @@ class SharedPoolChanged(EventBase, frozen=True):
 
 
 class MemoryBlock(Struct, frozen=True, kw_only=True, gc=False):
-    """A container's memory of one type on a group of NUMA nodes, as PodResources lists it;
-    ``taken`` is how many of the bytes came from each node of ``numa_affinity``, in order
-    (the policy fills the nodes one after another)."""
+    """A container's memory of one type on a group of NUMA nodes, as PodResources lists it."""
 
     numa_affinity: list[int]
     type: str  # "memory", "hugepages-2Mi", "hugepages-1Gi"
     size: int  # bytes
-    taken: list[int] = []
 
 
 class MemoryAssigned(EventBase, frozen=True):
-    """The container's memory blocks, the whole set (an init container's shrink as the
-    containers after it reuse its memory is a new set)."""
+    """The container's memory blocks, the whole set (an init container's shrink, as the
+    containers after it reuse its memory, is a new set). ``taken``: what this decision took
+    of each NUMA node (node id -> resource -> bytes), as the kubelet's machine state counts
+    it: nothing for a shrink, less than the blocks' size for memory reused from an init
+    container."""
 
     pod_uid: str
     container: str
     blocks: list[MemoryBlock]
+    taken: dict[str, dict[str, int]] = {}
 
 
 class MemoryReleased(EventBase, frozen=True):
+    """The container's blocks given back; ``returned``: to which nodes (node id -> resource
+    -> bytes), as the kubelet's RemoveContainer gives them back."""
+
     pod_uid: str
     container: str
+    returned: dict[str, dict[str, int]] = {}
     reason: str = ""
 
 
 class MemoryMachineChanged(EventBase, frozen=True):
-    """At a start: the memory and hugepages per NUMA node (bytes; node id -> resource -> size)
-    differ from what the log last recorded ({} for the first). The assignments stay where the
-    new machine still holds them; ``no_longer_fit`` says, one line per container, those it does
-    not (docs/adr/0044)."""
+    """At a start: the memory and hugepages per NUMA node (node id -> resource -> bytes)
+    differ from what the log last recorded ({} the first time). The assignments were fitted
+    to the new machine in the log's order: ``taken`` is what those that fit take of each
+    node now; ``unaccounted`` (pod uid -> containers) those that do not, and
+    ``no_longer_fit`` says why, one line each. Those keep running; the machine no longer
+    counts their memory (docs/adr/0044)."""
 
     old: dict[str, dict[str, int]]
     new: dict[str, dict[str, int]]
     no_longer_fit: list[str] = []
+    taken: dict[str, dict[str, int]] = {}
+    unaccounted: dict[str, list[str]] = {}
 
 
 # --------------------------------------------------------------------------- claims

@@ -52,6 +52,8 @@ def pod_resources(views: Views, pod: PodView) -> pb.PodResources:
         cr = pb.ContainerResources(name=name, cpu_ids=sorted(c.cpus))
         for resource, ids in sorted(c.devices.items()):
             cr.devices.extend(container_devices(resource, ids, views.devices.devices.get(resource, {})))
+        for block in views.memory.assignments.get(pod.uid, {}).get(name, ()):
+            cr.memory.append(_memory(block.type, block.size, block.numa_affinity))
         for claim_uid in c.claims:
             claim = views.claims.claims.get(claim_uid)
             if claim is None:
@@ -75,14 +77,26 @@ def pod_resources(views: Views, pod: PodView) -> pb.PodResources:
     return pb.PodResources(name=pod.name, namespace=pod.namespace, containers=containers)
 
 
-def allocatable(views: Views, cpus: list[int]) -> pb.AllocatableResourcesResponse:
+def _memory(kind: str, size: int, nodes: Iterable[int]) -> pb.ContainerMemory:
+    """A memory block as the kubelet's ``containerMemoryFromBlock`` lists it."""
+    return pb.ContainerMemory(
+        memory_type=kind, size=size, topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in nodes])
+    )
+
+
+def allocatable(
+    views: Views, cpus: list[int], memory: Iterable[tuple[int, str, int]] = ()
+) -> pb.AllocatableResourcesResponse:
+    """Healthy devices of connected plugins, the CPUs, and the memory manager's allocatable
+    memory per NUMA node (``memory``: node, resource, bytes; none with the None policy)."""
     devices = []
     for resource, plugin in sorted(views.devices.plugins.items()):
         table = views.devices.devices.get(resource, {})
         healthy = [i for i, d in table.items() if d.health == "Healthy" and not d.removed]
         if plugin.connected and healthy:
             devices.extend(container_devices(resource, healthy, table))
-    return pb.AllocatableResourcesResponse(devices=devices, cpu_ids=cpus)
+    blocks = [_memory(kind, size, [node]) for node, kind, size in memory]
+    return pb.AllocatableResourcesResponse(devices=devices, cpu_ids=cpus, memory=blocks)
 
 
 #: pod_resources' field number in ListPodResourcesResponse
@@ -144,14 +158,15 @@ class AllocatableCache:
     """GetAllocatableResources' answer, kept while the log sequence and the CPUs stay the same
     (devices, their health and topology and the plugins change only with records)."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory: Iterable[tuple[int, str, int]] = ()) -> None:
         self._key: tuple[int, tuple[int, ...]] | None = None
         self._answer = pb.AllocatableResourcesResponse()
+        self._memory = list(memory)  # the daemon's: fixed while it runs
 
     def answer(self, views: Views, cpus: list[int]) -> pb.AllocatableResourcesResponse:
         key = (views.meta.last_seq, tuple(cpus))
         if key != self._key:
-            self._answer, self._key = allocatable(views, cpus), key
+            self._answer, self._key = allocatable(views, cpus, self._memory), key
         return self._answer
 
 
@@ -162,13 +177,14 @@ class PodResourcesService(PodResourcesListerBase):
         limiter: TokenBucket | None = None,
         cpus: Callable[[], list[int]] = list,
         metrics: Metrics | None = None,
+        memory: Iterable[tuple[int, str, int]] = (),
     ) -> None:
         self._views = views
         self._limiter = limiter or TokenBucket()
         self._cpus = cpus
         self._metrics = metrics
         self._list = ListCache()
-        self._allocatable = AllocatableCache()
+        self._allocatable = AllocatableCache(memory)
 
     def _admit(self, method: str) -> None:
         """The rate limit, then the request counted (the kubelet's limiter sits in front of

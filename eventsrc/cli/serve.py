@@ -374,6 +374,22 @@ def _allocatable_flags(p: argparse.ArgumentParser) -> None:
     node.add_argument(
         "--max-pods", type=int, default=None, metavar="N", help="pods the node runs at most (default 110)"
     )
+    mem = p.add_argument_group("memory manager (the kubelet's flags)")
+    mem.add_argument(
+        "--memory-manager-policy",
+        choices=["None", "Static"],
+        default=None,
+        help="None (default) or Static: Guaranteed pods' memory and hugepages on NUMA nodes, aligned by the "
+        "topology manager with their CPUs and devices",
+    )
+    mem.add_argument(
+        "--reserved-memory",
+        action="append",
+        default=None,
+        metavar="N:memory=Q[,hugepages-2Mi=Q][;...]",
+        help="memory kept back per NUMA node, e.g. 0:memory=1Gi (repeatable); with Static, its memory must add "
+        "up to --kube-reserved + --system-reserved + the memory.available eviction threshold, as the kubelet checks",
+    )
 
 
 def effective_config(args: argparse.Namespace) -> Configuration:
@@ -391,6 +407,8 @@ def effective_config(args: argparse.Namespace) -> Configuration:
             value = config.parse_map(value, flag)
         elif name == "evictionHard":
             value = config.parse_thresholds(value, flag)
+        elif name == "reservedMemory":
+            value = config.parse_reserved_memory(value)
         elif name == "featureGates":
             value = config.parse_feature_gates(value, flag)
         elif name in ("nriAnnotationNamespaces", "fleet.nats"):
@@ -424,8 +442,13 @@ def serve(args: argparse.Namespace) -> int:
     from eventsrc.core.retention_policy import Retention
     from eventsrc.core.topology_manager import parse_topology_manager
     from eventsrc.inputs import config
-    from eventsrc.inputs.cpu_config import load_cpu_config, load_topology
-    from eventsrc.inputs.node_allocatable import filesystem_bytes, load_allocatable
+    from eventsrc.inputs.cpu_config import load_cpu_config, load_memory_config, load_memory_machine, load_topology
+    from eventsrc.inputs.node_allocatable import (
+        filesystem_bytes,
+        load_allocatable,
+        memory_capacity,
+        reserved_cpu_count,
+    )
     from eventsrc.log.commit import ViewsAheadError
     from eventsrc.node.beside import BesideOptions
     from eventsrc.node.daemon import serve as run
@@ -438,7 +461,7 @@ def serve(args: argparse.Namespace) -> int:
         cfg.cpu_manager_policy,
         cfg.cpu_manager_policy_options,
         cfg.reserved_system_cpus,
-        cfg.reserved_cpu_count,
+        cfg.reserved_cpu_count or reserved_cpu_count(cfg.system_reserved, cfg.kube_reserved),
         machine,
         feature_gates=cfg.feature_gates,
         topology_manager_policy=cfg.topology_manager_policy,
@@ -449,7 +472,12 @@ def serve(args: argparse.Namespace) -> int:
         cfg.topology_manager_policy_options,
         machine.cpu_details.numa_nodes().sorted_list(),
     )
-    allocatable = load_allocatable(
+    memory_machine = load_memory_machine(
+        Path(cfg.topology_file) if cfg.topology_file else None,
+        Path(cfg.sysfs_root),
+        required=cfg.memory_manager_policy == "Static" and not cfg.beside_kubelet,
+    )
+    node = load_allocatable(
         topology=machine,
         reserved_cpus=CPUSet.parse(cfg.reserved_system_cpus) if cfg.reserved_system_cpus else CPUSet(),
         reserved_cpu_count=cfg.reserved_cpu_count,
@@ -457,9 +485,10 @@ def serve(args: argparse.Namespace) -> int:
         kube_reserved=cfg.kube_reserved,
         eviction_hard=cfg.eviction_hard,
         max_pods=cfg.max_pods,
-        memory=None,
+        memory=memory_capacity(memory_machine) if memory_machine is not None else None,
         storage=filesystem_bytes(args.layout.root) if not cfg.beside_kubelet else None,
     )
+    memory = load_memory_config(cfg.memory_manager_policy, memory_machine, cfg.reserved_memory, node.reserved_memory)
     logs.setup(cfg.log_level, cfg.log_format)
     try:
         trio.run(
@@ -495,7 +524,8 @@ def serve(args: argparse.Namespace) -> int:
                 if cfg.beside_kubelet
                 else None,
                 fleet=_fleet(cfg),
-                allocatable=allocatable,
+                allocatable=node.allocatable,
+                memory=memory,
             )
         )
     except BaseExceptionGroup as group:  # the log failed under the views: one line, exit 1

@@ -63,7 +63,11 @@ from eventsrc.core.devices.choice import (
 )
 from eventsrc.core.devices.holds import holdings, release_events, remove_pod_events
 from eventsrc.core.devices.names import is_extended_resource_name
-from eventsrc.core.fit import fits_request, node_usage, pod_requests
+from eventsrc.core.fit import fits_request, node_usage, pod_requests, remove_missing_extended_resources
+from eventsrc.core.memory.manager import MemoryManagerConfig
+from eventsrc.core.memory.manager import assigned_events as memory_assigned_events
+from eventsrc.core.memory.manager import provider as memory_provider
+from eventsrc.core.memory.static_policy import MemoryPolicyError, MemoryProvider
 from eventsrc.core.resources import qos_class
 from eventsrc.core.runtime_decisions import running_before
 from eventsrc.core.topology_manager import HintProvider, TopologyAffinityError, TopologyManager, admit_and_allocate
@@ -203,6 +207,7 @@ class AdmissionConfig:
     cpus: CPUManagerConfig
     topology: TopologyManager
     wait: float  # seconds the shell waits for a plugin or driver that is away (refusals name it)
+    memory: MemoryManagerConfig = MemoryManagerConfig()
     # The node's allocatable, as the resource fit counts it (``core.fit``); a resource it does
     # not name is not checked (memory of a machine not described), and None checks none.
     allocatable: Mapping[str, int] | None = None
@@ -505,16 +510,18 @@ class PodAdmission:
         devices = self._devices()
         self._planned = set(devices.resources)
         cpus = self._cpus()
-        providers: list[HintProvider[PreferredAsk, list[str] | PreferredFailed]] = [cpus, devices]
+        before = self.growing.before if self.growing is not None else []
+        memory = memory_provider(self.config.memory, self.views.memory, self.uid, [*before, *self.pod.containers])
+        providers: list[HintProvider[PreferredAsk, list[str] | PreferredFailed]] = [cpus, devices, memory]
         try:
             yield from admit_and_allocate(self.config.topology, self.pod.containers, providers)
         except TopologyAffinityError as refusal:
             return self._refused(
                 str(refusal), container=refusal.container, hint=str(refusal.hint), pinning=cpus.pinning
             )
-        except (Refusal, TakeError) as refusal:
+        except (Refusal, TakeError, MemoryPolicyError) as refusal:
             return self._refused(str(refusal), pinning=cpus.pinning)
-        return self._intent(devices, cpus)
+        return self._intent(devices, cpus, memory)
 
     def _devices(self) -> DeviceProvider:
         """The device manager for this pod, with the pod's device plugin resources (the
@@ -566,7 +573,7 @@ class PodAdmission:
         planner = CPUPlanner(self.config.cpus, cpus.assignments, self.uid, self._qos(), cpu_index_of(cpus), reuse)
         return CPUProvider(planner)
 
-    def _intent(self, devices: DeviceProvider, cpus: CPUProvider) -> Intent:
+    def _intent(self, devices: DeviceProvider, cpus: CPUProvider, memory: MemoryProvider) -> Intent:
         """What the providers planned, as the events to record before any call and the calls:
         devices reserved, CPUs assigned (final with the intent: no plugin call) and the shared
         pool without them, the claims' references and prepares; an Allocate per new step."""
@@ -589,6 +596,7 @@ class PodAdmission:
             for s in devices.plan.steps
         ]
         intent += self._cpu_events(cpus.planner)
+        intent += memory_assigned_events(uid, memory)
         claims = claim_admission_events(self.views, uid, [(c.ref, c.driver) for c in self.pod.claims])
         intent += claims.events
         allocations = [
@@ -640,7 +648,8 @@ class PodAdmission:
         if allocatable is None:
             return None
         before = self.growing.before if self.growing is not None else []
-        wants = pod_requests([*before, *self.pod.containers])
+        wants = remove_missing_extended_resources(pod_requests([*before, *self.pod.containers]), allocatable)
+        # a resource the node does not know of (memory of a machine not described) is not checked
         checked = {r: n for r, n in wants.items() if r in allocatable and r not in self._planned}
         pods, used = node_usage(self.views.pods, self.uid)
         short = fits_request(checked, pods, used, allocatable)

@@ -46,9 +46,6 @@ EPHEMERAL_STORAGE = "ephemeral-storage"
 PODS = "pods"
 HUGEPAGES_PREFIX = "hugepages-"
 
-#: The kubelet's ``maxPods`` default.
-DEFAULT_MAX_PODS = 110
-
 
 def is_hugepages(name: str) -> bool:
     return name.startswith(HUGEPAGES_PREFIX)

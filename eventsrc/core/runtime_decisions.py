@@ -27,6 +27,8 @@ from msgspec import Struct
 
 from eventsrc import events as ev
 from eventsrc.core.cpu.static import CPUManagerConfig
+from eventsrc.core.memory.manager import hugepage_limits
+from eventsrc.core.memory.manager import numa_nodes as memory_numa_nodes
 from eventsrc.state.lifecycles import ADMITTED
 from eventsrc.state.views import PodView, Views
 
@@ -76,6 +78,8 @@ class Placement(Struct, frozen=True, kw_only=True):
     mems: list[int] = []
     allocation: ev.ContainerAllocation = ev.ContainerAllocation()
     device_ids: dict[str, list[str]] = {}
+    # hugepage limits from the memory manager's blocks: page size ("2MB") -> bytes
+    hugepages: dict[str, int] = {}
 
 
 class Update(Struct, frozen=True, kw_only=True):
@@ -120,13 +124,23 @@ def numa_nodes_of(cfg: CPUManagerConfig, cpus: list[int]) -> list[int]:
     return sorted({info.numa_node_id for cpu in cpus if (info := details.get(cpu)) is not None})
 
 
+def memory_nodes(
+    views: Views, cfg: CPUManagerConfig, pod_uid: str, container: str, cpus: list[int] | None
+) -> list[int]:
+    """The container's ``cpuset.mems``: its memory blocks' NUMA nodes (the kubelet's
+    ``GetMemoryNUMANodes``), else the nodes holding its CPUs."""
+    return memory_numa_nodes(views.memory, pod_uid, container) or (numa_nodes_of(cfg, cpus) if cpus else [])
+
+
 def placement(views: Views, cfg: CPUManagerConfig, pod_uid: str, container: str) -> Placement:
     """What ``container`` of pod ``pod_uid`` gets, from what its admission recorded."""
     cpus = desired_cpus(views, cfg, pod_uid, container)
+    mems = memory_nodes(views, cfg, pod_uid, container, cpus)
+    hugepages = hugepage_limits(views.memory, pod_uid, container)
     pod = views.pods.pods.get(pod_uid)
     held = pod.containers.get(container) if pod is not None else None
     if held is None or handed_on_to_another(views, pod_uid, container):
-        return Placement(cpus=cpus, mems=numa_nodes_of(cfg, cpus) if cpus else [])
+        return Placement(cpus=cpus, mems=mems, hugepages=hugepages)
     envs: dict[str, str] = {}
     mounts: list[ev.Mount] = []
     devices: list[ev.DeviceSpec] = []
@@ -148,7 +162,8 @@ def placement(views: Views, cfg: CPUManagerConfig, pod_uid: str, container: str)
     )
     return Placement(
         cpus=cpus,
-        mems=numa_nodes_of(cfg, cpus) if cpus else [],
+        mems=mems,
+        hugepages=hugepages,
         allocation=allocation,
         device_ids={r: list(ids) for r, ids in sorted(held.devices.items())},
     )
@@ -194,12 +209,16 @@ def pool_updates(views: Views, cfg: CPUManagerConfig) -> list[Update]:
             continue
         sandbox = views.runtime.sandboxes.get(c.sandbox_id)
         pod = views.pods.pods.get(c.pod_uid)
-        if sandbox is not None and pod is not None and not_its_pod(pod, sandbox.namespace, sandbox.name):
-            want = desired_cpus(views, cfg, "", c.name)  # a sandbox with another pod's uid: the shared pool
-        else:
-            want = desired_cpus(views, cfg, c.pod_uid, c.name)
+        # a sandbox with another pod's uid: the shared pool, nothing of that pod's
+        uid = (
+            ""
+            if sandbox is not None and pod is not None and not_its_pod(pod, sandbox.namespace, sandbox.name)
+            else c.pod_uid
+        )
+        want = desired_cpus(views, cfg, uid, c.name)
         if want is not None and want != c.cpus:
-            out.append(Update(container_id=cid, pod_uid=c.pod_uid, cpus=want, mems=numa_nodes_of(cfg, want)))
+            mems = memory_nodes(views, cfg, uid, c.name, want)
+            out.append(Update(container_id=cid, pod_uid=c.pod_uid, cpus=want, mems=mems))
     return out
 
 
@@ -227,7 +246,7 @@ def created_event(
     return msgspec.structs.replace(
         seen,
         cpus=list(got.cpus) if got.cpus is not None else seen.cpus,
-        mems=list(got.mems) if got.cpus is not None else seen.mems,
+        mems=list(got.mems) if got.cpus is not None or got.mems else seen.mems,
         devices=[*seen.devices, *(d.container_path for d in a.devices if d.container_path not in seen.devices)],
         device_ids=got.device_ids,
         cdi_devices=[*seen.cdi_devices, *(n for n in a.cdi_devices if n not in seen.cdi_devices)],

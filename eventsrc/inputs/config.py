@@ -28,6 +28,7 @@ from eventsrc import events as ev
 from eventsrc.core.cpu.assignment import parse_policy_options
 from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.core.fleet_names import node_name_error
+from eventsrc.core.memory.machine import MemoryConfigError, parse_reserved_memory_flag
 from eventsrc.core.topology_manager import new_policy_options, validate_config
 from eventsrc.errors import EventsrcError
 
@@ -250,6 +251,13 @@ class Fleet(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tru
     password_file: str = ""
 
 
+class ReservedMemory(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    """The memory kept back on one NUMA node (the kubelet's ``reservedMemory`` entry)."""
+
+    numa_node: Annotated[int, msgspec.Meta(ge=0, le=63)]
+    limits: dict[str, str]
+
+
 #: The kubelet's default hard eviction thresholds that keep back what a pod can request.
 EVICTION_HARD = {"memory.available": "100Mi", "nodefs.available": "10%"}
 
@@ -274,6 +282,9 @@ class Configuration(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     # signal -> threshold ("100Mi" or "10%"); memory.available and nodefs.available count
     eviction_hard: dict[str, str] = msgspec.field(default_factory=lambda: dict(EVICTION_HARD))
     max_pods: Annotated[int, msgspec.Meta(ge=1)] = 110
+    # The memory manager (docs/adr/0044): None, or Static with memory kept back per NUMA node.
+    memory_manager_policy: Literal["None", "Static"] = "None"
+    reserved_memory: list[ReservedMemory] = []
     # eventsrc's own.
     reserved_cpu_count: Annotated[int, msgspec.Meta(ge=0)] = msgspec.field(default=0, name="reservedCPUCount")
     topology_file: str = ""  # "" reads the topology from sysfs
@@ -324,6 +335,8 @@ FLAGS: Mapping[str, str] = {
     "kubeReserved": "--kube-reserved",
     "evictionHard": "--eviction-hard",
     "maxPods": "--max-pods",
+    "memoryManagerPolicy": "--memory-manager-policy",
+    "reservedMemory": "--reserved-memory",
     "reservedCPUCount": "--reserved-cpu-count",
     "topologyFile": "--topology-file",
     "sysfsRoot": "--sysfs-root",
@@ -530,6 +543,16 @@ def parse_thresholds(text: str, flag: str) -> dict[str, str]:
             raise ConfigError(f"{flag}: {part!r} is not SIGNAL<QUANTITY")
         out[key.strip()] = value.strip()
     return out
+
+
+def parse_reserved_memory(values: list[str]) -> list[dict[str, Any]]:
+    """``--reserved-memory``, each time it is given, as the kubelet reads it (``0:memory=1Gi;1:...``),
+    in the configuration file's form."""
+    try:
+        parsed = parse_reserved_memory_flag(values) or []
+    except MemoryConfigError as err:
+        raise ConfigError(f"--reserved-memory: {err}") from None
+    return [{"numaNode": r.numa_node, "limits": dict(r.limits)} for r in parsed]
 
 
 def parse_list(text: str) -> list[str]:

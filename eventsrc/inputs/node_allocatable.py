@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
 from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.core.cpu.topology import CPUTopology
 from eventsrc.core.fit import CPU, EPHEMERAL_STORAGE, MEMORY, PODS, node_allocatable, quantity_integer
+from eventsrc.core.memory.machine import MemoryMachine
 from eventsrc.core.resources import QuantityError, parse_quantity
 from eventsrc.errors import EventsrcError
 
@@ -58,6 +60,15 @@ def _eviction(values: Mapping[str, str], capacity: Mapping[str, int]) -> dict[st
     return out
 
 
+def reserved_cpu_count(system_reserved: Mapping[str, str], kube_reserved: Mapping[str, str]) -> int:
+    """The CPUs the static CPU manager reserves when no list is given: the cpu of
+    ``--kube-reserved`` and ``--system-reserved``, rounded up to whole CPUs (the kubelet's
+    ``numReservedCPUs``)."""
+    millis = _reservation({k: v for k, v in system_reserved.items() if k == CPU}, "--system-reserved").get(CPU, 0)
+    millis += _reservation({k: v for k, v in kube_reserved.items() if k == CPU}, "--kube-reserved").get(CPU, 0)
+    return math.ceil(millis / 1000)
+
+
 def filesystem_bytes(path: Path) -> int | None:
     """The size of the filesystem holding ``path`` (the kubelet's ephemeral-storage capacity:
     its root's filesystem), or None when it cannot be had."""
@@ -72,6 +83,25 @@ def filesystem_bytes(path: Path) -> int | None:
     return None
 
 
+def memory_capacity(machine: MemoryMachine) -> dict[str, int]:
+    """The node's memory and hugepages capacity: every NUMA node's, summed."""
+    out: dict[str, int] = {}
+    for sizes in machine.nodes.values():
+        for name, size in sizes.items():
+            out[name] = out.get(name, 0) + size
+    return out
+
+
+@dataclass(frozen=True)
+class NodeResources:
+    """The node's allocatable (``core.fit``), and the memory kept back from it (kube- and
+    system-reserved plus the memory.available threshold, as a quantity: what the memory
+    manager's ``--reserved-memory`` must add up to)."""
+
+    allocatable: dict[str, int]
+    reserved_memory: str
+
+
 def load_allocatable(
     *,
     topology: CPUTopology,
@@ -83,7 +113,7 @@ def load_allocatable(
     max_pods: int,
     memory: Mapping[str, int] | None,
     storage: int | None,
-) -> dict[str, int]:
+) -> NodeResources:
     """The node's allocatable, as the kubelet's node status says it. ``memory``: the machine's
     memory and hugepages in bytes (None: unknown, not checked); ``storage``: its root
     filesystem's bytes (None: not checked). CPU capacity is every CPU of the topology; what
@@ -102,4 +132,6 @@ def load_allocatable(
         reserved[CPU] = len(reserved_cpus) * 1000
     elif CPU not in reserved:
         reserved[CPU] = reserved_cpu_count * 1000
-    return node_allocatable(capacity, reserved, _eviction(eviction_hard, capacity))
+    eviction = _eviction(eviction_hard, capacity)
+    kept = reserved.get(MEMORY, 0) + eviction.get(MEMORY, 0)
+    return NodeResources(node_allocatable(capacity, reserved, eviction), str(kept))

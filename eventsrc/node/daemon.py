@@ -66,6 +66,8 @@ from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.core.cpu.static import CPUManagerConfig, allocatable_cpus, pool_events, startup_events
 from eventsrc.core.cpu.topology import single_cpu_topology
 from eventsrc.core.devices.holds import restart_events
+from eventsrc.core.memory.manager import MemoryManagerConfig, allocatable_memory
+from eventsrc.core.memory.manager import startup_events as memory_startup_events
 from eventsrc.core.retention_policy import Retention
 from eventsrc.core.retention_policy import trouble as retention_trouble
 from eventsrc.core.shipping import ShippingReport
@@ -173,12 +175,14 @@ class Daemon:
         fleet: FleetOptions | None = None,
         observations_wait: float = OBSERVATIONS_WAIT,
         allocatable: Mapping[str, int] | None = None,
+        memory: MemoryManagerConfig | None = None,
     ) -> None:
         self.layout = layout
         self.cpus = cpus or CPUManagerConfig("none", single_cpu_topology(), CPUSet(), StaticPolicyOptions())
         self.topology = topology or parse_topology_manager(
             "none", "container", {}, self.cpus.topology.cpu_details.numa_nodes().sorted_list()
         )
+        self.memory = memory or MemoryManagerConfig()
         self.event_log = log_
         self.views = views
         self.snapshot_every = snapshot_every
@@ -216,7 +220,7 @@ class Daemon:
         self.turns, self.stalls = Turns(), Stalls(watch_stall)
         self.admission = Admission(
             self,
-            AdmissionConfig(self.cpus, self.topology, admission_wait, allocatable),
+            AdmissionConfig(self.cpus, self.topology, admission_wait, memory=self.memory, allocatable=allocatable),
             self.devices,
             self.dra,
             readers_wait=self.turns.decision_runs,
@@ -268,6 +272,7 @@ class Daemon:
             lambda: self.views,
             cpus=lambda: allocatable_cpus(self.cpus).sorted_list(),
             metrics=self.metrics,
+            memory=allocatable_memory(self.memory),
         )
 
     def records_from(self, seq: int, limit: int) -> list[Record | CorruptRecordError]:
@@ -285,7 +290,8 @@ class Daemon:
             await self.committer.wait_appended()
 
     async def apply_cpu_config(self) -> None:
-        """Record what this start's CPU manager configuration changes (never refuses)."""
+        """Record what this start's CPU manager configuration changes, and the memory manager's
+        machine when it changed (never refuses)."""
         views = self.views
         events = startup_events(self.cpus, views.cpus.policy, views.cpus.assignments)
         for e in events:
@@ -296,6 +302,14 @@ class Daemon:
         pool = pool_events(self.cpus, self.views.cpus.shared, self.views.cpus.assignments, "cpu manager started")
         if pool:
             await self.record(pool)
+        changed = memory_startup_events(self.memory, self.views.memory)
+        for e in changed:
+            assert isinstance(e, ev.MemoryMachineChanged)
+            log.warning("memory manager: the machine's memory changed", old=e.old, new=e.new)
+            for line in e.no_longer_fit:
+                log.warning("memory manager: an assignment no longer fits", reason=line)
+        if changed:
+            await self.record(changed)
 
     def _applied(self, records: list[Record]) -> None:
         apply_all(self.views, records)
@@ -472,6 +486,7 @@ async def serve(
     fleet: FleetOptions | None = None,
     observations_wait: float = OBSERVATIONS_WAIT,
     allocatable: Mapping[str, int] | None = None,
+    memory: MemoryManagerConfig | None = None,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT (or until cancelled).
@@ -525,6 +540,7 @@ async def serve(
             observations_wait=observations_wait,
             fleet=fleet,
             allocatable=allocatable,
+            memory=memory,
         )
         daemon.metrics.replayed(info.seconds, info.tail_records)
         # Beside a kubelet, or with the runtime's NRI: what happened while eventsrc was away is a gap.

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -200,8 +200,14 @@ def container_facts(c: nri.Container) -> ContainerFacts:
 # --------------------------------------------------------------------------- adjustments to the wire
 
 
-def _cpu_resources(cpus: list[int], mems: list[int]) -> nri.LinuxResources:
-    return nri.LinuxResources(cpu=nri.LinuxCPU(cpus=format_list(cpus), mems=format_list(mems)))
+def _cpu_resources(
+    cpus: list[int] | None, mems: list[int], hugepages: Mapping[str, int] | None = None
+) -> nri.LinuxResources:
+    """The cpuset (``cpus`` None: left alone), its memory nodes, and hugepage limits."""
+    return nri.LinuxResources(
+        cpu=nri.LinuxCPU(cpus=format_list(cpus) if cpus is not None else "", mems=format_list(mems)),
+        hugepage_limits=[nri.HugepageLimit(page_size=size, limit=n) for size, n in sorted((hugepages or {}).items())],
+    )
 
 
 def _linux_device(spec: ev.DeviceSpec) -> nri.LinuxDevice | None:
@@ -248,11 +254,12 @@ def adjustment(got: Placement) -> tuple[nri.ContainerAdjustment, Placement]:
     sent = [spec for spec, d in nodes if d is not None]
     if len(sent) != len(a.devices):
         got = msgspec.structs.replace(got, allocation=msgspec.structs.replace(a, devices=sent))
-    if devices or got.cpus is not None:
+    placed = got.cpus is not None or got.mems or got.hugepages
+    if devices or placed:
         adjust.linux.CopyFrom(
             nri.LinuxContainerAdjustment(
                 devices=devices,
-                resources=_cpu_resources(got.cpus, got.mems) if got.cpus is not None else None,
+                resources=_cpu_resources(got.cpus, got.mems, got.hugepages) if placed else None,
             )
         )
     return adjust, got

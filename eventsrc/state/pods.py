@@ -202,6 +202,11 @@ def cpus_released(v: Views, seq: int, e: ev.CPUsReleased) -> None:
         c.cpus = []
 
 
+def memory_changed(v: Views, seq: int, e: ev.MemoryAssigned | ev.MemoryReleased) -> None:
+    """What the container holds changed (its blocks are in ``v.memory``): its pod's listing too."""
+    _container(v, seq, e.pod_uid, e.container)
+
+
 def container_created(v: Views, seq: int, e: ev.ContainerCreated) -> None:
     pod = v.pods.pods.get(e.pod_uid)
     c = pod.containers.get(e.name) if pod is not None else None
@@ -223,5 +228,7 @@ HANDLERS: Handlers = {
     ev.DevicesReleased: devices_gone,
     ev.CPUsAssigned: cpus_assigned,
     ev.CPUsReleased: cpus_released,
+    ev.MemoryAssigned: memory_changed,
+    ev.MemoryReleased: memory_changed,
     ev.ContainerCreated: container_created,
 }

@@ -249,17 +249,20 @@ class CPUsView(Struct, kw_only=True, dict=True):
 
 
 class MemoryView(Struct, kw_only=True):
-    """The memory manager's state, rebuilt from the log: each container's blocks, what they
-    take of each NUMA node, and the machine they were given on (docs/adr/0044)."""
+    """The memory manager's state, rebuilt from the log (docs/adr/0044): each container's
+    blocks, what the decisions took of each NUMA node, and the machine they were made on."""
 
     # pod uid -> container -> blocks
     assignments: dict[str, dict[str, list[MemoryBlock]]] = field(default_factory=dict)
-    # NUMA node id (as a string) -> resource -> bytes the blocks take there
+    # NUMA node id (as a string) -> resource -> bytes taken there (the kubelet's "reserved")
     reserved: dict[str, dict[str, int]] = field(default_factory=dict)
-    # NUMA node id (as a string) -> blocks whose group holds it (the kubelet's NumberOfAssignments)
+    # NUMA node id -> blocks on it (the kubelet's NumberOfAssignments), and its group
     blocks_on: dict[str, int] = field(default_factory=dict)
+    cells: dict[str, list[int]] = field(default_factory=dict)
     # the machine as last recorded (MemoryMachineChanged): node id -> resource -> bytes
     machine: dict[str, dict[str, int]] = field(default_factory=dict)
+    # pod uid -> containers whose blocks the machine no longer holds (after a change)
+    unaccounted: dict[str, list[str]] = field(default_factory=dict)
 
 
 class ClaimView(Struct, kw_only=True, gc=False):

@@ -29,7 +29,8 @@ from tests.support.grpcio_stubs import pod_resources_client, unix_target
 RESOURCE = "example.com/dev"
 ANNOTATION = "eventsrc.dev/resources"
 MEM = 64 << 20
-STATIC = ("--cpu-manager-policy", "static", "--reserved-cpus", "0")
+# CPU 0 reserved (100m of cpu kept back, rounded up to one CPU, as the kubelet does): 1900m allocatable
+STATIC = ("--cpu-manager-policy", "static", "--system-reserved", "cpu=100m")
 
 pytestmark = pytest.mark.skipif(
     len(__import__("os").sched_getaffinity(0)) < 2, reason="needs two CPUs: one exclusive, one shared"
@@ -226,7 +227,8 @@ def test_a_never_admitted_pod_is_admitted_container_by_container_as_the_kubelet_
     created as the kubelet creates them (the next once the init container has exited)."""
     rt = containerd_runtime
     daemon = node(plugin=False)
-    shared = run_container(rt, "shared", "uid-shared", cpu_millis=500)
+    # 400m: with the pod's 1,500m (main and sidecar) all of the node's 1,900m allocatable
+    shared = run_container(rt, "shared", "uid-shared", cpu_millis=400)
     pod = rt.run_pod("multi", "uid-multi")
     # The init container waits to be told to exit, so that what it runs on is read inside it.
     wait = ["/bin/sh", "-c", "while [ ! -e /tmp/exit ]; do sleep 0.05; done"]
@@ -459,3 +461,28 @@ def test_a_sandbox_with_an_admitted_pods_uid_and_another_name_is_refused(
     assert_exclusive_with_its_device(rt, cid)
     check = run_cli("replay", "--check", root=root)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_memory_manager_sets_the_containers_memory_nodes(
+    root: Path, containerd_runtime: Containerd, node: Callable[..., Daemon]
+) -> None:
+    """Issue 38: with the Static memory manager (and no CPU manager, so that no cpuset comes
+    from CPUs), a Guaranteed container's memory block is decided at its creation, and its
+    ``cpuset.mems`` is the block's NUMA nodes, set through NRI (this machine has one node)."""
+    rt = containerd_runtime
+    daemon = node(
+        *("--cpu-manager-policy", "none", "--memory-manager-policy", "Static", "--reserved-memory", "0:memory=100Mi"),
+        plugin=False,
+    )
+    cid = run_container(rt, "mem", "uid-mem", cpu_millis=1000)
+    (listed,) = [p for p in pod_resources(root) if p.name == "mem"]
+    blocks = [(m.memory_type, m.size, [n.ID for n in m.topology.nodes]) for m in listed.containers[0].memory]
+    assert blocks == [("memory", MEM, [0])]
+    assert rt.runtime_spec(cid)["linux"]["resources"]["cpu"]["mems"] == "0"
+
+    def created() -> list[Any]:
+        log = [json.loads(line) for line in run_cli("log", "-o", "json", root=root, check=True).stdout.splitlines()]
+        return [r["event"] for r in log if r["type"] == "ContainerCreated" and r["event"]["container_id"] == cid]
+
+    # an observation: in the log within the group commit's wait
+    assert [e["mems"] for e in daemon.eventually(created, "the container's creation in the log")] == [[0]]

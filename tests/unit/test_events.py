@@ -42,6 +42,10 @@ def sample(cls: type) -> object:
                 kwargs[f.name] = [1, 2]
             elif t == list[ev.DeviceInfo]:
                 kwargs[f.name] = [ev.DeviceInfo(id="d", health="Healthy", numa_nodes=[0])]
+            elif t == list[ev.MemoryBlock]:
+                kwargs[f.name] = [ev.MemoryBlock(numa_affinity=[0, 1], type="hugepages-2Mi", size=4 << 20)]
+            elif t == dict[str, dict[str, int]]:
+                kwargs[f.name] = {"0": {"memory": 1 << 30}}
             else:
                 raise AssertionError(f"no sample for {cls.__name__}.{f.name}: {t}")
     return cls(**kwargs)

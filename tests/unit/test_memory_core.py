@@ -21,7 +21,7 @@ from eventsrc.core.memory.machine import (
     system_reserved_memory,
     validate_reserved_memory,
 )
-from eventsrc.core.memory.static import (
+from eventsrc.core.memory.static_policy import (
     Assignments,
     Block,
     MachineState,
@@ -237,9 +237,9 @@ def test_provider_plans_blocks_through_the_topology_manager() -> None:
     provider = MemoryProvider("Static", state, {}, "uid", pod)
     list(admit_and_allocate(new_manager([0, 1], "single-numa-node", "container"), pod, [provider]))
     assert provider.steps == [
-        ("init", (Block((0,), "memory", 2 * GI),)),
-        ("app", (Block((0,), "memory", GI),)),
-        ("init", (Block((0,), "memory", GI),)),  # the app container reuses half of it
+        ("init", (Block((0,), "memory", 2 * GI),), {0: {"memory": 2 * GI}}),
+        ("app", (Block((0,), "memory", GI),), {}),  # all of it reused: nothing more taken
+        ("init", (Block((0,), "memory", GI),), {}),  # the app container reuses half of it
     ]
     assert provider.state[0].memory_map["memory"].reserved == 2 * GI
     assert provider.assignments == {"uid": {"init": provider.steps[2][1], "app": provider.steps[1][1]}}

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from eventsrc.core.memory.machine import MemoryConfigError, decode_memory_machine
-from eventsrc.core.memory.static import (
+from eventsrc.core.memory.static_policy import (
     POLICY_STATIC,
     Block,
     MachineState,

@@ -25,6 +25,19 @@ device_ids = st.lists(st.sampled_from(["d0", "d1", "d2", "d3"]), max_size=3, uni
 health = st.sampled_from(["Healthy", "Unhealthy"])
 numa = st.lists(st.integers(0, 3), max_size=2)
 cpus = st.lists(st.integers(0, 15), max_size=4, unique=True)
+memory_types = st.sampled_from(["memory", "hugepages-2Mi"])
+memory_blocks = st.lists(
+    st.builds(
+        ev.MemoryBlock,
+        numa_affinity=st.lists(st.integers(0, 1), min_size=1, max_size=2, unique=True),
+        type=memory_types,
+        size=st.integers(0, 4),
+    ),
+    max_size=2,
+)
+node_sizes = st.dictionaries(
+    st.sampled_from(["0", "1"]), st.dictionaries(memory_types, st.integers(1, 4), max_size=2), max_size=2
+)
 claim_refs = st.builds(
     ev.ClaimRef, uid=st.sampled_from(["c1", "c2"]), namespace=st.just("ns"), name=st.sampled_from(["a", "b"])
 )
@@ -140,6 +153,17 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
     ev.CPUsAssigned: st.builds(ev.CPUsAssigned, pod_uid=pods, container=containers, cpus=cpus),
     ev.CPUsReleased: st.builds(ev.CPUsReleased, pod_uid=pods, container=containers, cpus=cpus),
     ev.SharedPoolChanged: st.builds(ev.SharedPoolChanged, cpus=cpus, reason=text),
+    ev.MemoryAssigned: st.builds(
+        ev.MemoryAssigned, pod_uid=pods, container=containers, blocks=memory_blocks, taken=node_sizes
+    ),
+    ev.MemoryReleased: st.builds(ev.MemoryReleased, pod_uid=pods, container=containers, returned=node_sizes),
+    ev.MemoryMachineChanged: st.builds(
+        ev.MemoryMachineChanged,
+        old=node_sizes,
+        new=node_sizes,
+        taken=node_sizes,
+        unaccounted=st.dictionaries(pods, st.lists(containers, max_size=2), max_size=2),
+    ),
     ev.ClaimPrepareStarted: st.builds(ev.ClaimPrepareStarted, claim=claim_refs, driver=drivers, pod_uid=pods),
     ev.ClaimPrepared: st.builds(
         ev.ClaimPrepared,

@@ -13,7 +13,8 @@ Three ways in, all pure:
   (``eventsrc/inputs/sysfs_topology.py``) builds that shape. As upstream, a core's id is
   the lowest CPU id among its threads, because cadvisor's core ids repeat across sockets.
 - ``decode_topology_file(bytes)`` / ``encode_topology_file(topology)``: the topology file,
-  ``{"cpus": [{"id": 0, "core": 0, "socket": 0, "numa": 0, "uncore": 0}, ...]}``.
+  ``{"cpus": [{"id": 0, "core": 0, "socket": 0, "numa": 0, "uncore": 0}, ...]}``, and
+  optionally the memory per NUMA node (``"memory"``: the memory manager's, not read here).
 - ``synthetic(...)``: regular machines numbered the way Linux numbers them.
 """
 
@@ -342,6 +343,9 @@ class CPUEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 class TopologyFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     cpus: list[CPUEntry]
+    # the memory and hugepages per NUMA node ({"0": {"memory": "16Gi", "hugepages-2Mi": "1Gi"}}),
+    # read by the memory manager (``inputs.cpu_config.load_memory_machine``), not here
+    memory: dict[str, dict[str, int | str]] | None = None
 
 
 def topology_from_entries(entries: Iterable[CPUEntry]) -> CPUTopology:

@@ -8,6 +8,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from eventsrc import events as ev
+from eventsrc.core.memory.manager import release_events as memory_release_events
 from eventsrc.state.devices import index_of
 from eventsrc.state.lifecycles import ADMITTING
 from eventsrc.state.views import DeviceView, Views
@@ -122,7 +123,8 @@ def holdings(views: Views, pod_uid: str) -> dict[tuple[str, str], list[str]]:
 
 
 def release_events(views: Views, pod_uid: str, reason: str, container: str | None = None) -> list[ev.EventBase]:
-    """Release every device and exclusive CPU ``pod_uid`` holds (``container``: that one holds)."""
+    """Release every device, exclusive CPU and memory block ``pod_uid`` holds (``container``:
+    that one holds)."""
     out: list[ev.EventBase] = []
     for (name, resource), ids in sorted(holdings(views, pod_uid).items()):
         if container is not None and name != container:
@@ -135,6 +137,7 @@ def release_events(views: Views, pod_uid: str, reason: str, container: str | Non
     for name, cpus in sorted(views.cpus.assignments.get(pod_uid, {}).items()):
         if container is None or name == container:
             out.append(ev.CPUsReleased(pod_uid=pod_uid, container=name, cpus=cpus, reason=reason))
+    out += memory_release_events(views.memory, pod_uid, reason, container)
     return out
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -373,6 +373,17 @@ def _best_hint(hints: Sequence[TopologyHint]) -> TopologyHint:
 # --------------------------------------------------------------------------- the policy
 
 
+def _guaranteed_request(containers: Sequence[ContainerSpec], read: Callable[[], ResourceSizes]) -> ResourceSizes | None:
+    """What ``read`` gives for a Guaranteed pod; None (the kubelet's nil hints) for any other
+    pod, or a request the kubelet cannot read."""
+    if qos_class(containers) != "Guaranteed":
+        return None
+    try:
+        return read()
+    except MemoryPolicyError:
+        return None
+
+
 @dataclass
 class StaticPolicy:
     """The Static policy's calls over explicit state. ``reusable`` is its
@@ -443,11 +454,8 @@ class StaticPolicy:
     ) -> dict[str, list[TopologyHint]] | None:
         """``GetTopologyHints``: None (nil) for a pod that is not Guaranteed or a request the
         kubelet cannot read; the held blocks' hints for a container that has some."""
-        if qos_class(containers) != "Guaranteed":
-            return None
-        try:
-            requested = requested_resources(container)
-        except MemoryPolicyError:
+        requested = _guaranteed_request(containers, lambda: requested_resources(container))
+        if requested is None:
             return None
         held = assignments.get(pod_uid, {}).get(container.name)
         if held is not None:
@@ -459,11 +467,8 @@ class StaticPolicy:
     ) -> dict[str, list[TopologyHint]] | None:
         """``GetPodTopologyHints``: the pod-level request; the first container (init
         containers first) that holds blocks decides, as in the kubelet."""
-        if qos_class(containers) != "Guaranteed":
-            return None
-        try:
-            requested = pod_requested_resources(containers)
-        except MemoryPolicyError:
+        requested = _guaranteed_request(containers, lambda: pod_requested_resources(containers))
+        if requested is None:
             return None
         held_by_pod = assignments.get(pod_uid, {})
         for c in containers:
@@ -649,15 +654,17 @@ class MemoryProvider:
     """The memory manager for one pod, as the topology manager's hint provider: the None
     policy gives no hints and allocates nothing; the Static policy plans blocks over
     ``state`` and ``assignments``, which it keeps up to date container by container.
-    ``steps`` lists (container, blocks) in order: each allocated container, then each init
-    container whose blocks it shrank (so an init container can appear twice)."""
+    ``steps`` lists (container, blocks, taken) in order: each allocated container, then each
+    init container whose blocks it shrank (so an init container can appear twice); ``taken``
+    is what the step took of each node's memory (node -> resource -> bytes, only what
+    changed), as the machine state counts it: nothing for a shrink."""
 
     policy: str
     state: MachineState
     assignments: Assignments
     pod_uid: str
     containers: list[ContainerSpec]
-    steps: list[tuple[str, tuple[Block, ...]]] = field(default_factory=list)
+    steps: list[tuple[str, tuple[Block, ...], dict[int, dict[str, int]]]] = field(default_factory=list)
     static: StaticPolicy = field(default_factory=StaticPolicy)
 
     def __post_init__(self) -> None:
@@ -679,7 +686,20 @@ class MemoryProvider:
         with the kubelet's message."""
         if self.policy == POLICY_STATIC:
             done = self.static.allocate(self.state, self.assignments, self.pod_uid, self.containers, container, hint)
+            taken = _taken(self.state, done.state)
             self.state = done.state
             self.assignments = done.assignments
-            self.steps.extend(done.changed.items())
+            for name, blocks in done.changed.items():
+                self.steps.append((name, blocks, taken if name == container.name else {}))
         yield from ()  # a generator, as every provider's allocation is
+
+
+def _taken(before: MachineState, after: MachineState) -> dict[int, dict[str, int]]:
+    """What ``after`` reserves beyond ``before``, per node and resource (changes only)."""
+    out: dict[int, dict[str, int]] = {}
+    for node, state in after.items():
+        for resource, table in state.memory_map.items():
+            more = table.reserved - _table(before, node, resource).reserved
+            if more:
+                out.setdefault(node, {})[resource] = more
+    return out
