@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo behind `make run`: a node's story in a few seconds, on a fresh log under
 # ./run/root (or $ROOT_DIR, which must not hold a log yet). The daemon, the sample device
-# plugin (8 devices on 2 NUMA nodes) and the sample DRA driver start; pods are admitted,
+# plugin (9 devices on 2 NUMA nodes) and the sample DRA driver start on a simulated 2-NUMA
+# machine; pods are admitted (one with its CPUs, device and memory on one NUMA node),
 # one is refused with the kubelet's reason, one is removed and its devices go to another;
 # the daemon is killed with SIGKILL and started again, and every pod still has what it
 # had. It ends with the audit trail of a device that moved and a replay of what just
@@ -46,8 +47,12 @@ stop_all() {  # the daemon first, so that its DaemonStopped is the last record
 trap 'stop_all; exit 130' INT TERM
 trap stop_all EXIT
 
+# A simulated machine (examples/topology-2numa.json: 8 CPUs and 4Gi on each of 2 NUMA nodes)
+# with the kubelet's CPU, memory and topology managers on.
+SERVE=(--topology-file examples/topology-2numa.json --cpu-manager-policy static --reserved-cpu-count 1
+  --topology-manager-policy best-effort --memory-manager-policy Static --reserved-memory 0:memory=100Mi)
 start_daemon() {
-  "${E[@]}" serve >>"$RUN/daemon.log" 2>&1 &
+  "${E[@]}" serve "${SERVE[@]}" >>"$RUN/daemon.log" 2>&1 &
   daemon=$!
   for _ in $(seq 1 300); do
     if "${E[@]}" status >/dev/null 2>&1; then "${E[@]}" status; return; fi
@@ -70,11 +75,11 @@ wait_for() {
 }
 
 say "1. Start the daemon: it rebuilds its views from the event log (empty so far) and serves the kubelet's sockets"
-echo "\$ eventsrc serve --root-dir $ROOT_DIR   (its log: $RUN/daemon.log)"
+echo "\$ eventsrc serve --root-dir $ROOT_DIR ${SERVE[*]}   (its log: $RUN/daemon.log)"
 start_daemon
 
 say "2. Start the sample device plugin and the sample DRA driver: they register as they would with a kubelet"
-"${E[@]}" sample-plugin --devices 8 --numa-nodes 2 --preferred >"$RUN/plugin.log" 2>&1 &
+"${E[@]}" sample-plugin --devices 9 --numa-nodes 2 --preferred >"$RUN/plugin.log" 2>&1 &
 plugin=$!
 "${E[@]}" sample-dra-driver --driver gpu.example.com >"$RUN/dra-driver.log" 2>&1 &
 driver=$!
@@ -91,6 +96,10 @@ web_devices=$(sed -n 's/^ *example.com\/dev: //p' <<<"$web" | tr -d ' ')
 say "4. Admit ml/train: an init container's device is reused by the trainer, which takes 4"
 echo "\$ eventsrc admit -f examples/train.yaml"
 "${E[@]}" admit -f examples/train.yaml 2>&1 | brief
+
+say "4b. Admit default/aligned (2 CPUs, a device, 1Gi; Guaranteed): the topology manager puts all three on one NUMA node"
+echo "\$ eventsrc admit -f examples/aligned.yaml"
+"${E[@]}" admit -f examples/aligned.yaml 2>&1 | brief
 
 say "5. Admit default/greedy (4 devices): only 2 are free, so it is refused with the kubelet's own reason"
 echo "\$ eventsrc admit -f examples/greedy.yaml"
@@ -122,7 +131,7 @@ say "8. kill -9 the daemon: no clean stop, no snapshot; the next start finishes 
 echo "\$ kill -9 $daemon"
 kill -9 "$daemon"
 { wait "$daemon"; } 2>/dev/null || true  # (without bash's "Killed" notice)
-echo "\$ eventsrc serve --root-dir $ROOT_DIR"
+echo "\$ eventsrc serve --root-dir $ROOT_DIR ${SERVE[*]}"
 start_daemon
 wait_for "$RUN/plugin.log" "sample-plugin: registered" 2
 wait_for "$RUN/dra-driver.log" "sample-dra-driver: registered" 2

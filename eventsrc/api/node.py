@@ -154,6 +154,10 @@ def pod_info(
             cpu_ids=sorted(c.cpus) or list(shared or []),
             exclusive_cpus=bool(c.cpus),
             claim_cdi_devices=cdi_devices(views, c.claims) if views is not None else [],
+            memory=[
+                pb.MemoryBlock(type=b.type, size=b.size, numa_nodes=b.numa_affinity)
+                for b in (views.memory.assignments.get(pod.uid, {}).get(name, []) if views is not None else [])
+            ],
         )
         for resource, ids in sorted(c.devices.items()):
             a = c.allocations.get(resource)
@@ -276,6 +280,7 @@ def observed_pod_info(p: ObservedPodView, shared: list[int]) -> pb.PodInfo:
             cpu_ids=sorted(c.cpus) or list(shared),
             exclusive_cpus=bool(c.cpus),
             claim_cdi_devices=[x for devices in c.claims.values() for d in devices for x in d.cdi_devices],
+            memory=[pb.MemoryBlock(type=m.memory_type, size=m.size, numa_nodes=m.numa_nodes) for m in c.memory],
         )
         for resource, ids in sorted(c.devices.items()):
             ci.resources.append(pb.ResourceAllocation(resource=resource, device_ids=ids))

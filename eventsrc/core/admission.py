@@ -634,7 +634,8 @@ class PodAdmission:
             if resource not in self._planned:
                 needed = pod_request(self.pod.containers, self.requests, resource)
                 return self._refused(
-                    f"Node didn't have enough resource: {resource}, requested: {needed}, used: 0, capacity: 0"
+                    f"Node didn't have enough resource: {resource}, requested: {needed}, used: 0, capacity: 0",
+                    kubelet_reason=f"OutOf{resource}",
                 )
         return self._fit()
 

@@ -19,6 +19,9 @@ What a hold is mirrors the views (``state.devices``, ``state.cpus``, ``state.kub
 * eventsrc's own exclusive CPUs (resource ``cpu``, device the CPU's number): from
   ``CPUsAssigned`` until ``CPUsReleased``; an assignment replaces the container's set (CPUs
   in both go on, those left out end, new ones start).
+* eventsrc's own memory and hugepages (the memory manager): each block of ``MemoryAssigned``
+  (the container's whole set, as for observed memory below: resource the type, device its
+  NUMA nodes, ``amount`` its bytes) until a set without it or ``MemoryReleased``.
 * observed beside a kubelet, pods keyed by namespace/name: devices from
   ``KubeletDevicesObserved`` to ``KubeletDevicesReleased``; CPUs as the whole set of each
   ``KubeletCPUsObserved`` until ``KubeletCPUsReleased``; a claim's devices (resource: the
@@ -124,6 +127,8 @@ class UsageState(Struct, gc=False):
     devices: dict[str, dict[str, OwnDevice]] = field(default_factory=dict)  # resource -> id -> holder
     cpus: dict[str, dict[str, dict[int, Hold]]] = field(default_factory=dict)  # uid -> container -> cpu -> hold
     observed: dict[str, ObservedPod] = field(default_factory=dict)  # "namespace/name" -> pod
+    # uid -> container -> "type\0numa nodes\0size" -> hold: eventsrc's own memory blocks
+    memory: dict[str, dict[str, dict[str, Hold]]] = field(default_factory=dict)
 
 
 class Tracker:
@@ -147,6 +152,8 @@ class Tracker:
             ev.AllocationFailed: self._released,
             ev.CPUsAssigned: self._cpus_assigned,
             ev.CPUsReleased: self._cpus_released,
+            ev.MemoryAssigned: self._memory_assigned,
+            ev.MemoryReleased: self._memory_released,
             ev.KubeletPodObserved: self._kubelet_pod,
             ev.KubeletMemoryObserved: self._kubelet_memory,
             ev.KubeletPodReleased: self._kubelet_pod_released,
@@ -172,6 +179,7 @@ class Tracker:
         s = self.state
         out = [d.hold for ids in s.devices.values() for d in ids.values() if d.hold is not None]
         out += [h for containers in s.cpus.values() for cpus in containers.values() for h in cpus.values()]
+        out += [h for containers in s.memory.values() for blocks in containers.values() for h in blocks.values()]
         for pod in s.observed.values():
             for c in pod.containers.values():
                 out += [h for ids in c.devices.values() for h in ids.values()]
@@ -275,6 +283,51 @@ class Tracker:
         if not pod:
             del self.state.cpus[e.pod_uid]
 
+    # ------------------------------------------------------------------ eventsrc's own memory (state.memory)
+
+    def _set_memory(
+        self,
+        held: dict[str, Hold],
+        blocks: Iterable[tuple[str, list[int], int]],
+        start: Callable[[str, str, int], Hold],
+        ts: int,
+    ) -> None:
+        """``held`` becomes the set ``blocks`` (type, NUMA nodes, bytes): blocks gone or changed
+        end, new ones start; a block of 0 bytes (an init container's, all reused) holds nothing."""
+        new: dict[str, tuple[str, str, int]] = {}
+        for kind, nodes, size in blocks:
+            numa = ",".join(map(str, sorted(nodes))) or "-"
+            key = f"{kind}\0{numa}\0{size}"
+            while key in new:  # the same block twice: held twice
+                key += "\0"
+            new[key] = (kind, numa, size)
+        for key in [k for k in held if k not in new]:
+            self._close(held.pop(key), ts)
+        for key, (kind, numa, size) in new.items():
+            if key not in held and size > 0:
+                held[key] = start(kind, numa, size)
+
+    def _memory_assigned(self, ts: int, e: ev.EventBase) -> None:
+        assert isinstance(e, ev.MemoryAssigned)
+        held = self.state.memory.setdefault(e.pod_uid, {}).setdefault(e.container, {})
+        ns, name, _ = self.state.names.get(e.pod_uid, ("", "", False))
+        blocks = [(b.type, b.numa_affinity, b.size) for b in e.blocks]
+
+        def opened(kind: str, numa: str, size: int) -> Hold:
+            return self._open(kind, numa, ns, name, e.pod_uid, ts, size)
+
+        self._set_memory(held, blocks, opened, ts)
+
+    def _memory_released(self, ts: int, e: ev.EventBase) -> None:
+        assert isinstance(e, ev.MemoryReleased)
+        pod = self.state.memory.get(e.pod_uid)
+        if pod is None or e.container not in pod:
+            return
+        for hold in pod.pop(e.container).values():
+            self._close(hold, ts)
+        if not pod:
+            del self.state.memory[e.pod_uid]
+
     # ------------------------------------------------------------------ observed beside a kubelet (state.kubelet)
 
     def _pod(self, ref: ev.PodRef) -> ObservedPod:
@@ -314,18 +367,10 @@ class Tracker:
         """The container's whole memory set: blocks gone or changed end, new ones start."""
         assert isinstance(e, ev.KubeletMemoryObserved)
         p, c = self._container(e.pod, e.container)
-        new: dict[str, tuple[str, str, int]] = {}
-        for m in e.memory:
-            numa = ",".join(map(str, sorted(m.numa_nodes))) or "-"
-            key = f"{m.memory_type}\0{numa}\0{m.size}"
-            while key in new:  # the same block twice: held twice
-                key += "\0"
-            new[key] = (m.memory_type, numa, m.size)
-        for key in [k for k in c.memory if k not in new]:
-            self._close(c.memory.pop(key), ts)
-        for key, (kind, numa, size) in new.items():
-            if key not in c.memory and size > 0:
-                c.memory[key] = self._open(kind, numa, p.namespace, p.name, p.uid, ts, size)
+        blocks = [(m.memory_type, m.numa_nodes, m.size) for m in e.memory]
+        self._set_memory(
+            c.memory, blocks, lambda k, numa, n: self._open(k, numa, p.namespace, p.name, p.uid, ts, n), ts
+        )
 
     def _kubelet_pod_released(self, ts: int, e: ev.EventBase) -> None:
         assert isinstance(e, ev.KubeletPodReleased)

@@ -78,7 +78,7 @@ def keys_for(e: ev.EventBase) -> list[bytes]:
         # Without containers its PodAdmissionStarted holds them, and the name is indexed there.
         named = [name_prefix(e.pod.namespace, e.pod.name)] if e.containers else []
         return [pod_prefix(e.pod.uid), *named]
-    if isinstance(e, (ev.PodRemoved, ev.CPUsAssigned, ev.CPUsReleased)):
+    if isinstance(e, (ev.PodRemoved, ev.CPUsAssigned, ev.CPUsReleased, ev.MemoryAssigned, ev.MemoryReleased)):
         return [pod_prefix(e.pod_uid)]
     if isinstance(e, (ev.PodReferenceAdded, ev.PodReferenceRemoved)):
         return [pod_prefix(e.pod_uid), claim_prefix(e.claim_uid)]

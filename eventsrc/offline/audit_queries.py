@@ -272,6 +272,18 @@ class CPUGrant(Struct, kw_only=True, gc=False):
     reason: str = ""
 
 
+class MemoryGrant(Struct, kw_only=True, gc=False):
+    """A container's memory blocks (the memory manager), from its MemoryAssigned until its
+    release or the next set (``reason`` "replaced": an init container's blocks shrunk as the
+    containers after it reuse its memory)."""
+
+    container: str
+    blocks: list[ev.MemoryBlock]
+    assigned: At
+    released: At | None = None
+    reason: str = ""
+
+
 class ClaimUse(Struct, kw_only=True, gc=False):
     uid: str
     namespace: str = ""
@@ -361,6 +373,7 @@ class PodHistory(Struct, kw_only=True, gc=False):
     refused: list[Refusal] = []
     devices: list[DeviceGrant] = []
     cpus: list[CPUGrant] = []
+    memory: list[MemoryGrant] = []
     claims: list[ClaimUse] = []
     sandboxes: list[Sandbox] = []
     containers: list[RuntimeContainer] = []
@@ -1045,6 +1058,7 @@ def pod_history(log: Reader, uid_or_ns_name: str) -> PodHistory:
     out = PodHistory(uid=uid, resolved=how, other_uids=others, corrupt=corrupt)
     grants: dict[tuple[str, str], DeviceGrant] = {}
     cpus: dict[str, CPUGrant] = {}
+    memory: dict[str, MemoryGrant] = {}
     claims: dict[str, ClaimUse] = {}
     runtime = _Runtime()
     observed = _Observed()
@@ -1101,6 +1115,13 @@ def pod_history(log: Reader, uid_or_ns_name: str) -> PodHistory:
             c2 = cpus.pop(e.container, None)
             if c2 is not None:
                 c2.released, c2.reason = a, e.reason
+        elif isinstance(e, (ev.MemoryAssigned, ev.MemoryReleased)):
+            m = memory.pop(e.container, None)
+            if m is not None:
+                m.released, m.reason = a, e.reason if isinstance(e, ev.MemoryReleased) else "replaced"
+            if isinstance(e, ev.MemoryAssigned):
+                m = memory[e.container] = MemoryGrant(container=e.container, blocks=list(e.blocks), assigned=a)
+                out.memory.append(m)
         elif isinstance(e, ev.PodReferenceAdded):
             u = ClaimUse(uid=e.claim_uid, referenced=a)
             claims[e.claim_uid] = u

@@ -177,6 +177,14 @@ def pod_lines(h: PodHistory) -> list[str]:
             f"  {cg.container}: {','.join(map(str, cg.cpus))} assigned {_when(cg.assigned)}; "
             + (f"released {_when(cg.released)}: {cg.reason}" if cg.released else "still held")
         )
+    if h.memory:
+        lines.append(f"memory ({len(h.memory)})")
+        for mg in h.memory:
+            blocks = "; ".join(f"{b.type} {b.size} bytes NUMA {','.join(map(str, b.numa_affinity))}" for b in mg.blocks)
+            lines.append(
+                f"  {mg.container}: {blocks or 'none'} assigned {_when(mg.assigned)}; "
+                + (f"released {_when(mg.released)}: {mg.reason}" if mg.released else "still held")
+            )
     lines.append(f"claims ({len(h.claims)})")
     for u in h.claims:
         lines.append(

@@ -265,6 +265,16 @@ def views_tables(views: Views, start: str = "") -> list[Any]:
             for cname, ids in containers.items()
         ],
     )
+    memory = table(
+        "memory",
+        ("pod uid", "container", "type", "bytes", "numa"),
+        [
+            (uid, cname, b.type, b.size, ",".join(map(str, b.numa_affinity)))
+            for uid, containers in views.memory.assignments.items()
+            for cname, blocks in containers.items()
+            for b in blocks
+        ],
+    )
     claims = table(
         "claims",
         ("claim", "uid", "driver", "state", "pods", "error"),
@@ -273,7 +283,7 @@ def views_tables(views: Views, start: str = "") -> list[Any]:
             for uid, c in views.claims.claims.items()
         ],
     )
-    return [meta, plugins, devices, pods, cpus, claims]
+    return [meta, plugins, devices, pods, cpus, *([memory] if views.memory.assignments else []), claims]
 
 
 def quarantined(views: Views) -> str:
@@ -291,6 +301,14 @@ def _cpus(ids: list[int]) -> str:
     from eventsrc.core.cpu.cpuset import CPUSet
 
     return str(CPUSet(ids)) or "-"
+
+
+def _bytes(n: int) -> str:
+    """Bytes as a Kubernetes quantity where it is exact (1Gi, 512Mi), else bytes."""
+    for suffix, scale in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if n and n % scale == 0:
+            return f"{n // scale}{suffix}"
+    return f"{n} bytes"
 
 
 def pod_json(info: Any) -> dict[str, Any]:
@@ -336,8 +354,11 @@ def _pod_lines(info: Any) -> list[str]:
             got.append("    claims (cdi): " + " ".join(c.claim_cdi_devices))
         if c.cpu_ids:
             got.append(f"    cpus: {_cpus(list(c.cpu_ids))} ({'exclusive' if c.exclusive_cpus else 'shared pool'})")
+        for m in c.memory:
+            got.append(f"    {m.type}: {_bytes(m.size)} on NUMA node {','.join(map(str, m.numa_nodes)) or '-'}")
         lines.append(
-            f"  container {c.name} ({c.kind})" + ("" if got else ": nothing from the device, CPU or DRA managers")
+            f"  container {c.name} ({c.kind})"
+            + ("" if got else ": nothing from the device, CPU, memory or DRA managers")
         )
         lines.extend(got)
     return lines

@@ -59,6 +59,13 @@ def scale_parser() -> argparse.ArgumentParser:
         "resident pods (three daemons side by side, sampled in turn, each admission removed again); prints the "
         "figures and the two ratios",
     )
+    b.add_argument(
+        "--memory-manager",
+        action="store_true",
+        help="instead, the memory manager's cost: Guaranteed one-device pods' admission p50 with the Static policy "
+        "beside None (two daemons side by side on a described 2-NUMA machine, sampled in turn, each admission "
+        "removed again), at --pods resident pods; prints both and the ratio",
+    )
     b.add_argument("--small-devices", type=int, default=8, help="with --ratios: the few devices (default %(default)s)")
     b.add_argument(
         "--base-pods", type=int, default=10, help="with --ratios: the few resident pods (default %(default)s)"
@@ -255,6 +262,8 @@ def bench_scale(args: argparse.Namespace) -> int:
 
     if args.ratios:
         return _scale_ratios(args)
+    if args.memory_manager:
+        return _scale_memory(args)
     args.pods = 1000 if args.pods is None else args.pods
     devices = max(10_000, args.pods) if args.devices is None else args.devices  # the bound: ADR 0028
     if min(args.pods, args.samples, args.repeats) < 1:
@@ -349,6 +358,19 @@ def bench_fleet(args: argparse.Namespace) -> int:
         keep=args.keep,
     )
     run_fleet_bench(options, workdir=workdir(args))
+    return 0
+
+
+def _scale_memory(args: argparse.Namespace) -> int:
+    from testbed.benches.scale import run_memory_bench
+
+    pods = 1000 if args.pods is None else args.pods
+    devices = max(10_000, pods + 1) if args.devices is None else args.devices
+    if min(pods, args.samples) < 1:
+        raise EventsrcError("--pods and --samples must be at least 1")
+    if devices <= pods:
+        raise EventsrcError(f"--devices ({devices}) must be more than --pods ({pods}): each pod holds a device")
+    run_memory_bench(devices=devices, pods=pods, samples=args.samples, workdir=workdir(args), keep=args.keep)
     return 0
 
 

@@ -55,7 +55,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TextIO
@@ -939,9 +939,19 @@ class _RatioDaemon:
     """A daemon and the sample plugin with ``devices`` devices, under a root of their own,
     with ``resident`` pods to admit before the samples."""
 
-    def __init__(self, tmp: Path, name: str, devices: int, resident: int, base_pods: int) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        name: str,
+        devices: int,
+        resident: int,
+        base_pods: int,
+        serve_args: Sequence[str] = (),
+        pod: Callable[[int], pb.Pod] = one_device_pod,
+    ) -> None:
         self.root = tmp / name
         self.devices, self.target, self.base_pods = devices, resident, base_pods
+        self.serve_args, self.pod = list(serve_args), pod
         self.daemon_log = tmp / f"{name}.log"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.resident = 0
@@ -958,7 +968,7 @@ class _RatioDaemon:
 
     async def start(self) -> None:
         with open(self.daemon_log, "ab") as log:
-            self.procs.append(start_daemon(self.root, log))
+            self.procs.append(start_daemon(self.root, log, self.serve_args))
             await wait_ready(self.root, self.procs[0], self.daemon_log)
             self.procs.append(start_plugin(self.root, self.devices, log))
         await wait_devices(self.root, self.devices)
@@ -973,7 +983,7 @@ class _RatioDaemon:
         """Admit the residents: the first ``base_pods`` hold nothing, the rest a device each."""
         while self.resident < self.target:
             i = self.resident
-            await self._admit(empty_pod(i) if i < self.base_pods else one_device_pod(i))
+            await self._admit(empty_pod(i) if i < self.base_pods else self.pod(i))
             self.resident += 1
             progress.show(self.resident, f"residents ({self.devices:,} devices)")
         progress.clear()
@@ -982,7 +992,7 @@ class _RatioDaemon:
         """One one-device admission, removed again (the free devices and the residents stay
         as they are); its latency and the daemon's CPU kept when ``measured``."""
         self.serial += 1
-        pod = one_device_pod(1_000_000 + self.serial)
+        pod = self.pod(1_000_000 + self.serial)
         pid = self.procs[0].pid
         c, t = cpu_seconds(pid), time.perf_counter()
         await self._admit(pod)
@@ -1014,37 +1024,11 @@ class _RatioDaemon:
         stop(self.procs)
 
 
-def run_ratio_bench(
-    *,
-    small_devices: int,
-    devices: int,
-    base_pods: int,
-    pods: int,
-    samples: int,
-    warmup: int = 20,
-    workdir: Path | None = None,
-    keep: bool = False,
-) -> tuple[float, float]:
-    """Issue 15 item 2's figures: one-device admission p50 with ``small_devices`` and with
-    ``devices`` devices at ``base_pods`` resident pods, and with ``devices`` devices at
-    ``pods`` resident pods; printed with the two ratios, which are returned.
-
-    Three daemons run side by side, one per figure, and their samples are taken in turn, so
-    that whatever else the machine does weighs on the three alike. The first ``base_pods``
-    residents hold nothing (so that a few devices can host them); the rest hold one device
-    each. Each measured pod is removed again before the next."""
-    out = sys.stdout
-    tmp = Path(tempfile.mkdtemp(prefix="ess-ratio-", dir=workdir or "/tmp"))
-    progress = _Progress(pods)
-    configs = [(small_devices, base_pods), (devices, base_pods), (devices, pods)]
-    daemons = [_RatioDaemon(tmp, f"r{k}", n, resident, base_pods) for k, (n, resident) in enumerate(configs)]
-    out.write(
-        f"eventsrc bench scale --ratios: {os.cpu_count()} cpus, Python {sys.version.split()[0]}; three daemons, "
-        f"each with the sample plugin, in their own processes (devices on 2 NUMA nodes); one-device pods admitted "
-        f"one at a time through the node API (Allocate included), each removed again before the next, the three "
-        f"daemons in turn; in {tmp}\n\n"
-    )
-    out.flush()
+def _side_by_side(
+    daemons: list[_RatioDaemon], progress: _Progress, warmup: int, samples: int, tmp: Path, keep: bool
+) -> None:
+    """Start ``daemons`` and admit their residents, then take their samples in turn
+    (``warmup`` unmeasured first); stop them, and remove ``tmp`` unless ``keep``."""
 
     async def run() -> None:
         try:
@@ -1069,9 +1053,43 @@ def run_ratio_bench(
             d.close()
         if keep:
             with contextlib.suppress(OSError):
-                out.write(f"kept: {tmp}\n")
+                sys.stdout.write(f"kept: {tmp}\n")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_ratio_bench(
+    *,
+    small_devices: int,
+    devices: int,
+    base_pods: int,
+    pods: int,
+    samples: int,
+    warmup: int = 20,
+    workdir: Path | None = None,
+    keep: bool = False,
+) -> tuple[float, float]:
+    """Issue 15 item 2's figures: one-device admission p50 with ``small_devices`` and with
+    ``devices`` devices at ``base_pods`` resident pods, and with ``devices`` devices at
+    ``pods`` resident pods; printed with the two ratios, which are returned.
+
+    Three daemons run side by side, one per figure, and their samples are taken in turn, so
+    that whatever else the machine does weighs on the three alike. The first ``base_pods``
+    residents hold nothing (so that a few devices can host them); the rest hold one device
+    each. Each measured pod is removed again before the next."""
+    out = sys.stdout
+    tmp = Path(tempfile.mkdtemp(prefix="ess-ratio-", dir=workdir or "/tmp"))
+    configs = [(small_devices, base_pods), (devices, base_pods), (devices, pods)]
+    daemons = [_RatioDaemon(tmp, f"r{k}", n, resident, base_pods) for k, (n, resident) in enumerate(configs)]
+    out.write(
+        f"eventsrc bench scale --ratios: {os.cpu_count()} cpus, Python {sys.version.split()[0]}; three daemons, "
+        f"each with the sample plugin, in their own processes (devices on 2 NUMA nodes); one-device pods admitted "
+        f"one at a time through the node API (Allocate included), each removed again before the next, the three "
+        f"daemons in turn; in {tmp}\n\n"
+    )
+    out.flush()
+
+    _side_by_side(daemons, _Progress(pods), warmup, samples, tmp, keep)
     small, base, grown = (d.row() for d in daemons)
     out.write(f"{'devices':>8}{'resident':>10}{'samples':>9}{'p50 ms':>9}{'p99 ms':>9}{'CPU/adm ms':>12}")
     out.write(f"{'CPU/remove ms':>15}\n")
@@ -1092,3 +1110,60 @@ def run_ratio_bench(
     )
     out.flush()
     return by_devices, by_pods
+
+
+#: The machine of ``run_memory_bench``: 16 CPUs and 512Gi on each of 2 NUMA nodes.
+_MEMORY_MACHINE = {
+    "cpus": [{"id": i, "core": i, "socket": 0, "numa": i // 8, "uncore": i // 8} for i in range(16)],
+    "memory": {"0": {"memory": "512Gi"}, "1": {"memory": "512Gi"}},
+}
+
+
+def guaranteed_pod(i: int) -> pb.Pod:
+    """Pod number ``i``, Guaranteed: 1m of CPU (the shared pool), 1Mi of memory, one device."""
+    res = {RESOURCE: "1", "cpu": "1m", "memory": "1Mi"}
+    return pb.Pod(
+        uid=str(uuid.uuid4()),
+        namespace="bench",
+        name=f"g{i}",
+        containers=[pb.Container(name="main", kind="app", limits=res, requests=res)],
+    )
+
+
+def run_memory_bench(
+    *, devices: int, pods: int, samples: int, warmup: int = 20, workdir: Path | None = None, keep: bool = False
+) -> float:
+    """Issue 38's figure: the admission p50 of a Guaranteed one-device pod (1Mi of memory)
+    with the memory manager's Static policy, beside the same without it (None), at ``pods``
+    resident pods of the same kind; printed with the ratio, which is returned. Two daemons side
+    by side on the same described machine (2 NUMA nodes, the topology manager best-effort),
+    sampled in turn; each measured pod is removed again."""
+    out = sys.stdout
+    tmp = Path(tempfile.mkdtemp(prefix="ess-memory-", dir=workdir or "/tmp"))
+    machine = tmp / "machine.json"
+    machine.write_text(json.dumps(_MEMORY_MACHINE))
+    common = ("--topology-file", str(machine), "--topology-manager-policy", "best-effort")
+    static = ("--memory-manager-policy", "Static", "--reserved-memory", "0:memory=100Mi")
+    daemons = [
+        _RatioDaemon(tmp, "off", devices, pods, 0, common, guaranteed_pod),
+        _RatioDaemon(tmp, "on", devices, pods, 0, (*common, *static), guaranteed_pod),
+    ]
+    out.write(
+        f"eventsrc bench scale --memory-manager: {os.cpu_count()} cpus, Python {sys.version.split()[0]}; two daemons, "
+        f"memory manager None and Static, each with the sample plugin ({devices:,} devices on 2 NUMA nodes), on a "
+        f"described machine of 2 NUMA nodes, the topology manager best-effort; Guaranteed one-device pods (1m of CPU, "
+        f"1Mi) admitted one at a time through the node API, each removed again, the two daemons in turn; in {tmp}\n\n"
+    )
+    out.flush()
+
+    _side_by_side(daemons, _Progress(pods), warmup, samples, tmp, keep)
+    off, on = (d.row() for d in daemons)
+    out.write(f"{'memory manager':>15}{'resident':>10}{'samples':>9}{'p50 ms':>9}{'p99 ms':>9}{'CPU/adm ms':>12}\n")
+    for name, row in (("None", off), ("Static", on)):
+        out.write(
+            f"{name:>15}{row.resident:10,}{row.samples:9}{row.p50 * 1e3:9.2f}{row.p99 * 1e3:9.2f}"
+            f"{row.cpu_admit * 1e3:12.2f}\n"
+        )
+    ratio = on.p50 / off.p50
+    out.write(f"\np50 ratio, Static / None at {pods:,} resident pods: {ratio:.2f} (goal <= 1.2)\n")
+    return ratio

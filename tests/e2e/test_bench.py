@@ -143,6 +143,21 @@ def test_bench_scale_prints_its_figures() -> None:
     assert re.search(r"retention cut at 20 pods\s+n/a \(the log holds no whole piece", out), out
 
 
+def test_bench_scale_memory_manager_prints_both_and_the_ratio() -> None:
+    """A tiny `eventsrc bench scale --memory-manager`: a row per policy and the ratio line."""
+    proc = run_cli(
+        "bench", "scale", "--memory-manager", "--devices", "12", "--pods", "5", "--samples", "3", timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith(("None ", "Static "))]
+    assert [r[0] for r in rows] == ["None", "Static"] and all(r[1:3] == ["5", "3"] for r in rows)
+    assert re.search(r"^p50 ratio, Static / None at 5 resident pods: \d+\.\d\d \(goal <= 1\.2\)$", proc.stdout, re.M)
+    bad = run_cli("bench", "scale", "--memory-manager", "--devices", "5", "--pods", "5")
+    assert bad.returncode == 1 and bad.stderr.splitlines() == [
+        "eventsrc: error: --devices (5) must be more than --pods (5): each pod holds a device"
+    ]
+
+
 def test_bench_scale_needs_a_device_per_pod() -> None:
     proc = run_cli("bench", "scale", "--devices", "16", "--pods", "20")
     assert proc.returncode == 1

@@ -29,6 +29,15 @@ def test_the_demo_runs_the_whole_story(root: Path) -> None:
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
+    # A Guaranteed pod's CPUs, device and memory on one NUMA node (examples/topology-2numa.json:
+    # CPUs 0-3 on node 0; the sample plugin's dev-i on node i*2//9).
+    aligned = out[out.index("$ eventsrc admit -f examples/aligned.yaml") :]
+    cpus = re.search(r"^ +cpus: (\d+)-(\d+) \(exclusive\)$", aligned, re.M)
+    device = re.search(r"^ +example.com/dev: dev-(\d+)$", aligned, re.M)
+    memory = re.search(r"^ +memory: 1Gi on NUMA node (\d)$", aligned, re.M)
+    assert cpus and device and memory, aligned[:800]
+    nodes = {int(cpus[1]) // 4, int(cpus[2]) // 4, int(device[1]) * 2 // 9, int(memory[1])}
+    assert len(nodes) == 1, aligned[:800]
     # The refusal, with the kubelet's reason.
     assert "requested number of devices unavailable for example.com/dev. Requested: 4, Available: 2" in out
     # The claim prepared by the sample DRA driver.

@@ -123,6 +123,14 @@ def test_cpus_device_and_memory_on_one_numa_node(root: Path, tmp_path: Path, dae
         records = [json.loads(line) for line in run_cli("log", "-o", "json", root=root, check=True).stdout.splitlines()]
         released = [r["event"] for r in records if r["type"] == "MemoryReleased"]
         assert [(e["pod_uid"], e["returned"]) for e in released] == [("uid-first", {"0": {"memory": GI}})]
+        # Audit: the pod's history names its block; usage charges it in byte-hours, NUMA node 0.
+        history = run_cli("audit", "pod", "uid-first", root=root, check=True).stdout
+        assert "memory (1)" in history and f"memory {GI} bytes NUMA 0 assigned" in history
+        usage = run_cli("audit", "usage", "--resource", "memory", "--by", "device", "-o", "json", root=root)
+        assert usage.returncode == 0, usage.stderr
+        rows = json.loads(usage.stdout)
+        assert sorted(r["device"] for r in rows) == ["0", "1"]
+        assert all(r["measure"] == "byte-seconds" and float(r["hours"]) > 0 for r in rows)
     finally:
         plugin.stop()
 

@@ -486,3 +486,28 @@ def test_the_memory_manager_sets_the_containers_memory_nodes(
 
     # an observation: in the log within the group commit's wait
     assert [e["mems"] for e in daemon.eventually(created, "the container's creation in the log")] == [[0]]
+
+
+def test_a_container_that_does_not_fit_fails_its_creation_with_the_kubelets_words(
+    root: Path, containerd_runtime: Containerd, node: Callable[..., Daemon]
+) -> None:
+    """Issue 38 item 1 in enforce mode: the node has 1,900m of CPU for pods (100m kept back);
+    a second 1-CPU pod read from CRI (Burstable: no memory limit, so no CPU manager decision
+    comes first) does not fit beside the first, and its container's creation fails with
+    OutOfcpu, recorded as the kubelet would word it."""
+    rt = containerd_runtime
+    daemon = node(plugin=False)
+    run_container(rt, "first", "uid-first", cpu_millis=1000)
+    second = rt.run_pod("second", "uid-second")
+    with pytest.raises(grpc.RpcError) as refused:
+        rt.create_container(second, "app", cpu_millis=1000)
+    words = "Node didn't have enough resource: cpu, requested: 1000, used: 1000, capacity: 1900"
+    assert f"OutOfcpu: {words}" in refused.value.details()
+    assert "uid-second" not in pods(root)
+
+    def rejected() -> list[Any]:
+        log = [json.loads(line) for line in run_cli("log", "-o", "json", root=root, check=True).stdout.splitlines()]
+        return [r["event"] for r in log if r["type"] == "AdmissionRejected"]
+
+    (e,) = daemon.eventually(rejected, "the refusal in the log")
+    assert (e["pod"]["uid"], e["kubelet_reason"], e["reason"]) == ("uid-second", "OutOfcpu", words)

@@ -295,7 +295,10 @@ def test_an_unknown_resource_is_refused_with_the_pods_effective_request() -> Non
     assert (refused, asked) == (None, [])  # nothing is waited for
     assert isinstance(run(core.plan(), no_preference)[0], Intent)  # no device plugin's: the predicate's
     reason = f"Node didn't have enough resource: {fpga}, requested: 3, used: 0, capacity: 0"
-    assert core.fits() == Refused(reason, ev.AdmissionRejected(pod=spec.pod, reason=reason))
+    kubelet = f"OutOf{fpga}"
+    assert core.fits() == Refused(
+        f"{kubelet}: {reason}", ev.AdmissionRejected(pod=spec.pod, reason=reason, kubelet_reason=kubelet)
+    )
 
 
 def test_a_plugin_that_stays_away_is_refused() -> None:
@@ -371,7 +374,8 @@ def connected(n: Log, q: Question) -> bool:
 
 
 def no_fit(resource: str, requested: int) -> str:
-    return f"Node didn't have enough resource: {resource}, requested: {requested}, used: 0, capacity: 0"
+    words = f"Node didn't have enough resource: {resource}, requested: {requested}, used: 0, capacity: 0"
+    return f"OutOf{resource}: {words}"
 
 
 # (id, a pod holds gpu-0 first, what follows, the new pod's limits, topology manager
@@ -424,7 +428,13 @@ def test_a_resource_whose_plugin_went_away_is_refused_with_the_kubelets_words(
     assert isinstance(refused, Refused)
     assert refused.reason == reason
     topology = reason == TOPOLOGY  # the merged hint is the policy's (tested there)
-    assert (refused.event.pod, refused.event.reason) == (spec.pod, reason)
+    # the recorded reason is the kubelet's message; the answer puts its reason word first
+    word = refused.event.kubelet_reason
+    assert (refused.event.pod, f"{word}: {refused.event.reason}" if word else refused.event.reason) == (
+        spec.pod,
+        reason,
+    )
+    assert word == (f"OutOf{reason.split(': ', 2)[2].split(',')[0]}" if reason.startswith("OutOf") else "")
     assert refused.event.container == ("app" if topology and scope == "container" else "")
     assert bool(refused.event.topology_hint) == topology
 

@@ -202,6 +202,36 @@ def test_memory_and_hugepages_are_charged_in_byte_hours() -> None:
     assert BYTES_NOTE in table
 
 
+def test_the_memory_managers_own_blocks_are_charged_in_byte_hours() -> None:
+    """Issue 38 item 7: eventsrc's own memory decisions: a block from its MemoryAssigned until
+    a set without it (an init container's block shrunk as the app container reuses it) or its
+    MemoryReleased, charged by its bytes to the pod its admission names."""
+    p = ev.PodRef(uid="u1", namespace="ml", name="train")
+    gib, huge = 1 << 30, 2 << 20
+
+    def assigned(container: str, *blocks: tuple[str, int, list[int]]) -> ev.MemoryAssigned:
+        mem = [ev.MemoryBlock(type=t, size=n, numa_affinity=numa) for t, n, numa in blocks]
+        return ev.MemoryAssigned(pod_uid="u1", container=container, blocks=mem)
+
+    log = [
+        (T0, ev.PodAdmissionStarted(pod=p, containers=[])),
+        (T0, assigned("init", ("memory", 2 * gib, [0, 1]))),
+        (T0 + H, assigned("app", ("memory", gib, [0, 1]), ("hugepages-2Mi", 4 * huge, [0, 1]))),
+        (T0 + H, assigned("init", ("memory", gib, [0, 1]))),  # shrunk: the app container reuses 1Gi
+        (T0 + 2 * H, ev.MemoryReleased(pod_uid="u1", container="init")),
+        (T0 + 3 * H, ev.MemoryReleased(pod_uid="u1", container="app")),
+        (T0 + 3 * H, ev.PodRemoved(pod_uid="u1")),
+    ]
+    assert total(log, "device") == [
+        Row(("hugepages-2Mi", "0,1"), 2 * 4 * huge * H),
+        Row(("memory", "0,1"), (2 + 1 + 2) * gib * H),  # init 2Gi 1h then 1Gi 1h; app 1Gi 2h
+    ]
+    assert total(log, "pod") == [
+        Row(("ml", "train", "u1", "hugepages-2Mi"), 8 * huge * H),
+        Row(("ml", "train", "u1", "memory"), 5 * gib * H),
+    ]
+
+
 def test_a_pod_first_seen_without_its_uid_is_one_row_once_the_uid_is_learned() -> None:
     """Issue 35: listed before its uid was known (no device, no NRI), then with it: one row,
     from the first hold's start, not one row with uid "" and one with the uid."""
@@ -300,6 +330,20 @@ EVENTS = st.one_of(
         ),
         **kubelet,
     ),
+    st.builds(
+        ev.MemoryAssigned,
+        blocks=st.lists(
+            st.builds(
+                ev.MemoryBlock,
+                type=st.sampled_from(["memory", "hugepages-2Mi"]),
+                size=st.sampled_from([0, 1, 3 << 30]),
+                numa_affinity=st.sampled_from([[0], [1, 0]]),
+            ),
+            max_size=3,
+        ),
+        **own,
+    ),
+    st.builds(ev.MemoryReleased, **own),
 )
 
 
@@ -312,6 +356,10 @@ def views_holds(v: Views) -> set[tuple[str, str, str]]:
                 out.add((d.holder.partition("/")[0], resource, i))
     for uid, containers in v.cpus.assignments.items():
         out |= {(uid, "cpu", str(c)) for cs in containers.values() for c in cs}
+    for uid, held in v.memory.assignments.items():
+        out |= {
+            (uid, b.type, ",".join(map(str, sorted(b.numa_affinity)))) for bs in held.values() for b in bs if b.size
+        }
     for key, p in v.kubelet.pods.items():
         for c in p.containers.values():
             out |= {(key, r, i) for r, devices in c.devices.items() for i in devices}

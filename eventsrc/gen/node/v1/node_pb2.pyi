@@ -303,20 +303,32 @@ class ResourceAllocation(_message.Message):
     def __init__(self, resource: _Optional[str] = ..., device_ids: _Optional[_Iterable[str]] = ..., envs: _Optional[_Mapping[str, str]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceSpec, _Mapping]]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., cdi_devices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ContainerInfo(_message.Message):
-    __slots__ = ("name", "kind", "resources", "cpu_ids", "claim_cdi_devices", "exclusive_cpus")
+    __slots__ = ("name", "kind", "resources", "cpu_ids", "claim_cdi_devices", "exclusive_cpus", "memory")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     CPU_IDS_FIELD_NUMBER: _ClassVar[int]
     CLAIM_CDI_DEVICES_FIELD_NUMBER: _ClassVar[int]
     EXCLUSIVE_CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: str
     resources: _containers.RepeatedCompositeFieldContainer[ResourceAllocation]
     cpu_ids: _containers.RepeatedScalarFieldContainer[int]
     claim_cdi_devices: _containers.RepeatedScalarFieldContainer[str]
     exclusive_cpus: bool
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., resources: _Optional[_Iterable[_Union[ResourceAllocation, _Mapping]]] = ..., cpu_ids: _Optional[_Iterable[int]] = ..., claim_cdi_devices: _Optional[_Iterable[str]] = ..., exclusive_cpus: _Optional[bool] = ...) -> None: ...
+    memory: _containers.RepeatedCompositeFieldContainer[MemoryBlock]
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., resources: _Optional[_Iterable[_Union[ResourceAllocation, _Mapping]]] = ..., cpu_ids: _Optional[_Iterable[int]] = ..., claim_cdi_devices: _Optional[_Iterable[str]] = ..., exclusive_cpus: _Optional[bool] = ..., memory: _Optional[_Iterable[_Union[MemoryBlock, _Mapping]]] = ...) -> None: ...
+
+class MemoryBlock(_message.Message):
+    __slots__ = ("type", "size", "numa_nodes")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUMA_NODES_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    size: int
+    numa_nodes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, type: _Optional[str] = ..., size: _Optional[int] = ..., numa_nodes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PodInfo(_message.Message):
     __slots__ = ("uid", "namespace", "name", "state", "admitted_seq", "containers", "correlation_id", "removed_seq", "in_doubt")
