@@ -302,6 +302,28 @@ class _Probes:
 
         self.out.append((f"exclusive cpus of {who(views, pod_uid, container)}", state, None))
 
+    def memory(self, pod_uid: str, container: str) -> None:
+        from eventsrc.core.invariants import who
+
+        views = self.views
+
+        def state() -> str:
+            blocks = views.memory.assignments.get(pod_uid, {}).get(container, [])
+            return "; ".join(f"{b.type} {b.size} NUMA {','.join(map(str, b.numa_affinity))}" for b in blocks) or "-"
+
+        self.out.append((f"memory of {who(views, pod_uid, container)}", state, None))
+
+    def machine(self) -> None:
+        from eventsrc.offline.render import short
+
+        views = self.views
+
+        def state() -> str:
+            nodes = views.memory.machine
+            return " ".join(f"{n}:{short(sizes)}" for n, sizes in sorted(nodes.items())) or "-"
+
+        self.out.append(("memory machine", state, None))
+
     def claim(self, uid: str, namespace: str = "", name: str = "") -> None:
         from eventsrc.core.invariants import who
         from eventsrc.state.lifecycles import CLAIM, CLAIM_ABSENT, PREPARE_FAILED, UNPREPARE_FAILED
@@ -477,6 +499,10 @@ class _Probes:
             self.pod(e.pod_uid, who(views, e.pod_uid))
         elif isinstance(e, (ev.CPUsAssigned, ev.CPUsReleased)):
             self.cpus(e.pod_uid, e.container)
+        elif isinstance(e, (ev.MemoryAssigned, ev.MemoryReleased)):
+            self.memory(e.pod_uid, e.container)
+        elif isinstance(e, ev.MemoryMachineChanged):
+            self.machine()
         elif isinstance(e, ev.SharedPoolChanged):
             self.out.append(("shared pool", lambda: _cpus(views.cpus.shared), None))
         elif isinstance(e, DRIVER_EVENTS):

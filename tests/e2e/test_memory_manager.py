@@ -5,6 +5,7 @@ machine whose memory changed (docs/adr/0044)."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -123,6 +124,11 @@ def test_cpus_device_and_memory_on_one_numa_node(root: Path, tmp_path: Path, dae
         records = [json.loads(line) for line in run_cli("log", "-o", "json", root=root, check=True).stdout.splitlines()]
         released = [r["event"] for r in records if r["type"] == "MemoryReleased"]
         assert [(e["pod_uid"], e["returned"]) for e in released] == [("uid-first", {"0": {"memory": GI}})]
+        # replay --step says what each memory record changed
+        steps = run_cli("replay", "--step", root=root, check=True).stdout
+        assert re.search(rf"MemoryAssigned +memory of default/a/main: - -> memory {GI} NUMA 1$", steps, re.M)
+        released_line = rf"MemoryReleased +memory of default/first/main: memory {GI} NUMA 0 -> - \(pod removed\)$"
+        assert re.search(released_line, steps, re.M)
         # Audit: the pod's history names its block; usage charges it in byte-hours, NUMA node 0.
         history = run_cli("audit", "pod", "uid-first", root=root, check=True).stdout
         assert "memory (1)" in history and f"memory {GI} bytes NUMA 0 assigned" in history
