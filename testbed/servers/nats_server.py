@@ -24,6 +24,18 @@ JetStream cluster::
     cluster.servers[0].restart()
     cluster.stop()
 
+A site's leaf node (docs/fleet.md, "Deploying"): the cluster in a JetStream domain, listening for
+leaf nodes; a ``Link`` of its own between them that can be cut and restored; a leaf without
+JetStream whose remote is the link, its clients' JetStream API sent to the cluster's domain::
+
+    cluster = NatsCluster(tmp_path, 3, domain="region", leafnodes=True)
+    link = Link(cluster.leafnode_addresses)    # a TCP relay per server, on loopback ports
+    leaf = NatsLeaf(tmp_path, remotes=link.urls, domain="region")
+    leaf.start()                    # returns once /healthz says ok
+    leaf.linked()                   # whether its link to the cluster is up (/leafz)
+    link.cut()                      # every connection through it closed, its ports refusing
+    link.restore()                  # listening again on the same ports: the leaf connects again
+
 Ports are free loopback ports chosen at the first start and kept for restarts (a server's routes
 name its peers' ports); a first start that finds its port taken meanwhile picks others. Only the
 processes a harness started are signalled, by their pid.
@@ -31,10 +43,12 @@ processes a harness started are signalled, by their pid.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
 import sys
+import threading
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -112,6 +126,7 @@ class Ports:
     client: int
     monitor: int
     cluster: int
+    leafnodes: int = 0  # listening for leaf nodes (``leafnodes=True``); 0: not
 
 
 def _conf(value: str | Path) -> str:
@@ -123,12 +138,22 @@ class NatsServer(server_process.Server):
     ``peers`` (set by ``NatsCluster``) makes it a member of a cluster routed to them."""
 
     def __init__(
-        self, base: Path, *, name: str = "nats-1", fetched: Fetched | None = None, extra_config: str = ""
+        self,
+        base: Path,
+        *,
+        name: str = "nats-1",
+        fetched: Fetched | None = None,
+        extra_config: str = "",
+        domain: str = "",
+        leafnodes: bool = False,
     ) -> None:
         self.directory = Path(base) / name
         #: appended to the server's configuration (an ``authorization`` block: docs/fleet.md, "NATS
         #: permissions"); ``ready()`` asks the monitoring port, which it does not concern
         self.extra_config = extra_config
+        #: the JetStream domain ("": none), and whether it listens for leaf nodes (``leafnode_address``)
+        self.domain = domain
+        self.leafnodes = leafnodes
         super().__init__(name, self.directory / "nats.log")
         self.store_dir = self.directory / "store"  # nats-server keeps its streams under store/jetstream
         self.config_path = self.directory / "nats.conf"
@@ -144,6 +169,13 @@ class NatsServer(server_process.Server):
     @property
     def monitor_url(self) -> str:
         return f"http://{HOST}:{self._ports.monitor}"
+
+    @property
+    def leafnode_address(self) -> tuple[str, int]:
+        """Where it listens for leaf nodes (``leafnodes=True``)."""
+        if not self._ports.leafnodes:
+            raise RuntimeError(f"{self.name} does not listen for leaf nodes")
+        return HOST, self._ports.leafnodes
 
     @property
     def _ports(self) -> Ports:
@@ -165,11 +197,15 @@ class NatsServer(server_process.Server):
             return
         for attempt in range(1, FIRST_START_TRIES + 1):
             if self.ports is None:
-                self.ports = Ports(*free_ports(3))
+                self.ports = self._free_ports()
             self._spawn()
             if self._started_once or attempt == FIRST_START_TRIES or not self._lost_its_port():
                 return
             self.ports = None
+
+    def _free_ports(self) -> Ports:
+        client, monitor, cluster, leafnodes = free_ports(4)
+        return Ports(client, monitor, cluster, leafnodes if self.leafnodes else 0)
 
     def _lost_its_port(self) -> bool:
         """Whether the process just spawned exited because a port it was given is in use (it
@@ -198,8 +234,10 @@ class NatsServer(server_process.Server):
             f"host: {_conf(HOST)}",
             f"port: {ports.client}",
             f"http: {_conf(f'{HOST}:{ports.monitor}')}",
-            f"jetstream {{ store_dir: {_conf(self.store_dir)} }}",
+            *self._role_config(),
         ]
+        if self.leafnodes:
+            lines.append(f"leafnodes {{ listen: {_conf(f'{HOST}:{ports.leafnodes}')} }}")
         if self.peers:
             # Every member names every member (itself too: a server ignores a route to itself).
             routes = ", ".join(_conf(f"nats-route://{HOST}:{p._ports.cluster}") for p in self.peers)
@@ -208,6 +246,10 @@ class NatsServer(server_process.Server):
         if self.extra_config:
             lines.append(self.extra_config)
         return "\n".join(lines) + "\n"
+
+    def _role_config(self) -> list[str]:
+        domain = f", domain: {_conf(self.domain)}" if self.domain else ""
+        return [f"jetstream {{ store_dir: {_conf(self.store_dir)}{domain} }}"]
 
     def wait_ready(self, timeout: float = 30) -> None:
         what = f"{self.name} to be ready (/healthz ok, a JetStream metadata leader in a cluster)"
@@ -254,11 +296,17 @@ class NatsCluster:
     """``size`` nats-servers (``nats-1`` ...) under ``base``, routed to each other as one
     JetStream cluster; each can be stopped, killed and restarted on its own."""
 
-    def __init__(self, base: Path, size: int = 3, *, fetched: Fetched | None = None) -> None:
-        self.servers = [NatsServer(base, name=f"nats-{i}", fetched=fetched) for i in range(1, size + 1)]
-        ports = free_ports(3 * size)
+    def __init__(
+        self, base: Path, size: int = 3, *, fetched: Fetched | None = None, domain: str = "", leafnodes: bool = False
+    ) -> None:
+        self.servers = [
+            NatsServer(base, name=f"nats-{i}", fetched=fetched, domain=domain, leafnodes=leafnodes)
+            for i in range(1, size + 1)
+        ]
+        ports = free_ports(4 * size)
         for i, server in enumerate(self.servers):
-            server.ports = Ports(*ports[3 * i : 3 * i + 3])
+            client, monitor, cluster, leaf = ports[4 * i : 4 * i + 4]
+            server.ports = Ports(client, monitor, cluster, leaf if leafnodes else 0)
             server.peers = self.servers
 
     @property
@@ -268,6 +316,11 @@ class NatsCluster:
     @property
     def pids(self) -> list[int]:
         return [pid for s in self.servers for pid in s.pids]
+
+    @property
+    def leafnode_addresses(self) -> list[tuple[str, int]]:
+        """Where each member listens for leaf nodes (``leafnodes=True``)."""
+        return [s.leafnode_address for s in self.servers]
 
     def server(self, name: str) -> NatsServer:
         return next(s for s in self.servers if s.name == name)
@@ -286,6 +339,139 @@ class NatsCluster:
     def stop(self) -> None:
         for server in self.servers:
             server.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# A site's leaf node
+
+
+class NatsLeaf(NatsServer):
+    """A leaf node of a site (docs/fleet.md, "Deploying"): a nats-server without JetStream of its
+    own whose ``leafnodes`` remote is the cluster (``remotes``: ``nats-leaf://`` URLs of its
+    members' leaf node ports, or of a ``Link`` to them). Its clients' JetStream API (``$JS.API``)
+    is sent to the cluster's JetStream ``domain`` (``default_js_domain``): nats-server denies the
+    plain ``$JS.API`` across a leaf node connection, not ``$JS.<domain>.API``."""
+
+    def __init__(
+        self, base: Path, *, remotes: Sequence[str], domain: str, name: str = "leaf-a", fetched: Fetched | None = None
+    ) -> None:
+        super().__init__(base, name=name, fetched=fetched, domain=domain)
+        self.remotes = list(remotes)
+
+    def _role_config(self) -> list[str]:
+        urls = ", ".join(map(_conf, self.remotes))
+        return [
+            # the leaf retries its remote every second (nats-server's default, said here)
+            f"leafnodes {{ reconnect: 1, remotes = [ {{ urls: [{urls}] }} ] }}",
+            f"default_js_domain: {{ {_conf('$G')}: {_conf(self.domain)} }}",
+        ]
+
+    def ready(self) -> bool:
+        return self._monitor("/healthz").get("status") == "ok"
+
+    def linked(self) -> bool:
+        """Whether its leaf node connection to the cluster is up (the monitoring port's /leafz)."""
+        return bool(self._monitor("/leafz").get("leafnodes"))
+
+
+class Link:
+    """The network between a site's leaf and the cluster, of one's own: a TCP relay on a loopback
+    port for each of ``targets`` (the members' leaf node addresses), its bytes copied both ways as
+    they come. ``cut()`` closes every connection through it and its listening sockets, so the leaf
+    and the cluster see their connection close and the leaf's attempts to connect again are
+    refused; ``restore()`` listens again on the same ports. Threads of this process, no server."""
+
+    def __init__(self, targets: Sequence[tuple[str, int]]) -> None:
+        self.targets = list(targets)
+        self.ports = [0] * len(self.targets)
+        self._lock = threading.Lock()
+        self._listeners: list[socket.socket] = []
+        self._connections: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self._up = threading.Event()
+        self.restore()
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"nats-leaf://{HOST}:{port}" for port in self.ports]
+
+    def restore(self) -> None:
+        """Listen (again, on the same ports) and relay each connection to its target."""
+        if self._up.is_set():
+            return
+        self._threads = [t for t in self._threads if t.is_alive()]
+        self._up.set()
+        for i, target in enumerate(self.targets):
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((HOST, self.ports[i]))
+            listener.listen(16)
+            listener.settimeout(0.1)  # so that the accepting thread sees a cut
+            self.ports[i] = listener.getsockname()[1]
+            self._listeners.append(listener)
+            self._thread(self._accept, listener, target)
+
+    def cut(self) -> None:
+        """Close every connection through the link and stop listening: nothing passes, and a
+        connection attempt is refused, until ``restore()``."""
+        self._up.clear()
+        with self._lock:
+            listeners, self._listeners = self._listeners, []
+            connections, self._connections = self._connections, set()
+        for s in listeners:
+            s.close()
+        for s in connections:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    close = cut
+
+    def _thread(self, target: Callable[..., None], *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True, name="nats-link")
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self, listener: socket.socket, target: tuple[str, int]) -> None:
+        while self._up.is_set():
+            try:
+                near, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # closed by cut()
+            try:
+                far = socket.create_connection(target, timeout=5)
+            except OSError:
+                near.close()  # the member is down: as a refused connection would be
+                continue
+            near.settimeout(None)
+            far.settimeout(None)
+            with self._lock:
+                if not self._up.is_set():
+                    near.close()
+                    far.close()
+                    return
+                self._connections.update((near, far))
+            self._thread(self._pump, near, far)
+            self._thread(self._pump, far, near)
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        """Copy ``source`` to ``sink`` until either closes; then close both."""
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for s in (source, sink):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+        with self._lock:
+            self._connections.difference_update((source, sink))
+        source.close()
+        sink.close()
 
 
 def main(argv: Iterable[str] | None = None) -> int:
