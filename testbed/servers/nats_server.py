@@ -30,6 +30,8 @@ JetStream whose remote is the link, its clients' JetStream API sent to the clust
 
     cluster = NatsCluster(tmp_path, 3, domain="region", leafnodes=True)
     link = Link(cluster.leafnode_addresses)    # a TCP relay per server, on loopback ports
+    cluster.behind(link)            # each member advertises its relay's address to leaf nodes
+    cluster.start()
     leaf = NatsLeaf(tmp_path, remotes=link.urls, domain="region")
     leaf.start()                    # returns once /healthz says ok
     leaf.linked()                   # whether its link to the cluster is up (/leafz)
@@ -154,6 +156,8 @@ class NatsServer(server_process.Server):
         #: the JetStream domain ("": none), and whether it listens for leaf nodes (``leafnode_address``)
         self.domain = domain
         self.leafnodes = leafnodes
+        #: the "HOST:PORT" it advertises to leaf nodes as its leaf node address ("": its own)
+        self.leafnode_advertise = ""
         super().__init__(name, self.directory / "nats.log")
         self.store_dir = self.directory / "store"  # nats-server keeps its streams under store/jetstream
         self.config_path = self.directory / "nats.conf"
@@ -237,7 +241,11 @@ class NatsServer(server_process.Server):
             *self._role_config(),
         ]
         if self.leafnodes:
-            lines.append(f"leafnodes {{ listen: {_conf(f'{HOST}:{ports.leafnodes}')} }}")
+            # A leaf connects to what the members advertise (their own address, always: no_advertise
+            # only keeps the others'): the Link's address when there is one, so that a cut stays cut.
+            listen = _conf(f"{HOST}:{ports.leafnodes}")
+            advertise = f", advertise: {_conf(self.leafnode_advertise)}" if self.leafnode_advertise else ""
+            lines.append(f"leafnodes {{ listen: {listen}{advertise} }}")
         if self.peers:
             # Every member names every member (itself too: a server ignores a route to itself).
             routes = ", ".join(_conf(f"nats-route://{HOST}:{p._ports.cluster}") for p in self.peers)
@@ -321,6 +329,11 @@ class NatsCluster:
     def leafnode_addresses(self) -> list[tuple[str, int]]:
         """Where each member listens for leaf nodes (``leafnodes=True``)."""
         return [s.leafnode_address for s in self.servers]
+
+    def behind(self, link: Link) -> None:
+        """Each member advertises the link's address for it to leaf nodes (before ``start()``)."""
+        for server, port in zip(self.servers, link.ports, strict=True):
+            server.leafnode_advertise = f"{HOST}:{port}"
 
     def server(self, name: str) -> NatsServer:
         return next(s for s in self.servers if s.name == name)

@@ -1,6 +1,7 @@
 """The tests' real nats-server with JetStream: ``testbed.servers.nats_server`` (``eventsrc bench fleet``
 runs it too), named here for the tests. ``NatsServer(base)`` is one server on loopback ports,
-``NatsCluster(base, 3)`` three routed as one JetStream cluster; each is ended by pid. The cache is
+``NatsCluster(base, 3)`` three routed as one JetStream cluster, ``NatsLeaf`` a site's leaf node
+and ``Link`` the network to it, cut and restored; each server is ended by pid. The cache is
 filled ahead with::
 
     python -m tests.support.nats fetch [--cache DIR]
@@ -12,9 +13,9 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from testbed.servers.nats_server import ARCHIVE, NatsCluster, NatsServer, why_unavailable
+from testbed.servers.nats_server import ARCHIVE, Link, NatsCluster, NatsLeaf, NatsServer, why_unavailable
 
-__all__ = ["NatsCluster", "NatsServer", "why_unavailable"]
+__all__ = ["Link", "NatsCluster", "NatsLeaf", "NatsServer", "why_unavailable"]
 
 
 # ---------------------------------------------------------------------------------------------
