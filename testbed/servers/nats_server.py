@@ -207,6 +207,13 @@ class NatsServer(server_process.Server):
                 return
             self.ports = None
 
+    def choose_ports(self) -> Ports:
+        """Its loopback ports, chosen now when not yet: a ``Link`` to its leaf node port is made
+        before it starts (to advertise the link's address)."""
+        if self.ports is None:
+            self.ports = self._free_ports()
+        return self.ports
+
     def _free_ports(self) -> Ports:
         client, monitor, cluster, leafnodes = free_ports(4)
         return Ports(client, monitor, cluster, leafnodes if self.leafnodes else 0)

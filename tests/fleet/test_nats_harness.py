@@ -1,22 +1,26 @@
 """The real nats-server harness itself: JetStream stores a message published twice with one
 ``Nats-Msg-Id`` once, a stream outlives a restart and a SIGKILL, a three-server cluster keeps a
-replicated (R3) stream readable after its leader restarts, and nothing it started is left."""
+replicated (R3) stream readable after its leader restarts, a site's leaf reaches the cluster's
+JetStream until its link is cut and again once it is restored, and nothing it started is left."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TypeVar
 
 import nats
 import nats.errors
 import nats.js.errors
+import pytest
 from nats.js.api import PubAck, StorageType
 
 from testbed.servers import server_process
 from tests.support.eventually import eventually
-from tests.support.nats import NatsCluster, NatsServer
+from tests.support.nats import Link, NatsCluster, NatsLeaf, NatsServer
 
 T = TypeVar("T")
 STREAM = "FLEETTEST"
@@ -152,3 +156,45 @@ async def replicas_current(js: nats.js.JetStreamContext) -> bool:
         return False
     replicas = info.cluster.replicas or []
     return len(replicas) == 2 and all(r.current and not r.offline for r in replicas)
+
+
+def test_a_leaf_reaches_the_clusters_jetstream_through_its_link_until_it_is_cut(
+    nats_unavailable: str | None, tmp_path: Path
+) -> None:
+    if nats_unavailable is not None:
+        pytest.skip(nats_unavailable)
+    hub = NatsServer(tmp_path, name="hub", domain="region", leafnodes=True)
+    hub.choose_ports()
+    link = Link([hub.leafnode_address])
+    hub.leafnode_advertise = f"127.0.0.1:{link.ports[0]}"
+    leaf = NatsLeaf(tmp_path, remotes=link.urls, domain="region")
+    try:
+        hub.start()
+        leaf.start()
+        eventually(leaf.linked, "the leaf linked to the hub")
+        assert "store_dir" not in leaf.config_path.read_text()  # no JetStream of its own
+
+        async def create_and_publish(js: nats.js.JetStreamContext) -> PubAck:
+            await js.add_stream(name=STREAM, subjects=["fleet.>"], storage=StorageType.FILE)
+            return await publish(js, "node-a/1", b"one")
+
+        # the plain JetStream API, through the leaf, is the hub's (default_js_domain)
+        assert with_jetstream([leaf.url], create_and_publish).domain == "region"
+
+        link.cut()
+        eventually(lambda: not leaf.linked(), "the leaf cut off")
+        assert answers([leaf.url], lambda js: publish(js, "node-a/2", b"two")) is None  # no responder
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", link.ports[0]), timeout=5).close()
+        assert with_jetstream([hub.url], stored) == [b"one"]
+
+        link.restore()
+        eventually(leaf.linked, "the leaf linked again", timeout=10)
+        assert with_jetstream([leaf.url], lambda js: publish(js, "node-a/1", b"one")).duplicate is True
+        assert with_jetstream([leaf.url], lambda js: publish(js, "node-a/2", b"two")).seq == 2
+        assert with_jetstream([hub.url], stored) == [b"one", b"two"]
+    finally:
+        leaf.stop()
+        link.close()
+        hub.stop()
+    assert_nothing_left(hub.pids + leaf.pids)
