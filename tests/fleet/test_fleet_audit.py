@@ -256,6 +256,40 @@ def test_each_nodes_answer_from_the_fleet_is_its_own(dsn: str, roots: dict[str, 
     ]  # fmt: skip
 
 
+class Counted:
+    """A connection that counts the statements it is given (``answers`` reads through it)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn, self.statements = conn, 0
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        self.statements += 1
+        return self.conn.execute(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+def test_the_fleets_answer_takes_the_same_queries_for_every_node_as_for_one(dsn: str, roots: dict[str, Path]) -> None:
+    """Issue 39 item 1: the nodes' audits read what they need in one pass over every node log
+    (``fleet_audit.prefetch``), not a round of queries per node: a device every node has, and
+    a device of one node, take at most the statements ``prefetch`` makes: the logs, the key's
+    index and records, twice the named pods' index and records, what each log lacks."""
+    ship(dsn, roots, seed=7)
+
+    def statements(node: str, what: str, **f: Any) -> tuple[int, int]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            counted = Counted(conn)
+            found = answers(counted, what, argparse.Namespace(node=node, since=None, until=None, **f))  # type: ignore[arg-type]
+            return len(found), counted.statements
+
+    every = statements("", "device", resource=RES, device_id="dev-0")
+    one = statements("node-a", "device", resource=RES, device_id="dev-0")
+    assert every[0] == len(NODES) and one[0] == 1
+    assert every[1] <= 8 and one[1] <= 8, (every, one)
+    assert statements("", "pod", pod="uid-a")[1] <= 8
+
+
 def test_fleet_audit_prints_each_nodes_answer_with_its_node(dsn: str, roots: dict[str, Path]) -> None:
     """The command: JSON, the nodes' answers as the node prints each (``audit_render``: its JSON
     and its lines) with its node first; ``--node``; nothing found is one line."""
