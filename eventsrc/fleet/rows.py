@@ -233,11 +233,12 @@ def _settle(
             (*where, str(c.seq), PAYLOAD, c.data),
         )
     if decision.store:
-        with conn.cursor() as cur:
-            cur.executemany(
-                f"{INSERT_RECORD} ON CONFLICT DO NOTHING",
-                [record_row(node.name, node.log_id, c.seq, c.follows, c.data) for c in decision.store],
-            )
+        insert_rows(
+            conn,
+            f"INSERT INTO records ({RECORD_COLUMNS})",
+            [record_row(node.name, node.log_id, c.seq, c.follows, c.data) for c in decision.store],
+            " ON CONFLICT DO NOTHING",
+        )
     for c in decision.wait:
         if came[c][1] is None:
             msg = came[c][0]
@@ -300,6 +301,7 @@ def _feed(
     usage ``Tracker`` (holds and gaps; None: not these, whose tables a later migration makes)
     and ``Preparations`` (claim preparations)."""
     keys: list[tuple[bytes, str, str, int]] = []
+    opened = _Opened(conn, node, log_id)
     for seq, data in chain:
         try:
             record = decode_record(seq, data)
@@ -307,34 +309,73 @@ def _feed(
             continue  # named corrupt in records; it changes nothing derived (as on the node)
         keys += index_rows(node, log_id, record)
         for hold, end_ns in tracker.feed(record.ts_ns, record.event) if tracker is not None else ():
-            _hold(conn, node, log_id, hold, end_ns)
-        for was, now in tracker.rebound if tracker is not None else ():
-            _rebind(conn, node, log_id, was, now)
+            if end_ns is None:
+                opened.add(hold)
+            else:
+                opened.flush()  # an end may be of a hold this chain opened: its row first
+                _hold_ended(conn, node, log_id, hold, end_ns)
+        if tracker is not None and tracker.rebound:
+            opened.flush()
+            for was, now in tracker.rebound:
+                _rebind(conn, node, log_id, was, now)
         for change in preparations.feed(seq, record.ts_ns, record.event):
             _preparation(conn, node, log_id, change)
         if tracker is not None and isinstance(record.event, ObservationGapFound):
             _gap(conn, node, log_id, record.event)
-    if keys:
-        with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO audit_index (key, node, log_id, seq) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING", keys
+    opened.flush()
+    insert_rows(conn, "INSERT INTO audit_index (key, node, log_id, seq)", keys, " ON CONFLICT DO NOTHING")
+
+
+#: rows a multi-row INSERT takes at most (its parameters stay far under PostgreSQL's 65,535)
+ROWS_A_STATEMENT = 500
+
+
+def insert_rows(conn: psycopg.Connection[Any], head: str, rows: Sequence[Sequence[Any]], tail: str = "") -> None:
+    """``head VALUES (...), (...) tail``: the rows in as few statements as ``ROWS_A_STATEMENT``
+    allows (one round trip each, where ``executemany`` makes one execution a row)."""
+    for start in range(0, len(rows), ROWS_A_STATEMENT):
+        part = rows[start : start + ROWS_A_STATEMENT]
+        values = ", ".join(["(" + ", ".join(["%s"] * len(part[0])) + ")"] * len(part))
+        conn.execute(f"{head} VALUES {values}{tail}", [v for row in part for v in row])
+
+
+class _Opened:
+    """The holds a chain opens, inserted together (``flush``) before anything that may read
+    them: an end, a uid learned, the chain's end."""
+
+    def __init__(self, conn: psycopg.Connection[Any], node: str, log_id: str) -> None:
+        self.conn, self.node, self.log_id = conn, node, log_id
+        self.rows: list[tuple[Any, ...]] = []
+
+    def add(self, h: Hold) -> None:
+        self.rows.append(
+            (
+                self.node,
+                self.log_id,
+                pg_text(h.resource),
+                pg_text(h.device),
+                pg_text(h.namespace),
+                pg_text(h.name),
+                pg_text(h.uid),
+                h.start_ns,
+                h.amount,
             )
-
-
-def _hold(conn: psycopg.Connection[Any], node: str, log_id: str, hold: Hold, end_ns: int | None) -> None:
-    resource, device, uid = pg_text(hold.resource), pg_text(hold.device), pg_text(hold.uid)
-    if end_ns is not None:  # one of the open rows alike (two containers may hold alike)
-        conn.execute(
-            "UPDATE holds SET end_ns = %s WHERE id = (SELECT id FROM holds WHERE node = %s "
-            "AND log_id = %s AND resource = %s AND device = %s AND uid = %s AND start_ns = %s "
-            "AND end_ns IS NULL ORDER BY id LIMIT 1)",
-            (end_ns, node, log_id, resource, device, uid, hold.start_ns),
         )
-        return
+
+    def flush(self) -> None:
+        if self.rows:
+            head = "INSERT INTO holds (node, log_id, resource, device, namespace, name, uid, start_ns, amount)"
+            insert_rows(self.conn, head, self.rows)
+            self.rows = []
+
+
+def _hold_ended(conn: psycopg.Connection[Any], node: str, log_id: str, hold: Hold, end_ns: int) -> None:
+    """One of the open rows alike (two containers may hold alike) ends."""
     conn.execute(
-        "INSERT INTO holds (node, log_id, resource, device, namespace, name, uid, start_ns, end_ns, amount) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, NULL, %s)",
-        (node, log_id, resource, device, pg_text(hold.namespace), pg_text(hold.name), uid, hold.start_ns, hold.amount),
+        "UPDATE holds SET end_ns = %s WHERE id = (SELECT id FROM holds WHERE node = %s "
+        "AND log_id = %s AND resource = %s AND device = %s AND uid = %s AND start_ns = %s "
+        "AND end_ns IS NULL ORDER BY id LIMIT 1)",
+        (end_ns, node, log_id, pg_text(hold.resource), pg_text(hold.device), pg_text(hold.uid), hold.start_ns),
     )
 
 
