@@ -290,6 +290,81 @@ def test_the_fleets_answer_takes_the_same_queries_for_every_node_as_for_one(dsn:
     assert statements("", "pod", pod="uid-a")[1] <= 8
 
 
+class Captured(Counted):
+    """A connection that keeps each statement it is given, with its parameters."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        super().__init__(conn)
+        self.seen: list[tuple[Any, Any]] = []
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        self.seen.append((args[0], args[1] if len(args) > 1 else kwargs.get("params")))
+        return super().execute(*args, **kwargs)
+
+
+#: the tables that grow with the fleet's history: every read of them must be able to use an index
+LARGE = ("holds", "records", "audit_index")
+
+
+def _unindexed(plan: dict[str, Any], leading: dict[str, str]) -> list[str]:
+    """The scans of a large table in an EXPLAIN (FORMAT JSON) plan tree that no index narrows:
+    sequential, or an index read whole, without a condition on its leading column (what the
+    planner picks when no index fits and sequential scans are priced out; ``leading``: index
+    name -> its leading column, "" for an expression). A bitmap heap scan's conditions are its
+    index scans'."""
+    out = []
+    index = plan.get("Index Name", "")
+    if plan.get("Relation Name") in LARGE or index in leading:
+        kind, cond = plan["Node Type"], plan.get("Index Cond", "")
+        first = leading.get(index, "")
+        narrowed = bool(cond) and (not first or first in cond)
+        if kind == "Seq Scan" or (kind != "Bitmap Heap Scan" and not narrowed):
+            out.append(f"{kind} on {plan.get('Relation Name') or index}")
+    for child in plan.get("Plans", []):
+        out += _unindexed(child, leading)
+    return out
+
+
+def test_every_fleet_query_can_use_an_index_on_the_large_tables(dsn: str, roots: dict[str, Path]) -> None:
+    """Issue 39 item 3: the plans of `fleet audit device|pod` and `fleet usage` (each --by, a
+    resource, a window): with sequential scans priced out (``enable_seqscan = off``), every scan
+    of `holds`, `records` or `audit_index` is narrowed by an index condition, so each has an
+    index it can use (on a small load the planner would rightly scan; at a fleet's size it must
+    not have to)."""
+    from eventsrc.core.chargeback import Window
+    from eventsrc.fleet.queries import usage_totals
+
+    ship(dsn, roots, seed=11)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        captured = Captured(conn)
+        for what, f in [("device", {"resource": RES, "device_id": "dev-0"}), ("pod", {"pod": "uid-a"})]:
+            answers(captured, what, argparse.Namespace(node="", since=None, until=None, **f))  # type: ignore[arg-type]
+        conn.set_read_only(False)
+        w = Window(0, 2**62)
+        for by in ("namespace", "pod", "device", "resource", "node"):
+            usage_totals(captured, by, w, frozenset())  # type: ignore[arg-type]
+        usage_totals(captured, "namespace", w, frozenset({RES}))  # type: ignore[arg-type]
+        conn.execute("SET enable_seqscan = off")
+        leading = {
+            str(name): str(column or "")
+            for name, column in conn.execute(
+                "SELECT i.indexrelid::regclass::text, a.attname FROM pg_index i "
+                "LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] "
+                "WHERE i.indrelid::regclass::text = ANY(%s)",
+                (list(LARGE),),
+            ).fetchall()
+        }
+        sequential = []
+        for query, params in captured.seen:
+            text = query.as_string(conn) if isinstance(query, psycopg.sql.Composable) else query
+            if not text.lstrip().upper().startswith(("SELECT", "WITH")):
+                continue
+            ((plan,),) = conn.execute(f"EXPLAIN (FORMAT JSON) {text}", params).fetchone()  # type: ignore[misc]
+            sequential += [(scan, text[:100]) for scan in _unindexed(plan["Plan"], leading)]
+    assert len(captured.seen) >= 10
+    assert sequential == []
+
+
 def test_fleet_audit_prints_each_nodes_answer_with_its_node(dsn: str, roots: dict[str, Path]) -> None:
     """The command: JSON, the nodes' answers as the node prints each (``audit_render``: its JSON
     and its lines) with its node first; ``--node``; nothing found is one line."""
