@@ -18,16 +18,16 @@ import re
 from pathlib import Path
 
 from eventsrc.core.memory.machine import MemoryMachine, decode_memory_machine
-from eventsrc.errors import EventsrcError
 from eventsrc.inputs.bounded_file import FileRefused, read_regular
+from eventsrc.inputs.sysfs_topology import SysfsError, numbered_dirs
 
 _NODE_DIR = re.compile(r"node([0-9]+)")
 _HUGEPAGES_DIR = re.compile(r"hugepages-([0-9]+)kB")
 _CAP = 64 * 1024  # meminfo is a few kB
 
 
-class SysfsMemoryError(EventsrcError):
-    """sysfs is missing, unreadable or says something that makes no sense."""
+class SysfsMemoryError(SysfsError):
+    """sysfs is missing, unreadable or says something that makes no sense (its memory)."""
 
 
 def _read(path: Path) -> str:
@@ -39,10 +39,9 @@ def _read(path: Path) -> str:
 
 def _numbered_dirs(parent: Path, pattern: re.Pattern[str]) -> dict[int, Path]:
     try:
-        entries = list(parent.iterdir())
-    except OSError as exc:
-        raise SysfsMemoryError(f"cannot list {parent}: {exc.strerror or exc}") from None
-    return {int(m.group(1)): e for e in entries if (m := pattern.fullmatch(e.name)) and e.is_dir()}
+        return numbered_dirs(parent, pattern)
+    except SysfsError as err:
+        raise SysfsMemoryError(str(err)) from None
 
 
 def _mem_total(path: Path, node: int) -> int:

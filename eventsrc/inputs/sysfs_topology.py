@@ -56,7 +56,8 @@ def _read_cpulist(path: Path) -> CPUSet:
         raise SysfsError(f"{path}: {err}") from None
 
 
-def _numbered_dirs(parent: Path, pattern: re.Pattern[str]) -> dict[int, Path]:
+def numbered_dirs(parent: Path, pattern: re.Pattern[str]) -> dict[int, Path]:
+    """The directories of ``parent`` whose names ``pattern`` matches, by the number it captures."""
     try:
         entries = list(parent.iterdir())
     except OSError as exc:
@@ -87,7 +88,7 @@ def read_machine_info(root: Path) -> MachineInfo:
     cpu_root = root / "sys" / "devices" / "system" / "cpu"
     if not cpu_root.is_dir():
         raise SysfsError(f"{cpu_root} is not a directory: no sysfs there (give --sysfs-root or --topology-file)")
-    cpu_dirs = _numbered_dirs(cpu_root, _CPU_DIR)
+    cpu_dirs = numbered_dirs(cpu_root, _CPU_DIR)
     online_file = cpu_root / "online"
     online = _read_cpulist(online_file) if online_file.exists() else CPUSet(cpu_dirs)
     if online.is_empty():
@@ -105,7 +106,7 @@ def read_machine_info(root: Path) -> MachineInfo:
         l3_of[cpu] = _l3_cache_id(cpu_dir)
 
     node_root = root / "sys" / "devices" / "system" / "node"
-    node_dirs = _numbered_dirs(node_root, _NODE_DIR) if node_root.is_dir() else {}
+    node_dirs = numbered_dirs(node_root, _NODE_DIR) if node_root.is_dir() else {}
     members: dict[int, CPUSet] = {}
     if node_dirs:
         for node_id, node_dir in sorted(node_dirs.items()):

@@ -16,10 +16,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from tests.conftest import Daemon, run_cli
+from tests.fleet.test_fleet_acceptance import stored_seqs
 from tests.fleet.test_shipping import log_records, shipped
 from tests.support.eventually import eventually
 from tests.support.fleet_sink import sink_process
@@ -121,17 +121,7 @@ def on_stream(url: str) -> dict[str, list[tuple[int, str]]]:
     return out
 
 
-def stored(dsn: str) -> dict[str, list[tuple[int, str]]]:
-    """Each node's records in PostgreSQL, by sequence: (sequence, type)."""
-    out: dict[str, list[tuple[int, str]]] = {}
-    with psycopg.connect(dsn) as conn:
-        try:
-            rows = conn.execute("SELECT node, seq, type FROM records ORDER BY node, seq").fetchall()
-        except psycopg.errors.UndefinedTable:
-            return {}
-    for node, seq, kind in rows:
-        out.setdefault(node, []).append((seq, kind))
-    return out
+stored = stored_seqs  # each node's records in PostgreSQL, by sequence: (sequence, type)
 
 
 def test_a_sites_leaf_cut_off_and_back_loses_and_doubles_nothing(
