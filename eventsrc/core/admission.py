@@ -1,5 +1,6 @@
-"""One pod's admission, decided without I/O: topology manager, CPU manager, device manager
-and DRA claims together, as the events to record and the calls to make.
+"""One pod's admission, decided without I/O: topology manager, CPU manager, device manager,
+memory manager, DRA claims and the resource fit together, as the events to record and the
+calls to make.
 
 Theory of operation
 -------------------
@@ -12,14 +13,15 @@ and the pod. The shell (``eventsrc.node.admitter``) walks it through five phases
                      for a new pod
     find()           yields PluginWanted and DriverWanted for each registered resource and
                      DRA driver the pod needs; returns a Refused when one stays away
-    plan()           the topology manager (container or pod scope) with the CPU and device
-                     managers as its hint providers (``topology_manager.HintProvider``),
+    plan()           the topology manager (container or pod scope) with the CPU, device and
+                     memory managers as its hint providers (``topology_manager.HintProvider``),
                      container by container; yields PreferredAsk
                      when a plugin's preference is wanted; returns a Refused, or the Intent:
                      the events to record before any call, and the calls to make
     fits()           after an Intent, the kubelet's predicate admit handler (which runs after
                      its allocation handler): a Refused for an extended resource no device
-                     plugin serves, or None
+                     plugin serves, or for requests the node's allocatable does not hold
+                     (``core.fit``: OutOfcpu, ...), or None
     settle(results)  given what the calls returned, yields the outcome events to record,
                      batch by batch, and returns the Outcome: admitted, or refused after the
                      one undo (release devices, CPUs and claims; reject with the reason)
