@@ -34,6 +34,7 @@ kubelet's checkpoint files under ``root``. It answers as the kubelet does
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -51,6 +52,7 @@ from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.inputs import kubelet_checkpoints as ki
 from eventsrc.rpc.ratelimit import TokenBucket
 from testbed.servers import kubelet_checkpoints as kc
+from tests.support.eventually import eventually
 from tests.support.grpcio_stubs import pod_resources, unix_target
 
 pr = pod_resources()
@@ -328,6 +330,12 @@ class StandInKubelet:
         if server is not None:
             server.stop(grace=None).wait()
             self._stopped.append(server)
+            if remove_socket:
+                # gRPC removes its socket as it destroys the listener, which a loaded machine may
+                # see after the stop returns: wait for that (at once, nearly always), so that a
+                # socket the next start makes is never the one it removes
+                with contextlib.suppress(AssertionError):
+                    eventually(lambda: not self.socket.exists(), "the stopped server's socket to go", timeout=2)
         if remove_socket:
             self.socket.unlink(missing_ok=True)
 
