@@ -14,8 +14,8 @@ from eventsrc.cli.options import Parents, Subparsers
 from eventsrc.layout import BESIDE_ROOT, DEFAULT_ROOT, Layout
 
 if TYPE_CHECKING:
+    from eventsrc.errors import EventsrcError
     from eventsrc.inputs.config import Configuration
-    from eventsrc.log.commit import ViewsAheadError
     from eventsrc.node.shipper import FleetOptions
 
 
@@ -449,7 +449,6 @@ def serve(args: argparse.Namespace) -> int:
         memory_capacity,
         reserved_cpu_count,
     )
-    from eventsrc.log.commit import ViewsAheadError
     from eventsrc.node.beside import BesideOptions
     from eventsrc.node.daemon import serve as run
     from eventsrc.node.nri import NRIOptions
@@ -528,14 +527,29 @@ def serve(args: argparse.Namespace) -> int:
                 memory=memory,
             )
         )
-    except BaseExceptionGroup as group:  # the log failed under the views: one line, exit 1
-        if (stopped := group.subgroup(ViewsAheadError)) is None:
+    except BaseExceptionGroup as group:
+        if (worded := worded_error(group)) is None:
             raise
-        raise _first(stopped) from None
+        raise worded from None
     return 0
 
 
-def _first(group: BaseExceptionGroup[ViewsAheadError]) -> ViewsAheadError:
+def worded_error(group: BaseExceptionGroup[BaseException]) -> EventsrcError | None:
+    """The one line a daemon that stopped on errors says: the log failing under the views
+    (``ViewsAheadError``), else the first error, when every error is one eventsrc words (a log
+    that refuses the start's first append); None when any is not (a bug: its traceback)."""
+    from eventsrc.errors import EventsrcError
+    from eventsrc.log.commit import ViewsAheadError
+
+    stopped: BaseExceptionGroup[EventsrcError] | None = group.subgroup(ViewsAheadError)
+    if stopped is None:
+        stopped, rest = group.split(EventsrcError)
+        if stopped is None or rest is not None:
+            return None
+    return _first(stopped)
+
+
+def _first(group: BaseExceptionGroup[EventsrcError]) -> EventsrcError:
     inner = group.exceptions[0]
     return _first(inner) if isinstance(inner, BaseExceptionGroup) else inner
 
