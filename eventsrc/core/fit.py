@@ -36,19 +36,14 @@ from fractions import Fraction
 from typing import Protocol
 
 from eventsrc.core.devices.names import is_extended_resource_name
+from eventsrc.core.memory.machine import MEMORY, is_hugepage_resource
 from eventsrc.core.resources import parse_quantity
 from eventsrc.state.pods import RequestsIndex
 from eventsrc.state.views import PodsView, index_beside
 
 CPU = "cpu"
-MEMORY = "memory"
 EPHEMERAL_STORAGE = "ephemeral-storage"
 PODS = "pods"
-HUGEPAGES_PREFIX = "hugepages-"
-
-
-def is_hugepages(name: str) -> bool:
-    return name.startswith(HUGEPAGES_PREFIX)
 
 
 def is_scalar_resource(name: str) -> bool:
@@ -57,7 +52,7 @@ def is_scalar_resource(name: str) -> bool:
     ``subdomain.kubernetes.io/something`` does too), attachable volumes."""
     return (
         is_extended_resource_name(name)
-        or is_hugepages(name)
+        or is_hugepage_resource(name)
         or "kubernetes.io/" in name
         or name.startswith("attachable-volumes-")
     )
@@ -144,7 +139,7 @@ def node_allocatable(
     out = {name: max(0, have - reserved.get(name, 0) - eviction.get(name, 0)) for name, have in capacity.items()}
     if MEMORY in out:
         for name, have in capacity.items():
-            if is_hugepages(name):
+            if is_hugepage_resource(name):
                 out[MEMORY] = max(0, out[MEMORY] - have)
     return out
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from eventsrc.core.cpu.cpuset import CPUSet
 from eventsrc.core.cpu.topology import CPUTopology
-from eventsrc.core.fit import CPU, EPHEMERAL_STORAGE, MEMORY, PODS, node_allocatable, quantity_integer
-from eventsrc.core.memory.machine import MemoryMachine
+from eventsrc.core.fit import CPU, EPHEMERAL_STORAGE, PODS, node_allocatable, quantity_integer
+from eventsrc.core.memory.machine import MEMORY, MemoryMachine
 from eventsrc.core.resources import QuantityError, parse_quantity
 from eventsrc.errors import EventsrcError
 

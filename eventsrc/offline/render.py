@@ -20,6 +20,7 @@ import msgspec
 
 from eventsrc import events as ev
 from eventsrc.events import CorruptRecordError, FutureRecordError, LogTrimmed, Record
+from eventsrc.inputs.config import ByteSize
 from eventsrc.obs.text import escape
 from eventsrc.state.lifecycles import QUARANTINED
 from eventsrc.state.views import Views
@@ -303,14 +304,6 @@ def _cpus(ids: list[int]) -> str:
     return str(CPUSet(ids)) or "-"
 
 
-def _bytes(n: int) -> str:
-    """Bytes as a Kubernetes quantity where it is exact (1Gi, 512Mi), else bytes."""
-    for suffix, scale in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
-        if n and n % scale == 0:
-            return f"{n // scale}{suffix}"
-    return f"{n} bytes"
-
-
 def pod_json(info: Any) -> dict[str, Any]:
     from google.protobuf.json_format import MessageToDict
 
@@ -355,7 +348,7 @@ def _pod_lines(info: Any) -> list[str]:
         if c.cpu_ids:
             got.append(f"    cpus: {_cpus(list(c.cpu_ids))} ({'exclusive' if c.exclusive_cpus else 'shared pool'})")
         for m in c.memory:
-            got.append(f"    {m.type}: {_bytes(m.size)} on NUMA node {','.join(map(str, m.numa_nodes)) or '-'}")
+            got.append(f"    {m.type}: {ByteSize(m.size)} on NUMA node {','.join(map(str, m.numa_nodes)) or '-'}")
         lines.append(
             f"  container {c.name} ({c.kind})"
             + ("" if got else ": nothing from the device, CPU, memory or DRA managers")
