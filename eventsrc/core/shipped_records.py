@@ -42,10 +42,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Final
 
-from eventsrc.core.fleet_names import FOLLOWS, LOG, NODE, SEQ, TYPE, Node, node_name_error
-from eventsrc.events import CorruptRecordError, FutureRecordError, chain_hash, decode_record, prev_hash_of
+from eventsrc.core.fleet_names import FOLLOWS, LOG, NODE, SEQ, TYPE, Node
+from eventsrc.core.fleet_names import node_name_error as _node_name_error
+from eventsrc.events import CorruptRecordError, FutureRecordError, Record, chain_hash, decode_record, prev_hash_of
 
 #: the largest sequence (and time) a record may carry: PostgreSQL's bigint, as the log's keys
 MAX_SEQ: Final = 2**63 - 1
@@ -75,6 +77,9 @@ class Candidate:
     corrupt: bool = False  # the payload is no record (its CRC fails): it waits for a successor to vouch
     link: bytes = field(default=b"", compare=False)  # the hash of its predecessor it carries
     hash: bytes = field(default=b"", compare=False)  # what its successor must carry
+    #: the record as ``check_message`` decoded it (None: not decoded here, or of a newer
+    #: eventsrc), so that what is made of it later need not decode it again
+    record: Record | None = field(default=None, compare=False, repr=False)
 
     @property
     def checked(self) -> bool:
@@ -94,6 +99,7 @@ class Refusal:
     seq: str = ""
 
 
+@lru_cache(maxsize=4096)  # a fetch holds a few node logs' records, each checked alike
 def _log_id_error(log_id: str) -> str:
     if not log_id or len(log_id) > MAX_LOG_ID or not all(c.isascii() and (c.isalnum() or c in "-_") for c in log_id):
         return f"log id {log_id[:80]!r} is not 1-{MAX_LOG_ID} letters, digits, '-' or '_'"
@@ -108,6 +114,12 @@ def _number(text: str, what: str, low: int, high: int) -> int | str:
     if not low <= value <= high:
         return f"{what} {value} is out of range ({low}-{high})"
     return value
+
+
+@lru_cache(maxsize=4096)
+def node_name_error(name: str) -> str:
+    """``fleet_names.node_name_error``, kept for the names a fetch repeats."""
+    return _node_name_error(name)
 
 
 def check_message(subject: str, headers: Mapping[str, str], data: bytes, prefix: str) -> Candidate | Refusal:
@@ -133,6 +145,7 @@ def check_message(subject: str, headers: Mapping[str, str], data: bytes, prefix:
             log_id,
             seq_text,
         )
+    decoded: Record | None = None
     try:
         record = decode_record(seq, data)
     except FutureRecordError as exc:  # a newer eventsrc's record: intact, of a type it names
@@ -142,7 +155,7 @@ def check_message(subject: str, headers: Mapping[str, str], data: bytes, prefix:
             return Refusal(PAYLOAD, f"the payload is no record ({exc.reason})", name, log_id, seq_text)
         return candidate(node, seq, follows, data, corrupt=True)
     else:
-        kind, ts_ns = record.type, record.ts_ns
+        kind, ts_ns, decoded = record.type, record.ts_ns, record
     if headers.get(TYPE, "") != kind:
         return Refusal(
             TYPE_MISMATCH,
@@ -153,7 +166,7 @@ def check_message(subject: str, headers: Mapping[str, str], data: bytes, prefix:
         )
     if not 0 <= ts_ns <= MAX_SEQ:
         return Refusal(PAYLOAD, f"the record's time {ts_ns} is out of range", name, log_id, seq_text)
-    return candidate(node, seq, follows, data)
+    return candidate(node, seq, follows, data, record=decoded)
 
 
 @dataclass(frozen=True)
@@ -291,6 +304,8 @@ def _verdict(
     )
 
 
-def candidate(node: Node, seq: int, follows: int, data: bytes, corrupt: bool = False) -> Candidate:
+def candidate(
+    node: Node, seq: int, follows: int, data: bytes, corrupt: bool = False, record: Record | None = None
+) -> Candidate:
     """A candidate as ``check_message`` makes it, for one that passed it before (kept waiting)."""
-    return Candidate(node, seq, follows, data, corrupt, prev_hash_of(data), chain_hash(data))
+    return Candidate(node, seq, follows, data, corrupt, prev_hash_of(data), chain_hash(data), record)

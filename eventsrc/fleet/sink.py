@@ -23,14 +23,13 @@ The tables and their migrations are ``fleet.tables``, the rows ``fleet.rows``, t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import nats
 import nats.errors
 import psycopg
 import trio
-import trio_asyncio
 from nats.js.api import ConsumerConfig
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
@@ -45,10 +44,20 @@ from eventsrc.errors import EventsrcError, first_line
 from eventsrc.fleet.rows import BATCH, Message, Outcome, quarantine_one, store_many
 from eventsrc.fleet.tables import SCHEMA_VERSION, migrate
 from eventsrc.obs.logger import get_logger
-from eventsrc.rpc.bridge import to_aio
-from eventsrc.rpc.jetstream import BACKOFF_FIRST, BACKOFF_MAX, FAILURES, NatsAuth, connect, ensure_stream, said_refused
+from eventsrc.rpc.aio_thread import LoopThread, open_loop_thread
+from eventsrc.rpc.jetstream import (
+    BACKOFF_FIRST,
+    BACKOFF_MAX,
+    FAILURES,
+    NatsAuth,
+    connect_aio,
+    connect_deadline,
+    ensure_stream,
+    said_refused,
+)
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
 
 DURABLE = "eventsrc-sink"
@@ -90,7 +99,8 @@ async def run_sink(
     consumer = _Consumer(servers, dsn, stream, prefix, replicas, conn, task_status, metrics or SinkMetrics(), auth)
     failed = ""  # raised once out of the loop (in it, it would come out as an exception group)
     try:
-        async with trio_asyncio.open_loop():
+        async with open_loop_thread() as loop:  # nats-py's, of its own (ADR 0046)
+            consumer.loop = loop
             failed = await consumer.run()
     finally:
         consumer.close()
@@ -185,6 +195,12 @@ class _Consumer:
         self._task_status: trio.TaskStatus[None] | None = task_status
         self._said = ""
         self._database_said = ""
+        self.loop: LoopThread | None = None  # where the NATS client runs (``run_sink``)
+
+    async def aio(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """``await fn(...)`` on the NATS client's asyncio loop."""
+        assert self.loop is not None, "run_sink gives the consumer its loop"
+        return await self.loop.call(fn, *args, **kwargs)
 
     def close(self) -> None:
         if self.conn is not None:
@@ -195,7 +211,8 @@ class _Consumer:
         backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
         while True:
             try:
-                nc = await connect(self.servers, auth=self.auth)
+                with trio.fail_after(connect_deadline(self.servers)):
+                    nc = await self.aio(connect_aio, self.servers, auth=self.auth)
             except CONNECTING_FAILURES as exc:
                 if self._task_status is not None:  # never consumed: the servers are not there
                     return f"cannot connect to NATS ({','.join(self.servers)}): {first_line(exc)}"
@@ -227,27 +244,54 @@ class _Consumer:
         try:
             js = nc.jetstream()
             with said_refused(nc):  # the sink's user lacks a right (docs/fleet.md, "NATS permissions")
-                await to_aio(ensure_stream)(js, self.stream, self.prefix, self.replicas)  # before any node ships
+                await self.aio(ensure_stream, js, self.stream, self.prefix, self.replicas)  # before any node ships
                 config = ConsumerConfig(ack_wait=ACK_WAIT)
-                sub = await to_aio(js.pull_subscribe)(
-                    f"{self.prefix}.>", durable=DURABLE, stream=self.stream, config=config
+                sub = await self.aio(
+                    js.pull_subscribe, f"{self.prefix}.>", durable=DURABLE, stream=self.stream, config=config
                 )
             self._ready()
-            while True:
+            ended: BaseException | None = None  # raised out of the nursery, not in a group
+            async with trio.open_nursery() as nursery:
+                fetched, fetches = trio.open_memory_channel[list[Any] | BaseException](0)
+                nursery.start_soon(self._fetching, nc, sub, fetched)
                 try:
-                    messages = await to_aio(sub.fetch)(BATCH, timeout=FETCH_WAIT)
-                except TimeoutError:  # nats-py's, or asyncio's from inside fetch: nothing came
-                    if nc.is_closed:
-                        raise nats.errors.ConnectionClosedError from None
-                    continue
-                batch = [Message(m.subject, dict(m.headers or {}), m.data) for m in messages]
-                await self._store(batch, messages)
-                # each after the commit: a crash before redelivers what then changes nothing; all
-                # of a fetch in one call on asyncio's loop, not a trip from trio's for each
-                await to_aio(_ack_all)(messages)
+                    async for messages in fetches:
+                        if isinstance(messages, BaseException):
+                            raise messages
+                        batch = [Message(m.subject, dict(m.headers or {}), m.data) for m in messages]
+                        await self._store(batch, messages)
+                        # each after the commit: a crash before redelivers what then changes nothing;
+                        # all of a fetch in one call on asyncio's loop, not a trip from trio's for each
+                        await self.aio(_ack_all, messages)
+                except FAILURES as exc:
+                    ended = exc
+                    nursery.cancel_scope.cancel()
+            if ended is not None:
+                raise ended
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await to_aio(nc.close)()
+                await self.aio(nc.close)
+
+    async def _fetching(
+        self, nc: nats.NATS, sub: Any, fetched: trio.MemorySendChannel[list[Any] | BaseException]
+    ) -> None:
+        """Fetch after fetch, each handed on as soon as the one before is taken: the next fetch
+        comes while one is stored (two fetches unacknowledged at most, ``BATCH`` each). What
+        ends the session is handed on too (a closed connection, a server gone), and raised by
+        the one that takes it, not out of the nursery in a group."""
+        async with fetched:
+            while True:
+                try:
+                    messages = await self.aio(sub.fetch, BATCH, timeout=FETCH_WAIT)
+                except TimeoutError:  # nats-py's, or asyncio's from inside fetch: nothing came
+                    if not nc.is_closed:
+                        continue
+                    await fetched.send(nats.errors.ConnectionClosedError())
+                    return
+                except FAILURES as exc:
+                    await fetched.send(exc)
+                    return
+                await fetched.send(messages)
 
     async def _store(self, batch: list[Message], messages: Sequence[Any]) -> None:
         """``batch`` stored (one transaction), or quarantined. A data error splits the fetch
@@ -279,7 +323,7 @@ class _Consumer:
                     return reason
                 self._database_failing(reason)
                 for m in messages:
-                    await to_aio(m.in_progress)()  # not delivered to another sink while this one waits
+                    await self.aio(m.in_progress)  # not delivered to another sink while this one waits
                 await trio.sleep(backoff.next())
                 continue
             self._database_back()

@@ -109,16 +109,32 @@ async def connect(
     caller connects again, and resumes from the stream. ``closed``: an asyncio coroutine
     function, called when the connection closes (nats-py's ``closed_cb``). ``auth``: the user
     and password to connect as (None: none). ``error``: an asyncio coroutine function called
-    with what the server says is wrong (nats-py's ``error_cb``; a permissions violation too)."""
+    with what the server says is wrong (nats-py's ``error_cb``; a permissions violation too).
+    On trio-asyncio's loop; ``connect_aio`` is the same on any asyncio loop."""
+    with trio.fail_after(connect_deadline(servers)):
+        return await to_aio(connect_aio)(servers, closed, auth, error)
+
+
+def connect_deadline(servers: Sequence[str]) -> float:
+    """Seconds ``connect`` takes at most: each server's connect timeout, and one more."""
+    return CONNECT_TIMEOUT * max(1, len(servers)) + 1
+
+
+async def connect_aio(
+    servers: Sequence[str],
+    closed: Callable[[], Awaitable[None]] | None = None,
+    auth: NatsAuth | None = None,
+    error: Callable[[Exception], Awaitable[None]] | None = None,
+) -> nats.NATS:
+    """``connect``'s connection, made on the running asyncio loop (bounded by the caller)."""
     credentials: dict[str, str] = {} if auth is None else {"user": auth.user, "password": auth.password}
-    with trio.fail_after(CONNECT_TIMEOUT * max(1, len(servers)) + 1):
-        nc: nats.NATS = await to_aio(nats.connect)(
-            servers=list(servers),
-            connect_timeout=CONNECT_TIMEOUT,
-            allow_reconnect=False,
-            max_reconnect_attempts=1,
-            error_cb=error or _quiet,
-            closed_cb=closed,
-            **credentials,
-        )
+    nc: nats.NATS = await nats.connect(
+        servers=list(servers),
+        connect_timeout=CONNECT_TIMEOUT,
+        allow_reconnect=False,
+        max_reconnect_attempts=1,
+        error_cb=error or _quiet,
+        closed_cb=closed,
+        **credentials,
+    )
     return nc
