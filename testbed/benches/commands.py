@@ -186,7 +186,9 @@ def fleet_parser() -> argparse.ArgumentParser:
         "each, the daemon's shipper each, in this process; not daemons) ship their whole logs at once: records/s "
         "per node and through the sink. Then each node appends records at --rate a second (default: half of what "
         "the sink took, shared by the nodes) for --paced-seconds: lag from a record's publish to its commit in "
-        "PostgreSQL, p50 and p99. Beside them, measured in the same run: JetStream's own publish rate for the same "
+        "PostgreSQL, p50 and p99. Then an outage: the sink is stopped, each node ships --catch-up-records more, "
+        "and the sink started again stores them: its catch-up rate. "
+        "Beside them, measured in the same run: JetStream's own publish rate for the same "
         "messages (one at a time, and 256 in flight) and PostgreSQL's own COPY rate for the same rows (the "
         "ceilings), and the ratios. Checks that every record reached PostgreSQL once and that the sink's holds are "
         "the logs' own intervals. Then the fleet's queries as the commands answer them (fleet usage for each --by; "
@@ -208,6 +210,13 @@ def fleet_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="records/s each node appends while the lag is measured (default: half the sink's rate, shared)",
+    )
+    b.add_argument(
+        "--catch-up-records",
+        type=int,
+        default=2000,
+        help="records each node ships while the sink is stopped; the sink started again stores them: its "
+        "catch-up rate (default %(default)s)",
     )
     b.add_argument("--repeats", type=int, default=3, help="runs of each ceiling; medians (default %(default)s)")
     b.add_argument(
@@ -335,6 +344,7 @@ def bench_fleet(args: argparse.Namespace) -> int:
         ("--nodes", args.nodes, 1),
         ("--records", args.records, 10),
         ("--repeats", args.repeats, 1),
+        ("--catch-up-records", args.catch_up_records, 10),
         ("--ceiling-messages", args.ceiling_messages, 10),
         ("--scale-nodes", args.scale_nodes, 1),
         ("--scale-records-nodes", args.scale_records_nodes, 1),
@@ -350,6 +360,7 @@ def bench_fleet(args: argparse.Namespace) -> int:
         rate=args.rate,
         repeats=args.repeats,
         ceiling_messages=args.ceiling_messages,
+        catch_up=args.catch_up_records,
         scale_nodes=args.scale_nodes,
         records_nodes=args.scale_records_nodes,
         days=args.days,

@@ -68,6 +68,7 @@ class Options:
     pods_per_day: float = PODS_PER_DAY
     runs: int = 5
     new_process: bool = True  # also time ``eventsrc fleet usage`` as a command, once
+    catch_up: int = 2000  # records each node appends while the sink is stopped (the catch-up's backlog)
     keep: bool = False  # keep the bench's directory (the sink's output, the nodes' logs, nats-server's)
 
 

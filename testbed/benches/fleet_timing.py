@@ -134,6 +134,9 @@ class Flow:
     js_window: float = 0.0  # with WINDOW in flight
     copy_rate: float = 0.0  # PostgreSQL COPY of the same rows (median records/s)
     insert_rate: float = 0.0  # a records row INSERTed a transaction (median records/s)
+    catch_up_records: int = 0  # shipped while the sink was stopped, then stored by it started again
+    catch_up_rate: float = 0.0  # records/s: those committed after its first commit, over its commits' span
+    catch_up_cpu: float = -1.0  # the sink's CPU while it caught up (its start included), a share of one core
     stored: int = 0  # rows in records
     expected: int = 0  # records in the logs
     once: bool = False  # each record once, no gap
@@ -477,6 +480,7 @@ async def _flow(url: str, dsn: str, nodes: list[SimNode], sink: Sink, o: Options
                 await _paced(nodes, sink, dsn, o, flow, out)
                 nursery.cancel_scope.cancel()
             await _lags(js, dsn, nodes, flow)
+            await _catch_up(url, dsn, nodes, sink, o, flow, out)
         finally:
             await to_aio(nc.close)()
 
@@ -596,6 +600,56 @@ async def _paced(nodes: list[SimNode], sink: Sink, dsn: str, o: Options, flow: F
     await _drained(dsn, before + flow.paced_records, sink, out)
 
 
+async def _catch_up(url: str, dsn: str, nodes: list[SimNode], sink: Sink, o: Options, flow: Flow, out: TextIO) -> None:
+    """An outage of the sink: it is stopped, each node appends ``o.catch_up`` records and ships
+    them, then the sink is started again and stores the backlog. Its rate: the records committed
+    after its first commit, over the span from that commit to its last (its start is not in it)."""
+    sink.phase = "catching up"
+    sink.stop()
+    sink.proc = None
+    starts = {n.name: n.log.last_seq() for n in nodes}
+    for node in nodes:
+        pending: list[PendingAppend] = []
+        while sum(len(p.events) for p in pending) < o.catch_up:
+            pending.append(PendingAppend(next(node.more)[1], "bench"))
+        await trio.to_thread.run_sync(node.log.commit, pending)
+    flow.catch_up_records = sum(n.log.last_seq() - starts[n.name] for n in nodes)
+    _say(
+        out,
+        f"\ncatch-up: the sink stopped, {len(nodes)} nodes ship {flow.catch_up_records:,} records; then the sink "
+        "started again stores them",
+    )
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            node.shipper = Shipper(node.log, node.appended, FleetOptions((url,), node.name))
+            await nursery.start(node.shipper.run)
+        while any(n.shipper is not None and n.shipper.shipped < n.log.last_seq() for n in nodes):
+            await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    sink.start()
+    pid, cpu0, t0 = sink.pid, cpu_seconds(sink.pid), time.perf_counter()
+    await _drained(dsn, sum(n.log.last_seq() for n in nodes), sink, out)
+    drained = time.perf_counter()
+    if sink.pid == pid:
+        flow.catch_up_cpu = (cpu_seconds(pid) - cpu0) / (drained - t0)
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "WITH c AS (SELECT pg_xact_commit_timestamp(r.xmin) AS t FROM records r "
+            "JOIN unnest(%s::text[], %s::bigint[]) AS w(node, start) ON r.node = w.node AND r.seq > w.start) "
+            "SELECT count(*) FILTER (WHERE t > (SELECT min(t) FROM c)), extract(epoch FROM max(t) - min(t)) FROM c",
+            (list(starts), list(starts.values())),
+        ).fetchone()
+    after_first, span = (int(row[0]), float(row[1] or 0)) if row else (0, 0.0)
+    # one commit has no span: then from the start to the last record stored (a lower bound: its start is in it)
+    flow.catch_up_rate = after_first / span if span > 0 else flow.catch_up_records / (drained - t0)
+    _say(
+        out,
+        f"  stored at {flow.catch_up_rate:,.0f} records/s ({after_first:,} after its first commit in "
+        f"{span:.2f} s), the sink at "
+        + (f"{flow.catch_up_cpu:.0%} of a core" if flow.catch_up_cpu >= 0 else "? of a core (started again)"),
+    )
+
+
 async def _append_paced(node: SimNode, rate: float, seconds: float) -> None:
     t0 = time.perf_counter()
     appended = 0
@@ -697,6 +751,10 @@ def _summary(r: Result, o: Options, out: TextIO) -> None:
         f"{f.sink_rate / f.copy_rate:.3f}); a row a transaction {f.insert_rate:,.0f} records/s (sink / this: "
         f"{f.sink_rate / f.insert_rate:.2f}); sink / JetStream alone, {WINDOW} in flight: "
         f"{f.sink_rate / f.js_window:.3f}\n"
+        f"  catching up after an outage of the sink ({f.catch_up_records:,} records waiting)  "
+        f"{f.catch_up_rate:,.0f} records/s (sink / COPY: {f.catch_up_rate / f.copy_rate:.3f})"
+        + (f", the sink at {f.catch_up_cpu:.0%} of a core" if f.catch_up_cpu >= 0 else "")
+        + "\n"
         f"  lag, publish → commit in PostgreSQL, at {f.paced_rate * len(f.node_rates):,.0f} records/s "
         f"({f.paced_records:,} records)  p50 {_ms(f.paced_lag, 0.5)}, p99 {_ms(f.paced_lag, 0.99)}; "
         f"from the log's append: p50 {_ms(f.append_lag, 0.5)}, p99 {_ms(f.append_lag, 0.99)}\n"

@@ -22,6 +22,7 @@ TINY = Options(
     rate=10,
     repeats=1,
     ceiling_messages=20,
+    catch_up=25,
     scale_nodes=2,
     days=1,
     runs=1,
@@ -37,7 +38,15 @@ def test_bench_fleet_at_a_tiny_size(
     out = io.StringIO()
     result = run_fleet_bench(TINY, workdir=tmp_path, out=out)
     text = out.getvalue()
-    for part in ("ceiling, JetStream alone", "ceiling, PostgreSQL COPY", "\nflow:", "\nlag:", "\ncheck:", "\nqueries:"):
+    for part in (
+        "ceiling, JetStream alone",
+        "ceiling, PostgreSQL COPY",
+        "\nflow:",
+        "\nlag:",
+        "\ncatch-up:",
+        "\ncheck:",
+        "\nqueries:",
+    ):
         assert part in text
     assert "each once, no gap: yes" in text and "the logs' own intervals: yes" in text
     assert "summary" in text and "sink / COPY" in text and "node / this" in text
@@ -45,7 +54,8 @@ def test_bench_fleet_at_a_tiny_size(
     f = result.flow
     assert f.once and f.holds_equal and f.holds > 0
     assert f.records >= 2 * TINY.records and f.paced_records > 0
-    assert f.stored == f.expected == f.records + f.paced_records
+    assert f.catch_up_records >= TINY.nodes * TINY.catch_up and f.catch_up_rate > 0
+    assert f.stored == f.expected == f.records + f.paced_records + f.catch_up_records
     assert len(f.flow_lag) == f.records and len(f.paced_lag) == len(f.append_lag) == f.paced_records
     assert len(f.node_rates) == TINY.nodes and min(f.node_rates) > 0
     assert min(f.node_alone, f.js_one, f.js_window, f.copy_rate, f.insert_rate, f.sink_rate) > 0
