@@ -59,12 +59,16 @@ GOAL_S = 1.0
 GOAL_RSS_MB = 100.0
 
 
-def pods(seed: int, start_ns: int, gap_s: float, prefix: str = "") -> Iterator[tuple[int, list[ev.EventBase]]]:
+def pods(
+    seed: int, start_ns: int, gap_s: float, prefix: str = "", gpu_prefix: str = ""
+) -> Iterator[tuple[int, list[ev.EventBase]]]:
     """(time, events at that time), in time order, for ever: pods arrive about every ``gap_s``
     seconds and hold what they took for 10 minutes to 12 hours. Deterministic. ``prefix`` starts
-    the pods' uids and names (one per node of a fleet: a pod's uid is the fleet's only one)."""
+    the pods' uids and names (one per node of a fleet: a pod's uid is the fleet's only one);
+    ``gpu_prefix`` the GPUs' ids (one per node: a GPU's UUID is the fleet's only one; its NIC's
+    VFs are named alike on every node, as PCI addresses are)."""
     rnd = random.Random(seed)
-    free_gpus = [f"gpu-{i}" for i in range(64)]
+    free_gpus = [f"{gpu_prefix}gpu-{i}" for i in range(64)]
     free_vfs = [f"vf-{i}" for i in range(256)]
     free_cpus = list(range(4, 256))
     pending: list[tuple[int, int, list[ev.EventBase], list[Any]]] = []  # (end, n, releases, what returns)

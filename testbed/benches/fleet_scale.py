@@ -17,7 +17,8 @@ sink's own code:
 
 Then, each the median of ``runs``, as the command runs it (a new connection, the answer, JSON to
 a buffer): ``fleet usage`` for each ``--by`` (``sink.usage_totals``), and ``fleet audit device``
-(one node's device, and that device id on every node) and ``fleet audit pod``
+(one node's GPU with ``--node``, and without it: a GPU's id, which one node holds as a UUID is,
+and a VF's, which every node has) and ``fleet audit pod``
 (``fleet_audit.answers``).
 """
 
@@ -38,7 +39,7 @@ import psycopg
 from psycopg import sql
 
 from eventsrc import events as ev
-from eventsrc.bench.usage_timing import DAY, GPU, SEC, pods
+from eventsrc.bench.usage_timing import DAY, GPU, NIC, SEC, pods
 from eventsrc.core.chargeback import Change, Window, intervals, window
 from eventsrc.events import chain_hash, decode_record, encode_payload
 from eventsrc.fleet.fleet_audit import answers, answers_json
@@ -149,7 +150,7 @@ def run(dsn: str, o: Options, out: TextIO) -> Scale:
 def _node_records(i: int, o: Options, counts: list[int]) -> list[tuple[int, ev.EventBase]]:
     """Node ``i``'s records (time, event) over the days before ``END_NS``, in log order."""
     start = END_NS - o.days * DAY
-    arrivals = pods(10_000 + i, start, 86_400 / o.pods_per_day, prefix=f"{i:04d}-")
+    arrivals = pods(10_000 + i, start, 86_400 / o.pods_per_day, prefix=f"{i:04d}-", gpu_prefix=f"GPU-{i:04d}-")
     out: list[tuple[int, ev.EventBase]] = []
     for ts, events in takewhile(lambda te: te[0] < END_NS, arrivals):
         counts[0] += isinstance(events[0], (ev.PodAdmissionStarted, ev.KubeletPodObserved))
@@ -274,7 +275,14 @@ def _queries(db: str, o: Options, scale: Scale, i: int, out: TextIO) -> None:
             "ORDER BY device LIMIT 1",
             (node, GPU, at, at),
         ).fetchone()
-    gpu_id = held[0] if held else "gpu-63"
+    gpu_id = held[0] if held else f"GPU-{i:04d}-gpu-63"
+    with psycopg.connect(db) as conn:  # a VF of that node held at T: its id is on every node
+        vf = conn.execute(
+            "SELECT device FROM holds WHERE node = %s AND resource = %s AND start_ns <= %s AND end_ns > %s "
+            "ORDER BY device LIMIT 1",
+            (node, NIC, at, at),
+        ).fetchone()
+    vf_id = vf[0] if vf else "vf-255"
     every = f"{scale.records_nodes:,} nodes' records loaded" if scale.records_nodes < o.scale_nodes else "every node"
     cases: list[tuple[str, Callable[[], int]]] = [
         (f"fleet usage --by namespace --resource {GPU}, {o.days} days", _usage(db, "namespace", month, gpu)),
@@ -286,7 +294,11 @@ def _queries(db: str, o: Options, scale: Scale, i: int, out: TextIO) -> None:
             f"fleet audit device {GPU} {gpu_id} --node {node}",
             _audit(db, "device", resource=GPU, device_id=gpu_id, node=node),
         ),
-        (f"fleet audit device {GPU} {gpu_id} ({every})", _audit(db, "device", resource=GPU, device_id=gpu_id)),
+        (
+            f"fleet audit device {GPU} {gpu_id} (a GPU's id: one node)",
+            _audit(db, "device", resource=GPU, device_id=gpu_id),
+        ),
+        (f"fleet audit device {NIC} {vf_id} (a VF's id: {every})", _audit(db, "device", resource=NIC, device_id=vf_id)),
         (f"fleet audit pod {pod}", _audit(db, "pod", pod=pod)),
     ]
     _say(out, f"  each the median of {o.runs} runs, a new connection each (as a command makes)")

@@ -62,10 +62,11 @@ def test_bench_fleet_at_a_tiny_size(
 
     s = result.scale
     assert s.holds > 0 and s.pods > 0 and s.records > s.pods
-    assert len(s.queries) == 8 and all(q.seconds > 0 for q in s.queries)
+    assert len(s.queries) == 9 and all(q.seconds > 0 for q in s.queries)
     assert all(q.rows > 0 for q in s.queries)  # fleet usage rows; fleet audit: an answer a node
-    one, every, pod = (q.rows for q in s.queries if q.label.startswith("fleet audit"))
-    assert one == pod == 1 and 1 <= every <= TINY.scale_nodes  # the device's node, and those that held that id
+    one, gpu, vf, pod = (q.rows for q in s.queries if q.label.startswith("fleet audit"))
+    assert one == gpu == pod == 1  # a GPU's id is one node's
+    assert 1 <= vf <= TINY.scale_nodes  # a VF's id: the nodes that held it
     assert s.records_nodes == TINY.scale_nodes and s.records_loaded == s.records and s.index_rows > s.records
     assert list(tmp_path.iterdir()) == []  # its directory is removed
 
