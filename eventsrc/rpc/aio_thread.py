@@ -8,11 +8,11 @@ does nothing else per message on the loop, so its client runs on a loop of its o
     async with open_loop_thread() as loop:      # a trio nursery's worker thread runs it
         nc = await loop.call(nats.connect, ...)  # an asyncio coroutine, run there; awaited in trio
 
-``call`` is cancellable as any trio call is: trio's cancellation cancels the asyncio task
-(``asyncio.run_coroutine_threadsafe``'s future), and ``call`` returns once that task is over.
+``call`` is cancellable as any trio call is: trio's cancellation cancels the asyncio task, and
+``call`` returns once that task is over (its own cleanup run).
 Leaving the block stops the loop and waits for its thread. Only documented API: the loop is
 ``asyncio.SelectorEventLoop`` (not whatever event loop policy trio-asyncio installed), reached
-from trio with ``asyncio.run_coroutine_threadsafe`` and back with ``TrioToken.run_sync_soon``.
+from trio with ``call_soon_threadsafe`` and back with ``TrioToken.run_sync_soon``.
 """
 
 from __future__ import annotations
@@ -37,20 +37,28 @@ class LoopThread:
         """``await fn(*args, **kwargs)`` on the loop; its result or its exception here."""
         token = trio.lowlevel.current_trio_token()
         done = trio.Event()
+        tasks: list[asyncio.Task[T]] = []
 
         async def run() -> T:
             return await fn(*args, **kwargs)
 
-        future = asyncio.run_coroutine_threadsafe(run(), self.loop)
-        future.add_done_callback(lambda _: token.run_sync_soon(done.set))
+        def start() -> None:  # on the loop: a task, which says when it is over, cancelled or not
+            task = self.loop.create_task(run())
+            task.add_done_callback(lambda _: token.run_sync_soon(done.set))
+            tasks.append(task)
+
+        def cancel() -> None:  # on the loop, after ``start`` (the loop runs its callbacks in order)
+            tasks[0].cancel()
+
+        self.loop.call_soon_threadsafe(start)
         try:
             await done.wait()
         except BaseException:  # cancelled in trio: cancel it there, and wait until it is over
-            future.cancel()
+            self.loop.call_soon_threadsafe(cancel)
             with trio.CancelScope(shield=True):
                 await done.wait()
             raise
-        return future.result()
+        return tasks[0].result()
 
 
 @asynccontextmanager
