@@ -140,38 +140,14 @@ class Tracker:
         #: the open holds the last ``feed`` gave their pod's uid, learned since they started:
         #: (as they were, as they are now); each keeps its start
         self.rebound: list[tuple[Hold, Hold]] = []
-        self._handlers: dict[type, Callable[[int, ev.EventBase], None]] = {
-            ev.PodAdmissionStarted: self._named,
-            ev.PodAdmitted: self._named,
-            ev.PodQuarantined: self._named,
-            ev.AdmissionRejected: self._rejected,
-            ev.PodRemoved: self._removed,
-            ev.DevicesReserved: self._reserved,
-            ev.DevicesAllocated: self._allocated,
-            ev.DevicesReleased: self._released,
-            ev.AllocationFailed: self._released,
-            ev.CPUsAssigned: self._cpus_assigned,
-            ev.CPUsReleased: self._cpus_released,
-            ev.MemoryAssigned: self._memory_assigned,
-            ev.MemoryReleased: self._memory_released,
-            ev.KubeletPodObserved: self._kubelet_pod,
-            ev.KubeletMemoryObserved: self._kubelet_memory,
-            ev.KubeletPodReleased: self._kubelet_pod_released,
-            ev.KubeletDevicesObserved: self._kubelet_devices,
-            ev.KubeletDevicesReleased: self._kubelet_devices_released,
-            ev.KubeletCPUsObserved: self._kubelet_cpus,
-            ev.KubeletCPUsReleased: self._kubelet_cpus_released,
-            ev.KubeletClaimObserved: self._kubelet_claim,
-            ev.KubeletClaimReleased: self._kubelet_claim_released,
-        }
 
     def feed(self, ts_ns: int, e: ev.EventBase) -> list[Change]:
-        handler = self._handlers.get(type(e))
+        handler = _HANDLERS.get(type(e))
         if handler is None:
             return []
         self._out = []
         self.rebound = []
-        handler(ts_ns, e)
+        handler(self, ts_ns, e)
         return self._out
 
     def open_holds(self) -> list[Hold]:
@@ -440,6 +416,33 @@ class Tracker:
         devices = None if c is None else c.claims.pop(f"{e.claim.namespace}/{e.claim.name}", None)
         for hold in (devices or {}).values():
             self._close(hold, ts)
+
+
+#: what ``Tracker.feed`` does with each type of event it reads (the others change nothing)
+_HANDLERS: dict[type, Callable[[Tracker, int, ev.EventBase], None]] = {
+    ev.PodAdmissionStarted: Tracker._named,
+    ev.PodAdmitted: Tracker._named,
+    ev.PodQuarantined: Tracker._named,
+    ev.AdmissionRejected: Tracker._rejected,
+    ev.PodRemoved: Tracker._removed,
+    ev.DevicesReserved: Tracker._reserved,
+    ev.DevicesAllocated: Tracker._allocated,
+    ev.DevicesReleased: Tracker._released,
+    ev.AllocationFailed: Tracker._released,
+    ev.CPUsAssigned: Tracker._cpus_assigned,
+    ev.CPUsReleased: Tracker._cpus_released,
+    ev.MemoryAssigned: Tracker._memory_assigned,
+    ev.MemoryReleased: Tracker._memory_released,
+    ev.KubeletPodObserved: Tracker._kubelet_pod,
+    ev.KubeletMemoryObserved: Tracker._kubelet_memory,
+    ev.KubeletPodReleased: Tracker._kubelet_pod_released,
+    ev.KubeletDevicesObserved: Tracker._kubelet_devices,
+    ev.KubeletDevicesReleased: Tracker._kubelet_devices_released,
+    ev.KubeletCPUsObserved: Tracker._kubelet_cpus,
+    ev.KubeletCPUsReleased: Tracker._kubelet_cpus_released,
+    ev.KubeletClaimObserved: Tracker._kubelet_claim,
+    ev.KubeletClaimReleased: Tracker._kubelet_claim_released,
+}
 
 
 # --------------------------------------------------------------------------- totals
