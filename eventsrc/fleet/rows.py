@@ -27,6 +27,7 @@ from eventsrc.core.shipped_records import (
     check_message,
     settle,
 )
+from eventsrc.errors import EventsrcError
 from eventsrc.events import (
     CorruptRecordError,
     FutureRecordError,
@@ -101,7 +102,10 @@ def store(conn: psycopg.Connection[Any], node: str, log_id: str, seq: int, follo
 
 
 def store_many(
-    conn: psycopg.Connection[Any], messages: Sequence[Shipped | Message], prefix: str = DEFAULT_PREFIX
+    conn: psycopg.Connection[Any],
+    messages: Sequence[Shipped | Message],
+    prefix: str = DEFAULT_PREFIX,
+    states: States | None = None,
 ) -> Outcome:
     """Messages, in one transaction: each checked (``shipped_records``): what is not a node's record
     is quarantined with the reason; a record that links to the node's stored one before it is
@@ -112,7 +116,9 @@ def store_many(
     ``node_logs`` rows), before anything of them is read, so two sinks storing the same messages
     never wait for each other in a cycle, and what one stores the other sees before it decides.
     Each step then reads or writes every node log of the fetch in one statement (a COPY for the
-    records and the rows derived from them), however many node logs the fetch holds."""
+    records and the rows derived from them), however many node logs the fetch holds. ``states``:
+    the trackers kept from the sink's fetches before (``States``); a log's is kept again once the
+    transaction commits."""
     checked: list[tuple[Message, Candidate | Refusal]] = []
     for m in messages:
         msg = message_of(m, prefix) if isinstance(m, Shipped) else m
@@ -129,7 +135,10 @@ def store_many(
             return Outcome(0, quarantined)
         logs = _lock(conn, sorted(by_log))
         stored = _settle_all(conn, by_log, quarantined)
-        _apply_following(conn, logs, stored)
+        applied = _apply_following(conn, logs, stored, states or States(0))
+    if states is not None:  # committed: the trackers are the logs' as written, and kept
+        for key, state in applied.items():
+            states.put(key, state)
     return Outcome(len(stored), quarantined)
 
 
@@ -152,11 +161,11 @@ def _quarantine(conn: psycopg.Connection[Any], msg: Message, why: Refusal, count
 
 
 class _Log(NamedTuple):
-    """A node log's ``node_logs`` row, locked: what is applied, and the trackers' state."""
+    """A node log's ``node_logs`` row, locked: what is applied, and the record its trackers'
+    state as written is at (``state_seq``: at most ``applied``)."""
 
     applied: int
-    tracker: bytes | None
-    preparations: bytes | None
+    state_seq: int
 
 
 def _lock(conn: psycopg.Connection[Any], keys: list[tuple[str, str]]) -> dict[tuple[str, str], _Log]:
@@ -167,15 +176,44 @@ def _lock(conn: psycopg.Connection[Any], keys: list[tuple[str, str]]) -> dict[tu
         (nodes, ids),
     )
     rows = conn.execute(
-        "SELECT n.node, n.log_id, n.applied_seq, n.tracker, n.preparations FROM node_logs n "
+        "SELECT n.node, n.log_id, n.applied_seq, n.state_seq FROM node_logs n "
         "JOIN unnest(%s::text[], %s::text[]) AS w(node, log_id) ON n.node = w.node AND n.log_id = w.log_id "
         "ORDER BY n.node, n.log_id FOR UPDATE OF n",
         (nodes, ids),
     ).fetchall()
-    return {
-        (node, log_id): _Log(int(applied), None if t is None else bytes(t), None if p is None else bytes(p))
-        for node, log_id, applied, t, p in rows
-    }
+    return {(node, log_id): _Log(int(applied), int(state_seq)) for node, log_id, applied, state_seq in rows}
+
+
+#: records a node log's applied sequence may run ahead of its trackers' state as written
+#: (``node_logs.state_seq``): the sink keeps the state between fetches (``States``) and writes
+#: it this often; a sink without it reads it and replays the records after it
+SNAPSHOT_EVERY = 256
+
+
+class _State(NamedTuple):
+    applied: int
+    tracker: Tracker
+    preparations: Preparations
+
+
+class States:
+    """The trackers of the node logs a sink applied last, as they are after each log's applied
+    record, so a fetch need not read and write them (at most ``size`` logs, the least recently
+    applied dropped). One whose log another sink applied since is not used: the sink reads the
+    state as written and replays what follows it (``_trackers``)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._kept: dict[tuple[str, str], _State] = {}
+
+    def get(self, key: tuple[str, str], applied: int) -> _State | None:
+        kept = self._kept.pop(key, None)
+        return kept if kept is not None and kept.applied == applied else None
+
+    def put(self, key: tuple[str, str], state: _State) -> None:
+        self._kept[key] = state
+        while len(self._kept) > self.size:
+            del self._kept[next(iter(self._kept))]
 
 
 #: the payloads kept apart as no record that follow one of the fetch's candidates, every node log
@@ -390,11 +428,15 @@ def _damaged(
 
 
 def _apply_following(
-    conn: psycopg.Connection[Any], logs: dict[tuple[str, str], _Log], stored: dict[tuple[str, str, int], Candidate]
-) -> None:
+    conn: psycopg.Connection[Any],
+    logs: dict[tuple[str, str], _Log],
+    stored: dict[tuple[str, str, int], Candidate],
+    states: States,
+) -> dict[tuple[str, str], _State]:
     """Under the locks on the node logs' rows: each log's stored records that follow its applied
     one without a gap (read for every log at once; the bytes only of those not stored just now),
-    fed to the node's own code; then the derived rows, and the logs' applied sequence and state."""
+    fed to the node's own code; then the derived rows, and the logs' applied sequence (and their
+    trackers' state, ``SNAPSHOT_EVERY`` records). The trackers after them, by log."""
     keys = sorted(logs)
     following: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for node, log_id, seq, follows in conn.execute(
@@ -414,17 +456,14 @@ def _apply_following(
         if chain:
             chains[k] = chain
     if not chains:
-        return
+        return {}
     data: dict[tuple[str, str, int], bytes] = {}
     if unread := [(n, i, s) for (n, i), chain in chains.items() for s in chain if (n, i, s) not in stored]:
         for node, log_id, seq, value in conn.execute(STORED_AT, _triples(unread)).fetchall():
             data[(node, log_id, int(seq))] = bytes(value)
+    trackers, replayed = _trackers(conn, {k: logs[k] for k in chains}, states)
     derived = Derived()
-    changed: list[tuple[str, str, int, bytes, bytes]] = []
     for k in sorted(chains):
-        log = logs[k]
-        tracker = Tracker(_state_of.decode(log.tracker) if log.tracker else None)
-        preparations = Preparations(_preparations_of.decode(log.preparations) if log.preparations else None)
         records: list[Record] = []
         for seq in chains[k]:
             c = stored.get((*k, seq))
@@ -435,17 +474,95 @@ def _apply_following(
                 records.append(decode_record(seq, c.data if c is not None else data[(*k, seq)]))
             except CorruptRecordError:
                 continue  # named corrupt in records; it changes nothing derived (as on the node)
-        derived.feed(*k, records, tracker, preparations)
-        changed.append((*k, chains[k][-1], _state.encode(tracker.state), _state.encode(preparations.state)))
+        derived.feed(*k, records, trackers[k].tracker, trackers[k].preparations)
     derived.write(conn)
-    with conn.cursor() as cur:  # one round trip (psycopg pipelines executemany), each state bound as it is
+    after = {k: _State(chains[k][-1], t.tracker, t.preparations) for k, t in trackers.items()}
+    written = [k for k in sorted(chains) if k in replayed or after[k].applied - logs[k].state_seq >= SNAPSHOT_EVERY]
+    with conn.cursor() as cur:  # one round trip each (psycopg pipelines executemany)
         cur.executemany(
-            "UPDATE node_logs SET applied_seq = %s, tracker = %s, preparations = %s WHERE node = %s AND log_id = %s",
+            "UPDATE node_logs SET applied_seq = %s WHERE node = %s AND log_id = %s",
+            [(after[k].applied, *k) for k in sorted(chains) if k not in written],
+        )
+        cur.executemany(
+            "UPDATE node_logs SET applied_seq = %s, state_seq = %s, tracker = %s, preparations = %s "
+            "WHERE node = %s AND log_id = %s",
             [
-                (applied, tracker_state, prepared, node, log_id)
-                for node, log_id, applied, tracker_state, prepared in changed
+                (
+                    after[k].applied,
+                    after[k].applied,
+                    _state.encode(after[k].tracker.state),
+                    _state.encode(after[k].preparations.state),
+                    *k,
+                )
+                for k in written
             ],
         )
+    return after
+
+
+def _trackers(
+    conn: psycopg.Connection[Any], logs: dict[tuple[str, str], _Log], states: States
+) -> tuple[dict[tuple[str, str], _State], set[tuple[str, str]]]:
+    """Each log's trackers after its applied record: kept (``states``), or the state as written
+    (at ``state_seq``) with the records of the log's chain after it replayed; and the logs
+    replayed so."""
+    out: dict[tuple[str, str], _State] = {}
+    for k, log in logs.items():
+        if (kept := states.get(k, log.applied)) is not None:
+            out[k] = kept
+    missing = sorted(k for k in logs if k not in out)
+    if not missing:
+        return out, set()
+    for node, log_id, t, p in conn.execute(
+        "SELECT n.node, n.log_id, n.tracker, n.preparations FROM node_logs n "
+        "JOIN unnest(%s::text[], %s::text[]) AS w(node, log_id) ON n.node = w.node AND n.log_id = w.log_id",
+        (pg_array(n for n, _ in missing), pg_array(i for _, i in missing)),
+    ).fetchall():
+        out[(node, log_id)] = _State(
+            logs[(node, log_id)].state_seq,
+            Tracker(_state_of.decode(bytes(t)) if t is not None else None),
+            Preparations(_preparations_of.decode(bytes(p)) if p is not None else None),
+        )
+    behind = [k for k in missing if logs[k].state_seq < logs[k].applied]
+    if behind:
+        rows: dict[tuple[str, str], dict[int, tuple[int, bytes]]] = {}
+        for node, log_id, seq, follows, value in conn.execute(
+            "SELECT r.node, r.log_id, r.seq, r.follows, r.data FROM records r "
+            "JOIN unnest(%s::text[], %s::text[], %s::bigint[], %s::bigint[]) AS w(node, log_id, after, upto) "
+            "ON r.node = w.node AND r.log_id = w.log_id AND r.seq > w.after AND r.seq <= w.upto",
+            (
+                pg_array(n for n, _ in behind),
+                pg_array(i for _, i in behind),
+                pg_array(logs[k].state_seq for k in behind),
+                pg_array(logs[k].applied for k in behind),
+            ),
+        ).fetchall():
+            rows.setdefault((node, log_id), {})[int(seq)] = (int(follows), bytes(value))
+        for k in behind:
+            _replay(k, out[k], rows.get(k, {}), logs[k])
+    return out, set(behind)
+
+
+def _replay(key: tuple[str, str], state: _State, rows: dict[int, tuple[int, bytes]], log: _Log) -> None:
+    """The records of the log's applied chain after ``log.state_seq`` (each names the one it
+    follows, back from the applied one), fed to the trackers in order; what they derive was
+    written when they were applied. EventsrcError when the stored chain does not lead there
+    (records deleted by hand): the sink says so and tries again, as for any database refusal."""
+    chain, seq = [], log.applied
+    while seq > log.state_seq:
+        chain.append(seq)
+        if seq not in rows:
+            raise EventsrcError(f"node {key[0]} log {key[1]}: record {seq} of its applied chain is not stored")
+        seq = rows[seq][0]
+    if seq != log.state_seq:
+        raise EventsrcError(f"node {key[0]} log {key[1]}: its applied chain does not pass record {log.state_seq}")
+    for seq in reversed(chain):
+        try:
+            record = decode_record(seq, rows[seq][1])
+        except CorruptRecordError:
+            continue
+        state.tracker.feed(record.ts_ns, record.event)
+        state.preparations.feed(record.seq, record.ts_ns, record.event)
 
 
 class _Row:

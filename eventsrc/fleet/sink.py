@@ -41,7 +41,7 @@ from eventsrc.core.shipped_records import (
     Refusal,
 )
 from eventsrc.errors import EventsrcError, first_line
-from eventsrc.fleet.rows import BATCH, Message, Outcome, quarantine_one, store_many
+from eventsrc.fleet.rows import BATCH, Message, Outcome, States, quarantine_one, store_many
 from eventsrc.fleet.tables import SCHEMA_VERSION, migrate
 from eventsrc.obs.logger import get_logger
 from eventsrc.rpc.aio_thread import LoopThread, open_loop_thread
@@ -196,6 +196,7 @@ class _Consumer:
         self._said = ""
         self._database_said = ""
         self.loop: LoopThread | None = None  # where the NATS client runs (``run_sink``)
+        self.states = States()  # the trackers of the node logs it applied last
 
     async def aio(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """``await fn(...)`` on the NATS client's asyncio loop."""
@@ -296,7 +297,7 @@ class _Consumer:
     async def _store(self, batch: list[Message], messages: Sequence[Any]) -> None:
         """``batch`` stored (one transaction), or quarantined. A data error splits the fetch
         message by message (``_store_alone``)."""
-        got = await self._until_taken(lambda conn: store_many(conn, batch, self.prefix), messages)
+        got = await self._until_taken(lambda conn: store_many(conn, batch, self.prefix, self.states), messages)
         if isinstance(got, str):
             await self._store_alone(batch, got, messages)
         else:

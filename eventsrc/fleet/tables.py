@@ -161,9 +161,16 @@ _V6 = """
         GROUP BY 1, 2, 3, 4;
     """
 
+#: Version 7: the record a node log's trackers' state as written is at (``rows.SNAPSHOT_EVERY``;
+#: until now every fetch wrote it at the applied record)
+_V7 = """
+    ALTER TABLE node_logs ADD COLUMN state_seq bigint NOT NULL DEFAULT 0;
+    UPDATE node_logs SET state_seq = applied_seq;
+    """
+
 #: MIGRATIONS[v] takes the schema from version v to v + 1 (docs/fleet.md): SQL, or a function
 #: that runs in the migration's transaction
-MIGRATIONS: tuple[str | Callable[[psycopg.Connection[Any]], None], ...] = (_V1, _to_v2, _V3, _V4, _V5, _V6)
+MIGRATIONS: tuple[str | Callable[[psycopg.Connection[Any]], None], ...] = (_V1, _to_v2, _V3, _V4, _V5, _V6, _V7)
 SCHEMA_VERSION = len(MIGRATIONS)
 MIGRATION_LOCK = 0x65766E74  # the advisory lock migrations take ("evnt")
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import random
 import threading
+from typing import Any
 
 import psycopg
+import pytest
 import trio
 
 from eventsrc import events as ev
 from eventsrc.core.chargeback import intervals
 from eventsrc.events import chain_hash, encode_payload
-from eventsrc.fleet.rows import Shipped, message_of, store, store_many
+from eventsrc.fleet import rows as fleet_rows
+from eventsrc.fleet.rows import Shipped, States, message_of, store, store_many
 from eventsrc.fleet.sink import SinkMetrics, _Consumer
 from eventsrc.fleet.tables import SCHEMA_VERSION, migrate
 from tests.support.eventually import eventually_trio
@@ -122,10 +125,16 @@ def test_sinks_starting_together_make_the_schema_once(postgres_server: PostgresS
         assert conn.execute("SELECT version FROM eventsrc_schema").fetchall() == [(SCHEMA_VERSION,)]
 
 
-def test_two_sinks_storing_batches_at_once_make_the_same_rows(postgres_server: PostgresServer) -> None:
+@pytest.mark.parametrize("snapshot_every", [1, 4, 256])
+def test_two_sinks_storing_batches_at_once_make_the_same_rows(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch, snapshot_every: int
+) -> None:
     """Each sink stores a fetch in one transaction (``store_many``); two at once, with the same
     messages of two nodes in other orders and batches, never deadlock and make the rows one
-    sink makes record by record."""
+    sink makes record by record. Each keeps the trackers of the logs it applied (``States``):
+    where the other applied since, it reads the state written every ``SNAPSHOT_EVERY`` records
+    and replays what follows it."""
+    monkeypatch.setattr(fleet_rows, "SNAPSHOT_EVERY", snapshot_every)
     log = node_log()
     messages = [
         Shipped(node, "log-1", seq, seq - 1, encode_payload(e, ts, f"c{seq}"))
@@ -136,15 +145,17 @@ def test_two_sinks_storing_batches_at_once_make_the_same_rows(postgres_server: P
 
     def sink(seed: int) -> None:
         order = random.Random(seed).sample(messages, len(messages))
+        states = States()
         try:
             with psycopg.connect(postgres_server.dsn, autocommit=True) as conn:
                 for start in range(0, len(order), 7):
-                    store_many(conn, order[start : start + 7])
+                    store_many(conn, order[start : start + 7], states=states)
         except BaseException as exc:  # noqa: BLE001 - the test reports it
             failures.append(exc)
 
     with psycopg.connect(postgres_server.dsn, autocommit=True) as conn:
         migrate(conn)
+        conn.execute("TRUNCATE records, holds, node_logs, audit_index, pending, quarantine")
     threads = [threading.Thread(target=sink, args=(seed,)) for seed in (1, 2)]
     for t in threads:
         t.start()
@@ -153,18 +164,57 @@ def test_two_sinks_storing_batches_at_once_make_the_same_rows(postgres_server: P
     assert failures == []
     want = sorted(
         (
-            (c.hold.resource, c.hold.device, c.hold.uid, c.hold.start_ns, c.end_ns)
+            (c.hold.resource, c.hold.device, c.hold.uid, c.hold.start_ns, c.end_ns, c.hold.namespace, c.hold.name)
             for c in intervals((ts, e) for _, ts, e in log)
         ),
-        key=open_first,
+        key=repr,
     )
     with psycopg.connect(postgres_server.dsn) as conn:
         for node in ("n1", "n2"):
             rows = conn.execute(
-                "SELECT resource, device, uid, start_ns, end_ns FROM holds WHERE node = %s", (node,)
+                "SELECT resource, device, uid, start_ns, end_ns, namespace, name FROM holds WHERE node = %s", (node,)
             ).fetchall()
-            assert sorted(rows, key=open_first) == want, node
+            assert sorted(rows, key=repr) == want, node
             assert conn.execute("SELECT count(*) FROM records WHERE node = %s", (node,)).fetchone() == (len(log),)
+
+
+@pytest.mark.parametrize("snapshot_every", [1, 4, 256])
+def test_a_sink_takes_up_a_log_from_its_written_state_and_what_the_other_applied_after_it(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch, snapshot_every: int
+) -> None:
+    """Two sinks in turn, a fetch each, on the same logs: each keeps the trackers of the logs it
+    applied (``States``), and where the other applied since, it reads the state written at most
+    ``SNAPSHOT_EVERY`` records back and replays the rest; the rows are the logs' own."""
+    monkeypatch.setattr(fleet_rows, "SNAPSHOT_EVERY", snapshot_every)
+    replays: list[int] = []
+    replay = fleet_rows._replay
+
+    def counted(*args: Any) -> None:
+        replays.append(1)
+        replay(*args)
+
+    monkeypatch.setattr(fleet_rows, "_replay", counted)
+    log = node_log()
+    messages = [
+        Shipped(node, "log-1", seq, seq - 1, encode_payload(e, ts, f"c{seq}"))
+        for seq, ts, e in log
+        for node in ("t1", "t2")
+    ]
+    sinks = [States(), States()]
+    with psycopg.connect(postgres_server.dsn, autocommit=True) as conn:
+        migrate(conn)
+        for n, start in enumerate(range(0, len(messages), 5)):
+            store_many(conn, messages[start : start + 5], states=sinks[n % 2])
+        rows = conn.execute(
+            "SELECT node, resource, device, uid, start_ns, end_ns, namespace, name FROM holds WHERE node LIKE 't_'"
+        ).fetchall()
+    want = [
+        (node, c.hold.resource, c.hold.device, c.hold.uid, c.hold.start_ns, c.end_ns, c.hold.namespace, c.hold.name)
+        for node in ("t1", "t2")
+        for c in intervals((ts, e) for _, ts, e in log)
+    ]
+    assert sorted(rows, key=repr) == sorted(want, key=repr)
+    assert (len(replays) > 0) == (snapshot_every > 1)
 
 
 def test_a_damaged_record_is_vouched_for_only_in_its_place(postgres_server: PostgresServer) -> None:
