@@ -468,6 +468,31 @@ def overlap(start_ns: int, end_ns: int | None, w: Window) -> int:
     return max(0, end - max(start_ns, w.since_ns))
 
 
+#: the hours the fleet's rollup of closed holds is kept by (``fleet.usage_hours``): hour h is
+#: [h * HOUR_NS, (h + 1) * HOUR_NS)
+HOUR_NS: Final = 3_600 * 10**9
+
+
+#: a closed hold longer than this (two years: a clock that jumped, or a forger's) is kept out of
+#: the hourly rollup, its hours bounded; ``fleet usage`` counts it by itself
+LONG_NS: Final = 2 * 365 * 24 * HOUR_NS
+
+
+def hour_shares(start_ns: int, end_ns: int) -> list[tuple[int, int]]:
+    """(hour, nanoseconds): the part of [start, end) inside each hour it touches, in order; none
+    for a hold of no length, or one longer than ``LONG_NS``. Else their sum is ``end - start``."""
+    out: list[tuple[int, int]] = []
+    if end_ns - start_ns > LONG_NS:
+        return out
+    t = start_ns
+    while t < end_ns:
+        hour = t // HOUR_NS
+        upto = min(end_ns, (hour + 1) * HOUR_NS)
+        out.append((hour, upto - t))
+        t = upto
+    return out
+
+
 class Row(NamedTuple):
     """One group's total: its fields (as ``FIELDS[by]`` names them), its nanoseconds, and how
     many of them fell inside a gap (``gap_ns``: not seen; the rest, ``ns - gap_ns``, seen)."""

@@ -9,9 +9,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from eventsrc.core.chargeback import FIELDS, HIDING, Row, Window
+from eventsrc.core.chargeback import FIELDS, HIDING, HOUR_NS, LONG_NS, Row, Window
 from eventsrc.fleet.nul_escape import from_pg_text, pg_text
-from eventsrc.fleet.tables import HOLD_END
+from eventsrc.fleet.tables import HOLD_AREA, HOLD_END
 
 #: a hold's overlap with the window [%(since)s, %(until)s], in nanoseconds: ``chargeback.overlap``
 #: (an open hold counts to the window's end), in bigint arithmetic (exact)
@@ -51,8 +51,95 @@ IN_GAPS = (
 
 
 def usage_totals(conn: psycopg.Connection[Any], by: str, w: Window, resources: frozenset[str]) -> list[Row]:
-    """``fleet usage``: nanoseconds per group inside the window, and those inside the node's
-    gaps, summed in SQL with the node's own arithmetic (``OVERLAP``, ``IN_GAPS``; the sums
+    """``fleet usage``'s rows: from the hourly rollup for the groups it keeps (``ROLLED``), else
+    from every hold of the window (``held_totals``); the same answer either way (a property test
+    holds both to ``chargeback.totals``)."""
+    if by in ROLLED:
+        return rolled_totals(conn, by, w, resources)
+    return held_totals(conn, by, w, resources)
+
+
+#: the ``--by`` groups ``usage_hours`` answers (their columns are among its own: resource, namespace)
+ROLLED = frozenset({"namespace", "resource"})
+#: the fleet-wide x of ``HOLD_AREA`` (every node log's hash)
+_EVERY_LOG = "point(-2147483648, {t}), point(2147483647, {u})"
+#: seconds a box of ``HOLD_AREA`` is widened by: more than a float8's step at these times
+_MARGIN = "0.001"
+
+
+def rolled_totals(conn: psycopg.Connection[Any], by: str, w: Window, resources: frozenset[str]) -> list[Row]:
+    """``fleet usage --by namespace|resource`` without reading every hold of the window (ADR 0046):
+    the whole hours inside it from ``usage_hours`` (the closed holds' nanoseconds by hour, the
+    sink's), and by themselves: the closed holds that overlap the parts of an hour at its start
+    and end (found by ``holds_area``), the closed ones too long for the rollup (``holds_long``),
+    the open ones, and the seconds inside each node log's gaps (its holds in each merged gap,
+    found by ``holds_area`` in that log). The nodes' own arithmetic, exact (numeric sums)."""
+    since, until = w.since_ns, w.until_ns
+    if until <= since:
+        return []
+    h1, h2 = -(-since // HOUR_NS), until // HOUR_NS  # the whole hours inside: [h1, h2)
+    if h1 > h2:
+        slices, hours = [(since, until)], None
+    else:
+        slices = [(a, b) for a, b in ((since, h1 * HOUR_NS), (h2 * HOUR_NS, until)) if a < b]
+        hours = (h1, h2) if h1 < h2 else None
+    params: dict[str, Any] = {
+        "since": since,
+        "until": until,
+        "hiding": sorted(HIDING),
+        "long": LONG_NS,
+        "resources": sorted(pg_text(r) for r in resources),
+    }
+    only = " AND resource = ANY(%(resources)s)" if resources else ""
+    parts: list[str] = []
+    if hours is not None:
+        params |= {"h1": hours[0], "h2": hours[1], "lo": hours[0] * HOUR_NS, "hi": hours[1] * HOUR_NS}
+        parts.append(
+            "SELECT resource, namespace, ns, 0::numeric AS gap_ns FROM usage_hours "
+            f"WHERE hour >= %(h1)s AND hour < %(h2)s{only}"
+        )
+        parts.append(
+            "SELECT resource, namespace, (least(end_ns, %(hi)s) - greatest(start_ns, %(lo)s))::numeric * amount, 0 "
+            f"FROM holds WHERE end_ns IS NOT NULL AND end_ns - start_ns > %(long)s AND start_ns < %(hi)s "
+            f"AND end_ns > %(lo)s{only}"
+        )
+    for n, (a, b) in enumerate(slices):
+        params |= {f"a{n}": a, f"b{n}": b}
+        box = _EVERY_LOG.format(
+            t=f"%(a{n})s::float8 / 1e9::float8 - {_MARGIN}", u=f"%(b{n})s::float8 / 1e9::float8 + {_MARGIN}"
+        )
+        parts.append(
+            f"SELECT resource, namespace, (least(end_ns, %(b{n})s) - greatest(start_ns, %(a{n})s))::numeric * amount, "
+            f"0 FROM holds WHERE {HOLD_AREA} && box({box}) AND end_ns IS NOT NULL "
+            f"AND start_ns < %(b{n})s AND end_ns > %(a{n})s{only}"
+        )
+    parts.append(
+        "SELECT resource, namespace, (%(until)s - greatest(start_ns, %(since)s))::numeric * amount, 0 "
+        f"FROM holds WHERE end_ns IS NULL AND start_ns < %(until)s{only}"
+    )
+    x = "hashtext(g_node || ' ' || g_log)"
+    in_gap = f"box(point({x}, lo::float8 / 1e9::float8 - {_MARGIN}), point({x}, hi::float8 / 1e9::float8 + {_MARGIN}))"
+    parts.append(
+        "SELECT resource, namespace, 0, (least(hi, coalesce(end_ns, %(until)s), %(until)s) "
+        "- greatest(lo, start_ns, %(since)s))::numeric * amount "
+        "FROM (SELECT node AS g_node, log_id AS g_log, lo, hi FROM merged) m JOIN holds "
+        f"ON {HOLD_AREA} && {in_gap} AND node = g_node AND log_id = g_log AND start_ns < hi AND {HOLD_END} > lo{only}"
+    )
+    columns = FIELDS[by]
+    group = ", ".join(columns)
+    query = (
+        f"WITH {MERGED_GAPS} SELECT {group}, sum(ns), sum(gap_ns) FROM ("
+        + " UNION ALL ".join(parts)
+        + f") t(resource, namespace, ns, gap_ns) GROUP BY {group} HAVING sum(ns) > 0"
+    )
+    rows = conn.execute(query, params).fetchall()  # type: ignore[call-overload]
+    text = from_pg_text
+    return sorted(Row(tuple(text(v) for v in row[:-2]), int(row[-2]), int(row[-1])) for row in rows)
+
+
+def held_totals(conn: psycopg.Connection[Any], by: str, w: Window, resources: frozenset[str]) -> list[Row]:
+    """``fleet usage`` from every hold of the window: nanoseconds per group inside it, and those
+    inside the node's gaps, summed in SQL with the node's own arithmetic (``OVERLAP``, ``IN_GAPS``; the sums
     numerics, exact), grouped by the group's columns (``FLEET_FIELDS`` or ``chargeback.FIELDS``);
     groups with none left out, sorted as ``chargeback.totals`` sorts (in Python, on the
     unescaped text: the rows after the aggregate are few). The holds that can overlap the
@@ -68,7 +155,8 @@ def usage_totals(conn: psycopg.Connection[Any], by: str, w: Window, resources: f
         params["resources"] = sorted(pg_text(r) for r in resources)
     query = sql.SQL(
         "WITH {gaps} SELECT {group}, sum(ns), sum(gap_ns) FROM ("
-        "SELECT {held}, {overlap} * amount AS ns, {in_gaps} * amount AS gap_ns FROM holds h WHERE {where}"
+        "SELECT {held}, ({overlap})::numeric * amount AS ns, ({in_gaps})::numeric * amount AS gap_ns "
+        "FROM holds h WHERE {where}"
         ") held GROUP BY {group} HAVING sum(ns) > 0"
     ).format(
         gaps=sql.SQL(MERGED_GAPS),

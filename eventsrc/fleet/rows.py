@@ -15,7 +15,7 @@ import msgspec
 import psycopg
 from psycopg.types.json import Jsonb
 
-from eventsrc.core.chargeback import Hold, Tracker, UsageState
+from eventsrc.core.chargeback import Hold, Tracker, UsageState, hour_shares
 from eventsrc.core.claim_preparations import Preparations, PreparationsState
 from eventsrc.core.fleet_names import DEFAULT_PREFIX, FOLLOWS, Node
 from eventsrc.core.shipped_records import (
@@ -568,12 +568,13 @@ def _replay(key: tuple[str, str], state: _State, rows: dict[int, tuple[int, byte
 class _Row:
     """A hold's row as a fetch leaves it: one stored before (``id``) or one it opens (None)."""
 
-    __slots__ = ("end_ns", "hold", "id", "order", "uid")
+    __slots__ = ("changed", "end_ns", "hold", "id", "order", "uid")
 
     def __init__(self, row_id: int | None, hold: Hold, uid: str, order: tuple[int, int]) -> None:
         self.id, self.hold, self.uid = row_id, hold, uid  # uid: as stored (pg_text)
         self.order = order  # an UPDATE's ORDER BY id: those stored before by id, then those opened in order
         self.end_ns: int | None = None
+        self.changed = False  # one stored before: ended or its uid learned in this fetch
 
 
 #: a hold's row as an end or a uid learned finds it (``_hold_ended``): its node log, resource,
@@ -597,6 +598,9 @@ class Derived:
         self.ops: dict[tuple[str, str], list[tuple[str, Hold, Any]]] = {}
         self.preparations: dict[tuple[str, str, int, str], tuple[Any, ...]] = {}
         self.gaps: dict[tuple[str, str, str, int], int] = {}
+        #: (resource, namespace, hour) -> the nanoseconds (times the amount) the holds that
+        #: ended hold inside that hour (``usage_hours``, ``fleet.queries``)
+        self.hours: dict[tuple[str, str, int], int] = {}
 
     def feed(
         self, node: str, log_id: str, records: Sequence[Record], tracker: Tracker | None, preparations: Preparations
@@ -627,7 +631,9 @@ class Derived:
                 )
 
     def write(self, conn: psycopg.Connection[Any]) -> None:
-        """Every row, a statement (or a COPY) a table."""
+        """Every row, a statement (or a COPY) a table; ``usage_hours`` last, its rows in order (it
+        is every sink's: after the node logs' locks, its rows' locks are taken in one order, so
+        two sinks never wait for each other in a cycle)."""
         self._holds(conn)
         if self.keys:
             copy_rows(conn, "audit_index", "key, node, log_id, seq", self.keys)
@@ -649,6 +655,19 @@ class Derived:
                 " ON CONFLICT (node, log_id, source, since_ns) DO UPDATE SET until_ns = "
                 "CASE WHEN EXCLUDED.until_ns <> 0 THEN EXCLUDED.until_ns ELSE gaps.until_ns END",
             )
+        if self.hours:
+            keys = sorted(self.hours)
+            conn.execute(
+                "INSERT INTO usage_hours (resource, namespace, hour, ns) SELECT * FROM "
+                "unnest(%s::text[], %s::text[], %s::bigint[], %s::numeric[]) ORDER BY 1, 2, 3 "
+                "ON CONFLICT (resource, namespace, hour) DO UPDATE SET ns = usage_hours.ns + EXCLUDED.ns",
+                (
+                    pg_array(r for r, _, _ in keys),
+                    pg_array(n for _, n, _ in keys),
+                    pg_array(h for _, _, h in keys),
+                    pg_array(self.hours[k] for k in keys),
+                ),
+            )
 
     def _holds(self, conn: psycopg.Connection[Any]) -> None:
         """The holds opened (one COPY), and the rows stored before that ended or learned their
@@ -664,16 +683,25 @@ class Derived:
         if asked:
             cols = [pg_array(col) for col in zip(*sorted(asked), strict=True)]
             found = conn.execute(
-                "SELECT h.id, h.node, h.log_id, h.resource, h.device, h.uid, h.start_ns FROM holds h "
+                "SELECT h.id, h.node, h.log_id, h.resource, h.device, h.uid, h.start_ns, h.namespace, h.amount "
+                "FROM holds h "
                 "JOIN unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[]) "
                 "AS w(node, log_id, resource, device, uid, start_ns) ON h.node = w.node AND h.log_id = w.log_id "
                 "AND h.resource = w.resource AND h.device = w.device AND h.uid = w.uid "
                 "AND h.start_ns = w.start_ns WHERE h.end_ns IS NULL ORDER BY h.id",
                 cols,
             ).fetchall()
-            for row_id, node, log_id, resource, device, uid, start_ns in found:
+            for row_id, node, log_id, resource, device, uid, start_ns, namespace, amount in found:
                 key = (node, log_id, resource, device, uid, int(start_ns))
-                hold = Hold(from_pg_text(resource), from_pg_text(device), "", "", from_pg_text(uid), int(start_ns))
+                hold = Hold(
+                    from_pg_text(resource),
+                    from_pg_text(device),
+                    from_pg_text(namespace),
+                    "",
+                    from_pg_text(uid),
+                    int(start_ns),
+                    int(amount),
+                )
                 rows.setdefault(key, []).append(_Row(int(row_id), hold, uid, (0, int(row_id))))
         opened: list[tuple[str, str, _Row]] = []
         for (node, log_id), ops in self.ops.items():
@@ -687,6 +715,7 @@ class Derived:
                 row = next((r for r in alike if r.end_ns is None), None)
                 if row is None:
                     continue  # no open row alike: as an UPDATE that matches none
+                row.changed = True
                 if kind == "end":
                     row.end_ns = other
                 else:  # its pod's uid learned: the row moves to the key of its new uid
@@ -715,7 +744,15 @@ class Derived:
                     for node, log_id, r in opened
                 ],
             )
-        if before := sorted({r.id: r for rs in rows.values() for r in rs if r.id is not None}.items()):
+        ended = [r for _, _, r in opened if r.end_ns is not None]
+        ended += [r for rs in rows.values() for r in rs if r.id is not None and r.end_ns is not None]
+        for r in ended:  # each closed hold's nanoseconds by hour, for ``usage_hours``
+            assert r.end_ns is not None
+            resource, namespace = pg_text(r.hold.resource), pg_text(r.hold.namespace)
+            for hour, ns in hour_shares(r.hold.start_ns, r.end_ns):
+                part = (resource, namespace, hour)
+                self.hours[part] = self.hours.get(part, 0) + ns * r.hold.amount
+        if before := sorted({r.id: r for rs in rows.values() for r in rs if r.id is not None and r.changed}.items()):
             conn.execute(
                 "UPDATE holds h SET end_ns = v.end_ns, uid = v.uid "
                 "FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS v(id, end_ns, uid) WHERE h.id = v.id",

@@ -99,7 +99,7 @@ async def run_sink(
     consumer = _Consumer(servers, dsn, stream, prefix, replicas, conn, task_status, metrics or SinkMetrics(), auth)
     failed = ""  # raised once out of the loop (in it, it would come out as an exception group)
     try:
-        async with open_loop_thread() as loop:  # nats-py's, of its own (ADR 0046)
+        async with open_loop_thread() as loop:  # nats-py's, of its own (ADR 0045)
             consumer.loop = loop
             failed = await consumer.run()
     finally:

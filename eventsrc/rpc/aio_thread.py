@@ -1,4 +1,4 @@
-"""An asyncio loop of its own, in a worker thread, for the fleet sink's NATS client (ADR 0046).
+"""An asyncio loop of its own, in a worker thread, for the fleet sink's NATS client (ADR 0045).
 
 nats-py's ``fetch`` makes an asyncio task and a timer for every message it returns. On
 trio-asyncio's loop (``rpc.bridge``) every one of those steps is a turn of trio's scheduler:

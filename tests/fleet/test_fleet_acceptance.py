@@ -35,6 +35,7 @@ from tests.support.eventually import eventually
 from tests.support.nats import NatsCluster
 from tests.support.node_client import NodeClient
 from tests.support.postgres import PostgresServer
+from tests.support.rollup import kept_and_made
 
 SECONDS = float(os.environ.get("EVENTSRC_FLEET_SECONDS", "10"))
 TOPOLOGY = REPO / "examples" / "topology-256.json"
@@ -267,6 +268,8 @@ def test_three_nodes_two_sinks_kills_and_restarts_the_fleet_holds_the_union_exac
             fleet = exact(run_cli("fleet", "usage", "--by", by, "--until", until, "-o", "json", *pg, check=True).stdout)
             assert fleet_usage(fleet) == merged_usage(own, by), by
             assert fleet, by
+        kept, made = kept_and_made(dsn)  # what --by namespace|resource read, kept by sinks killed and restarted
+        assert kept == made and made
 
         # Every device's history: the fleet's answer is the union of the nodes' own answers, one
         # per node (a device id is each node's own), each the node's answer naming its node.

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventsrc.core.chargeback import HIDING, Change, Hold, Row, Span, Window, merged, totals
+from eventsrc.core.chargeback import HIDING, HOUR_NS, Change, Hold, Row, Span, Window, hour_shares, merged, totals
 from eventsrc.fleet.nul_escape import pg_text
 from eventsrc.fleet.queries import NODE_GROUPS, usage_totals
-from eventsrc.fleet.tables import migrate
+from eventsrc.fleet.tables import migrate, rebuild_usage_hours
 from tests.support.postgres import PostgresServer
 
 T0 = 1_794_960_000_000_000_000  # 2026-11-18T00:00:00Z
@@ -26,14 +26,28 @@ TEXT = st.text(alphabet="ab\\\0\x01é", max_size=3)  # U+0000 and "\": escaped; 
 RESOURCES = st.sampled_from(["cpu", "example.com/gpu", "r\\0", "r\0", "é"])
 
 
+#: half an hour: the hour-scale cases fall on, around and across the rollup's hours
+Q = HOUR_NS // 2
+
+
+def at_hours(low: int, high: int) -> st.SearchStrategy[int]:
+    """A time about ``low..high`` half hours after T0 (an hour's start included), to a few ns."""
+    return st.tuples(st.integers(low, high), st.sampled_from([0, 0, -1, 1, -37, 53])).map(lambda t: t[0] * Q + t[1])
+
+
 @st.composite
 def holds(draw: st.DrawFn) -> tuple[str, Change]:
-    """(node, a hold): from T0 + 0..100 ns, open or lasting 0..60 ns; of 1 (a device, a CPU)
-    or of some bytes (memory)."""
-    start = T0 + draw(st.integers(0, 100))
+    """(node, a hold): from T0 + 0..100 ns, open or lasting 0..60 ns; or at the hours' scale, from
+    0..8 half hours after T0, lasting 0..6 of them (``at_hours``); of 1 (a device, a CPU) or of
+    some bytes (memory)."""
+    if draw(st.booleans()):
+        start = T0 + draw(st.integers(0, 100))
+        length = draw(st.none() | st.integers(0, 60))
+    else:
+        start = T0 + max(0, draw(at_hours(0, 8)))
+        length = draw(st.none() | at_hours(0, 6).map(lambda n: max(0, n)))
     amount = draw(st.sampled_from([1, 1, 3 << 30]))
     hold = Hold(draw(RESOURCES), draw(TEXT), draw(TEXT), draw(TEXT), draw(TEXT), start, amount)
-    length = draw(st.none() | st.integers(0, 60))
     return draw(NODES), Change(hold, None if length is None else start + length)
 
 
@@ -43,13 +57,17 @@ GAPS = st.tuples(
     NODES,
     st.tuples(
         st.sampled_from(["eventsrc", "kubelet", "runtime", "kubelet allocatable"]),
-        st.integers(0, 150).map(lambda t: T0 + t),
-        st.none() | st.integers(0, 80),
+        st.one_of(st.integers(0, 150), at_hours(0, 12).map(lambda t: max(0, t))).map(lambda t: T0 + t),
+        st.none() | st.integers(0, 80) | at_hours(0, 4).map(lambda t: max(0, t)),
     ).map(lambda g: (g[0], g[1], 0 if g[2] is None else g[1] + g[2])),
 )
 
-#: windows from before the holds to after them, any of them inside, across or outside
-WINDOWS = st.tuples(st.integers(-20, 180), st.integers(-20, 180)).map(lambda w: Window(T0 + w[0], T0 + w[1]))
+#: windows from before the holds to after them, any of them inside, across or outside; at the
+#: ns scale and at the hours' (whole hours inside them, or none, their ends on an hour or not)
+WINDOWS = st.one_of(
+    st.tuples(st.integers(-20, 180), st.integers(-20, 180)),
+    st.tuples(at_hours(-1, 16), at_hours(-1, 16)),
+).map(lambda w: Window(T0 + w[0], T0 + w[1]))
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +86,10 @@ def conn(postgres_unavailable: str | None) -> Iterator[psycopg.Connection[Any]]:
 
 
 def store(conn: psycopg.Connection[Any], stored: list[tuple[str, Change]], gaps: list[tuple[str, Span]]) -> None:
-    """The holds as the sink's ``_hold`` writes them: text through ``pg_text``; the gaps as
-    ``_gap`` does (one row a node log's source and start)."""
+    """The holds as the sink writes them: text through ``pg_text``; the gaps as it does (one row
+    a node log's source and start); the hourly rollup made from the holds
+    (``rebuild_usage_hours``), and equal to what the sink adds as the holds end
+    (``chargeback.hour_shares``, the sink's own)."""
     conn.execute("TRUNCATE holds, gaps")
     with conn.cursor() as cur:
         cur.executemany(
@@ -91,6 +111,14 @@ def store(conn: psycopg.Connection[Any], stored: list[tuple[str, Change]], gaps:
                 for node, (h, end) in stored
             ],
         )
+    rebuild_usage_hours(conn)
+    kept = {(r, n, int(hour)): int(ns) for r, n, hour, ns in conn.execute("SELECT * FROM usage_hours")}
+    added: dict[tuple[str, str, int], int] = {}
+    for _, (h, end) in stored:
+        for hour, ns in hour_shares(h.start_ns, end) if end is not None else ():
+            key = (pg_text(h.resource), pg_text(h.namespace), hour)
+            added[key] = added.get(key, 0) + ns * h.amount
+    assert {k: v for k, v in kept.items() if v} == {k: v for k, v in added.items() if v}
 
 
 def nodes_own(

@@ -20,6 +20,7 @@ from eventsrc.fleet.sink import SinkMetrics, _Consumer
 from eventsrc.fleet.tables import SCHEMA_VERSION, migrate
 from tests.support.eventually import eventually_trio
 from tests.support.postgres import PostgresServer
+from tests.support.rollup import kept_and_made
 
 POD = ev.PodRef(uid="u1", namespace="ml", name="train")
 OTHER = ev.PodRef(uid="u2", namespace="web", name="api")
@@ -88,6 +89,8 @@ def test_records_in_any_order_and_twice_make_each_record_once_and_the_nodes_inte
     )
     assert sorted(holds(postgres_server.dsn), key=open_first) == want
     assert any(end is None for *_, end in want) and any(end is not None for *_, end in want)
+    kept, made = kept_and_made(postgres_server.dsn)
+    assert kept == made and made  # the rollup the two connections kept is the holds'
 
     assert len([h for h in want if h[:3] == ("cpu", "5", "u3")]) == 2  # two holds alike, one ended: both kept
 
@@ -176,6 +179,8 @@ def test_two_sinks_storing_batches_at_once_make_the_same_rows(
             ).fetchall()
             assert sorted(rows, key=repr) == want, node
             assert conn.execute("SELECT count(*) FROM records WHERE node = %s", (node,)).fetchone() == (len(log),)
+    kept, made = kept_and_made(postgres_server.dsn)
+    assert kept == made and made
 
 
 @pytest.mark.parametrize("snapshot_every", [1, 4, 256])
@@ -215,6 +220,8 @@ def test_a_sink_takes_up_a_log_from_its_written_state_and_what_the_other_applied
     ]
     assert sorted(rows, key=repr) == sorted(want, key=repr)
     assert (len(replays) > 0) == (snapshot_every > 1)
+    kept, made = kept_and_made(postgres_server.dsn)
+    assert kept == made and made
 
 
 def test_a_damaged_record_is_vouched_for_only_in_its_place(postgres_server: PostgresServer) -> None:
