@@ -119,11 +119,16 @@ def rolled_totals(conn: psycopg.Connection[Any], by: str, w: Window, resources: 
     )
     x = "hashtext(g_node || ' ' || g_log)"
     in_gap = f"box(point({x}, lo::float8 / 1e9::float8 - {_MARGIN}), point({x}, hi::float8 / 1e9::float8 + {_MARGIN}))"
+    gaps = "FROM (SELECT node AS g_node, log_id AS g_log, lo, hi FROM merged) m JOIN holds "
+    gaps += "ON node = g_node AND log_id = g_log"
+    # the closed holds in each merged gap of their node log (``holds_area``), then the open ones (``holds_open``)
     parts.append(
-        "SELECT resource, namespace, 0, (least(hi, coalesce(end_ns, %(until)s), %(until)s) "
-        "- greatest(lo, start_ns, %(since)s))::numeric * amount "
-        "FROM (SELECT node AS g_node, log_id AS g_log, lo, hi FROM merged) m JOIN holds "
-        f"ON {HOLD_AREA} && {in_gap} AND node = g_node AND log_id = g_log AND start_ns < hi AND {HOLD_END} > lo{only}"
+        "SELECT resource, namespace, 0, (least(hi, end_ns, %(until)s) - greatest(lo, start_ns, %(since)s))::numeric "
+        f"* amount {gaps} AND {HOLD_AREA} && {in_gap} AND end_ns IS NOT NULL AND start_ns < hi AND end_ns > lo{only}"
+    )
+    parts.append(
+        "SELECT resource, namespace, 0, (least(hi, %(until)s) - greatest(lo, start_ns, %(since)s))::numeric "
+        f"* amount {gaps} AND end_ns IS NULL AND start_ns < hi{only}"
     )
     columns = FIELDS[by]
     group = ", ".join(columns)

@@ -169,10 +169,11 @@ _V7 = """
     UPDATE node_logs SET state_seq = applied_seq;
     """
 
-#: a hold's place for the index ``holds_area`` (GiST, built in): a box of its node log (a hash of
-#: it, on x) and its time (seconds, on y; an open one's end the largest bigint). A window of time
-#: is found across the fleet (every x) or in one node log (its x); its holds are then taken by
-#: their exact times and node log (a float8 has 0.24 µs steps at these times, the hash collides)
+#: a closed hold's place for the index ``holds_area`` (GiST, built in; open holds are few, and
+#: ``holds_open`` has them): a box of its node log (a hash of it, on x) and its time (seconds, on
+#: y). A window of time is found across the fleet (every x) or in one node log (its x); its holds
+#: are then taken by their exact times and node log (a float8 has 0.24 µs steps at these times,
+#: the hash collides)
 HOLD_AREA = (
     "box(point(hashtext(node || ' ' || log_id), start_ns::float8 / 1e9::float8), "
     "point(hashtext(node || ' ' || log_id), coalesce(end_ns, 9223372036854775807)::float8 / 1e9::float8))"
@@ -190,7 +191,7 @@ _V8 = f"""
         ns numeric NOT NULL,
         PRIMARY KEY (resource, namespace, hour)
     );
-    CREATE INDEX holds_area ON holds USING gist (({HOLD_AREA}));
+    CREATE INDEX holds_area ON holds USING gist (({HOLD_AREA})) WHERE end_ns IS NOT NULL;
     CREATE INDEX holds_long ON holds (start_ns) WHERE end_ns - start_ns > {LONG_NS};
     """
 
