@@ -28,12 +28,20 @@ class StoredMessage:
     data: bytes
 
 
+#: reads of a stream that time out before one is answered: a cluster's server may not answer a
+#: request within its 5 s while the stream's replicas elect a leader (the stream just made, a
+#: server stopped), on a loaded machine
+READS = 3
+
+
 def stream_messages(url: str, stream: str, *, user: str = "", password: str = "") -> list[StoredMessage]:
     """Every message the stream holds, in its order ([] when there is no such stream);
-    connected as ``user`` when one is given."""
+    connected as ``user`` when one is given. A read that times out is made again, ``READS``
+    times at most."""
     import asyncio
 
     import nats
+    import nats.errors
     import nats.js.errors
 
     credentials = {"user": user, "password": password} if user else {}
@@ -54,6 +62,11 @@ def stream_messages(url: str, stream: str, *, user: str = "", password: str = ""
         finally:
             await nc.close()
 
+    for _ in range(READS - 1):
+        try:
+            return asyncio.run(read())
+        except nats.errors.TimeoutError:
+            continue
     return asyncio.run(read())
 
 
