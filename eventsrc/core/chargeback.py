@@ -473,9 +473,10 @@ def overlap(start_ns: int, end_ns: int | None, w: Window) -> int:
 HOUR_NS: Final = 3_600 * 10**9
 
 
-#: a closed hold longer than this (two years: a clock that jumped, or a forger's) is kept out of
-#: the hourly rollup, its hours bounded; ``fleet usage`` counts it by itself
-LONG_NS: Final = 2 * 365 * 24 * HOUR_NS
+#: a closed hold longer than this (a week) is kept out of the hourly rollup, so that a hold's end
+#: adds to 170 of its rows at most (a pod of months, a clock that jumped, a forged record would
+#: add thousands each); ``fleet usage`` counts it by itself
+LONG_NS: Final = 7 * 24 * HOUR_NS
 
 
 def hour_shares(start_ns: int, end_ns: int) -> list[tuple[int, int]]:

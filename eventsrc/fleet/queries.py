@@ -87,7 +87,6 @@ def rolled_totals(conn: psycopg.Connection[Any], by: str, w: Window, resources: 
         "since": since,
         "until": until,
         "hiding": sorted(HIDING),
-        "long": LONG_NS,
         "resources": sorted(pg_text(r) for r in resources),
     }
     only = " AND resource = ANY(%(resources)s)" if resources else ""
@@ -100,7 +99,7 @@ def rolled_totals(conn: psycopg.Connection[Any], by: str, w: Window, resources: 
         )
         parts.append(
             "SELECT resource, namespace, (least(end_ns, %(hi)s) - greatest(start_ns, %(lo)s))::numeric * amount, 0 "
-            f"FROM holds WHERE end_ns IS NOT NULL AND end_ns - start_ns > %(long)s AND start_ns < %(hi)s "
+            f"FROM holds WHERE end_ns IS NOT NULL AND end_ns - start_ns > {LONG_NS} AND start_ns < %(hi)s "
             f"AND end_ns > %(lo)s{only}"
         )
     for n, (a, b) in enumerate(slices):

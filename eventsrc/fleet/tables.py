@@ -192,7 +192,7 @@ _V8 = f"""
         PRIMARY KEY (resource, namespace, hour)
     );
     CREATE INDEX holds_area ON holds USING gist (({HOLD_AREA})) WHERE end_ns IS NOT NULL;
-    CREATE INDEX holds_long ON holds (start_ns) WHERE end_ns - start_ns > {LONG_NS};
+    CREATE INDEX holds_long ON holds (end_ns) WHERE end_ns - start_ns > {LONG_NS};
     """
 
 

@@ -14,7 +14,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventsrc.core.chargeback import HIDING, HOUR_NS, Change, Hold, Row, Span, Window, hour_shares, merged, totals
+from eventsrc.core.chargeback import (
+    HIDING,
+    HOUR_NS,
+    LONG_NS,
+    Change,
+    Hold,
+    Row,
+    Span,
+    Window,
+    hour_shares,
+    merged,
+    totals,
+)
 from eventsrc.fleet.nul_escape import pg_text
 from eventsrc.fleet.queries import NODE_GROUPS, usage_totals
 from eventsrc.fleet.tables import migrate, rebuild_usage_hours
@@ -38,14 +50,17 @@ def at_hours(low: int, high: int) -> st.SearchStrategy[int]:
 @st.composite
 def holds(draw: st.DrawFn) -> tuple[str, Change]:
     """(node, a hold): from T0 + 0..100 ns, open or lasting 0..60 ns; or at the hours' scale, from
-    0..8 half hours after T0, lasting 0..6 of them (``at_hours``); of 1 (a device, a CPU) or of
-    some bytes (memory)."""
-    if draw(st.booleans()):
+    0..8 half hours after T0, lasting 0..6 of them (``at_hours``), or about a week, around the
+    longest the rollup takes; of 1 (a device, a CPU) or of some bytes (memory)."""
+    scale = draw(st.sampled_from(["ns", "hours", "hours", "week"]))
+    if scale == "ns":
         start = T0 + draw(st.integers(0, 100))
         length = draw(st.none() | st.integers(0, 60))
     else:
         start = T0 + max(0, draw(at_hours(0, 8)))
         length = draw(st.none() | at_hours(0, 6).map(lambda n: max(0, n)))
+        if scale == "week" and length is not None:  # about as long as the rollup takes (``LONG_NS``)
+            length = LONG_NS + draw(st.sampled_from([-1, 0, 1, Q]))
     amount = draw(st.sampled_from([1, 1, 3 << 30]))
     hold = Hold(draw(RESOURCES), draw(TEXT), draw(TEXT), draw(TEXT), draw(TEXT), start, amount)
     return draw(NODES), Change(hold, None if length is None else start + length)
