@@ -282,3 +282,42 @@ def test_devices_held_by_a_pod_whose_admission_is_unreadable_stay_held() -> None
     views = _views(_running_pod(set())[:4])
     del views.pods.pods["p1"]
     assert [type(e) for e in _finish(views)] == [ev.DevicesReleased]
+
+
+def test_an_unprepares_outcome_after_the_next_prepare_began_leaves_the_claim_preparing() -> None:
+    """A pod lets go of a shared claim (its unprepare in flight), another pod's admission
+    prepares it again, then the unprepare's outcome is recorded, and the daemon is killed before
+    the prepare's: the claim is still being prepared (the driver's calls run in the order they
+    began, so it may be prepared), never unprepared; the restart's claim work, with no pod left,
+    unprepares it (a CI crash loop left it prepared on its driver)."""
+    from eventsrc.core.claims import pending_work
+
+    shared = ev.ClaimRef(uid="c-shared", namespace="default", name="shared")
+    driver = "gpu.example.com"
+    first, second = (
+        ev.PodRef(uid="p1", namespace="default", name="p1"),
+        ev.PodRef(uid="p2", namespace="default", name="p2"),
+    )
+    events: list[ev.EventBase] = [
+        ev.PodAdmissionStarted(pod=first),
+        ev.PodReferenceAdded(claim_uid=shared.uid, pod_uid=first.uid),
+        ev.ClaimPrepareStarted(claim=shared, driver=driver, pod_uid=first.uid),
+        ev.ClaimPrepared(claim=shared, driver=driver),
+        ev.PodAdmitted(pod=first),
+        ev.PodReferenceRemoved(claim_uid=shared.uid, pod_uid=first.uid),
+        ev.ClaimUnprepareStarted(claim=shared, driver=driver),
+        ev.PodRemoved(pod_uid=first.uid),
+        ev.PodAdmissionStarted(pod=second),
+        ev.PodReferenceAdded(claim_uid=shared.uid, pod_uid=second.uid),
+        ev.ClaimPrepareStarted(claim=shared, driver=driver, pod_uid=second.uid),
+        ev.ClaimUnprepared(claim=shared, driver=driver),  # the first pod's unprepare, done first
+    ]
+    v = Views()
+    for seq, e in enumerate(events, 1):
+        apply(v, Record(seq=seq, ts_ns=seq, correlation_id="", version=1, event=e))
+    assert v.claims.claims[shared.uid].state == lc.PREPARING
+    apply(
+        v, Record(seq=len(events) + 1, ts_ns=0, correlation_id="", version=1, event=ev.PodRemoved(pod_uid=second.uid))
+    )
+    _, prepares, unprepares = pending_work(v)  # the second pod gone at the restart: nothing needs the claim
+    assert prepares == [] and [c.uid for w in unprepares for c in w.claims] == [shared.uid]
