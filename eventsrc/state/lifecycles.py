@@ -402,18 +402,18 @@ _CLAIM_EXPECTED: dict[tuple[ClaimLifecycleState, EventType], ClaimLifecycleState
 
 def _claim_otherwise(state: ClaimLifecycleState, event: EventType) -> ClaimLifecycleState:
     # A reference changes which pods use a claim, not its state; a driver's event has one target,
-    # but for an unprepare's outcome recorded after a pod's prepare of the claim began. The
-    # driver's calls are made one at a time in the order they began, so the unprepare came first,
-    # and the claim's state is the prepare's: in flight (it may be prepared), or its outcome once
-    # that is in. Taking UNPREPARED there left a claim prepared on its driver that no restart
-    # unprepared (tests/crash/test_dra_crash.py, a SIGKILL between the two outcomes).
-    if event in _STALE_UNPREPARE and state in _PREPARE_BEGUN:
+    # but for an unprepare's outcome while a prepare begun after it is still in flight. The
+    # driver's calls run one at a time, and each outcome is recorded as its call returns, so the
+    # outcomes follow the calls' order: this unprepare ran first, and the prepare may yet have
+    # prepared the claim. Taking UNPREPARED there left a claim prepared on its driver that no
+    # restart unprepared (tests/crash/test_dra_crash.py: a SIGKILL between the two outcomes).
+    # Once the prepare's outcome is in, a later unprepare's outcome is the driver's last word.
+    if event in _STALE_UNPREPARE and state == PREPARING:
         return state
     return _CLAIM_TARGETS.get(event, state)
 
 
 _STALE_UNPREPARE: frozenset[EventType] = frozenset({ev.ClaimUnprepared, ev.ClaimUnprepareFailed})
-_PREPARE_BEGUN: frozenset[ClaimLifecycleState] = frozenset({PREPARING, PREPARED, PREPARE_FAILED})
 
 
 CLAIM: Final = Lifecycle[ClaimLifecycleState](

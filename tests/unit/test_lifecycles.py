@@ -316,6 +316,8 @@ def test_an_unprepares_outcome_after_the_next_prepare_began_leaves_the_claim_pre
     for seq, e in enumerate(events, 1):
         apply(v, Record(seq=seq, ts_ns=seq, correlation_id="", version=1, event=e))
     assert v.claims.claims[shared.uid].state == lc.PREPARING
+    # The other order (the prepare ran, then the unprepare): the unprepare's outcome is the last word.
+    assert lc.CLAIM.next(lc.PREPARED, ev.ClaimUnprepared) == lc.UNPREPARED
     apply(
         v, Record(seq=len(events) + 1, ts_ns=0, correlation_id="", version=1, event=ev.PodRemoved(pod_uid=second.uid))
     )
